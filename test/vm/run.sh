@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# run.sh — boot the test guest once, run one command in it, return its status.
+#
+#   test/vm/run.sh [options] [--payload DIR] -- CMD [ARGS...]
+#
+# Options:
+#   --payload DIR    copy DIR into the guest at /payload (the command runs there)
+#   --timeout SECS   kill the guest after SECS seconds (default 300)
+#   --mem MB         guest memory (default 1024)
+#   --smp N          guest CPUs (default 2)
+#   --log FILE       console log (default: a new /tmp/vipd-vm-*.log, kept)
+#   --env KEY=VAL    pass KEY=VAL to the guest command's environment (through
+#                    the kernel command line: no spaces or quotes); repeatable
+#   --append ARGS    extra kernel command-line words
+#   --verbose        stream the whole console to stdout while it runs
+#   --quiet          print nothing but errors and the timing line
+#
+# Without --verbose the command's own output (console lines between the
+# start and the exit marker) is printed after the guest stops.
+#
+# Exit status: the guest command's status when the guest printed its exit
+# marker; otherwise 124 on timeout and 125 on any other failure (kernel panic,
+# guest crash, qemu error), with the last 80 console lines on stderr.
+#
+# How: the cached base initramfs (prepare.sh) gets a second, uncompressed cpio
+# archive appended holding the payload and the command (/payload/.vipd-vm/argv);
+# the kernel unpacks both. qemu runs with software emulation (KVM does not
+# work on these machines) and no network device at all.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2; }
+
+timeout=300 mem=1024 smp=2 logfile="" payload="" verbose=0 quiet=0 append=""
+envs=()
+while (($#)); do
+	case $1 in
+	--payload) payload=$2; shift 2 ;;
+	--timeout) timeout=$2; shift 2 ;;
+	--mem) mem=$2; shift 2 ;;
+	--smp) smp=$2; shift 2 ;;
+	--log) logfile=$2; shift 2 ;;
+	--env) envs+=("$2"); shift 2 ;;
+	--append) append="$append $2"; shift 2 ;;
+	--verbose) verbose=1; shift ;;
+	--quiet) quiet=1; shift ;;
+	--) shift; break ;;
+	-h | --help) usage ;;
+	*) echo "run.sh: unknown option '$1'" >&2; usage ;;
+	esac
+done
+(($#)) || { echo "run.sh: no command given" >&2; usage; }
+[[ -z $payload || -d $payload ]] || die "--payload $payload is not a directory"
+[[ $timeout =~ ^[0-9]+$ ]] || die "--timeout must be whole seconds"
+for kv in "${envs[@]}"; do
+	[[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*=[^[:space:]\"\']*$ ]] ||
+		die "--env '$kv': need KEY=VAL with no spaces or quotes (put data in the payload instead)"
+done
+
+t_start=$(now)
+if [[ ! -r $VM_STATE_FILE ]]; then
+	"$VM_DIR/prepare.sh" >&2
+fi
+load_state
+command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing: run test/vm/prepare.sh"
+
+work=$(mktemp -d /tmp/vipd-vm-run.XXXXXX)
+if [[ -z $logfile ]]; then
+	logfile=$(mktemp /tmp/vipd-vm-XXXXXX.log)
+fi
+: >"$logfile"
+qpid="" tailpid=""
+cleanup() {
+	# Never leave a guest or a tail running, whatever happened.
+	if [[ -n $qpid ]] && kill -0 "$qpid" 2>/dev/null; then
+		kill -KILL "$qpid" 2>/dev/null || true
+		wait "$qpid" 2>/dev/null || true
+	fi
+	if [[ -n $tailpid ]]; then kill "$tailpid" 2>/dev/null || true; fi
+	rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- payload archive ----------------------------------------------------------
+mkdir -p "$work/root/payload/.vipd-vm"
+if [[ -n $payload ]]; then
+	# Hard links when possible (same filesystem), a copy otherwise.
+	cp -al "$payload/." "$work/root/payload/" 2>/dev/null ||
+		cp -a "$payload/." "$work/root/payload/"
+fi
+printf '%s\0' "$@" >"$work/root/payload/.vipd-vm/argv"
+(cd "$work/root" && find payload -print0 | cpio --null -o -H newc -R 0:0 --quiet) >"$work/payload.cpio"
+cat "$BASE_INITRD" "$work/payload.cpio" >"$work/initrd.cpio"
+
+# --- boot -----------------------------------------------------------------------
+token=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
+# panic=-1: reboot at once on panic, and -no-reboot turns that into qemu exiting.
+# oops=panic: a kernel oops ends the run instead of leaving a half-dead guest.
+cmdline="console=ttyS0 loglevel=4 panic=-1 oops=panic VIPD_VM_TOKEN=$token ${envs[*]}$append"
+qemu=(
+	qemu-system-x86_64
+	-accel tcg,thread=multi -cpu max -M q35 -smp "$smp" -m "$mem"
+	-nodefaults -display none -no-reboot -serial stdio
+	-kernel "$VMLINUZ" -initrd "$work/initrd.cpio" -append "$cmdline"
+)
+((quiet)) || log "booting $KVER (payload $(du -sh "$work/payload.cpio" | cut -f1), timeout ${timeout}s, log $logfile)"
+t_boot=$(now)
+"${qemu[@]}" </dev/null >>"$logfile" 2>&1 &
+qpid=$!
+if ((verbose)); then
+	tail -n +1 -f --pid="$qpid" "$logfile" | tr -d '\r' &
+	tailpid=$!
+fi
+
+# Watch: note when /init starts, enforce the timeout.
+t_init="" timed_out=0
+deadline=$(awk -v a="$t_boot" -v t="$timeout" 'BEGIN { printf "%d", a + t }')
+while kill -0 "$qpid" 2>/dev/null; do
+	if [[ -z $t_init ]] && grep -aq '^VIPD-VM-INIT' "$logfile"; then
+		t_init=$(now)
+	fi
+	if ((${EPOCHREALTIME%.*} >= deadline)); then
+		timed_out=1
+		kill -TERM "$qpid" 2>/dev/null || true
+		sleep 1
+		kill -KILL "$qpid" 2>/dev/null || true
+		break
+	fi
+	sleep 0.1
+done
+qrc=0
+wait "$qpid" || qrc=$?
+qpid=""
+t_end=$(now)
+if [[ -n $tailpid ]]; then
+	sleep 0.2 # let tail print the last lines
+	kill "$tailpid" 2>/dev/null || true
+	wait "$tailpid" 2>/dev/null || true
+	tailpid=""
+fi
+
+timing="boot to /init $([[ -n $t_init ]] && elapsed "$t_boot" "$t_init" || echo '?') s, guest $(elapsed "$t_boot" "$t_end") s, total $(elapsed "$t_start" "$t_end") s"
+
+# --- result ---------------------------------------------------------------------
+marker=$(grep -ao "VIPD-VM-EXIT=[0-9]* token=$token" "$logfile" | tail -n 1 || true)
+if [[ -n $marker ]]; then
+	rc=${marker#VIPD-VM-EXIT=}
+	rc=${rc%% *}
+	if ((!verbose && !quiet)); then
+		# The command's output: after the "ready" line, up to the marker.
+		tr -d '\r' <"$logfile" | awk -v tok="token=$token" '
+			/^VIPD-VM-EXIT=/ && index($0, tok) { exit }
+			on { print }
+			/^vipd-vm: ready at uptime/ { on = 1 }'
+	fi
+	log "guest command exited $rc ($timing)"
+	exit "$rc"
+fi
+
+# No marker: the guest did not finish its command.
+if ((timed_out)); then
+	why="TIMEOUT: guest still running after ${timeout}s, killed"
+	rc=124
+elif grep -aq 'Kernel panic' "$logfile"; then
+	why="KERNEL PANIC in the guest (qemu exit $qrc)"
+	rc=125
+else
+	why="guest stopped without the exit marker (qemu exit $qrc)"
+	rc=125
+fi
+{
+	echo "================ vipd-vm: last 80 console lines ($logfile) ================"
+	tail -n 80 "$logfile" | tr -d '\r'
+	echo "=========================================================================="
+	echo "vipd-vm: FAILED: $why ($timing)"
+} >&2
+exit "$rc"
