@@ -1,0 +1,733 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/vipd/vipd/lb"
+)
+
+// The raw structures mirror the file. Optional values are pointers so that
+// "unset" and "zero" differ; durations are decoded later so that their
+// errors carry positions.
+
+type rawConfig struct {
+	Daemon  rawDaemon    `toml:"daemon"`
+	Service []rawService `toml:"service"`
+}
+
+type rawDaemon struct {
+	Interface      *string   `toml:"interface"`
+	Uplinks        []string  `toml:"uplinks"`
+	StrictARP      *bool     `toml:"strict_arp"`
+	ManageSysctls  *bool     `toml:"manage_sysctls"`
+	ManageIPTables *bool     `toml:"manage_iptables"`
+	FilterVIPPorts *bool     `toml:"filter_vip_ports"`
+	SNATMark       *int64    `toml:"snat_mark"`
+	MetricsListen  *string   `toml:"metrics_listen"`
+	ControlSocket  *string   `toml:"control_socket"`
+	StateDir       *string   `toml:"state_dir"`
+	OnStop         *string   `toml:"on_stop"`
+	ResyncInterval *duration `toml:"resync_interval"`
+	Drain          *bool     `toml:"drain"`
+	DrainTimeout   *duration `toml:"drain_timeout"`
+	GARPCount      *int64    `toml:"garp_count"`
+	GARPInterval   *duration `toml:"garp_interval"`
+	GARPRefresh    *duration `toml:"garp_refresh"`
+}
+
+type rawService struct {
+	Name               string       `toml:"name"`
+	VIP                string       `toml:"vip"`
+	Port               *int64       `toml:"port"`
+	Protocol           string       `toml:"protocol"`
+	FWMark             int64        `toml:"fwmark"`
+	Family             string       `toml:"family"`
+	NodePort           bool         `toml:"nodeport"`
+	Interfaces         []string     `toml:"interfaces"`
+	Scheduler          string       `toml:"scheduler"`
+	SchedulerFlags     []string     `toml:"scheduler_flags"`
+	Forward            string       `toml:"forward"`
+	Tunnel             string       `toml:"tunnel"`
+	TunnelPort         int64        `toml:"tunnel_port"`
+	TunnelChecksum     string       `toml:"tunnel_checksum"`
+	Persistence        *duration    `toml:"persistence"`
+	PersistenceNetmask *int64       `toml:"persistence_netmask"`
+	OnePacket          bool         `toml:"one_packet"`
+	SNAT               *bool        `toml:"snat"`
+	Announce           *bool        `toml:"announce"`
+	Backend            []rawBackend `toml:"backend"`
+}
+
+type rawBackend struct {
+	Address        string `toml:"address"`
+	Port           *int64 `toml:"port"`
+	Weight         *int64 `toml:"weight"`
+	UpperThreshold int64  `toml:"upper_threshold"`
+	LowerThreshold int64  `toml:"lower_threshold"`
+	Forward        string `toml:"forward"`
+	Tunnel         string `toml:"tunnel"`
+	TunnelPort     int64  `toml:"tunnel_port"`
+	TunnelChecksum string `toml:"tunnel_checksum"`
+}
+
+// duration accepts "1m30s" or a whole number of seconds.
+type duration struct{ raw any }
+
+func (d *duration) UnmarshalTOML(v any) error { d.raw = v; return nil }
+
+func (d *duration) parse() (time.Duration, error) {
+	switch v := d.raw.(type) {
+	case int64:
+		if v < 0 || v > math.MaxInt64/int64(time.Second) {
+			return 0, fmt.Errorf("%d seconds is out of range", v)
+		}
+		return time.Duration(v) * time.Second, nil
+	case string:
+		t, err := time.ParseDuration(v)
+		if err != nil {
+			return 0, fmt.Errorf("%q is not a duration (like \"30s\" or \"5m\")", v)
+		}
+		if t < 0 {
+			return 0, fmt.Errorf("%s is negative", v)
+		}
+		return t, nil
+	}
+	return 0, fmt.Errorf("want a duration string (like \"30s\") or seconds, not %T", d.raw)
+}
+
+type validator struct {
+	file string
+	pos  positions
+	errs Errors
+}
+
+func (v *validator) errorf(path, ctx, format string, args ...any) {
+	v.errs = append(v.errs, &Error{File: v.file, Line: v.pos.line(path), Ctx: ctx, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (v *validator) sort() {
+	slices.SortStableFunc(v.errs, func(a, b *Error) int { return a.Line - b.Line })
+}
+
+func (v *validator) unknownKey(k toml.Key) {
+	key := k.String()
+	lines := v.pos.matching(key)
+	if len(lines) == 0 {
+		lines = []int{0}
+	}
+	slices.Sort(lines)
+	for _, l := range slices.Compact(lines) {
+		v.errs = append(v.errs, &Error{File: v.file, Line: l, Msg: fmt.Sprintf("unknown key %q", key)})
+	}
+}
+
+func (v *validator) duration(d *duration, def time.Duration, path, ctx, name string) time.Duration {
+	if d == nil {
+		return def
+	}
+	t, err := d.parse()
+	if err != nil {
+		v.errorf(path, ctx, "%s: %v", name, err)
+		return def
+	}
+	return t
+}
+
+func validIfName(s string) error {
+	if s == "" || len(s) > 15 || strings.ContainsAny(s, "/ \t\n:") || s == "." || s == ".." {
+		return fmt.Errorf("%q is not a valid interface name", s)
+	}
+	return nil
+}
+
+func (v *validator) config(raw *rawConfig) *Config {
+	cfg := &Config{}
+	v.daemon(&raw.Daemon, cfg)
+	names := map[string]int{}
+	keys := map[lb.ServiceKey]string{}
+	nodePorts := map[string]string{}
+	announce := map[netip.Addr]bool{}
+	for i := range raw.Service {
+		vs, ok := v.service(i, &raw.Service[i], cfg)
+		if !ok {
+			continue
+		}
+		path := fmt.Sprintf("service.%d", i)
+		ctx := fmt.Sprintf("service %q", vs.Name)
+		if prev, dup := names[vs.Name]; dup {
+			v.errorf(path+".name", ctx, "name already used by service %d", prev+1)
+		}
+		names[vs.Name] = i
+		if vs.NodePort {
+			k := fmt.Sprintf("%s/%d/%s", vs.Service.Key.Proto, vs.Service.Key.Port, vs.Service.Key.Family)
+			if prev, dup := nodePorts[k]; dup {
+				v.errorf(path+".port", ctx, "nodeport %s %d is also used by service %q", vs.Service.Key.Proto, vs.Service.Key.Port, prev)
+			}
+			nodePorts[k] = vs.Name
+		} else {
+			if prev, dup := keys[vs.Service.Key]; dup {
+				v.errorf(path, ctx, "%s is also used by service %q", vs.Service.Key, prev)
+			}
+			keys[vs.Service.Key] = vs.Name
+		}
+		if vs.VIP.IsValid() {
+			if prev, seen := announce[vs.VIP]; seen && prev != vs.Announce {
+				v.errorf(path+".announce", ctx, "announce = %t conflicts with another service on VIP %s", vs.Announce, vs.VIP)
+			}
+			announce[vs.VIP] = vs.Announce
+		}
+		cfg.Spec.Services = append(cfg.Spec.Services, vs)
+	}
+	// A NodePort service would collide with a VIP service on a host
+	// address; that is only known at run time, where the kernel refuses.
+	return cfg
+}
+
+func (v *validator) daemon(d *rawDaemon, cfg *Config) {
+	out := Daemon{
+		Interface:      DefaultInterface,
+		StrictARP:      true,
+		ManageSysctls:  true,
+		ManageIPTables: true,
+		MetricsListen:  DefaultMetricsListen,
+		ControlSocket:  DefaultControlSocket,
+		StateDir:       DefaultStateDir,
+		ResyncInterval: 30 * time.Second,
+		Drain:          true,
+		DrainTimeout:   5 * time.Minute,
+		GARP:           GARP{Count: 3, Interval: time.Second},
+	}
+	const ctx = "daemon"
+	if d.Interface != nil {
+		out.Interface = *d.Interface
+		if err := validIfName(*d.Interface); err != nil {
+			v.errorf("daemon.interface", ctx, "interface: %v", err)
+		}
+	}
+	for _, u := range d.Uplinks {
+		if err := validIfName(u); err != nil {
+			v.errorf("daemon.uplinks", ctx, "uplinks: %v", err)
+		} else if u == out.Interface {
+			v.errorf("daemon.uplinks", ctx, "uplinks: %q is vipd's dummy interface; announce on a real uplink", u)
+		}
+	}
+	out.Uplinks = d.Uplinks
+	setBool(&out.StrictARP, d.StrictARP)
+	setBool(&out.ManageSysctls, d.ManageSysctls)
+	setBool(&out.ManageIPTables, d.ManageIPTables)
+	setBool(&out.Drain, d.Drain)
+	filter := true
+	setBool(&filter, d.FilterVIPPorts)
+	mark := int64(DefaultSNATMark)
+	if d.SNATMark != nil {
+		mark = *d.SNATMark
+		if mark <= 0 || mark > math.MaxUint32 {
+			v.errorf("daemon.snat_mark", ctx, "snat_mark %#x must be a nonzero 32-bit mark", mark)
+		}
+	}
+	if d.MetricsListen != nil {
+		out.MetricsListen = *d.MetricsListen
+		if *d.MetricsListen != "" {
+			if _, _, err := net.SplitHostPort(*d.MetricsListen); err != nil {
+				v.errorf("daemon.metrics_listen", ctx, "metrics_listen %q is not host:port (use \"\" to disable)", *d.MetricsListen)
+			}
+		}
+	}
+	if d.ControlSocket != nil {
+		out.ControlSocket = *d.ControlSocket
+		if !strings.HasPrefix(*d.ControlSocket, "/") {
+			v.errorf("daemon.control_socket", ctx, "control_socket %q must be an absolute path", *d.ControlSocket)
+		}
+	}
+	if d.StateDir != nil {
+		out.StateDir = *d.StateDir
+		if !strings.HasPrefix(*d.StateDir, "/") {
+			v.errorf("daemon.state_dir", ctx, "state_dir %q must be an absolute path", *d.StateDir)
+		}
+	}
+	if d.OnStop != nil {
+		switch *d.OnStop {
+		case "keep":
+			out.OnStop = StopKeep
+		case "clean":
+			out.OnStop = StopClean
+		default:
+			v.errorf("daemon.on_stop", ctx, "on_stop %q must be \"keep\" or \"clean\"", *d.OnStop)
+		}
+	}
+	out.ResyncInterval = v.duration(d.ResyncInterval, out.ResyncInterval, "daemon.resync_interval", ctx, "resync_interval")
+	if d.ResyncInterval != nil && out.ResyncInterval < time.Second {
+		v.errorf("daemon.resync_interval", ctx, "resync_interval %s is below 1s", out.ResyncInterval)
+	}
+	out.DrainTimeout = v.duration(d.DrainTimeout, out.DrainTimeout, "daemon.drain_timeout", ctx, "drain_timeout")
+	if d.GARPCount != nil {
+		if *d.GARPCount < 0 || *d.GARPCount > 100 {
+			v.errorf("daemon.garp_count", ctx, "garp_count %d is outside 0..100", *d.GARPCount)
+		} else {
+			out.GARP.Count = int(*d.GARPCount)
+		}
+	}
+	out.GARP.Interval = v.duration(d.GARPInterval, out.GARP.Interval, "daemon.garp_interval", ctx, "garp_interval")
+	out.GARP.Refresh = v.duration(d.GARPRefresh, 0, "daemon.garp_refresh", ctx, "garp_refresh")
+	if out.GARP.Refresh != 0 && out.GARP.Refresh < time.Second {
+		v.errorf("daemon.garp_refresh", ctx, "garp_refresh %s is below 1s", out.GARP.Refresh)
+	}
+	cfg.Daemon = out
+	cfg.Spec.StrictARP = out.StrictARP
+	cfg.Spec.ManageSysctls = out.ManageSysctls
+	if out.ManageIPTables {
+		cfg.Spec.Rules = lb.RulePolicy{Enabled: true, SNATMark: uint32(mark), FilterVIPs: filter}
+	}
+}
+
+func setBool(dst *bool, v *bool) {
+	if v != nil {
+		*dst = *v
+	}
+}
+
+func parseForward(s string) (lb.Forward, bool) {
+	switch s {
+	case "masq", "nat":
+		return lb.Masq, true
+	case "droute", "dr":
+		return lb.DirectRoute, true
+	case "tunnel", "tun":
+		return lb.Tunnel, true
+	}
+	return 0, false
+}
+
+func parseTunnel(s string) (lb.TunnelType, bool) {
+	switch s {
+	case "", "ipip":
+		return lb.IPIP, true
+	case "gue":
+		return lb.GUE, true
+	case "gre":
+		return lb.GRE, true
+	}
+	return 0, false
+}
+
+func parseCsum(s string) (lb.TunnelCsum, bool) {
+	switch s {
+	case "", "none":
+		return lb.CsumNone, true
+	case "csum":
+		return lb.Csum, true
+	case "remcsum":
+		return lb.RemCsum, true
+	}
+	return 0, false
+}
+
+func parseVIP(s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return a, fmt.Errorf("%q is not an IP address", s)
+	}
+	if a.Zone() != "" {
+		return a, fmt.Errorf("%q has a zone; VIPs are global addresses", s)
+	}
+	a = a.Unmap()
+	if a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() || a.IsLinkLocalUnicast() {
+		return a, fmt.Errorf("%s is not a unicast address vipd can bind", a)
+	}
+	return a, nil
+}
+
+// service validates one [[service]] table.
+func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualService, bool) {
+	path := fmt.Sprintf("service.%d", i)
+	before := len(v.errs)
+	vs := lb.VirtualService{Name: r.Name}
+	svc := &vs.Service
+
+	// Identify the service first, so that later errors can name it.
+	proto := lb.TCP
+	if r.Protocol != "" {
+		p, err := lb.ParseProto(r.Protocol)
+		if err != nil {
+			v.errorf(path+".protocol", v.svcCtx(i, r), "protocol: %v", err)
+		}
+		proto = p
+	}
+	if r.VIP != "" {
+		a, err := parseVIP(r.VIP)
+		if err != nil {
+			v.errorf(path+".vip", v.svcCtx(i, r), "vip: %v", err)
+		} else {
+			vs.VIP = a
+		}
+	}
+	var port uint16
+	if r.Port != nil {
+		if *r.Port < 0 || *r.Port > 65535 {
+			v.errorf(path+".port", v.svcCtx(i, r), "port %d is outside 0..65535", *r.Port)
+		} else {
+			port = uint16(*r.Port)
+		}
+	}
+	if vs.Name == "" {
+		vs.Name = v.defaultName(r, proto)
+	}
+	ctx := fmt.Sprintf("service %q", vs.Name)
+
+	fam := lb.IPv4
+	switch r.Family {
+	case "":
+		switch {
+		case vs.VIP.IsValid():
+			fam = lb.FamilyOf(vs.VIP)
+		case len(r.Backend) > 0:
+			if a, err := netip.ParseAddr(hostPart(r.Backend[0].Address)); err == nil {
+				fam = lb.FamilyOf(a)
+			}
+		}
+	case "ipv4", "4":
+		fam = lb.IPv4
+	case "ipv6", "6":
+		fam = lb.IPv6
+	default:
+		v.errorf(path+".family", ctx, "family %q must be \"ipv4\" or \"ipv6\"", r.Family)
+	}
+	if r.Family != "" && vs.VIP.IsValid() && lb.FamilyOf(vs.VIP) != fam {
+		v.errorf(path+".family", ctx, "family %s does not match vip %s", fam, vs.VIP)
+	}
+
+	switch {
+	case r.FWMark != 0:
+		if r.FWMark < 0 || r.FWMark > math.MaxUint32 {
+			v.errorf(path+".fwmark", ctx, "fwmark %d is not a 32-bit mark", r.FWMark)
+		}
+		if r.Port != nil {
+			v.errorf(path+".port", ctx, "port is not used by a fwmark service (the mark selects the traffic)")
+		}
+		if r.Protocol != "" {
+			v.errorf(path+".protocol", ctx, "protocol is not used by a fwmark service (the mark selects the traffic)")
+		}
+		if r.NodePort {
+			v.errorf(path+".nodeport", ctx, "a service is either nodeport or fwmark, not both")
+		}
+		svc.Key = lb.ServiceKey{Family: fam, FWMark: uint32(r.FWMark)}
+	case r.NodePort:
+		if r.VIP != "" {
+			v.errorf(path+".vip", ctx, "a nodeport service listens on the host's addresses and has no vip")
+		}
+		if r.Port == nil || port == 0 {
+			v.errorf(path+".port", ctx, "a nodeport service needs a port")
+		}
+		svc.Key = lb.ServiceKey{Family: fam, Proto: proto, Port: port}
+		vs.NodePort = true
+	default:
+		if r.VIP == "" {
+			v.errorf(path, ctx, "vip is missing (or set nodeport = true, or fwmark)")
+		}
+		if r.Port == nil {
+			v.errorf(path, ctx, "port is missing")
+		}
+		svc.Key = lb.ServiceKey{Family: fam, Proto: proto, Addr: vs.VIP, Port: port}
+	}
+	for _, name := range r.Interfaces {
+		if err := validIfName(name); err != nil {
+			v.errorf(path+".interfaces", ctx, "interfaces: %v", err)
+		}
+	}
+	if len(r.Interfaces) > 0 && !r.NodePort {
+		v.errorf(path+".interfaces", ctx, "interfaces only applies to nodeport services")
+	}
+	vs.Interfaces = r.Interfaces
+
+	svc.Scheduler = DefaultScheduler
+	if r.Scheduler != "" {
+		svc.Scheduler = r.Scheduler
+		if !slices.Contains(lb.Schedulers, r.Scheduler) {
+			v.errorf(path+".scheduler", ctx, "unknown scheduler %q (want one of %s)", r.Scheduler, strings.Join(lb.Schedulers, " "))
+		}
+	}
+	for _, f := range r.SchedulerFlags {
+		flag, ok := lb.ParseSchedFlag(f)
+		switch {
+		case !ok:
+			v.errorf(path+".scheduler_flags", ctx, "unknown scheduler flag %q (want sh-fallback, sh-port, mh-fallback or mh-port)", f)
+		case flag.Scheduler() != svc.Scheduler:
+			v.errorf(path+".scheduler_flags", ctx, "scheduler flag %q needs scheduler %q, not %q", f, flag.Scheduler(), svc.Scheduler)
+		default:
+			svc.Flags |= flag
+		}
+	}
+
+	fwd := lb.Masq
+	if r.Forward != "" {
+		f, ok := parseForward(r.Forward)
+		if !ok {
+			v.errorf(path+".forward", ctx, "forward %q must be masq, droute or tunnel", r.Forward)
+		}
+		fwd = f
+	}
+	tun := v.tunnel(path, ctx, fwd, r.Tunnel, r.TunnelPort, r.TunnelChecksum, lb.Destination{})
+
+	if r.Persistence != nil {
+		p := v.duration(r.Persistence, 0, path+".persistence", ctx, "persistence")
+		switch {
+		case p%time.Second != 0:
+			v.errorf(path+".persistence", ctx, "persistence %s is not a whole number of seconds", p)
+		case p > 0 && p.Seconds() > math.MaxUint32:
+			v.errorf(path+".persistence", ctx, "persistence %s is too long", p)
+		default:
+			svc.Persistent = uint32(p / time.Second)
+		}
+	}
+	if r.PersistenceNetmask != nil {
+		maxBits := int64(32)
+		if fam == lb.IPv6 {
+			maxBits = 128
+		}
+		switch m := *r.PersistenceNetmask; {
+		case svc.Persistent == 0:
+			v.errorf(path+".persistence_netmask", ctx, "persistence_netmask needs persistence")
+		case m < 1 || m > maxBits:
+			v.errorf(path+".persistence_netmask", ctx, "persistence_netmask /%d is outside /1../%d for %s", m, maxBits, fam)
+		default:
+			svc.Netmask = int(m)
+		}
+	} else if svc.Persistent != 0 {
+		svc.Netmask = 32
+		if fam == lb.IPv6 {
+			svc.Netmask = 128
+		}
+	}
+	if svc.Key.FWMark == 0 && !vs.NodePort && r.Port != nil && port == 0 && svc.Persistent == 0 {
+		v.errorf(path+".port", ctx, "port 0 (all ports) needs persistence, as in IPVS")
+	}
+	if r.OnePacket {
+		switch {
+		case svc.Key.FWMark == 0 && proto != lb.UDP:
+			v.errorf(path+".one_packet", ctx, "one_packet applies to udp only, not %s", proto)
+		case svc.Persistent != 0:
+			v.errorf(path+".one_packet", ctx, "one_packet schedules every packet and cannot be combined with persistence")
+		}
+		svc.OnePacket = true
+	}
+
+	vs.Announce = vs.VIP.IsValid()
+	if r.Announce != nil {
+		if !vs.VIP.IsValid() && *r.Announce {
+			v.errorf(path+".announce", ctx, "announce needs a vip")
+		}
+		vs.Announce = *r.Announce && vs.VIP.IsValid()
+	}
+	// NodePort traffic is masqueraded by default, as kube-proxy does: the
+	// backends answer the host, which answers the client.
+	vs.SNAT = vs.NodePort
+	if r.SNAT != nil {
+		vs.SNAT = *r.SNAT
+	}
+	if vs.SNAT && fwd != lb.Masq {
+		v.errorf(path+".snat", ctx, "snat needs forward = \"masq\", not %q", fwd)
+	}
+	if vs.SNAT && svc.Key.FWMark != 0 {
+		v.errorf(path+".snat", ctx, "snat is not supported for fwmark services; masquerade with your own mark rules")
+	}
+	if vs.NodePort && fwd != lb.Masq {
+		v.errorf(path+".forward", ctx, "a nodeport service forwards with masq, not %s", fwd)
+	}
+	if vs.SNAT && !cfg.Daemon.ManageIPTables {
+		v.errorf(path+".snat", ctx, "snat needs daemon.manage_iptables = true")
+	}
+
+	if len(r.Backend) == 0 {
+		v.errorf(path, ctx, "no backends (add [[service.backend]] tables)")
+	}
+	seen := map[netip.AddrPort]int{}
+	for j := range r.Backend {
+		d, ok := v.backend(path, ctx, j, &r.Backend[j], vs, fwd, tun)
+		if !ok {
+			continue
+		}
+		if prev, dup := seen[d.Addr]; dup {
+			v.errorf(fmt.Sprintf("%s.backend.%d", path, j), ctx, "backend %s is listed twice (also backend %d)", d.Addr, prev+1)
+			continue
+		}
+		seen[d.Addr] = j
+		vs.Backends = append(vs.Backends, d)
+	}
+	return vs, len(v.errs) == before
+}
+
+func (v *validator) svcCtx(i int, r *rawService) string {
+	if r.Name != "" {
+		return fmt.Sprintf("service %q", r.Name)
+	}
+	return fmt.Sprintf("service %d", i+1)
+}
+
+func (v *validator) defaultName(r *rawService, proto lb.Proto) string {
+	switch {
+	case r.FWMark != 0:
+		return fmt.Sprintf("fwmark-%d", r.FWMark)
+	case r.NodePort && r.Port != nil:
+		return fmt.Sprintf("nodeport-%s-%d", proto, *r.Port)
+	case r.Port != nil:
+		return fmt.Sprintf("%s-%s-%d", proto, r.VIP, *r.Port)
+	}
+	return r.VIP
+}
+
+// tunnel validates tunnel settings against the forwarding method.
+func (v *validator) tunnel(path, ctx string, fwd lb.Forward, typ string, port int64, csum string, base lb.Destination) lb.Destination {
+	d := base
+	if fwd != lb.Tunnel {
+		if typ != "" || port != 0 || csum != "" {
+			v.errorf(path+".tunnel", ctx, "tunnel settings need forward = \"tunnel\"")
+		}
+		return lb.Destination{}
+	}
+	if typ != "" {
+		t, ok := parseTunnel(typ)
+		if !ok {
+			v.errorf(path+".tunnel", ctx, "tunnel %q must be ipip, gue or gre", typ)
+		}
+		d.Tunnel = t
+	}
+	if port != 0 {
+		if port < 1 || port > 65535 {
+			v.errorf(path+".tunnel_port", ctx, "tunnel_port %d is outside 1..65535", port)
+		} else {
+			d.TunnelPort = uint16(port)
+		}
+	}
+	if csum != "" {
+		c, ok := parseCsum(csum)
+		if !ok {
+			v.errorf(path+".tunnel_checksum", ctx, "tunnel_checksum %q must be none, csum or remcsum", csum)
+		}
+		d.TunnelCsum = c
+	}
+	switch {
+	case d.Tunnel == lb.GUE && d.TunnelPort == 0:
+		v.errorf(path+".tunnel_port", ctx, "a gue tunnel needs tunnel_port (the backends' FOU port)")
+	case d.Tunnel != lb.GUE && d.TunnelPort != 0:
+		v.errorf(path+".tunnel_port", ctx, "tunnel_port applies to gue tunnels only")
+	case d.Tunnel == lb.IPIP && d.TunnelCsum != lb.CsumNone:
+		v.errorf(path+".tunnel_checksum", ctx, "tunnel_checksum applies to gue and gre tunnels only")
+	case d.Tunnel == lb.GRE && d.TunnelCsum == lb.RemCsum:
+		v.errorf(path+".tunnel_checksum", ctx, "remcsum applies to gue tunnels only")
+	}
+	return d
+}
+
+func hostPart(s string) string {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().String()
+	}
+	return s
+}
+
+// backend validates one [[service.backend]] table.
+func (v *validator) backend(svcPath, svcCtx string, j int, r *rawBackend, vs lb.VirtualService, svcFwd lb.Forward, svcTun lb.Destination) (lb.Destination, bool) {
+	path := fmt.Sprintf("%s.backend.%d", svcPath, j)
+	before := len(v.errs)
+	ctx := fmt.Sprintf("%s: backend %d", svcCtx, j+1)
+	d := lb.Destination{Weight: 1, Forward: svcFwd}
+	var addr netip.Addr
+	svcPort := vs.Service.Key.Port
+	port := svcPort
+	explicitPort := false
+	if ap, err := netip.ParseAddrPort(r.Address); err == nil {
+		addr, port, explicitPort = ap.Addr(), ap.Port(), true
+	} else if a, err := netip.ParseAddr(r.Address); err == nil {
+		addr = a
+	} else {
+		if r.Address == "" {
+			v.errorf(path, ctx, "address is missing")
+		} else {
+			v.errorf(path+".address", ctx, "address %q is not an IP address or address:port", r.Address)
+		}
+		return d, false
+	}
+	addr = addr.Unmap()
+	if r.Port != nil {
+		if explicitPort {
+			v.errorf(path+".port", ctx, "port is given twice (address %q has one)", r.Address)
+		}
+		if *r.Port < 0 || *r.Port > 65535 {
+			v.errorf(path+".port", ctx, "port %d is outside 0..65535", *r.Port)
+		} else {
+			port = uint16(*r.Port)
+			explicitPort = true
+		}
+	}
+	d.Addr = netip.AddrPortFrom(addr, port)
+	ctx = fmt.Sprintf("%s: backend %q", svcCtx, d.Addr.String())
+	if addr.Zone() != "" || addr.IsUnspecified() || addr.IsMulticast() {
+		v.errorf(path+".address", ctx, "%s is not a unicast address", addr)
+	}
+	if r.Weight != nil {
+		switch w := *r.Weight; {
+		case w < 0:
+			v.errorf(path+".weight", ctx, "weight %d is negative", w)
+		case w > 65535:
+			v.errorf(path+".weight", ctx, "weight %d is above 65535", w)
+		default:
+			d.Weight = int(w)
+		}
+	}
+	if r.UpperThreshold < 0 || r.UpperThreshold > math.MaxUint32 {
+		v.errorf(path+".upper_threshold", ctx, "upper_threshold %d is out of range", r.UpperThreshold)
+	} else {
+		d.Upper = uint32(r.UpperThreshold)
+	}
+	if r.LowerThreshold < 0 || r.LowerThreshold > math.MaxUint32 {
+		v.errorf(path+".lower_threshold", ctx, "lower_threshold %d is out of range", r.LowerThreshold)
+	} else {
+		d.Lower = uint32(r.LowerThreshold)
+	}
+	if d.Upper != 0 && d.Lower > d.Upper {
+		v.errorf(path+".lower_threshold", ctx, "lower_threshold %d is above upper_threshold %d", d.Lower, d.Upper)
+	}
+	if r.Forward != "" {
+		f, ok := parseForward(r.Forward)
+		if !ok {
+			v.errorf(path+".forward", ctx, "forward %q must be masq, droute or tunnel", r.Forward)
+		}
+		d.Forward = f
+	}
+	if d.Forward == lb.Tunnel {
+		base := svcTun
+		if svcFwd != lb.Tunnel {
+			base = lb.Destination{}
+		}
+		t := v.tunnel(path, ctx, d.Forward, r.Tunnel, r.TunnelPort, r.TunnelChecksum, base)
+		d.Tunnel, d.TunnelPort, d.TunnelCsum = t.Tunnel, t.TunnelPort, t.TunnelCsum
+	} else if r.Tunnel != "" || r.TunnelPort != 0 || r.TunnelChecksum != "" {
+		v.errorf(path+".tunnel", ctx, "tunnel settings need forward = \"tunnel\"")
+	}
+	if vs.NodePort && d.Forward != lb.Masq {
+		v.errorf(path+".forward", ctx, "a nodeport service forwards with masq, not %s", d.Forward)
+	}
+	if vs.SNAT && d.Forward != lb.Masq {
+		v.errorf(path+".forward", ctx, "snat needs masq forwarding, not %s", d.Forward)
+	}
+	fam := vs.Service.Key.Family
+	if lb.FamilyOf(addr) != fam && d.Forward != lb.Tunnel {
+		v.errorf(path+".address", ctx, "%s backend on an %s service (only tunnel forwarding mixes families)", lb.FamilyOf(addr), fam)
+	}
+	if (d.Forward == lb.DirectRoute || d.Forward == lb.Tunnel) && explicitPort && vs.Service.Key.FWMark == 0 && port != svcPort {
+		v.errorf(path+".port", ctx, "%s forwarding cannot change the port (%d to %d): the backend sees the VIP's packet unchanged", d.Forward, svcPort, port)
+	}
+	if vs.Service.Key.FWMark == 0 && port == 0 && svcPort != 0 {
+		v.errorf(path+".port", ctx, "port 0 is only valid for fwmark and all-ports services")
+	}
+	return d, len(v.errs) == before
+}
+

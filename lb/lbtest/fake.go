@@ -1,0 +1,393 @@
+// Package lbtest provides a fake kernel for testing vipd's core: it
+// implements every lb adapter interface in memory, behaves like the kernel
+// where vipd depends on it (EEXIST, ENOENT, unsupported schedulers), counts
+// calls, injects failures, and dumps its state as sorted text.
+package lbtest
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/vipd/vipd/lb"
+)
+
+// Kernel is an in-memory kernel. The zero value is not usable; call New.
+type Kernel struct {
+	mu sync.Mutex
+	st *lb.State
+	// hostAddrs are the addresses HostAddrs reports.
+	hostAddrs map[string][]netip.Addr
+	// unsupported schedulers make AddService and UpdateService fail.
+	unsupported map[string]bool
+	// fail, if set, is asked before each mutating call; an error it
+	// returns fails the call without changing state.
+	fail func(call string) error
+	// calls records every mutating call, in order.
+	calls []string
+}
+
+// New returns an empty fake kernel.
+func New() *Kernel {
+	return &Kernel{st: lb.NewState(), unsupported: map[string]bool{}, hostAddrs: map[string][]netip.Addr{}}
+}
+
+// Interface returns the fake as the full set of lb adapters.
+func (k *Kernel) Interface() lb.Kernel {
+	return lb.Kernel{IPVS: k, VIPs: k, Sysctls: k, Rules: k, Announcer: k, Ledger: k}
+}
+
+// SetHostAddrs sets the addresses of a host interface.
+func (k *Kernel) SetHostAddrs(ifname string, addrs ...netip.Addr) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.hostAddrs[ifname] = addrs
+}
+
+// Unsupport makes the named scheduler unknown to the fake kernel, as twos
+// is to Linux 6.1.
+func (k *Kernel) Unsupport(sched string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.unsupported[sched] = true
+}
+
+// FailWith sets a function that may fail mutating calls. Calls are named
+// as Calls reports them.
+func (k *Kernel) FailWith(f func(call string) error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.fail = f
+}
+
+// Calls returns the mutating calls made so far and forgets them.
+func (k *Kernel) Calls() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	c := k.calls
+	k.calls = nil
+	return c
+}
+
+// Dump returns the kernel state as sorted text.
+func (k *Kernel) Dump() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.st.Dump()
+}
+
+// Edit runs f on the fake's state, to simulate changes made behind vipd's
+// back (a foreign service, an operator deleting a VIP, traffic).
+func (k *Kernel) Edit(f func(*lb.State)) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	f(k.st)
+}
+
+// call records a mutating call and returns the injected failure, if any.
+// The caller holds k.mu.
+func (k *Kernel) call(format string, args ...any) error {
+	c := fmt.Sprintf(format, args...)
+	if k.fail != nil {
+		if err := k.fail(c); err != nil {
+			return err
+		}
+	}
+	k.calls = append(k.calls, c)
+	return nil
+}
+
+// Errors the fake returns, named after the kernel's.
+var (
+	ErrExist    = fmt.Errorf("file exists")
+	ErrNotExist = fmt.Errorf("no such file or directory")
+)
+
+// Services implements lb.IPVS.
+func (k *Kernel) Services() (map[lb.ServiceKey]*lb.ServiceState, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make(map[lb.ServiceKey]*lb.ServiceState, len(k.st.Services))
+	for key, s := range k.st.Services {
+		out[key] = &lb.ServiceState{Service: s.Service, Dests: maps.Clone(s.Dests)}
+	}
+	return out, nil
+}
+
+func (k *Kernel) checkSched(s lb.Service) error {
+	if k.unsupported[s.Scheduler] {
+		return fmt.Errorf("scheduler %q: no such file or directory (kernel module ip_vs_%s missing)", s.Scheduler, s.Scheduler)
+	}
+	return nil
+}
+
+// AddService implements lb.IPVS.
+func (k *Kernel) AddService(s lb.Service) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, ok := k.st.Services[s.Key]; ok {
+		return ErrExist
+	}
+	if err := k.checkSched(s); err != nil {
+		return err
+	}
+	if err := k.call("add-service %s", s.Key); err != nil {
+		return err
+	}
+	k.st.Services[s.Key] = &lb.ServiceState{Service: s, Dests: map[netip.AddrPort]lb.Destination{}}
+	return nil
+}
+
+// UpdateService implements lb.IPVS.
+func (k *Kernel) UpdateService(s lb.Service) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	cur, ok := k.st.Services[s.Key]
+	if !ok {
+		return ErrNotExist
+	}
+	if err := k.checkSched(s); err != nil {
+		return err
+	}
+	if err := k.call("update-service %s", s.Key); err != nil {
+		return err
+	}
+	cur.Service = s
+	return nil
+}
+
+// DeleteService implements lb.IPVS.
+func (k *Kernel) DeleteService(key lb.ServiceKey) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, ok := k.st.Services[key]; !ok {
+		return ErrNotExist
+	}
+	if err := k.call("delete-service %s", key); err != nil {
+		return err
+	}
+	delete(k.st.Services, key)
+	return nil
+}
+
+// AddDest implements lb.IPVS.
+func (k *Kernel) AddDest(key lb.ServiceKey, d lb.Destination) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	s, ok := k.st.Services[key]
+	if !ok {
+		return ErrNotExist
+	}
+	if _, ok := s.Dests[d.Addr]; ok {
+		return ErrExist
+	}
+	if err := k.call("add-dest %s %s", key, d.Addr); err != nil {
+		return err
+	}
+	s.Dests[d.Addr] = d.Settings()
+	return nil
+}
+
+// UpdateDest implements lb.IPVS. Connection counts survive an update, as
+// in the kernel.
+func (k *Kernel) UpdateDest(key lb.ServiceKey, d lb.Destination) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	s, ok := k.st.Services[key]
+	if !ok {
+		return ErrNotExist
+	}
+	cur, ok := s.Dests[d.Addr]
+	if !ok {
+		return ErrNotExist
+	}
+	if err := k.call("update-dest %s %s weight=%d", key, d.Addr, d.Weight); err != nil {
+		return err
+	}
+	n := d.Settings()
+	n.ActiveConns, n.InactiveConns = cur.ActiveConns, cur.InactiveConns
+	s.Dests[d.Addr] = n
+	return nil
+}
+
+// DeleteDest implements lb.IPVS.
+func (k *Kernel) DeleteDest(key lb.ServiceKey, addr netip.AddrPort) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	s, ok := k.st.Services[key]
+	if !ok {
+		return ErrNotExist
+	}
+	if _, ok := s.Dests[addr]; !ok {
+		return ErrNotExist
+	}
+	if err := k.call("delete-dest %s %s", key, addr); err != nil {
+		return err
+	}
+	delete(s.Dests, addr)
+	return nil
+}
+
+// VIPs implements lb.VIPs.
+func (k *Kernel) VIPs() ([]netip.Addr, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return sortedAddrs(k.st.VIPs), nil
+}
+
+// Bind implements lb.VIPs.
+func (k *Kernel) Bind(a netip.Addr) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("bind %s", a); err != nil {
+		return err
+	}
+	k.st.VIPs[a] = struct{}{}
+	return nil
+}
+
+// Unbind implements lb.VIPs.
+func (k *Kernel) Unbind(a netip.Addr) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("unbind %s", a); err != nil {
+		return err
+	}
+	delete(k.st.VIPs, a)
+	return nil
+}
+
+// HostAddrs implements lb.VIPs.
+func (k *Kernel) HostAddrs() (map[string][]netip.Addr, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := maps.Clone(k.hostAddrs)
+	if len(k.st.VIPs) > 0 {
+		out["vipd0"] = sortedAddrs(k.st.VIPs)
+	}
+	return out, nil
+}
+
+// Get implements lb.Sysctls.
+func (k *Kernel) Get(path string) (string, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	v, ok := k.st.Sysctls[path]
+	if !ok {
+		return "", ErrNotExist
+	}
+	return v, nil
+}
+
+// Set implements lb.Sysctls.
+func (k *Kernel) Set(path, value string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("sysctl %s=%s", path, value); err != nil {
+		return err
+	}
+	k.st.Sysctls[path] = value
+	return nil
+}
+
+// Observe implements lb.RuleTables.
+func (k *Kernel) Observe() (lb.Rules, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return lb.Rules{Policy: k.st.Rules.Policy, Entries: maps.Clone(k.st.Rules.Entries)}, nil
+}
+
+// SyncChains implements lb.RuleTables.
+func (k *Kernel) SyncChains(p lb.RulePolicy) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("sync-chains %s", p); err != nil {
+		return err
+	}
+	k.st.Rules.Policy = p
+	return nil
+}
+
+// RemoveChains implements lb.RuleTables.
+func (k *Kernel) RemoveChains() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("remove-chains"); err != nil {
+		return err
+	}
+	k.st.Rules.Policy = lb.RulePolicy{}
+	return nil
+}
+
+// AddEntry implements lb.RuleTables.
+func (k *Kernel) AddEntry(e lb.SetEntry) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("add-entry %s", e); err != nil {
+		return err
+	}
+	k.st.Rules.Entries[e] = struct{}{}
+	return nil
+}
+
+// DelEntry implements lb.RuleTables.
+func (k *Kernel) DelEntry(e lb.SetEntry) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("del-entry %s", e); err != nil {
+		return err
+	}
+	delete(k.st.Rules.Entries, e)
+	return nil
+}
+
+// Announced implements lb.Announcer.
+func (k *Kernel) Announced() []netip.Addr {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return sortedAddrs(k.st.Announce)
+}
+
+// Announce implements lb.Announcer.
+func (k *Kernel) Announce(a netip.Addr) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("announce %s", a); err != nil {
+		return err
+	}
+	k.st.Announce[a] = struct{}{}
+	return nil
+}
+
+// Withdraw implements lb.Announcer.
+func (k *Kernel) Withdraw(a netip.Addr) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("withdraw %s", a); err != nil {
+		return err
+	}
+	delete(k.st.Announce, a)
+	return nil
+}
+
+// Load implements lb.Ledger.
+func (k *Kernel) Load() (map[lb.ServiceKey]struct{}, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return maps.Clone(k.st.Owned), nil
+}
+
+// Store implements lb.Ledger. Ledger writes are not kernel calls and are
+// not recorded.
+func (k *Kernel) Store(owned map[lb.ServiceKey]struct{}) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.st.Owned = maps.Clone(owned)
+	return nil
+}
+
+func sortedAddrs(m map[netip.Addr]struct{}) []netip.Addr {
+	return slices.SortedFunc(maps.Keys(m), netip.Addr.Compare)
+}

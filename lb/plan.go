@@ -1,0 +1,276 @@
+package lb
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// OpKind is the kind of one planned operation. Kinds are declared in the
+// order a plan applies them: prerequisites (sysctls, chains, set entries
+// that let new traffic in, VIPs) first, then additions, then removals, and
+// announcements last, once everything behind a VIP is in place.
+type OpKind uint8
+
+// The operation kinds, in application order.
+const (
+	OpSetSysctl OpKind = iota + 1
+	OpSyncChains
+	OpAddEntry
+	OpBindVIP
+	OpAddService
+	OpUpdateService
+	OpAddDest
+	OpUpdateDest
+	OpDrainDest
+	OpDeleteDest
+	OpDeleteService
+	OpUnbindVIP
+	OpDelEntry
+	OpRemoveChains
+	OpWithdraw
+	OpAnnounce
+	numOpKinds
+)
+
+var opKindNames = [...]string{
+	OpSetSysctl:     "set-sysctl",
+	OpSyncChains:    "sync-chains",
+	OpAddEntry:      "add-entry",
+	OpBindVIP:       "bind-vip",
+	OpAddService:    "add-service",
+	OpUpdateService: "update-service",
+	OpAddDest:       "add-backend",
+	OpUpdateDest:    "update-backend",
+	OpDrainDest:     "drain-backend",
+	OpDeleteDest:    "delete-backend",
+	OpDeleteService: "delete-service",
+	OpUnbindVIP:     "unbind-vip",
+	OpDelEntry:      "delete-entry",
+	OpRemoveChains:  "remove-chains",
+	OpWithdraw:      "withdraw",
+	OpAnnounce:      "announce",
+}
+
+// String returns the kind's name, such as "add-backend".
+func (k OpKind) String() string {
+	if int(k) < len(opKindNames) && opKindNames[k] != "" {
+		return opKindNames[k]
+	}
+	return fmt.Sprintf("op(%d)", uint8(k))
+}
+
+// Op is one planned change to the kernel. Which fields matter depends on
+// Kind; Old* fields hold the observed value an update replaces, so that a
+// plan can be printed, and undone.
+type Op struct {
+	Kind OpKind
+
+	// Service is the service of service and backend operations.
+	Service    Service
+	OldService Service
+	// Dest is the backend of backend operations.
+	Dest    Destination
+	OldDest Destination
+
+	// Addr is the VIP of bind, unbind, announce and withdraw.
+	Addr netip.Addr
+
+	// Sysctl, Value and OldValue describe a sysctl change.
+	Sysctl, Value, OldValue string
+
+	// Entry is the set member of entry operations.
+	Entry SetEntry
+	// Policy is the chain policy of chain operations.
+	Policy    RulePolicy
+	OldPolicy RulePolicy
+}
+
+// String formats the operation as one readable line.
+func (op Op) String() string {
+	k := op.Service.Key
+	switch op.Kind {
+	case OpSetSysctl:
+		old := op.OldValue
+		if old == "" {
+			old = "unset"
+		}
+		return fmt.Sprintf("set sysctl %s=%s (was %s)", op.Sysctl, op.Value, old)
+	case OpSyncChains:
+		return fmt.Sprintf("sync chains %s (was %s)", op.Policy, op.OldPolicy)
+	case OpRemoveChains:
+		return "remove chains"
+	case OpAddEntry:
+		return fmt.Sprintf("add set entry %s", op.Entry)
+	case OpDelEntry:
+		return fmt.Sprintf("delete set entry %s", op.Entry)
+	case OpBindVIP:
+		return fmt.Sprintf("bind vip %s", op.Addr)
+	case OpUnbindVIP:
+		return fmt.Sprintf("unbind vip %s", op.Addr)
+	case OpAnnounce:
+		return fmt.Sprintf("announce vip %s", op.Addr)
+	case OpWithdraw:
+		return fmt.Sprintf("withdraw vip %s", op.Addr)
+	case OpAddService:
+		return fmt.Sprintf("add service %s", op.Service)
+	case OpUpdateService:
+		return fmt.Sprintf("update service %s (was %s)", op.Service, op.OldService)
+	case OpDeleteService:
+		return fmt.Sprintf("delete service %s", k)
+	case OpAddDest:
+		return fmt.Sprintf("add backend %s -> %s", k, op.Dest)
+	case OpUpdateDest:
+		return fmt.Sprintf("update backend %s -> %s (was %s)", k, op.Dest, op.OldDest)
+	case OpDrainDest:
+		return fmt.Sprintf("drain backend %s -> %s (weight %d -> 0, %d active)", k, op.Dest.Addr, op.OldDest.Weight, op.OldDest.ActiveConns)
+	case OpDeleteDest:
+		return fmt.Sprintf("delete backend %s -> %s", k, op.Dest.Addr)
+	}
+	return op.Kind.String()
+}
+
+// PlanOptions tune how Plan removes backends.
+type PlanOptions struct {
+	// Drain makes a removed backend go to weight 0 first; it is deleted
+	// once it has no active connections or DrainDone reports true.
+	Drain bool
+	// DrainDone reports whether a draining backend's drain time is up.
+	// Nil means never: only an idle backend is deleted.
+	DrainDone func(ServiceKey, netip.AddrPort) bool
+}
+
+// Plan returns the operations that take the kernel from observed to
+// desired, in application order. It only ever removes what observed says
+// vipd owns (see State.Owns), so foreign services survive. Equal states
+// plan no operations.
+func Plan(desired, observed *State, opts PlanOptions) []Op {
+	var b [numOpKinds][]Op
+
+	for _, key := range sortedKeys(desired.Sysctls, compareString) {
+		want := desired.Sysctls[key]
+		if have := observed.Sysctls[key]; have != want {
+			b[OpSetSysctl] = append(b[OpSetSysctl], Op{Kind: OpSetSysctl, Sysctl: key, Value: want, OldValue: have})
+		}
+	}
+
+	switch dp, op := desired.Rules.Policy, observed.Rules.Policy; {
+	case dp.Enabled && dp != op:
+		b[OpSyncChains] = append(b[OpSyncChains], Op{Kind: OpSyncChains, Policy: dp, OldPolicy: op})
+	case !dp.Enabled && op.Enabled:
+		b[OpRemoveChains] = append(b[OpRemoveChains], Op{Kind: OpRemoveChains, OldPolicy: op})
+	}
+	for e := range desired.Rules.Entries {
+		if _, ok := observed.Rules.Entries[e]; !ok {
+			b[OpAddEntry] = append(b[OpAddEntry], Op{Kind: OpAddEntry, Entry: e})
+		}
+	}
+	for e := range observed.Rules.Entries {
+		if _, ok := desired.Rules.Entries[e]; !ok {
+			b[OpDelEntry] = append(b[OpDelEntry], Op{Kind: OpDelEntry, Entry: e})
+		}
+	}
+
+	for a := range desired.VIPs {
+		if _, ok := observed.VIPs[a]; !ok {
+			b[OpBindVIP] = append(b[OpBindVIP], Op{Kind: OpBindVIP, Addr: a})
+		}
+	}
+	for a := range observed.VIPs {
+		if _, ok := desired.VIPs[a]; !ok {
+			b[OpUnbindVIP] = append(b[OpUnbindVIP], Op{Kind: OpUnbindVIP, Addr: a})
+		}
+	}
+	for a := range desired.Announce {
+		if _, ok := observed.Announce[a]; !ok {
+			b[OpAnnounce] = append(b[OpAnnounce], Op{Kind: OpAnnounce, Addr: a})
+		}
+	}
+	for a := range observed.Announce {
+		if _, ok := desired.Announce[a]; !ok {
+			b[OpWithdraw] = append(b[OpWithdraw], Op{Kind: OpWithdraw, Addr: a})
+		}
+	}
+
+	for key, want := range desired.Services {
+		have, ok := observed.Services[key]
+		if !ok {
+			b[OpAddService] = append(b[OpAddService], Op{Kind: OpAddService, Service: want.Service})
+			for _, d := range want.Dests {
+				b[OpAddDest] = append(b[OpAddDest], Op{Kind: OpAddDest, Service: want.Service, Dest: d})
+			}
+			continue
+		}
+		if have.Service != want.Service {
+			b[OpUpdateService] = append(b[OpUpdateService], Op{Kind: OpUpdateService, Service: want.Service, OldService: have.Service})
+		}
+		for addr, d := range want.Dests {
+			hd, ok := have.Dests[addr]
+			switch {
+			case !ok:
+				b[OpAddDest] = append(b[OpAddDest], Op{Kind: OpAddDest, Service: want.Service, Dest: d})
+			case hd.Settings() != d:
+				b[OpUpdateDest] = append(b[OpUpdateDest], Op{Kind: OpUpdateDest, Service: want.Service, Dest: d, OldDest: hd})
+			}
+		}
+		for addr, hd := range have.Dests {
+			if _, ok := want.Dests[addr]; ok {
+				continue
+			}
+			switch {
+			case !opts.Drain:
+				b[OpDeleteDest] = append(b[OpDeleteDest], Op{Kind: OpDeleteDest, Service: want.Service, Dest: hd})
+			case hd.Weight != 0:
+				drained := hd.Settings()
+				drained.Weight = 0
+				b[OpDrainDest] = append(b[OpDrainDest], Op{Kind: OpDrainDest, Service: want.Service, Dest: drained, OldDest: hd})
+			case hd.ActiveConns == 0 || opts.DrainDone != nil && opts.DrainDone(key, addr):
+				b[OpDeleteDest] = append(b[OpDeleteDest], Op{Kind: OpDeleteDest, Service: want.Service, Dest: hd})
+			}
+		}
+	}
+	for key, have := range observed.Services {
+		if _, ok := desired.Services[key]; ok || !observed.Owns(key) {
+			continue
+		}
+		b[OpDeleteService] = append(b[OpDeleteService], Op{Kind: OpDeleteService, Service: have.Service})
+	}
+
+	var n int
+	for i := range b {
+		n += len(b[i])
+	}
+	ops := make([]Op, 0, n)
+	for i := range b {
+		slices.SortFunc(b[i], compareOps)
+		ops = append(ops, b[i]...)
+	}
+	return ops
+}
+
+func compareString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// compareOps orders operations of one kind by what they act on.
+func compareOps(a, b Op) int {
+	if c := compareString(a.Sysctl, b.Sysctl); c != 0 {
+		return c
+	}
+	if c := a.Entry.compare(b.Entry); c != 0 {
+		return c
+	}
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c
+	}
+	if c := a.Service.Key.Compare(b.Service.Key); c != 0 {
+		return c
+	}
+	return a.Dest.Addr.Compare(b.Dest.Addr)
+}

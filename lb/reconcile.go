@@ -1,0 +1,424 @@
+package lb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// IPVS is the kernel's IPVS table, as vipd uses it.
+type IPVS interface {
+	// Services returns every IPVS service with its destinations.
+	Services() (map[ServiceKey]*ServiceState, error)
+	AddService(Service) error
+	UpdateService(Service) error
+	DeleteService(ServiceKey) error
+	AddDest(ServiceKey, Destination) error
+	UpdateDest(ServiceKey, Destination) error
+	DeleteDest(ServiceKey, netip.AddrPort) error
+}
+
+// VIPs are the addresses on vipd's dummy interface.
+type VIPs interface {
+	// VIPs returns the addresses bound to the dummy interface.
+	VIPs() ([]netip.Addr, error)
+	// Bind adds addr to the dummy interface; binding twice is no error.
+	Bind(addr netip.Addr) error
+	// Unbind removes addr; removing a missing address is no error.
+	Unbind(addr netip.Addr) error
+	// HostAddrs returns the host's addresses by interface name.
+	HostAddrs() (map[string][]netip.Addr, error)
+}
+
+// Sysctls reads and writes values below /proc/sys.
+type Sysctls interface {
+	Get(path string) (string, error)
+	Set(path, value string) error
+}
+
+// RuleTables are vipd's own packet-filter chains and sets.
+type RuleTables interface {
+	// Observe returns the policy the chains implement (zero when they are
+	// missing or altered) and the members of vipd's sets.
+	Observe() (Rules, error)
+	SyncChains(RulePolicy) error
+	RemoveChains() error
+	AddEntry(SetEntry) error
+	DelEntry(SetEntry) error
+}
+
+// Announcer answers ARP and neighbour solicitations for VIPs on the
+// uplinks and sends gratuitous announcements.
+type Announcer interface {
+	Announced() []netip.Addr
+	Announce(netip.Addr) error
+	Withdraw(netip.Addr) error
+}
+
+// Ledger persists which services vipd owns that no VIP of the dummy
+// interface marks as its own.
+type Ledger interface {
+	Load() (map[ServiceKey]struct{}, error)
+	Store(map[ServiceKey]struct{}) error
+}
+
+// Kernel groups the adapters a Reconciler drives. A nil member is a part of
+// the kernel vipd leaves alone: its state is neither observed nor changed.
+type Kernel struct {
+	IPVS      IPVS
+	VIPs      VIPs
+	Sysctls   Sysctls
+	Rules     RuleTables
+	Announcer Announcer
+	Ledger    Ledger
+}
+
+// Options configure a Reconciler.
+type Options struct {
+	Kernel Kernel
+	Logger *slog.Logger
+	// KernelRelease and Dummy describe the host (see Host).
+	KernelRelease string
+	Dummy         string
+	// Drain removes backends by weight 0 first (see PlanOptions).
+	Drain bool
+	// DrainTimeout bounds a drain; zero waits for the last connection.
+	DrainTimeout time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Reconciler makes the kernel match a Spec: observe, plan, apply. It is
+// level-triggered: every pass starts from what the kernel reports, so it
+// repairs drift as well as applying changes. Its methods are safe for
+// concurrent use; passes run one at a time.
+type Reconciler struct {
+	opts Options
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	draining map[drainKey]time.Time
+}
+
+type drainKey struct {
+	svc  ServiceKey
+	addr netip.AddrPort
+}
+
+// NewReconciler returns a Reconciler for opts.
+func NewReconciler(opts Options) *Reconciler {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Reconciler{opts: opts, log: opts.Logger, draining: map[drainKey]time.Time{}}
+}
+
+// Result reports what one pass did.
+type Result struct {
+	// Applied lists the operations that succeeded, in order.
+	Applied []Op
+	// Failed lists the operations that failed, each with its error.
+	Failed []*OpError
+	// Skipped lists operations not attempted because an operation they
+	// depend on failed (a backend of a service that could not be added).
+	Skipped []Op
+}
+
+// Err returns the failures joined, or nil.
+func (r *Result) Err() error {
+	errs := make([]error, len(r.Failed))
+	for i, f := range r.Failed {
+		errs[i] = f
+	}
+	return errors.Join(errs...)
+}
+
+// OpError is the failure of one operation.
+type OpError struct {
+	Op  Op
+	Err error
+}
+
+func (e *OpError) Error() string { return fmt.Sprintf("%s: %v", e.Op, e.Err) }
+func (e *OpError) Unwrap() error { return e.Err }
+
+// Observe reads the kernel state that desired concerns: all IPVS
+// services (to find what vipd owns), the dummy interface's addresses,
+// the sysctls desired names, and vipd's rules.
+func (r *Reconciler) Observe(desired *State) (*State, error) {
+	k := r.opts.Kernel
+	s := NewState()
+	if k.IPVS != nil {
+		svcs, err := k.IPVS.Services()
+		if err != nil {
+			return nil, fmt.Errorf("observe ipvs: %w", err)
+		}
+		s.Services = svcs
+	}
+	if k.VIPs != nil {
+		vips, err := k.VIPs.VIPs()
+		if err != nil {
+			return nil, fmt.Errorf("observe vips: %w", err)
+		}
+		for _, a := range vips {
+			s.VIPs[a] = struct{}{}
+		}
+	}
+	if k.Ledger != nil {
+		owned, err := k.Ledger.Load()
+		if err != nil {
+			return nil, fmt.Errorf("observe ledger: %w", err)
+		}
+		s.Owned = owned
+	}
+	if k.Sysctls != nil {
+		for path := range desired.Sysctls {
+			// A missing sysctl (ip_vs not loaded yet) reads as unset;
+			// the plan then tries to set it and reports why it can't.
+			if v, err := k.Sysctls.Get(path); err == nil {
+				s.Sysctls[path] = v
+			}
+		}
+	}
+	if k.Rules != nil {
+		rules, err := k.Rules.Observe()
+		if err != nil {
+			return nil, fmt.Errorf("observe rules: %w", err)
+		}
+		s.Rules = rules
+		if s.Rules.Entries == nil {
+			s.Rules.Entries = map[SetEntry]struct{}{}
+		}
+	}
+	if k.Announcer != nil {
+		for _, a := range k.Announcer.Announced() {
+			s.Announce[a] = struct{}{}
+		}
+	}
+	return s, nil
+}
+
+// Desired computes the desired state of spec on this host.
+func (r *Reconciler) Desired(spec *Spec) (*State, error) {
+	host := Host{Kernel: r.opts.KernelRelease, Dummy: r.opts.Dummy}
+	if r.opts.Kernel.VIPs != nil && hasNodePort(spec) {
+		addrs, err := r.opts.Kernel.VIPs.HostAddrs()
+		if err != nil {
+			return nil, fmt.Errorf("list host addresses: %w", err)
+		}
+		host.Addrs = addrs
+	}
+	d := Desired(spec, host)
+	r.strip(d)
+	return d, nil
+}
+
+// strip removes from d what the kernel adapters in use cannot observe, so
+// that a missing adapter never plans operations it cannot apply.
+func (r *Reconciler) strip(d *State) {
+	k := r.opts.Kernel
+	if k.IPVS == nil {
+		clear(d.Services)
+		clear(d.Owned)
+	}
+	if k.Sysctls == nil {
+		clear(d.Sysctls)
+	}
+	if k.Rules == nil {
+		d.Rules = Rules{Entries: map[SetEntry]struct{}{}}
+	}
+	if k.Announcer == nil {
+		clear(d.Announce)
+	}
+	if k.VIPs == nil {
+		clear(d.VIPs)
+	}
+}
+
+func hasNodePort(spec *Spec) bool {
+	for i := range spec.Services {
+		if spec.Services[i].NodePort {
+			return true
+		}
+	}
+	return false
+}
+
+// Plan observes the kernel and returns what a pass would do for spec,
+// without changing anything.
+func (r *Reconciler) Plan(ctx context.Context, spec *Spec) ([]Op, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	desired, err := r.Desired(spec)
+	if err != nil {
+		return nil, err
+	}
+	observed, err := r.Observe(desired)
+	if err != nil {
+		return nil, err
+	}
+	return Plan(desired, observed, r.planOptions()), nil
+}
+
+func (r *Reconciler) planOptions() PlanOptions {
+	return PlanOptions{Drain: r.opts.Drain, DrainDone: r.drainDone}
+}
+
+// drainDone reports whether a draining backend's time is up, starting its
+// clock the first time it is asked (after a restart, say).
+func (r *Reconciler) drainDone(svc ServiceKey, addr netip.AddrPort) bool {
+	k := drainKey{svc, addr}
+	now := r.opts.Now()
+	start, ok := r.draining[k]
+	if !ok {
+		r.draining[k] = now
+		start = now
+	}
+	return r.opts.DrainTimeout > 0 && now.Sub(start) >= r.opts.DrainTimeout
+}
+
+// Reconcile runs one pass for spec: observe, plan, apply. It applies every
+// operation it can, continuing past failures, and reports each one. An
+// error return means the kernel could not be observed and nothing was
+// done.
+func (r *Reconciler) Reconcile(ctx context.Context, spec *Spec) (*Result, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	desired, err := r.Desired(spec)
+	if err != nil {
+		return nil, err
+	}
+	observed, err := r.Observe(desired)
+	if err != nil {
+		return nil, err
+	}
+	ops := Plan(desired, observed, r.planOptions())
+	return r.apply(ctx, ops, desired, observed), nil
+}
+
+// Apply applies ops in order, continuing past failures. It is exported for
+// callers that undo a failed pass by applying the inverse operations.
+func (r *Reconciler) Apply(ctx context.Context, ops []Op) *Result {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.apply(ctx, ops, nil, nil)
+}
+
+func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *State) *Result {
+	k := r.opts.Kernel
+	res := &Result{}
+	if len(ops) == 0 {
+		return res
+	}
+	// Record ownership before creating anything, so a crash mid-pass
+	// never leaves a service vipd created but no longer knows it owns.
+	if k.Ledger != nil && desired != nil {
+		owned := cloneMap(desired.Owned)
+		for key := range observed.Owned {
+			if _, live := observed.Services[key]; live {
+				owned[key] = struct{}{}
+			}
+		}
+		if err := k.Ledger.Store(owned); err != nil {
+			res.Failed = append(res.Failed, &OpError{Op: Op{Kind: OpAddService}, Err: fmt.Errorf("store ownership ledger: %w", err)})
+			return res
+		}
+	}
+	failedSvc := map[ServiceKey]bool{}
+	failedDel := map[ServiceKey]bool{}
+	for i, op := range ops {
+		if err := ctx.Err(); err != nil {
+			res.Skipped = append(res.Skipped, ops[i:]...)
+			break
+		}
+		if (op.Kind == OpAddDest || op.Kind == OpUpdateDest) && failedSvc[op.Service.Key] {
+			res.Skipped = append(res.Skipped, op)
+			continue
+		}
+		if err := r.do(op); err != nil {
+			res.Failed = append(res.Failed, &OpError{Op: op, Err: err})
+			switch op.Kind {
+			case OpAddService:
+				failedSvc[op.Service.Key] = true
+			case OpDeleteService:
+				failedDel[op.Service.Key] = true
+			}
+			continue
+		}
+		r.track(op)
+		r.log.Info("applied", "op", op.Kind.String(), "detail", op.String())
+		res.Applied = append(res.Applied, op)
+	}
+	if k.Ledger != nil && desired != nil {
+		owned := cloneMap(desired.Owned)
+		for key := range failedDel {
+			if observed.Owns(key) {
+				owned[key] = struct{}{}
+			}
+		}
+		if err := k.Ledger.Store(owned); err != nil {
+			res.Failed = append(res.Failed, &OpError{Op: Op{Kind: OpDeleteService}, Err: fmt.Errorf("store ownership ledger: %w", err)})
+		}
+	}
+	return res
+}
+
+// track keeps the drain clocks in step with applied operations.
+func (r *Reconciler) track(op Op) {
+	switch op.Kind {
+	case OpDrainDest:
+		r.draining[drainKey{op.Service.Key, op.Dest.Addr}] = r.opts.Now()
+	case OpDeleteDest, OpAddDest, OpUpdateDest:
+		delete(r.draining, drainKey{op.Service.Key, op.Dest.Addr})
+	case OpDeleteService:
+		for k := range r.draining {
+			if k.svc == op.Service.Key {
+				delete(r.draining, k)
+			}
+		}
+	}
+}
+
+func (r *Reconciler) do(op Op) error {
+	k := r.opts.Kernel
+	switch op.Kind {
+	case OpSetSysctl:
+		return k.Sysctls.Set(op.Sysctl, op.Value)
+	case OpSyncChains:
+		return k.Rules.SyncChains(op.Policy)
+	case OpRemoveChains:
+		return k.Rules.RemoveChains()
+	case OpAddEntry:
+		return k.Rules.AddEntry(op.Entry)
+	case OpDelEntry:
+		return k.Rules.DelEntry(op.Entry)
+	case OpBindVIP:
+		return k.VIPs.Bind(op.Addr)
+	case OpUnbindVIP:
+		return k.VIPs.Unbind(op.Addr)
+	case OpAnnounce:
+		return k.Announcer.Announce(op.Addr)
+	case OpWithdraw:
+		return k.Announcer.Withdraw(op.Addr)
+	case OpAddService:
+		return k.IPVS.AddService(op.Service)
+	case OpUpdateService:
+		return k.IPVS.UpdateService(op.Service)
+	case OpDeleteService:
+		return k.IPVS.DeleteService(op.Service.Key)
+	case OpAddDest:
+		return k.IPVS.AddDest(op.Service.Key, op.Dest)
+	case OpUpdateDest, OpDrainDest:
+		return k.IPVS.UpdateDest(op.Service.Key, op.Dest)
+	case OpDeleteDest:
+		return k.IPVS.DeleteDest(op.Service.Key, op.Dest.Addr)
+	}
+	return fmt.Errorf("unknown operation kind %d", op.Kind)
+}

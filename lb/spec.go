@@ -1,0 +1,219 @@
+package lb
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Spec is what an operator asked for, already validated: the input from
+// which Desired computes kernel state. The config package produces it.
+type Spec struct {
+	// StrictARP sets arp_ignore=1 and arp_announce=2 so that the kernel
+	// answers ARP only for addresses on the receiving interface; vipd
+	// itself answers for announced VIPs on the uplinks.
+	StrictARP bool
+	// ManageSysctls lets vipd set the sysctls IPVS needs.
+	ManageSysctls bool
+	// Rules is the policy of vipd's packet-filter helpers.
+	Rules RulePolicy
+	// Services are the virtual services.
+	Services []VirtualService
+}
+
+// VirtualService is one configured service: a VIP (or the host's own
+// addresses, or a firewall mark) with its backends.
+type VirtualService struct {
+	// Name is the operator's name for the service, unique in a Spec.
+	Name string
+	// Service holds the IPVS settings. For NodePort services its Key has
+	// no address: Desired expands it to one service per host address.
+	Service Service
+	// VIP is bound to the dummy interface. It is invalid for NodePort
+	// services, and optional for firewall-mark services.
+	VIP netip.Addr
+	// NodePort makes the service listen on the host's own addresses.
+	NodePort bool
+	// Interfaces restricts a NodePort service to these interfaces'
+	// addresses; empty means every address except loopback and the dummy
+	// interface's.
+	Interfaces []string
+	// Announce sends gratuitous ARP/NA for the VIP and answers ARP for it.
+	Announce bool
+	// SNAT masquerades traffic to the backends (full-NAT, one-arm).
+	SNAT bool
+	// Backends are the real servers.
+	Backends []Destination
+}
+
+// Host is what Desired needs to know about the machine.
+type Host struct {
+	// Addrs lists the host's addresses by interface name, for NodePort
+	// services.
+	Addrs map[string][]netip.Addr
+	// Kernel is the running kernel's release, such as "6.1.0-27-cloud-amd64".
+	Kernel string
+	// Dummy is the name of vipd's dummy interface, whose addresses are
+	// never NodePort addresses.
+	Dummy string
+}
+
+// Sysctl paths vipd may set, relative to /proc/sys.
+const (
+	SysctlIPForward          = "net/ipv4/ip_forward"
+	SysctlIPv6Forward        = "net/ipv6/conf/all/forwarding"
+	SysctlVSConntrack        = "net/ipv4/vs/conntrack"
+	SysctlExpireNodest       = "net/ipv4/vs/expire_nodest_conn"
+	SysctlExpireQuiescent    = "net/ipv4/vs/expire_quiescent_template"
+	SysctlConnReuseMode      = "net/ipv4/vs/conn_reuse_mode"
+	SysctlARPIgnore          = "net/ipv4/conf/all/arp_ignore"
+	SysctlARPAnnounce        = "net/ipv4/conf/all/arp_announce"
+	SysctlDefaultARPIgnore   = "net/ipv4/conf/default/arp_ignore"
+	SysctlDefaultARPAnnounce = "net/ipv4/conf/default/arp_announce"
+)
+
+// Desired computes the kernel state spec asks for on host.
+func Desired(spec *Spec, host Host) *State {
+	s := NewState()
+	anyMasq, anyMasq6, anySNAT := false, false, false
+	for i := range spec.Services {
+		vs := &spec.Services[i]
+		keys := vs.keys(host)
+		for _, k := range keys {
+			svc := vs.Service
+			svc.Key = k
+			st := &ServiceState{Service: svc, Dests: make(map[netip.AddrPort]Destination, len(vs.Backends))}
+			for _, d := range vs.Backends {
+				if d.Forward == Masq {
+					if FamilyOf(d.Addr.Addr()) == IPv4 {
+						anyMasq = true
+					} else {
+						anyMasq6 = true
+					}
+				}
+				st.Dests[d.Addr] = d.Settings()
+			}
+			s.Services[k] = st
+			if vs.NodePort || k.FWMark != 0 {
+				s.Owned[k] = struct{}{}
+			}
+			if !spec.Rules.Enabled || k.FWMark != 0 {
+				continue
+			}
+			if vs.SNAT {
+				anySNAT = true
+				s.Rules.Entries[SetEntry{Set: SetSNAT, Addr: k.Addr, Proto: k.Proto, Port: k.Port}] = struct{}{}
+			}
+			if spec.Rules.FilterVIPs && !vs.NodePort {
+				s.Rules.Entries[SetEntry{Set: SetVIPs, Addr: k.Addr}] = struct{}{}
+				s.Rules.Entries[SetEntry{Set: SetServed, Addr: k.Addr, Proto: k.Proto, Port: k.Port}] = struct{}{}
+			}
+		}
+		if vs.VIP.IsValid() {
+			s.VIPs[vs.VIP] = struct{}{}
+			if vs.Announce {
+				s.Announce[vs.VIP] = struct{}{}
+			}
+		}
+	}
+	if spec.Rules.Enabled {
+		s.Rules.Policy = spec.Rules
+	}
+	if spec.ManageSysctls {
+		if anyMasq {
+			s.Sysctls[SysctlIPForward] = "1"
+		}
+		if anyMasq6 {
+			s.Sysctls[SysctlIPv6Forward] = "1"
+		}
+		if anySNAT {
+			// Without conntrack=1 IPVS traffic never reaches the nat
+			// table's POSTROUTING rules, so the MASQUERADE never matches.
+			s.Sysctls[SysctlVSConntrack] = "1"
+		}
+		if len(spec.Services) > 0 {
+			// Drop connections to deleted real servers at once rather than
+			// letting clients time out, and expire persistence templates
+			// pointing to quiesced (weight 0) real servers.
+			s.Sysctls[SysctlExpireNodest] = "1"
+			s.Sysctls[SysctlExpireQuiescent] = "1"
+			s.Sysctls[SysctlConnReuseMode] = connReuseMode(host.Kernel)
+		}
+		if spec.StrictARP {
+			s.Sysctls[SysctlARPIgnore] = "1"
+			s.Sysctls[SysctlARPAnnounce] = "2"
+			s.Sysctls[SysctlDefaultARPIgnore] = "1"
+			s.Sysctls[SysctlDefaultARPAnnounce] = "2"
+		}
+	}
+	return s
+}
+
+// connReuseMode picks net.ipv4.vs.conn_reuse_mode for a kernel release.
+// Before Linux 5.9, mode 1 made reused source ports of new connections
+// wait out a one-second delay behind conntrack (kubernetes#81775); 5.9
+// fixed that, and mode 1 reschedules reused ports, which is what draining
+// needs. Unknown releases get the safe 0.
+func connReuseMode(release string) string {
+	major, minor, ok := kernelVersion(release)
+	if ok && (major > 5 || major == 5 && minor >= 9) {
+		return "1"
+	}
+	return "0"
+}
+
+func kernelVersion(release string) (int, int, bool) {
+	parts := strings.SplitN(release, ".", 3)
+	if len(parts) < 2 {
+		return 0, 0, false
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minorStr := parts[1]
+	if i := strings.IndexFunc(minorStr, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+		minorStr = minorStr[:i]
+	}
+	minor, err2 := strconv.Atoi(minorStr)
+	return major, minor, err1 == nil && err2 == nil
+}
+
+// keys returns the IPVS service keys of vs on host.
+func (vs *VirtualService) keys(host Host) []ServiceKey {
+	k := vs.Service.Key
+	if !vs.NodePort {
+		return []ServiceKey{k}
+	}
+	var keys []ServiceKey
+	for _, a := range nodePortAddrs(host, vs.Interfaces, k.Family) {
+		nk := k
+		nk.Addr = a
+		keys = append(keys, nk)
+	}
+	return keys
+}
+
+func nodePortAddrs(host Host, ifaces []string, fam Family) []netip.Addr {
+	var out []netip.Addr
+	for name, addrs := range host.Addrs {
+		if name == host.Dummy || len(ifaces) > 0 && !slices.Contains(ifaces, name) {
+			continue
+		}
+		for _, a := range addrs {
+			if a.IsLoopback() || a.IsLinkLocalUnicast() || FamilyOf(a) != fam {
+				continue
+			}
+			out = append(out, a.Unmap())
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// String names the service for logs: "web (tcp 192.0.2.10:80)".
+func (vs *VirtualService) String() string {
+	if vs.NodePort {
+		return fmt.Sprintf("%s (%s nodeport %d)", vs.Name, vs.Service.Key.Proto, vs.Service.Key.Port)
+	}
+	return fmt.Sprintf("%s (%s)", vs.Name, vs.Service.Key)
+}
