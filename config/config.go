@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -169,5 +171,14 @@ func decodeError(file string, err error) *Error {
 		}
 		return &Error{File: file, Line: pe.Position.Line, Msg: msg}
 	}
-	return &Error{File: file, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
+	msg := err.Error()
+	if m := decodeLineRE.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return &Error{File: file, Line: line, Msg: fmt.Sprintf("%s: %s", m[2], m[3])}
+	}
+	return &Error{File: file, Msg: strings.TrimPrefix(msg, "toml: ")}
 }
+
+// decodeLineRE matches the decoder's type errors, which carry their line
+// in the message text only.
+var decodeLineRE = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): (.*)$`)

@@ -370,9 +370,11 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 		}
 	}
 	var port uint16
+	portOK := r.Port != nil
 	if r.Port != nil {
 		if *r.Port < 0 || *r.Port > 65535 {
 			v.errorf(path+".port", v.svcCtx(i, r), "port %d is outside 0..65535", *r.Port)
+			portOK = false
 		} else {
 			port = uint16(*r.Port)
 		}
@@ -506,7 +508,7 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 			svc.Netmask = 128
 		}
 	}
-	if svc.Key.FWMark == 0 && !vs.NodePort && r.Port != nil && port == 0 && svc.Persistent == 0 {
+	if svc.Key.FWMark == 0 && !vs.NodePort && portOK && port == 0 && svc.Persistent == 0 {
 		v.errorf(path+".port", ctx, "port 0 (all ports) needs persistence, as in IPVS")
 	}
 	if r.OnePacket {
@@ -532,7 +534,7 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 	if r.SNAT != nil {
 		vs.SNAT = *r.SNAT
 	}
-	if vs.SNAT && fwd != lb.Masq {
+	if r.SNAT != nil && vs.SNAT && fwd != lb.Masq {
 		v.errorf(path+".snat", ctx, "snat needs forward = \"masq\", not %q", fwd)
 	}
 	if vs.SNAT && svc.Key.FWMark != 0 {
@@ -615,7 +617,7 @@ func (v *validator) tunnel(path, ctx string, fwd lb.Forward, typ string, port in
 	}
 	switch {
 	case d.Tunnel == lb.GUE && d.TunnelPort == 0:
-		v.errorf(path+".tunnel_port", ctx, "a gue tunnel needs tunnel_port (the backends' FOU port)")
+		v.errorf(path+".tunnel", ctx, "a gue tunnel needs tunnel_port (the backends' FOU port)")
 	case d.Tunnel != lb.GUE && d.TunnelPort != 0:
 		v.errorf(path+".tunnel_port", ctx, "tunnel_port applies to gue tunnels only")
 	case d.Tunnel == lb.IPIP && d.TunnelCsum != lb.CsumNone:
@@ -658,7 +660,7 @@ func (v *validator) backend(svcPath, svcCtx string, j int, r *rawBackend, vs lb.
 	addr = addr.Unmap()
 	if r.Port != nil {
 		if explicitPort {
-			v.errorf(path+".port", ctx, "port is given twice (address %q has one)", r.Address)
+			v.errorf(path+".port", fmt.Sprintf("%s: backend %q", svcCtx, r.Address), "port is given twice (address %q has one)", r.Address)
 		}
 		if *r.Port < 0 || *r.Port > 65535 {
 			v.errorf(path+".port", ctx, "port %d is outside 0..65535", *r.Port)
@@ -702,20 +704,28 @@ func (v *validator) backend(svcPath, svcCtx string, j int, r *rawBackend, vs lb.
 		}
 		d.Forward = f
 	}
-	if d.Forward == lb.Tunnel {
+	overridden := r.Forward != "" || r.Tunnel != "" || r.TunnelPort != 0 || r.TunnelChecksum != ""
+	switch {
+	case d.Forward == lb.Tunnel && !overridden:
+		d.Tunnel, d.TunnelPort, d.TunnelCsum = svcTun.Tunnel, svcTun.TunnelPort, svcTun.TunnelCsum
+	case d.Forward == lb.Tunnel:
+		// A backend inherits the service's tunnel settings unless it
+		// names a tunnel type of its own.
 		base := svcTun
-		if svcFwd != lb.Tunnel {
+		if svcFwd != lb.Tunnel || r.Tunnel != "" {
 			base = lb.Destination{}
 		}
 		t := v.tunnel(path, ctx, d.Forward, r.Tunnel, r.TunnelPort, r.TunnelChecksum, base)
 		d.Tunnel, d.TunnelPort, d.TunnelCsum = t.Tunnel, t.TunnelPort, t.TunnelCsum
-	} else if r.Tunnel != "" || r.TunnelPort != 0 || r.TunnelChecksum != "" {
+	case r.Tunnel != "" || r.TunnelPort != 0 || r.TunnelChecksum != "":
 		v.errorf(path+".tunnel", ctx, "tunnel settings need forward = \"tunnel\"")
 	}
-	if vs.NodePort && d.Forward != lb.Masq {
+	// Service-wide forwarding errors are reported once, on the service;
+	// a backend is checked again only where it overrides forwarding.
+	if r.Forward != "" && vs.NodePort && d.Forward != lb.Masq {
 		v.errorf(path+".forward", ctx, "a nodeport service forwards with masq, not %s", d.Forward)
 	}
-	if vs.SNAT && d.Forward != lb.Masq {
+	if r.Forward != "" && vs.SNAT && d.Forward != lb.Masq {
 		v.errorf(path+".forward", ctx, "snat needs masq forwarding, not %s", d.Forward)
 	}
 	fam := vs.Service.Key.Family
@@ -730,4 +740,3 @@ func (v *validator) backend(svcPath, svcCtx string, j int, r *rawBackend, vs lb.
 	}
 	return d, len(v.errs) == before
 }
-

@@ -61,29 +61,46 @@ func (k OpKind) String() string {
 }
 
 // Op is one planned change to the kernel. Which fields matter depends on
-// Kind; Old* fields hold the observed value an update replaces, so that a
-// plan can be printed, and undone.
+// Kind. Ops are kept small: a cold start plans one per object.
 type Op struct {
 	Kind OpKind
 
 	// Service is the service of service and backend operations.
-	Service    Service
-	OldService Service
+	Service Service
 	// Dest is the backend of backend operations.
-	Dest    Destination
-	OldDest Destination
+	Dest Destination
 
 	// Addr is the VIP of bind, unbind, announce and withdraw.
 	Addr netip.Addr
 
-	// Sysctl, Value and OldValue describe a sysctl change.
-	Sysctl, Value, OldValue string
+	// Sysctl and Value describe a sysctl change.
+	Sysctl, Value string
 
 	// Entry is the set member of entry operations.
 	Entry SetEntry
 	// Policy is the chain policy of chain operations.
-	Policy    RulePolicy
-	OldPolicy RulePolicy
+	Policy RulePolicy
+
+	// Was holds the observed values an update, drain, sysctl or chain
+	// operation replaces, so that a plan can be printed and undone. It is
+	// nil for additions and deletions.
+	Was *Was
+}
+
+// Was is what an operation replaces.
+type Was struct {
+	Service Service
+	Dest    Destination
+	Value   string
+	Policy  RulePolicy
+}
+
+// was returns op.Was or an empty one.
+func (op Op) was() Was {
+	if op.Was == nil {
+		return Was{}
+	}
+	return *op.Was
 }
 
 // String formats the operation as one readable line.
@@ -91,13 +108,13 @@ func (op Op) String() string {
 	k := op.Service.Key
 	switch op.Kind {
 	case OpSetSysctl:
-		old := op.OldValue
+		old := op.was().Value
 		if old == "" {
 			old = "unset"
 		}
 		return fmt.Sprintf("set sysctl %s=%s (was %s)", op.Sysctl, op.Value, old)
 	case OpSyncChains:
-		return fmt.Sprintf("sync chains %s (was %s)", op.Policy, op.OldPolicy)
+		return fmt.Sprintf("sync chains %s (was %s)", op.Policy, op.was().Policy)
 	case OpRemoveChains:
 		return "remove chains"
 	case OpAddEntry:
@@ -115,15 +132,15 @@ func (op Op) String() string {
 	case OpAddService:
 		return fmt.Sprintf("add service %s", op.Service)
 	case OpUpdateService:
-		return fmt.Sprintf("update service %s (was %s)", op.Service, op.OldService)
+		return fmt.Sprintf("update service %s (was %s)", op.Service, op.was().Service)
 	case OpDeleteService:
 		return fmt.Sprintf("delete service %s", k)
 	case OpAddDest:
 		return fmt.Sprintf("add backend %s -> %s", k, op.Dest)
 	case OpUpdateDest:
-		return fmt.Sprintf("update backend %s -> %s (was %s)", k, op.Dest, op.OldDest)
+		return fmt.Sprintf("update backend %s -> %s (was %s)", k, op.Dest, op.was().Dest)
 	case OpDrainDest:
-		return fmt.Sprintf("drain backend %s -> %s (weight %d -> 0, %d active)", k, op.Dest.Addr, op.OldDest.Weight, op.OldDest.ActiveConns)
+		return fmt.Sprintf("drain backend %s -> %s (weight %d -> 0, %d active)", k, op.Dest.Addr, op.was().Dest.Weight, op.was().Dest.ActiveConns)
 	case OpDeleteDest:
 		return fmt.Sprintf("delete backend %s -> %s", k, op.Dest.Addr)
 	}
@@ -150,15 +167,15 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 	for _, key := range sortedKeys(desired.Sysctls, compareString) {
 		want := desired.Sysctls[key]
 		if have := observed.Sysctls[key]; have != want {
-			b[OpSetSysctl] = append(b[OpSetSysctl], Op{Kind: OpSetSysctl, Sysctl: key, Value: want, OldValue: have})
+			b[OpSetSysctl] = append(b[OpSetSysctl], Op{Kind: OpSetSysctl, Sysctl: key, Value: want, Was: &Was{Value: have}})
 		}
 	}
 
 	switch dp, op := desired.Rules.Policy, observed.Rules.Policy; {
 	case dp.Enabled && dp != op:
-		b[OpSyncChains] = append(b[OpSyncChains], Op{Kind: OpSyncChains, Policy: dp, OldPolicy: op})
+		b[OpSyncChains] = append(b[OpSyncChains], Op{Kind: OpSyncChains, Policy: dp, Was: &Was{Policy: op}})
 	case !dp.Enabled && op.Enabled:
-		b[OpRemoveChains] = append(b[OpRemoveChains], Op{Kind: OpRemoveChains, OldPolicy: op})
+		b[OpRemoveChains] = append(b[OpRemoveChains], Op{Kind: OpRemoveChains, Was: &Was{Policy: op}})
 	}
 	for e := range desired.Rules.Entries {
 		if _, ok := observed.Rules.Entries[e]; !ok {
@@ -202,7 +219,7 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 			continue
 		}
 		if have.Service != want.Service {
-			b[OpUpdateService] = append(b[OpUpdateService], Op{Kind: OpUpdateService, Service: want.Service, OldService: have.Service})
+			b[OpUpdateService] = append(b[OpUpdateService], Op{Kind: OpUpdateService, Service: want.Service, Was: &Was{Service: have.Service}})
 		}
 		for addr, d := range want.Dests {
 			hd, ok := have.Dests[addr]
@@ -210,7 +227,7 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 			case !ok:
 				b[OpAddDest] = append(b[OpAddDest], Op{Kind: OpAddDest, Service: want.Service, Dest: d})
 			case hd.Settings() != d:
-				b[OpUpdateDest] = append(b[OpUpdateDest], Op{Kind: OpUpdateDest, Service: want.Service, Dest: d, OldDest: hd})
+				b[OpUpdateDest] = append(b[OpUpdateDest], Op{Kind: OpUpdateDest, Service: want.Service, Dest: d, Was: &Was{Dest: hd}})
 			}
 		}
 		for addr, hd := range have.Dests {
@@ -223,7 +240,7 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 			case hd.Weight != 0:
 				drained := hd.Settings()
 				drained.Weight = 0
-				b[OpDrainDest] = append(b[OpDrainDest], Op{Kind: OpDrainDest, Service: want.Service, Dest: drained, OldDest: hd})
+				b[OpDrainDest] = append(b[OpDrainDest], Op{Kind: OpDrainDest, Service: want.Service, Dest: drained, Was: &Was{Dest: hd}})
 			case hd.ActiveConns == 0 || opts.DrainDone != nil && opts.DrainDone(key, addr):
 				b[OpDeleteDest] = append(b[OpDeleteDest], Op{Kind: OpDeleteDest, Service: want.Service, Dest: hd})
 			}
@@ -240,12 +257,31 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 	for i := range b {
 		n += len(b[i])
 	}
+	// Sort indices rather than the operations themselves, so that a cold
+	// start's hundred thousand operations are each moved once.
 	ops := make([]Op, 0, n)
+	var idx []int32
 	for i := range b {
-		slices.SortFunc(b[i], compareOps)
-		ops = append(ops, b[i]...)
+		ops = appendSorted(ops, b[i], &idx)
+		b[i] = nil
 	}
 	return ops
+}
+
+func appendSorted(dst, ops []Op, idx *[]int32) []Op {
+	if len(ops) < 2 {
+		return append(dst, ops...)
+	}
+	ix := (*idx)[:0]
+	for i := range ops {
+		ix = append(ix, int32(i))
+	}
+	slices.SortFunc(ix, func(a, b int32) int { return compareOps(&ops[a], &ops[b]) })
+	for _, i := range ix {
+		dst = append(dst, ops[i])
+	}
+	*idx = ix
+	return dst
 }
 
 func compareString(a, b string) int {
@@ -259,15 +295,14 @@ func compareString(a, b string) int {
 }
 
 // compareOps orders operations of one kind by what they act on.
-func compareOps(a, b Op) int {
-	if c := compareString(a.Sysctl, b.Sysctl); c != 0 {
-		return c
-	}
-	if c := a.Entry.compare(b.Entry); c != 0 {
-		return c
-	}
-	if c := a.Addr.Compare(b.Addr); c != 0 {
-		return c
+func compareOps(a, b *Op) int {
+	switch a.Kind {
+	case OpSetSysctl:
+		return compareString(a.Sysctl, b.Sysctl)
+	case OpAddEntry, OpDelEntry:
+		return a.Entry.compare(b.Entry)
+	case OpBindVIP, OpUnbindVIP, OpAnnounce, OpWithdraw:
+		return a.Addr.Compare(b.Addr)
 	}
 	if c := a.Service.Key.Compare(b.Service.Key); c != 0 {
 		return c

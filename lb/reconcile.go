@@ -326,19 +326,24 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 				owned[key] = struct{}{}
 			}
 		}
-		if err := k.Ledger.Store(owned); err != nil {
-			res.Failed = append(res.Failed, &OpError{Op: Op{Kind: OpAddService}, Err: fmt.Errorf("store ownership ledger: %w", err)})
-			return res
+		if !sameKeys(owned, observed.Owned) {
+			if err := k.Ledger.Store(owned); err != nil {
+				res.Failed = append(res.Failed, &OpError{Op: Op{Kind: OpAddService}, Err: fmt.Errorf("store ownership ledger: %w", err)})
+				return res
+			}
+			observed.Owned = owned
 		}
 	}
 	failedSvc := map[ServiceKey]bool{}
+	failedBind := map[netip.Addr]bool{}
 	failedDel := map[ServiceKey]bool{}
 	for i, op := range ops {
 		if err := ctx.Err(); err != nil {
 			res.Skipped = append(res.Skipped, ops[i:]...)
 			break
 		}
-		if (op.Kind == OpAddDest || op.Kind == OpUpdateDest) && failedSvc[op.Service.Key] {
+		if (op.Kind == OpAddDest || op.Kind == OpUpdateDest) && failedSvc[op.Service.Key] ||
+			op.Kind == OpAnnounce && failedBind[op.Addr] {
 			res.Skipped = append(res.Skipped, op)
 			continue
 		}
@@ -349,6 +354,8 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 				failedSvc[op.Service.Key] = true
 			case OpDeleteService:
 				failedDel[op.Service.Key] = true
+			case OpBindVIP:
+				failedBind[op.Addr] = true
 			}
 			continue
 		}
@@ -363,8 +370,10 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 				owned[key] = struct{}{}
 			}
 		}
-		if err := k.Ledger.Store(owned); err != nil {
-			res.Failed = append(res.Failed, &OpError{Op: Op{Kind: OpDeleteService}, Err: fmt.Errorf("store ownership ledger: %w", err)})
+		if !sameKeys(owned, observed.Owned) {
+			if err := k.Ledger.Store(owned); err != nil {
+				res.Failed = append(res.Failed, &OpError{Op: Op{Kind: OpDeleteService}, Err: fmt.Errorf("store ownership ledger: %w", err)})
+			}
 		}
 	}
 	return res
@@ -421,4 +430,16 @@ func (r *Reconciler) do(op Op) error {
 		return k.IPVS.DeleteDest(op.Service.Key, op.Dest.Addr)
 	}
 	return fmt.Errorf("unknown operation kind %d", op.Kind)
+}
+
+func sameKeys[K comparable](a, b map[K]struct{}) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			return false
+		}
+	}
+	return true
 }

@@ -96,9 +96,7 @@ func Desired(spec *Spec, host Host) *State {
 				st.Dests[d.Addr] = d.Settings()
 			}
 			s.Services[k] = st
-			if vs.NodePort || k.FWMark != 0 {
-				s.Owned[k] = struct{}{}
-			}
+			s.Owned[k] = struct{}{}
 			if !spec.Rules.Enabled || k.FWMark != 0 {
 				continue
 			}

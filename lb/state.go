@@ -14,9 +14,10 @@ type State struct {
 	Services map[ServiceKey]*ServiceState
 	// VIPs are the addresses bound to vipd's dummy interface.
 	VIPs map[netip.Addr]struct{}
-	// Owned lists service keys vipd created that are not on a VIP of the
-	// dummy interface (NodePort-style and firewall-mark services). It is
-	// vipd's ledger of ownership for them.
+	// Owned is vipd's ledger: the service keys it programs. Together with
+	// the VIPs on the dummy interface it tells vipd's services from
+	// foreign ones, also for NodePort and firewall-mark services and for
+	// services whose VIP could not be bound.
 	Owned map[ServiceKey]struct{}
 	// Sysctls maps a path below /proc/sys to its value.
 	Sysctls map[string]string

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb"
+)
+
+func newPlanCmd() *cobra.Command {
+	var fromEmpty bool
+	cmd := &cobra.Command{
+		Use:   "plan FILE",
+		Short: "Show what vipd would change in the kernel for a configuration",
+		Long: `Plan validates FILE, reads the live kernel state (IPVS, the dummy
+interface's VIPs, sysctls and vipd's rules) and prints the operations that
+would make the kernel match, one per line, in the order vipd applies them.
+It changes nothing. With --from-empty, or where the kernel cannot be read
+(no ip_vs, not root), it plans against an empty kernel.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := config.Load(args[0])
+			if err != nil {
+				fmt.Fprintln(cmd.ErrOrStderr(), err)
+				return exitError(1)
+			}
+			var ops []lb.Op
+			if !fromEmpty {
+				ops, err = planLive(cmd.Context(), cfg)
+				if err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "vipd: cannot read the kernel (%v); planning from an empty kernel\n", err)
+				}
+			}
+			if fromEmpty || err != nil {
+				ops = planEmpty(cfg)
+			}
+			out := cmd.OutOrStdout()
+			for _, op := range ops {
+				fmt.Fprintln(out, op)
+			}
+			fmt.Fprintf(out, "%d operations\n", len(ops))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&fromEmpty, "from-empty", false, "plan against an empty kernel instead of the live one")
+	return cmd
+}
+
+// planEmpty plans cfg against an empty kernel, taking NodePort addresses
+// from this host's interfaces.
+func planEmpty(cfg *config.Config) []lb.Op {
+	host := lb.Host{Dummy: cfg.Daemon.Interface, Addrs: localAddrs()}
+	return lb.Plan(lb.Desired(&cfg.Spec, host), lb.NewState(), lb.PlanOptions{})
+}
+
+// localAddrs lists this host's addresses through the standard library, so
+// that planning needs no privileges.
+func localAddrs() map[string][]netip.Addr {
+	out := map[string][]netip.Addr{}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return out
+	}
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil {
+				out[ifc.Name] = append(out[ifc.Name], p.Addr())
+			}
+		}
+	}
+	return out
+}
+
+// planLive plans cfg against the running kernel.
+func planLive(ctx context.Context, cfg *config.Config) ([]lb.Op, error) {
+	k, closeFn, err := openKernel(cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	r := lb.NewReconciler(reconcilerOptions(cfg, k, nil))
+	return r.Plan(ctx, &cfg.Spec)
+}

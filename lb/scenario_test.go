@@ -1,0 +1,391 @@
+package lb_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/lbtest"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+// golden compares got with testdata/name.golden.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./lb -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from golden file (go test ./lb -update rewrites it)\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+func mustParse(t testing.TB, src string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse("step.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// step is one configuration of a scenario, with optional changes made to
+// the kernel behind vipd's back before it is applied.
+type step struct {
+	name   string
+	config string
+	before func(*lbtest.Kernel)
+}
+
+// runScenario applies each step's config in turn against one fake kernel
+// and records the operations applied and the kernel dump after each.
+func runScenario(t *testing.T, k *lbtest.Kernel, opts lb.Options, steps []step) string {
+	t.Helper()
+	opts.Kernel = k.Interface()
+	opts.Dummy = "vipd0"
+	opts.KernelRelease = "6.1.0-27-cloud-amd64"
+	r := lb.NewReconciler(opts)
+	var b strings.Builder
+	for i, s := range steps {
+		if s.before != nil {
+			s.before(k)
+		}
+		cfg := mustParse(t, s.config)
+		res, err := r.Reconcile(context.Background(), &cfg.Spec)
+		if err != nil {
+			t.Fatalf("step %d: %v", i+1, err)
+		}
+		fmt.Fprintf(&b, "== step %d: %s\n", i+1, s.name)
+		for _, op := range res.Applied {
+			fmt.Fprintf(&b, "applied: %s\n", op)
+		}
+		for _, f := range res.Failed {
+			fmt.Fprintf(&b, "failed: %s\n", f)
+		}
+		for _, op := range res.Skipped {
+			fmt.Fprintf(&b, "skipped: %s\n", op)
+		}
+		b.WriteString("-- kernel\n")
+		b.WriteString(k.Dump())
+		// Level-triggered convergence: a second pass with the same
+		// config must do nothing (unless a backend is still draining).
+		again, err := r.Plan(context.Background(), &cfg.Spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range again {
+			fmt.Fprintf(&b, "pending: %s\n", op)
+		}
+	}
+	return b.String()
+}
+
+const base = `
+[daemon]
+uplinks = ["eth0"]
+
+[[service]]
+name = "web"
+vip = "192.0.2.10"
+port = 80
+scheduler = "rr"
+backend = [{ address = "10.0.0.1" }, { address = "10.0.0.2" }]
+
+[[service]]
+name = "dns"
+vip = "192.0.2.10"
+port = 53
+protocol = "udp"
+backend = [{ address = "10.0.0.53" }]
+`
+
+func foreign(k *lbtest.Kernel) {
+	k.Edit(func(s *lb.State) {
+		key := lb.ServiceKey{Family: lb.IPv4, Proto: lb.TCP, Addr: netip.MustParseAddr("198.51.100.7"), Port: 443}
+		s.Services[key] = &lb.ServiceState{
+			Service: lb.Service{Key: key, Scheduler: "wlc"},
+			Dests: map[netip.AddrPort]lb.Destination{
+				netip.MustParseAddrPort("10.9.9.9:443"): {Addr: netip.MustParseAddrPort("10.9.9.9:443"), Weight: 1, Forward: lb.Masq},
+			},
+		}
+		fw := lb.ServiceKey{Family: lb.IPv4, FWMark: 99}
+		s.Services[fw] = &lb.ServiceState{Service: lb.Service{Key: fw, Scheduler: "rr"}, Dests: map[netip.AddrPort]lb.Destination{}}
+	})
+}
+
+func TestScenarios(t *testing.T) {
+	tests := []struct {
+		name  string
+		opts  lb.Options
+		steps []step
+	}{
+		{"lifecycle", lb.Options{}, []step{
+			{"empty kernel, foreign services present", base, foreign},
+			{"unchanged config", base, nil},
+			{"add a backend", strings.Replace(base, `{ address = "10.0.0.2" }]`, `{ address = "10.0.0.2" }, { address = "10.0.0.3" }]`, 1), nil},
+			{"change weights and scheduler", strings.Replace(strings.Replace(base, `scheduler = "rr"`, `scheduler = "wrr"`, 1),
+				`{ address = "10.0.0.2" }]`, `{ address = "10.0.0.2", weight = 5 }]`, 1), nil},
+			{"remove a service", base[:strings.Index(base, "[[service]]\nname = \"dns\"")], nil},
+			{"move the service to a new VIP", strings.Replace(base[:strings.Index(base, "[[service]]\nname = \"dns\"")], "192.0.2.10", "192.0.2.11", 1), nil},
+			{"remove everything", "[daemon]\nuplinks = [\"eth0\"]\n", nil},
+		}},
+		{"drain", lb.Options{Drain: true, DrainTimeout: time.Minute}, []step{
+			{"two backends", base, nil},
+			{"remove a backend with connections", strings.Replace(base, `, { address = "10.0.0.2" }]`, `]`, 1), func(k *lbtest.Kernel) {
+				k.Edit(func(s *lb.State) {
+					for key, svc := range s.Services {
+						if key.Port == 80 {
+							d := svc.Dests[netip.MustParseAddrPort("10.0.0.2:80")]
+							d.ActiveConns = 4
+							svc.Dests[d.Addr] = d
+						}
+					}
+				})
+			}},
+			{"connections still open", strings.Replace(base, `, { address = "10.0.0.2" }]`, `]`, 1), nil},
+			{"connections closed", strings.Replace(base, `, { address = "10.0.0.2" }]`, `]`, 1), func(k *lbtest.Kernel) {
+				k.Edit(func(s *lb.State) {
+					for key, svc := range s.Services {
+						if key.Port == 80 {
+							d := svc.Dests[netip.MustParseAddrPort("10.0.0.2:80")]
+							d.ActiveConns = 0
+							svc.Dests[d.Addr] = d
+						}
+					}
+				})
+			}},
+			{"re-add the backend", base, nil},
+		}},
+		{"drift", lb.Options{}, []step{
+			{"programmed", base, nil},
+			{"service and VIP deleted by hand", base, func(k *lbtest.Kernel) {
+				k.Edit(func(s *lb.State) {
+					for key := range s.Services {
+						if key.Port == 80 {
+							delete(s.Services, key)
+						}
+					}
+					delete(s.VIPs, netip.MustParseAddr("192.0.2.10"))
+					s.Sysctls[lb.SysctlExpireNodest] = "0"
+					s.Rules.Policy = lb.RulePolicy{}
+				})
+			}},
+			{"backend weight changed by hand", base, func(k *lbtest.Kernel) {
+				k.Edit(func(s *lb.State) {
+					for key, svc := range s.Services {
+						if key.Port == 53 {
+							d := svc.Dests[netip.MustParseAddrPort("10.0.0.53:53")]
+							d.Weight = 7
+							svc.Dests[d.Addr] = d
+						}
+					}
+				})
+			}},
+		}},
+		{"nodeport-and-fwmark", lb.Options{}, []step{
+			{"nodeport and fwmark services", `
+[[service]]
+name = "np"
+nodeport = true
+port = 30080
+backend = [{ address = "10.0.0.1", port = 8080 }]
+
+[[service]]
+name = "fw"
+fwmark = 5
+backend = [{ address = "10.0.0.2" }]
+`, func(k *lbtest.Kernel) {
+				k.SetHostAddrs("eth0", netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("fe80::1"))
+				k.SetHostAddrs("lo", netip.MustParseAddr("127.0.0.1"))
+				foreign(k)
+			}},
+			{"host gains an address", `
+[[service]]
+name = "np"
+nodeport = true
+port = 30080
+backend = [{ address = "10.0.0.1", port = 8080 }]
+
+[[service]]
+name = "fw"
+fwmark = 5
+backend = [{ address = "10.0.0.2" }]
+`, func(k *lbtest.Kernel) {
+				k.SetHostAddrs("eth1", netip.MustParseAddr("203.0.113.1"))
+			}},
+			{"both removed: the ledger says they are vipd's", "", nil},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			golden(t, "scenario-"+tt.name, runScenario(t, lbtest.New(), tt.opts, tt.steps))
+		})
+	}
+}
+
+// TestGoldenPlans plans every example from an empty kernel.
+func TestGoldenPlans(t *testing.T) {
+	files, err := filepath.Glob("../examples/*.toml")
+	if err != nil || len(files) == 0 {
+		t.Fatal("no examples", err)
+	}
+	host := lb.Host{Kernel: "6.1.0-27-cloud-amd64", Dummy: "vipd0", Addrs: map[string][]netip.Addr{
+		"eth0": {netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("2001:db8:1::1")},
+		"eth1": {netip.MustParseAddr("203.0.113.1")},
+	}}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".toml")
+		t.Run(name, func(t *testing.T) {
+			cfg, err := config.Load(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			for _, op := range lb.Plan(lb.Desired(&cfg.Spec, host), lb.NewState(), lb.PlanOptions{}) {
+				fmt.Fprintln(&b, op)
+			}
+			golden(t, "plan-"+name, b.String())
+		})
+	}
+}
+
+// TestRestartChangesNothing checks adoption: a fresh reconciler (a
+// restarted daemon) with the same config makes no kernel calls.
+func TestRestartChangesNothing(t *testing.T) {
+	k := lbtest.New()
+	cfg := mustParse(t, base)
+	opts := lb.Options{Kernel: k.Interface(), Dummy: "vipd0"}
+	if _, err := lb.NewReconciler(opts).Reconcile(context.Background(), &cfg.Spec); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.Calls()) == 0 {
+		t.Fatal("first pass made no calls")
+	}
+	res, err := lb.NewReconciler(opts).Reconcile(context.Background(), &cfg.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls := k.Calls(); len(calls) != 0 || len(res.Applied) != 0 {
+		t.Fatalf("restart made calls %v", calls)
+	}
+}
+
+// TestFailuresContinue checks that a failed operation neither stops the
+// pass nor hides what was reached, and that a missing scheduler fails only
+// its own service.
+func TestFailuresContinue(t *testing.T) {
+	k := lbtest.New()
+	k.Unsupport("twos")
+	boom := errors.New("boom")
+	k.FailWith(func(call string) error {
+		if call == "bind 192.0.2.12" {
+			return boom
+		}
+		return nil
+	})
+	cfg := mustParse(t, base+`
+[[service]]
+name = "new-sched"
+vip = "192.0.2.11"
+port = 80
+scheduler = "twos"
+backend = [{ address = "10.0.0.4" }]
+
+[[service]]
+name = "unlucky"
+vip = "192.0.2.12"
+port = 80
+backend = [{ address = "10.0.0.5" }]
+`)
+	r := lb.NewReconciler(lb.Options{Kernel: k.Interface(), Dummy: "vipd0"})
+	res, err := r.Reconcile(context.Background(), &cfg.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, f := range res.Failed {
+		fmt.Fprintf(&b, "failed: %s\n", f)
+	}
+	for _, op := range res.Skipped {
+		fmt.Fprintf(&b, "skipped: %s\n", op)
+	}
+	if !errors.Is(res.Err(), boom) {
+		t.Errorf("Err() = %v, want it to wrap the bind failure", res.Err())
+	}
+	b.WriteString("-- kernel\n")
+	b.WriteString(k.Dump())
+	// The failure clears: the next pass completes what is possible.
+	k.FailWith(nil)
+	res, err = r.Reconcile(context.Background(), &cfg.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.WriteString("-- second pass\n")
+	for _, op := range res.Applied {
+		fmt.Fprintf(&b, "applied: %s\n", op)
+	}
+	for _, f := range res.Failed {
+		fmt.Fprintf(&b, "failed: %s\n", f)
+	}
+	golden(t, "failures", b.String())
+}
+
+// TestPlanOrder checks the documented order of operations on a plan that
+// has every kind.
+func TestPlanOrder(t *testing.T) {
+	k := lbtest.New()
+	r := lb.NewReconciler(lb.Options{Kernel: k.Interface(), Dummy: "vipd0"})
+	if _, err := r.Reconcile(context.Background(), &mustParse(t, base).Spec); err != nil {
+		t.Fatal(err)
+	}
+	next := mustParse(t, strings.Replace(strings.Replace(base, "192.0.2.10\"\nport = 53", "192.0.2.20\"\nport = 53", 1),
+		`scheduler = "rr"`, `scheduler = "lc"`, 1))
+	ops, err := r.Plan(context.Background(), &next.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := lb.OpKind(0)
+	for _, op := range ops {
+		if op.Kind < last {
+			t.Errorf("%s after a %s operation", op, last)
+		}
+		last = op.Kind
+	}
+	if len(ops) < 6 {
+		t.Errorf("plan too short: %v", ops)
+	}
+}
+
+func TestNoManagement(t *testing.T) {
+	k := lbtest.New()
+	cfg := mustParse(t, strings.Replace(base, "[daemon]\n", "[daemon]\nmanage_sysctls = false\nmanage_iptables = false\n", 1))
+	r := lb.NewReconciler(lb.Options{Kernel: k.Interface(), Dummy: "vipd0"})
+	if _, err := r.Reconcile(context.Background(), &cfg.Spec); err != nil {
+		t.Fatal(err)
+	}
+	dump := k.Dump()
+	if strings.Contains(dump, "sysctl") || strings.Contains(dump, "chains") || strings.Contains(dump, "set ") {
+		t.Errorf("unmanaged sysctls or rules touched:\n%s", dump)
+	}
+}
