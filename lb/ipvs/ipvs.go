@@ -12,6 +12,7 @@ package ipvs
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"sync"
 	"time"
@@ -269,7 +270,7 @@ func (i *IPVS) Timeouts() (Timeouts, error) {
 // is; the others must be whole seconds.
 func (i *IPVS) SetTimeouts(t Timeouts) error {
 	for _, d := range []time.Duration{t.TCP, t.TCPFin, t.UDP} {
-		if d < 0 || d%time.Second != 0 || d/time.Second > 1<<31 {
+		if d < 0 || d%time.Second != 0 || d/time.Second > math.MaxUint32 {
 			return fmt.Errorf("set ipvs timeouts: %s is not a whole number of seconds", d)
 		}
 	}
