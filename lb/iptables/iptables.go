@@ -304,7 +304,7 @@ func withFailedLine(err error, script string) error {
 	}
 	n, _ := strconv.Atoi(m[1])
 	lines := strings.Split(script, "\n")
-	if n < 1 || n > len(lines) {
+	if n < 1 || n > len(lines) || lines[n-1] == "COMMIT" {
 		return err
 	}
 	return fmt.Errorf("%w (line %d: %s)", err, n, lines[n-1])

@@ -1,0 +1,160 @@
+package iptables
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/lb"
+)
+
+// TestFilterTraffic sends real packets from a peer namespace to VIPs in
+// the test's namespace: with the filter chain, a served port accepts
+// connections, an unserved port of a VIP drops them silently, ICMP still
+// passes, and addresses that are not VIPs are left alone.
+func TestFilterTraffic(t *testing.T) {
+	needNetns(t)
+	p := newPeer(t, "vipd-up0", "vipd-peer0")
+	for _, s := range []string{"192.0.2.1/24", "2001:db8::1/64"} {
+		if err := addAddr("vipd-up0", s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range []string{"198.51.100.10/32", "2001:db8:100::10/128"} {
+		if err := addAddr("lo", s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.do(t, func() error {
+		for _, s := range []string{"192.0.2.2/24", "2001:db8::2/64"} {
+			if err := addAddr("vipd-peer0", s); err != nil {
+				return err
+			}
+		}
+		if err := addRoute("198.51.100.0/24", "192.0.2.1"); err != nil {
+			return err
+		}
+		return addRoute("2001:db8:100::/64", "2001:db8::1")
+	})
+
+	vips := []netip.Addr{netip.MustParseAddr("198.51.100.10"), netip.MustParseAddr("2001:db8:100::10")}
+	const served, unserved = 8080, 8081
+	var targets []netip.AddrPort
+	for _, a := range append(vips, netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")) {
+		for _, port := range []uint16{served, unserved} {
+			ap := netip.AddrPortFrom(a, port)
+			l, err := net.Listen("tcp", ap.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+			targets = append(targets, ap)
+		}
+	}
+	isVIP := func(a netip.Addr) bool { return a == vips[0] || a == vips[1] }
+
+	// connect dials ap from the peer: nil when it connects, a timeout
+	// error when the SYN is dropped.
+	connect := func(ap netip.AddrPort) error {
+		var err error
+		p.do(t, func() error {
+			var c net.Conn
+			c, err = net.DialTimeout("tcp", ap.String(), 300*time.Millisecond)
+			if err == nil {
+				c.Close()
+			}
+			return nil
+		})
+		return err
+	}
+	dropped := func(err error) bool {
+		var ne net.Error
+		return errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, syscall.ECONNREFUSED)
+	}
+	pings := func(a netip.Addr) bool {
+		var ok bool
+		p.do(t, func() error {
+			var err error
+			ok, err = ping(a, time.Second)
+			return err
+		})
+		return ok
+	}
+
+	for _, ap := range targets {
+		if err := connect(ap); err != nil {
+			t.Fatalf("before filtering, connect %s: %v", ap, err)
+		}
+	}
+
+	for _, b := range backends(t) {
+		t.Run(b, func(t *testing.T) {
+			tb := newTables(t, Options{Backend: b, NoIPVSMatch: true})
+			if err := tb.SyncChains(testPolicy); err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range vips {
+				for _, e := range []lb.SetEntry{{Set: lb.SetVIPs, Addr: a}, {Set: lb.SetServed, Addr: a, Proto: lb.TCP, Port: served}} {
+					if err := tb.AddEntry(e); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for _, ap := range targets {
+				err := connect(ap)
+				switch {
+				case isVIP(ap.Addr()) && ap.Port() == unserved:
+					if !dropped(err) {
+						t.Errorf("connect %s (vip, unserved port): %v, want dropped", ap, err)
+					}
+				case err != nil:
+					t.Errorf("connect %s: %v, want connected", ap, err)
+				}
+			}
+			for _, a := range vips {
+				if !pings(a) {
+					t.Errorf("ping %s: no reply; ICMP must pass the filter", a)
+				}
+			}
+
+			// Entries take effect one at a time, without touching chains.
+			gone := lb.SetEntry{Set: lb.SetServed, Addr: vips[0], Proto: lb.TCP, Port: served}
+			if err := tb.DelEntry(gone); err != nil {
+				t.Fatal(err)
+			}
+			if err := connect(netip.AddrPortFrom(vips[0], served)); !dropped(err) {
+				t.Errorf("after deleting %s: connect: %v, want dropped", gone, err)
+			}
+			if err := tb.AddEntry(gone); err != nil {
+				t.Fatal(err)
+			}
+			if err := connect(netip.AddrPortFrom(vips[0], served)); err != nil {
+				t.Errorf("after re-adding %s: connect: %v", gone, err)
+			}
+
+			// Without the filter every port answers again.
+			off := testPolicy
+			off.FilterVIPs = false
+			if err := tb.SyncChains(off); err != nil {
+				t.Fatal(err)
+			}
+			for _, ap := range targets {
+				if err := connect(ap); err != nil {
+					t.Errorf("filter off: connect %s: %v", ap, err)
+				}
+			}
+		})
+	}
+}
