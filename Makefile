@@ -1,0 +1,63 @@
+# vipd — the one entry point for building and testing.
+#
+#   make demo   boot the test guest and watch vipd balance real traffic
+#   make test   every test: unit, root (network namespaces), fuzz, real kernel
+#
+# Everything runs as root on a Debian-like host with Go; what else the
+# tests need (iptables, ipset, qemu, Debian's kernel) is installed on demand.
+
+GO        ?= go
+BIN       ?= bin
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo devel)
+LDFLAGS   := -s -w -X main.version=$(VERSION)
+FUZZTIME  ?= 20s
+# Packages whose root-only tests need the real kernel (ip_vs, dummy): their
+# test binaries also run inside the qemu guest.
+GUEST_PKGS ?= ./lb/ipvs ./lb/link ./lb/sysctl ./lb/iptables ./arp
+
+export CGO_ENABLED := 0
+
+.PHONY: all build test unit fuzz e2e demo lint check bench deps clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/vipd ./cmd/vipd
+
+## test: the whole suite; CI runs exactly this (.ci/run).
+test: lint unit fuzz e2e
+
+## deps: host packages the root tests use.
+deps:
+	test/deps.sh
+
+## unit: pure unit tests, plus root tests in private network namespaces.
+unit: deps
+	$(GO) test -count=1 ./...
+
+## fuzz: a short, bounded run of the config parser's fuzz target.
+fuzz:
+	$(GO) test -count=1 -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./config
+
+## e2e: the end-to-end suite in a qemu guest with Debian's kernel.
+e2e:
+	VIPD_GUEST_PKGS="$(GUEST_PKGS)" test/vm/e2e.sh
+
+## demo: boot the guest, run vipd with examples/demo.toml, send traffic.
+demo:
+	test/vm/demo.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+## check: lint and validate every example configuration.
+check: lint build
+	@for f in examples/*.toml; do $(BIN)/vipd check $$f || exit 1; done
+
+## bench: Go benchmarks of the planner and the config parser.
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config
+
+clean:
+	rm -rf $(BIN)

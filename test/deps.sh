@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the host packages vipd's root tests use, only when missing.
+set -euo pipefail
+need=()
+command -v iptables-legacy-restore >/dev/null || need+=(iptables)
+command -v ipset >/dev/null || need+=(ipset)
+command -v ip >/dev/null || need+=(iproute2)
+command -v arping >/dev/null || need+=(arping)
+command -v curl >/dev/null || need+=(curl)
+if ((${#need[@]})); then
+	echo "deps: installing ${need[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
