@@ -148,9 +148,10 @@ if [[ -n $marker ]]; then
 	rc=${marker#VIPD-VM-EXIT=}
 	rc=${rc%% *}
 	if ((!verbose && !quiet)); then
-		# The command's output: after the "ready" line, up to the marker.
+		# The command's output: the console after the "ready" line, less
+		# the rig's own closing lines.
 		tr -d '\r' <"$logfile" | awk -v tok="token=$token" '
-			/^VIPD-VM-EXIT=/ && index($0, tok) { exit }
+			index($0, tok) || /^vipd-vm: command exited/ || /reboot: Power down/ { next }
 			on { print }
 			/^vipd-vm: ready at uptime/ { on = 1 }'
 	fi

@@ -1,0 +1,373 @@
+# shellcheck shell=bash
+# topo.sh — test topologies for the real-kernel rig. Runs INSIDE the guest only.
+#
+#   source /payload/topo.sh
+#   topo_nat 2          # or: topo_nat 2 onearm | topo_dr 2 | topo_tun 2 [ipip|gue|gre]
+#   topo_vip_add        # put TOPO_VIP/TOPO_VIP6 on dummy 'rigvip0' (plain-ipvsadm tests;
+#                       # vipd adds its VIPs itself)
+#   ipvsadm -A -t "$TOPO_VIP:80" -s rr; ...
+#   topo_hit 10 "http://$TOPO_VIP/"     # from the client namespace, JSON counts
+#   topo_down
+#
+# The load balancer is the guest's root namespace (vipd, IPVS and the VIP
+# dummy live there). Every other host is a network namespace:
+#
+#   NAT  (topo_nat N):                        DR / TUN (topo_dr N, topo_tun N):
+#     client (ns) eth0 10.0.1.2 fd00:1::2       one L2 segment, bridge 'brlan' in root ns
+#       |  veth vcl 10.0.1.1 fd00:1::1            LB   brlan 10.0.3.1     fd00:3::1
+#     LB (root ns), ip_forward=1                  client eth0 10.0.3.2    fd00:3::2
+#       |  bridge brbe 10.0.2.1 fd00:2::1         beI  eth0 10.0.3.(10+I) fd00:3::(10+I)
+#     beI (ns) eth0 10.0.2.(10+I) fd00:2::(10+I)  VIP 10.0.3.100 fd00:3::100 on the
+#       default route via the LB                  backends' lo (arp_ignore=1,
+#     VIP 10.0.0.10 fd00::10 (routed via LB)      arp_announce=2; fd00:3:1::100 is routed
+#                                                 via the LB, not on-link); TUN also brings up
+#     'onearm': backends have no route back       tunl0/ip6tnl0 (+ fou port 6080 for
+#     (needs SNAT, e.g. MASQUERADE + vs.conntrack=1)  gue, gre0 for gre), rp_filter=0
+#
+# Backends run 'rignode serve' (HTTP on :80 and :8080, UDP on :53) answering
+# with their name (be1, be2, ...); without rignode, busybox httpd on :80.
+# After a topo_* call these variables are set (topo_env prints them):
+#   TOPO_KIND TOPO_N TOPO_VIP TOPO_VIP6 TOPO_CLIENT_NS TOPO_CLIENT_IP TOPO_CLIENT_IP6
+#   TOPO_LB_IP TOPO_LB_IP6 TOPO_BACKENDS ("be1 be2") TOPO_BACKEND_IPS TOPO_BACKEND_IP6S
+#   TOPO_LB_IF (LB interface facing the VIP's clients)
+# Everything uses addresses that exist only inside the guest, which has no
+# network device to the outside at all.
+
+if [[ ${VIPD_VM:-} != 1 ]]; then
+	echo "topo.sh: refusing to run outside the vipd test guest (VIPD_VM is not 1)" >&2
+	return 1 2>/dev/null || exit 1
+fi
+
+TOPO_RIGNODE=${TOPO_RIGNODE:-/payload/bin/rignode}
+TOPO_STATE=/run/vipd-rig
+TOPO_TUN_GUE_PORT=6080
+
+# 'ip' is iproute2's (PATH puts real tools before busybox applets; busybox's
+# ip has no netns support). Under software emulation every exec of a
+# dynamically linked tool costs 60-100 ms, so commands are batched: one
+# 'ip -batch' for the root namespace, one per namespace, one sysctl call per
+# namespace.
+
+_topo_fail() { echo "topo.sh: $*" >&2; return 1; }
+
+# _topo_sysctl NS KEY=VAL...: write sysctls in namespace NS ("" = root ns).
+_topo_sysctl() {
+	local ns=$1; shift
+	(($#)) || return 0
+	if [[ -n $ns ]]; then
+		ip netns exec "$ns" busybox sysctl -q -w "$@" >/dev/null
+	else
+		busybox sysctl -q -w "$@" >/dev/null
+	fi
+}
+
+# Batches: _topo_root CMD... and _topo_in NS CMD... queue 'ip' commands (one
+# string each, without the leading 'ip'); _topo_flush runs the queues.
+declare -a _TOPO_ROOT_Q=() _TOPO_NS_ORDER=()
+declare -A _TOPO_NS_Q=() _TOPO_NS_SYSCTL=()
+_topo_root() { _TOPO_ROOT_Q+=("$@"); }
+_topo_in() {
+	local ns=$1 c; shift
+	[[ -v "_TOPO_NS_Q[$ns]" ]] || _TOPO_NS_ORDER+=("$ns")
+	for c in "$@"; do _TOPO_NS_Q[$ns]+="$c"$'\n'; done
+}
+_topo_sysctl_in() {
+	local ns=$1; shift
+	_TOPO_NS_SYSCTL[$ns]+="${_TOPO_NS_SYSCTL[$ns]:+ }$*"
+}
+_topo_flush() {
+	local ns rc=0
+	if ((${#_TOPO_ROOT_Q[@]})); then
+		printf '%s\n' "${_TOPO_ROOT_Q[@]}" | ip -batch - || rc=1
+	fi
+	for ns in "${_TOPO_NS_ORDER[@]}"; do
+		printf '%s' "${_TOPO_NS_Q[$ns]}" | ip -n "$ns" -batch - || rc=1
+		# shellcheck disable=SC2086
+		_topo_sysctl "$ns" ${_TOPO_NS_SYSCTL[$ns]:-} || rc=1
+	done
+	_TOPO_ROOT_Q=() _TOPO_NS_ORDER=() _TOPO_NS_Q=() _TOPO_NS_SYSCTL=()
+	((rc == 0)) || _topo_fail "setting up the topology failed (see above)"
+}
+
+# _topo_ns NAME: queue a namespace with lo up.
+_topo_ns() {
+	_topo_root "netns add $1"
+	_topo_in "$1" "link set lo up"
+	echo "$1" >>"$TOPO_STATE/namespaces"
+}
+
+# _topo_veth NS PEER [BRIDGE]: queue a veth pair, 'eth0' inside NS and PEER in
+# the root namespace (enslaved to BRIDGE when given).
+_topo_veth() {
+	local ns=$1 peer=$2 br=${3:-}
+	_topo_root "link add $peer type veth peer name eth0 netns $ns"
+	[[ -z $br ]] || _topo_root "link set $peer master $br"
+	_topo_root "link set $peer up"
+	_topo_in "$ns" "link set eth0 up"
+	# topo_down deletes the root end explicitly: deleting a namespace destroys
+	# its devices asynchronously, and a quick re-create would find the name taken.
+	echo "$peer" >>"$TOPO_STATE/links"
+}
+
+# _topo_bridge NAME: queue a bridge that forwards at once (no STP delay).
+_topo_bridge() {
+	_topo_root "link add $1 type bridge stp_state 0 forward_delay 0" "link set $1 up"
+	echo "$1" >>"$TOPO_STATE/links"
+}
+
+# _topo_start_backends NS...: start the backend server in each NS, then wait
+# until all listen.
+_topo_start_backends() {
+	local ns i
+	for ns in "$@"; do
+		rm -f "$TOPO_STATE/$ns.ready"
+		if [[ -x $TOPO_RIGNODE ]]; then
+			ip netns exec "$ns" "$TOPO_RIGNODE" serve -name "$ns" -http :80,:8080 -udp :53 \
+				-ready "$TOPO_STATE/$ns.ready" -down "$TOPO_STATE/$ns.down" \
+				>"$TOPO_STATE/$ns.log" 2>&1 &
+		else
+			mkdir -p "$TOPO_STATE/www-$ns"
+			echo "$ns" >"$TOPO_STATE/www-$ns/index.html"
+			ip netns exec "$ns" busybox httpd -f -p 80 -h "$TOPO_STATE/www-$ns" \
+				>"$TOPO_STATE/$ns.log" 2>&1 &
+		fi
+		echo $! >"$TOPO_STATE/$ns.pid"
+	done
+	for ns in "$@"; do
+		for ((i = 0; i < 200; i++)); do
+			if [[ -x $TOPO_RIGNODE ]]; then
+				[[ -e $TOPO_STATE/$ns.ready ]] && continue 2
+			else
+				ip netns exec "$ns" ss -Hltn 'sport = :80' | grep -q . && continue 2
+			fi
+			sleep 0.05
+		done
+		cat "$TOPO_STATE/$ns.log" >&2
+		_topo_fail "backend server in $ns did not start"
+		return 1
+	done
+}
+
+_topo_begin() {
+	[[ ! -e $TOPO_STATE/kind ]] || _topo_fail "a topology already exists ($(cat "$TOPO_STATE/kind")): topo_down first" || return 1
+	[[ ${2:-} =~ ^[1-9][0-9]?$ ]] || _topo_fail "$1: need a backend count 1..99" || return 1
+	mkdir -p "$TOPO_STATE"
+	: >"$TOPO_STATE/namespaces"
+	: >"$TOPO_STATE/links"
+	echo "$1" >"$TOPO_STATE/kind"
+	TOPO_KIND=$1 TOPO_N=$2 TOPO_CLIENT_NS=client
+	TOPO_BACKENDS="" TOPO_BACKEND_IPS="" TOPO_BACKEND_IP6S=""
+	local i
+	for ((i = 1; i <= TOPO_N; i++)); do TOPO_BACKENDS+="${TOPO_BACKENDS:+ }be$i"; done
+}
+
+_topo_finish() {
+	_topo_flush || return 1
+	# shellcheck disable=SC2086
+	_topo_start_backends $TOPO_BACKENDS || return 1
+	topo_env >"$TOPO_STATE/env"
+	# Sanity, and warm ARP/NDP caches: every backend answers the LB, the LB
+	# answers the client, over IPv4 and IPv6.
+	local ip
+	for ip in $TOPO_BACKEND_IPS $TOPO_BACKEND_IP6S; do
+		busybox ping -c 1 -W 2 "$ip" >/dev/null 2>&1 || _topo_fail "backend $ip unreachable from the LB" || return 1
+	done
+	for ip in "$TOPO_LB_IP" "$TOPO_LB_IP6"; do
+		ip netns exec "$TOPO_CLIENT_NS" busybox ping -c 1 -W 2 "$ip" >/dev/null 2>&1 ||
+			_topo_fail "LB $ip unreachable from the client" || return 1
+	done
+}
+
+# topo_nat N [onearm]: LVS-NAT topology (see the top of this file).
+topo_nat() {
+	local n=${1:-2} mode=${2:-} i ns
+	[[ -z $mode || $mode == onearm ]] || _topo_fail "topo_nat: unknown mode '$mode'" || return 1
+	_topo_begin "nat${mode:+-$mode}" "$n" || return 1
+	TOPO_VIP=10.0.0.10 TOPO_VIP6=fd00::10
+	TOPO_LB_IP=10.0.1.1 TOPO_LB_IP6=fd00:1::1 TOPO_LB_IF=vcl
+	TOPO_CLIENT_IP=10.0.1.2 TOPO_CLIENT_IP6=fd00:1::2
+
+	_topo_sysctl "" net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
+
+	# client segment: veth vcl <-> client:eth0
+	_topo_ns client
+	_topo_veth client vcl
+	_topo_root "addr add 10.0.1.1/24 dev vcl" "addr add fd00:1::1/64 dev vcl nodad"
+	_topo_in client "addr add 10.0.1.2/24 dev eth0" "addr add fd00:1::2/64 dev eth0 nodad" \
+		"route add default via 10.0.1.1" "route add default via fd00:1::1"
+
+	# backend segment: bridge brbe, one veth per backend
+	_topo_bridge brbe
+	_topo_root "addr add 10.0.2.1/24 dev brbe" "addr add fd00:2::1/64 dev brbe nodad"
+	for ((i = 1; i <= n; i++)); do
+		ns=be$i
+		_topo_ns "$ns"
+		_topo_veth "$ns" "v$ns" brbe
+		_topo_in "$ns" "addr add 10.0.2.$((10 + i))/24 dev eth0" "addr add fd00:2::$((10 + i))/64 dev eth0 nodad"
+		if [[ -z $mode ]]; then
+			_topo_in "$ns" "route add default via 10.0.2.1" "route add default via fd00:2::1"
+		fi
+		TOPO_BACKEND_IPS+="${TOPO_BACKEND_IPS:+ }10.0.2.$((10 + i))"
+		TOPO_BACKEND_IP6S+="${TOPO_BACKEND_IP6S:+ }fd00:2::$((10 + i))"
+	done
+	_topo_finish
+}
+
+# _topo_lan N KIND: queue one L2 segment with LB, client and backends (DR, TUN).
+_topo_lan() {
+	local n=$1 kind=$2 i ns
+	_topo_begin "$kind" "$n" || return 1
+	TOPO_VIP=10.0.3.100 TOPO_VIP6=fd00:3:1::100
+	TOPO_LB_IP=10.0.3.1 TOPO_LB_IP6=fd00:3::1 TOPO_LB_IF=brlan
+	TOPO_CLIENT_IP=10.0.3.2 TOPO_CLIENT_IP6=fd00:3::2
+
+	_topo_bridge brlan
+	_topo_root "addr add 10.0.3.1/24 dev brlan" "addr add fd00:3::1/64 dev brlan nodad"
+
+	_topo_ns client
+	_topo_veth client vcl brlan
+	# Linux answers ARP for an address on any interface (the VIP on the LB's
+	# dummy) but NDP only for addresses on the receiving interface, so the
+	# IPv6 VIP is routed to the LB instead of being on-link.
+	_topo_in client "addr add 10.0.3.2/24 dev eth0" "addr add fd00:3::2/64 dev eth0 nodad" \
+		"route add fd00:3:1::/64 via fd00:3::1"
+
+	for ((i = 1; i <= n; i++)); do
+		ns=be$i
+		_topo_ns "$ns"
+		_topo_veth "$ns" "v$ns" brlan
+		_topo_in "$ns" "addr add 10.0.3.$((10 + i))/24 dev eth0" "addr add fd00:3::$((10 + i))/64 dev eth0 nodad" \
+			"addr add 10.0.3.100/32 dev lo" "addr add fd00:3:1::100/128 dev lo nodad"
+		# The VIP is local on every backend but only the LB answers ARP for it.
+		_topo_sysctl_in "$ns" net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2 \
+			net.ipv4.conf.eth0.arp_ignore=1 net.ipv4.conf.eth0.arp_announce=2
+		TOPO_BACKEND_IPS+="${TOPO_BACKEND_IPS:+ }10.0.3.$((10 + i))"
+		TOPO_BACKEND_IP6S+="${TOPO_BACKEND_IP6S:+ }fd00:3::$((10 + i))"
+	done
+}
+
+# topo_dr N: LVS-DR (direct routing) topology.
+topo_dr() {
+	_topo_lan "${1:-2}" dr || return 1
+	_topo_finish
+}
+
+# topo_tun N [ipip|gue|gre]: LVS-TUN topology; backends decapsulate. For gue
+# the backends listen on UDP port $TOPO_TUN_GUE_PORT (ipvsadm --tun-port).
+topo_tun() {
+	local n=${1:-2} encap=${2:-ipip} ns
+	case $encap in ipip | gue | gre) ;; *) _topo_fail "topo_tun: unknown encapsulation '$encap'" || return 1 ;; esac
+	_topo_lan "$n" "tun-$encap" || return 1
+	for ns in $TOPO_BACKENDS; do
+		# Decapsulated packets come in on the tunnel device while the client
+		# is reached through eth0: reverse-path filtering must be off.
+		_topo_sysctl_in "$ns" net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
+		case $encap in
+		ipip | gue)
+			_topo_in "$ns" "link set tunl0 up" "link set ip6tnl0 up"
+			_topo_sysctl_in "$ns" net.ipv4.conf.tunl0.rp_filter=0
+			if [[ $encap == gue ]]; then
+				_topo_in "$ns" "fou add port $TOPO_TUN_GUE_PORT gue" "fou add port $TOPO_TUN_GUE_PORT gue -6"
+			fi
+			;;
+		gre)
+			_topo_in "$ns" "link set gre0 up" "link set ip6gre0 up"
+			_topo_sysctl_in "$ns" net.ipv4.conf.gre0.rp_filter=0
+			;;
+		esac
+	done
+	_topo_finish
+}
+
+# topo_env: print the TOPO_* variables as KEY=VALUE lines (for the Go harness).
+topo_env() {
+	local v
+	for v in TOPO_KIND TOPO_N TOPO_VIP TOPO_VIP6 TOPO_CLIENT_NS TOPO_CLIENT_IP TOPO_CLIENT_IP6 \
+		TOPO_LB_IP TOPO_LB_IP6 TOPO_LB_IF TOPO_BACKENDS TOPO_BACKEND_IPS TOPO_BACKEND_IP6S; do
+		printf '%s=%s\n' "$v" "${!v:-}"
+	done
+}
+
+# topo_vip_add [IFACE]: put TOPO_VIP and TOPO_VIP6 on a dummy interface in the
+# LB (default 'rigvip0'), as a plain-ipvsadm stand-in for what vipd does.
+topo_vip_add() {
+	local dev=${1:-rigvip0}
+	{
+		if ! ip link show "$dev" >/dev/null 2>&1; then
+			echo "link add $dev type dummy"
+			echo "$dev" >>"$TOPO_STATE/links"
+		fi
+		echo "link set $dev up"
+		echo "addr add $TOPO_VIP/32 dev $dev"
+		echo "addr add $TOPO_VIP6/128 dev $dev nodad"
+	} | ip -batch -
+}
+
+# topo_hit N URL|HOST:PORT [rignode hit flags...]: N requests from the client
+# namespace, each on a new connection; prints rignode's JSON line. Without
+# rignode (HTTP only): one backend name per line, from curl.
+topo_hit() {
+	local n=$1 target=$2 i
+	shift 2
+	if [[ -x $TOPO_RIGNODE ]]; then
+		ip netns exec "$TOPO_CLIENT_NS" "$TOPO_RIGNODE" hit -n "$n" "$@" "$target"
+	else
+		for ((i = 0; i < n; i++)); do
+			ip netns exec "$TOPO_CLIENT_NS" curl -sS --max-time 2 "$target" || echo "!error"
+		done
+	fi
+}
+
+# topo_backend_down NAME / topo_backend_up NAME: make NAME's /healthz answer
+# 503 / 200 (the server keeps serving /).
+topo_backend_down() { touch "$TOPO_STATE/$1.down"; }
+topo_backend_up() { rm -f "$TOPO_STATE/$1.down"; }
+
+# topo_backend_stop NAME / topo_backend_start NAME: kill / restart its server.
+topo_backend_stop() {
+	local pid
+	pid=$(cat "$TOPO_STATE/$1.pid" 2>/dev/null) || return 0
+	kill "$pid" 2>/dev/null
+	wait "$pid" 2>/dev/null
+	rm -f "$TOPO_STATE/$1.pid" "$TOPO_STATE/$1.ready"
+	return 0
+}
+topo_backend_start() { _topo_start_backends "$1"; }
+
+# topo_down: remove the topology and reset what tests commonly change: IPVS
+# table, iptables (both backends), nftables, ipsets, forwarding sysctls.
+topo_down() {
+	local f pid ns link fam
+	for f in "$TOPO_STATE"/*.pid; do
+		[[ -e $f ]] || continue
+		pid=$(cat "$f")
+		kill "$pid" 2>/dev/null
+	done
+	{
+		[[ -r $TOPO_STATE/links ]] && while read -r link; do echo "link del $link"; done <"$TOPO_STATE/links"
+		[[ -r $TOPO_STATE/namespaces ]] && while read -r ns; do echo "netns del $ns"; done <"$TOPO_STATE/namespaces"
+	} | ip -force -batch - 2>/dev/null
+	ipvsadm -C 2>/dev/null
+	# Legacy iptables: restore every instantiated table to empty builtin
+	# chains with ACCEPT policies (one save + one restore per family).
+	for fam in ip ip6; do
+		[[ -n $(</proc/net/${fam}_tables_names) ]] || continue # (procfs sizes are 0)
+		"${fam}tables-legacy-save" 2>/dev/null | awk '
+			/^\*/ { print; next }
+			/^:(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) / { print $1 " ACCEPT [0:0]" }
+			/^COMMIT/ { print }' | "${fam}tables-legacy-restore" 2>/dev/null
+	done
+	nft flush ruleset 2>/dev/null # also clears iptables-nft's tables
+	ipset destroy 2>/dev/null
+	_topo_sysctl "" net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0
+	rm -rf "$TOPO_STATE"
+	unset TOPO_KIND TOPO_N TOPO_VIP TOPO_VIP6 TOPO_CLIENT_NS TOPO_CLIENT_IP TOPO_CLIENT_IP6 \
+		TOPO_LB_IP TOPO_LB_IP6 TOPO_LB_IF TOPO_BACKENDS TOPO_BACKEND_IPS TOPO_BACKEND_IP6S
+	return 0
+}
+
+# Re-entering a shell after a topo_* call in an earlier one: restore variables.
+if [[ -r $TOPO_STATE/env ]]; then
+	while IFS='=' read -r _k _v; do printf -v "$_k" '%s' "$_v"; done <"$TOPO_STATE/env"
+	unset _k _v
+fi
