@@ -11,7 +11,7 @@
 #   --log FILE       console log (default: a new /tmp/vipd-vm-*.log, kept)
 #   --env KEY=VAL    pass KEY=VAL to the guest command's environment (through
 #                    the kernel command line: no spaces or quotes); repeatable
-#   --append ARGS    extra kernel command-line words
+#   --append ARGS    extra kernel command-line words (also: $VIPD_VM_APPEND)
 #   --verbose        stream the whole console to stdout while it runs
 #   --quiet          print nothing but errors and the timing line
 #
@@ -31,7 +31,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2; }
 
-timeout=300 mem=1024 smp=2 logfile="" payload="" verbose=0 quiet=0 append=""
+timeout=300 mem=1024 smp=2 logfile="" payload="" verbose=0 quiet=0
+append=${VIPD_VM_APPEND:+ $VIPD_VM_APPEND}
 envs=()
 while (($#)); do
 	case $1 in
@@ -109,7 +110,8 @@ t_boot=$(now)
 "${qemu[@]}" </dev/null >>"$logfile" 2>&1 &
 qpid=$!
 if ((verbose)); then
-	tail -n +1 -f --pid="$qpid" "$logfile" | tr -d '\r' &
+	# tail exits by itself within a second of qemu; sed -u does not buffer.
+	tail -n +1 -f --pid="$qpid" -s 0.2 "$logfile" | sed -u 's/\r$//' &
 	tailpid=$!
 fi
 
@@ -134,9 +136,7 @@ wait "$qpid" || qrc=$?
 qpid=""
 t_end=$(now)
 if [[ -n $tailpid ]]; then
-	sleep 0.2 # let tail print the last lines
-	kill "$tailpid" 2>/dev/null || true
-	wait "$tailpid" 2>/dev/null || true
+	wait "$tailpid" 2>/dev/null || true # prints the last lines, then ends
 	tailpid=""
 fi
 

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# e2e.sh — `make e2e`: run the real-kernel tests in ONE qemu guest.
+#
+#   test/vm/e2e.sh
+#
+# 1. prepare.sh (packages, kernel, base initramfs; fast when done before)
+# 2. builds, all static (CGO_ENABLED=0), into a payload directory:
+#      vipd                ./cmd/vipd, when it exists       -> /payload/vipd
+#      bin/rignode         test backend/client tool          -> /payload/bin/rignode
+#      tests/NN-NAME/*.test  `go test -c` of each package in $VIPD_GUEST_PKGS,
+#                          then `go test -c -tags e2e ./test/e2e`, each with
+#                          the package's testdata/ beside it
+#      topo.sh, guest-tests.sh
+# 3. boots one guest that runs every test binary in turn with -test.v
+#    (guest-tests.sh), streaming the console here;
+# 4. prints each binary's result and duration, and a final summary line
+#    "e2e: N passed, N failed" (top-level tests). Exits non-zero if anything
+#    failed or the guest did not finish.
+#
+# Environment:
+#   VIPD_GUEST_PKGS        space-separated Go packages whose (root-only) tests
+#                          must run in the guest, e.g. "./internal/ipvs"
+#   VIPD_GUEST_TAGS        build tags for those packages (default none)
+#   VIPD_E2E_RUN           -test.run pattern passed to every test binary
+#   VIPD_E2E_TEST_TIMEOUT  -test.timeout per binary (default 10m)
+#   VIPD_E2E_TIMEOUT       whole-guest timeout in seconds (default 1200)
+#   VIPD_E2E_LOG           console log file (default /tmp/vipd-e2e-DATE.log)
+#   VIPD_E2E_QUIET=1       do not stream the console (summary only)
+#   VIPD_E2E_EXPECT_FAIL=1 make a rig self-test assert something false
+#                          (selftest.sh uses it to prove failures fail the run)
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+t0=$(now)
+"$VM_DIR/prepare.sh" >/dev/null
+log "prepare.sh: $(elapsed "$t0") s"
+
+payload=$(mktemp -d /tmp/vipd-e2e-payload.XXXXXX)
+trap 'rm -rf "$payload"' EXIT
+mkdir -p "$payload/bin" "$payload/tests"
+: >"$payload/tests/list"
+
+cd "$REPO_ROOT"
+export CGO_ENABLED=0
+tb=$(now)
+# vipd itself, once it exists.
+if compgen -G "cmd/vipd/*.go" >/dev/null; then
+	go build -o "$payload/vipd" ./cmd/vipd
+	log "built vipd"
+fi
+go build -ldflags='-s -w' -o "$payload/bin/rignode" ./test/e2e/cmd/rignode
+
+# add_test NAME PKG [go test -c flags...]: compile PKG's tests into the payload.
+n=0
+add_test() {
+	local name=$1 pkg=$2 dir
+	shift 2
+	n=$((n + 1))
+	dir=$(printf '%02d-%s' "$n" "$name")
+	mkdir -p "$payload/tests/$dir"
+	go test -c "$@" -o "$payload/tests/$dir/$name.test" "$pkg"
+	if [[ ! -e $payload/tests/$dir/$name.test ]]; then
+		log "$pkg has no tests: skipped"
+		rm -rf "${payload:?}/tests/$dir"
+		return
+	fi
+	local src
+	src=$(go list "$@" -f '{{.Dir}}' "$pkg")
+	if [[ -d $src/testdata ]]; then cp -a "$src/testdata" "$payload/tests/$dir/"; fi
+	echo "$dir $name.test" >>"$payload/tests/list"
+}
+for pkg in ${VIPD_GUEST_PKGS:-}; do
+	name=$(go list -f '{{.ImportPath}}' "$pkg")
+	name=${name#github.com/vipd/vipd/}
+	add_test "${name//\//_}" "$pkg" ${VIPD_GUEST_TAGS:+-tags "$VIPD_GUEST_TAGS"}
+done
+add_test e2e ./test/e2e -tags e2e
+cp "$VM_DIR/topo.sh" "$VM_DIR/guest-tests.sh" "$payload/"
+log "built $(wc -l <"$payload/tests/list") test binaries in $(elapsed "$tb") s ($(du -sh "$payload" | cut -f1) payload)"
+
+# Guest parameters travel on the kernel command line.
+envs=()
+for v in VIPD_E2E_RUN VIPD_E2E_TEST_TIMEOUT VIPD_E2E_EXPECT_FAIL; do
+	[[ -z ${!v:-} ]] || envs+=(--env "$v=${!v}")
+done
+logfile=${VIPD_E2E_LOG:-/tmp/vipd-e2e-$(date +%Y%m%d-%H%M%S).log}
+verbose=(--verbose)
+[[ ${VIPD_E2E_QUIET:-} != 1 ]] || verbose=(--quiet)
+
+rc=0
+"$VM_DIR/run.sh" "${verbose[@]}" --timeout "${VIPD_E2E_TIMEOUT:-1200}" --log "$logfile" \
+	--payload "$payload" "${envs[@]}" -- bash /payload/guest-tests.sh || rc=$?
+
+# --- summary ---------------------------------------------------------------------
+clean=$(mktemp)
+tr -d '\r' <"$logfile" >"$clean"
+echo
+echo "==================== vipd e2e summary ===================="
+while read -r dir bin; do
+	line=$(grep -E "^VIPD-E2E-RESULT $dir " "$clean" | tail -n 1 || true)
+	if [[ -z $line ]]; then
+		printf '  %-40s DID NOT FINISH\n' "$dir"
+		[[ $rc != 0 ]] || rc=1
+		continue
+	fi
+	brc=$(sed -n 's/.* rc=\([0-9]*\).*/\1/p' <<<"$line")
+	secs=$(sed -n 's/.* secs=\([0-9.]*\).*/\1/p' <<<"$line")
+	printf '  %-40s %-4s %6s s\n' "$dir" "$([[ $brc == 0 ]] && echo ok || echo FAIL)" "$secs"
+done <"$payload/tests/list"
+passed=$(grep -cE '^--- PASS: ' "$clean" || true)
+failed=$(grep -cE '^--- FAIL: ' "$clean" || true)
+if ((failed)); then
+	echo "  failed tests:"
+	grep -E '^--- FAIL: ' "$clean" | sed 's/^/    /'
+fi
+rm -f "$clean"
+echo "  console log: $logfile"
+echo "  total: $(elapsed "$t0") s"
+if ((rc != 0)) && ((failed == 0)); then
+	# The guest died or timed out: make sure the count says so.
+	failed=1
+	echo "  the guest did not finish its run (run.sh exit $rc)"
+fi
+echo "e2e: $passed passed, $failed failed"
+((rc == 0 && failed == 0))
