@@ -1,0 +1,286 @@
+package arp
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mdlayher/arp"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// kernelRig is the test's namespace with an uplink veth to a peer
+// namespace, strict ARP, and VIPs on lo standing in for the dummy
+// interface. The peer accepts gratuitous ARP and unsolicited neighbour
+// advertisements and routes the VIP prefixes straight out of its veth.
+type kernelRig struct {
+	peer *peer
+	mac  net.HardwareAddr // the uplink's
+}
+
+const (
+	uplink   = "vipd-up0"
+	peerLink = "vipd-peer0"
+)
+
+func newKernelRig(t *testing.T) *kernelRig {
+	t.Helper()
+	needNetns(t)
+	for _, s := range []string{"all", "default"} {
+		for k, v := range map[string]string{"arp_ignore": "1", "arp_announce": "2"} {
+			if err := sysctl("net/ipv4/conf/"+s+"/"+k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	p := newPeer(t, uplink, peerLink)
+	for _, s := range []string{"192.0.2.1/24", "2001:db8::1/64"} {
+		if err := addAddr(uplink, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range []string{"198.51.100.10/32", "2001:db8:100::10/128"} {
+		if err := addAddr("lo", s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			lo, _ := netlink.LinkByName("lo")
+			a, _ := netlink.ParseAddr(s)
+			netlink.AddrDel(lo, a)
+		})
+	}
+	p.do(t, func() error {
+		for k, v := range map[string]string{
+			"net/ipv4/conf/all/arp_accept":                       "1",
+			"net/ipv4/conf/" + peerLink + "/arp_accept":          "1",
+			"net/ipv6/conf/" + peerLink + "/forwarding":          "1",
+			"net/ipv6/conf/" + peerLink + "/accept_untracked_na": "1",
+		} {
+			if err := sysctl(k, v); err != nil {
+				return err
+			}
+		}
+		for _, s := range []string{"192.0.2.2/24", "2001:db8::2/64"} {
+			if err := addAddr(peerLink, s); err != nil {
+				return err
+			}
+		}
+		for _, s := range []string{"198.51.100.0/24", "2001:db8:100::/64"} {
+			if err := addOnLinkRoute(s, peerLink); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	ifi, err := net.InterfaceByName(uplink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLinkLocal(t, uplink)
+	return &kernelRig{peer: p, mac: ifi.HardwareAddr}
+}
+
+// waitLinkLocal waits until link's IPv6 link-local address is no longer
+// tentative: even without duplicate address detection it is for a moment
+// after the link comes up, and sending from it fails until then.
+func waitLinkLocal(t *testing.T, link string) {
+	t.Helper()
+	l, err := netlink.LinkByName(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range addrs {
+			if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s has no usable link-local address: %v", link, addrs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// neighbour returns the peer's neighbour entry for addr, or nil.
+func (r *kernelRig) neighbour(t *testing.T, addr netip.Addr) *netlink.Neigh {
+	t.Helper()
+	var found *netlink.Neigh
+	r.peer.do(t, func() error {
+		l, err := netlink.LinkByName(peerLink)
+		if err != nil {
+			return err
+		}
+		fam := netlink.FAMILY_V4
+		if addr.Is6() {
+			fam = netlink.FAMILY_V6
+		}
+		neighs, err := netlink.NeighList(l.Attrs().Index, fam)
+		if err != nil {
+			return err
+		}
+		for _, n := range neighs {
+			if n.IP.Equal(addr.AsSlice()) && n.State&(netlink.NUD_INCOMPLETE|netlink.NUD_FAILED) == 0 && len(n.HardwareAddr) > 0 {
+				found = &n
+			}
+		}
+		return nil
+	})
+	return found
+}
+
+// forget deletes the peer's neighbour entry for addr.
+func (r *kernelRig) forget(t *testing.T, addr netip.Addr) {
+	t.Helper()
+	if n := r.neighbour(t, addr); n != nil {
+		r.peer.do(t, func() error { return netlink.NeighDel(n) })
+	}
+}
+
+// waitNeighbour waits for the peer to map addr to the uplink's MAC.
+func (r *kernelRig) waitNeighbour(t *testing.T, addr netip.Addr) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		n := r.neighbour(t, addr)
+		if n != nil && bytes.Equal(n.HardwareAddr, r.mac) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("peer has no neighbour entry %s -> %s (have %v)", addr, r.mac, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// resolve sends an ARP request for addr from the peer, as arping does,
+// and returns the MAC that answered, or an error after timeout.
+func (r *kernelRig) resolve(t *testing.T, addr netip.Addr, timeout time.Duration) (net.HardwareAddr, error) {
+	t.Helper()
+	var mac net.HardwareAddr
+	var rerr error
+	r.peer.do(t, func() error {
+		ifi, err := net.InterfaceByName(peerLink)
+		if err != nil {
+			return err
+		}
+		c, err := arp.Dial(ifi)
+		if err != nil {
+			return fmt.Errorf("arp dial in peer: %w", err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(timeout))
+		mac, rerr = c.Resolve(addr)
+		return nil
+	})
+	return mac, rerr
+}
+
+func TestKernelARP(t *testing.T) {
+	r := newKernelRig(t)
+	vip := netip.MustParseAddr("198.51.100.10")
+
+	// Strict ARP: the kernel itself does not answer for the VIP.
+	if mac, err := r.resolve(t, vip, 300*time.Millisecond); err == nil {
+		t.Fatalf("before announcing, %s answered for the vip: strict ARP is not in effect", mac)
+	}
+
+	a, err := New(Options{Uplinks: []string{uplink}, Dummy: "lo", Count: 2, Interval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.Announce(vip); err != nil {
+		t.Fatal(err)
+	}
+	// Gratuitous ARP creates the peer's entry (arp_accept=1).
+	r.waitNeighbour(t, vip)
+
+	r.forget(t, vip)
+	mac, err := r.resolve(t, vip, 2*time.Second)
+	if err != nil {
+		t.Fatalf("arp request for the announced vip: %v", err)
+	}
+	if !bytes.Equal(mac, r.mac) {
+		t.Errorf("vip resolved to %s, want the uplink's %s", mac, r.mac)
+	}
+	if s := a.Stats(); s.Announcements < 4 && s.Replies < 1 {
+		t.Errorf("Stats = %+v", s)
+	}
+
+	if err := a.Withdraw(vip); err != nil {
+		t.Fatal(err)
+	}
+	if mac, err := r.resolve(t, vip, 300*time.Millisecond); err == nil {
+		t.Errorf("after withdraw, %s answered for the vip", mac)
+	}
+}
+
+func TestKernelNDP(t *testing.T) {
+	r := newKernelRig(t)
+	vip := netip.MustParseAddr("2001:db8:100::10")
+	a, err := New(Options{Uplinks: []string{uplink}, Count: 2, Interval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.Announce(vip); err != nil {
+		t.Fatal(err)
+	}
+	// The unsolicited advertisement creates the peer's entry
+	// (accept_untracked_na=1 on a forwarding interface).
+	r.waitNeighbour(t, vip)
+
+	// A connection from the peer makes its kernel solicit the VIP; vipd
+	// answers, and the VIP's own stack refuses the port.
+	time.Sleep(150 * time.Millisecond) // past the burst
+	r.forget(t, vip)
+	r.peer.do(t, func() error {
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(vip, 9).String(), 2*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("dial the vip from the peer: %v, want connection refused by the vip's host", err)
+		}
+		return nil
+	})
+	r.waitNeighbour(t, vip)
+	if s := a.Stats(); s.Replies < 1 {
+		t.Errorf("Stats = %+v, want a solicited advertisement", s)
+	}
+}
+
+// TestKernelMissingUplink announces on an uplink that appears later.
+func TestKernelMissingUplink(t *testing.T) {
+	needNetns(t)
+	a, err := New(Options{Uplinks: []string{"vipd-late0"}, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	vip := netip.MustParseAddr("198.51.100.20")
+	err = a.Announce(vip)
+	if err == nil {
+		t.Fatal("Announce on a missing uplink succeeded")
+	}
+	t.Logf("missing uplink: %v", err)
+	newPeer(t, "vipd-late0", "vipd-late1")
+	if err := a.Announce(vip); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.Announced(); len(got) != 1 {
+		t.Errorf("Announced = %v", got)
+	}
+}
