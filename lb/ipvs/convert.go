@@ -342,6 +342,16 @@ func toKernelDest(d lb.Destination) (kernelDest, error) {
 		return kernelDest{}, fmt.Errorf("weight %d is out of range", d.Weight)
 	}
 	kd.weight = uint32(d.Weight)
+	// The kernel compares thresholds with int connection counts; since
+	// 2025 (also in 6.1.y) it refuses larger ones with a bare EINVAL.
+	if d.Upper > math.MaxInt32 {
+		return kernelDest{}, fmt.Errorf("upper threshold %d is above the kernel's limit %d", d.Upper, math.MaxInt32)
+	}
+	// The kernel refuses a lower threshold above the upper one with
+	// ERANGE, also when the upper one is 0 (no limit).
+	if d.Lower > d.Upper {
+		return kernelDest{}, fmt.Errorf("lower threshold %d is above upper threshold %d (the kernel needs lower <= upper, also without an upper threshold)", d.Lower, d.Upper)
+	}
 	switch d.Forward {
 	case lb.Masq:
 		kd.fwd = fwdMasq

@@ -456,6 +456,9 @@ func TestToKernelDestErrors(t *testing.T) {
 		{neg, "weight -1 is out of range"},
 		{lb.Destination{Addr: netip.MustParseAddrPort("192.0.2.1:80")}, "unknown forwarding method"},
 		{lb.Destination{Forward: lb.Masq}, "bad destination address"},
+		{withThresh(dest("192.0.2.1:80", lb.Masq), 1<<31, 0), "upper threshold 2147483648 is above the kernel's limit 2147483647"},
+		{withThresh(dest("192.0.2.1:80", lb.Masq), 0, 5), "lower threshold 5 is above upper threshold 0"},
+		{withThresh(dest("192.0.2.1:80", lb.Masq), 10, 11), "lower threshold 11 is above upper threshold 10"},
 	} {
 		_, err := toKernelDest(tc.in)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -46,7 +46,7 @@ func newNetns(t *testing.T) (string, *netlink.Handle) {
 		t.Fatalf("create network namespace: %v", r.err)
 	}
 	t.Cleanup(func() { r.ns.Close() })
-	h, err := netlink.NewHandleAt(r.ns)
+	h, err := netlink.NewHandleAt(r.ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,13 +142,14 @@ func TestBindUnbindOnVeth(t *testing.T) {
 	l := addVeth(t, h, "vipd0")
 	d := newDummy(t, path, "vipd0")
 
-	// The veth has only its link-local fe80:: address, which is no VIP.
-	linkLocal := false
-	for _, a := range kernelAddrs(t, h, l) {
-		linkLocal = linkLocal || a.IP.IsLinkLocalUnicast()
-	}
-	if !linkLocal {
-		t.Error("the veth has no link-local address to skip")
+	// Link-local addresses are no VIPs. (The kernel adds one of its own
+	// once the link has a carrier, which may be later.)
+	for _, s := range []string{"fe80::1/64", "169.254.1.1/16"} {
+		p := netip.MustParsePrefix(s)
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+		if err := h.AddrAdd(l, a); err != nil {
+			t.Fatal(err)
+		}
 	}
 	mustVIPs(t, d)
 
