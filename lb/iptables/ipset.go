@@ -14,10 +14,7 @@ import (
 	"github.com/vipd/vipd/lb"
 )
 
-var (
-	setKinds    = []lb.SetKind{lb.SetVIPs, lb.SetServed, lb.SetSNAT}
-	setFamilies = []lb.Family{lb.IPv4, lb.IPv6}
-)
+var setKinds = []lb.SetKind{lb.SetVIPs, lb.SetServed, lb.SetSNAT}
 
 // setName names the ipset of one kind and family, such as "vipd-vips-4".
 func setName(k lb.SetKind, f lb.Family) string {

@@ -25,9 +25,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -63,6 +66,10 @@ type Options struct {
 	// LockWait is how long iptables-restore waits for the xtables lock;
 	// zero means 5 seconds.
 	LockWait time.Duration
+	// IPv4Only leaves ip6tables and the IPv6 sets alone, for hosts
+	// without IPv6 (booted with ipv6.disable=1), where ip6tables cannot
+	// run. New sets it when the kernel has no IPv6.
+	IPv4Only bool
 	// Logger receives debug records of the scripts written; nil discards
 	// them.
 	Logger *slog.Logger
@@ -73,6 +80,8 @@ type Tables struct {
 	opts Options
 	log  *slog.Logger
 	nl   *netlink.Handle
+	// families are the address families vipd's chains and sets exist in.
+	families []lb.Family
 
 	mu sync.Mutex
 }
@@ -93,11 +102,18 @@ func New(opts Options) (*Tables, error) {
 	if opts.LockWait <= 0 {
 		opts.LockWait = 5 * time.Second
 	}
+	if _, err := os.Stat("/proc/net/if_inet6"); errors.Is(err, fs.ErrNotExist) {
+		opts.IPv4Only = true
+	}
 	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, fmt.Errorf("open netfilter netlink socket: %w", err)
 	}
-	return &Tables{opts: opts, log: opts.Logger, nl: h}, nil
+	t := &Tables{opts: opts, log: opts.Logger, nl: h, families: []lb.Family{lb.IPv4, lb.IPv6}}
+	if opts.IPv4Only {
+		t.families = t.families[:1]
+	}
+	return t, nil
 }
 
 // Close releases the netlink socket.
@@ -130,7 +146,7 @@ func (t *Tables) Observe() (lb.Rules, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	rules := lb.Rules{Entries: map[lb.SetEntry]struct{}{}}
-	for _, f := range setFamilies {
+	for _, f := range t.families {
 		for _, k := range setKinds {
 			entries, err := t.listSet(k, f)
 			if err != nil {
@@ -142,7 +158,7 @@ func (t *Tables) Observe() (lb.Rules, error) {
 		}
 	}
 	live := map[lb.Family]map[string]*table{}
-	for _, f := range setFamilies {
+	for _, f := range t.families {
 		tables, err := t.save(f)
 		if err != nil {
 			return lb.Rules{}, err
@@ -153,7 +169,7 @@ func (t *Tables) Observe() (lb.Rules, error) {
 	if !ok {
 		return rules, nil
 	}
-	for _, f := range setFamilies {
+	for _, f := range t.families {
 		for _, want := range t.render(f, p) {
 			if !equal(&want, live[f][want.name]) {
 				t.log.Debug("vipd chains differ from their policy", "family", f.String(), "table", want.name, "policy", p.String())
@@ -174,14 +190,14 @@ func (t *Tables) SyncChains(p lb.RulePolicy) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, f := range setFamilies {
+	for _, f := range t.families {
 		for _, k := range setKinds {
 			if err := t.createSet(k, f); err != nil {
 				return err
 			}
 		}
 	}
-	for _, f := range setFamilies {
+	for _, f := range t.families {
 		if err := t.write(f, t.render(f, p)); err != nil {
 			return err
 		}
@@ -194,13 +210,13 @@ func (t *Tables) SyncChains(p lb.RulePolicy) error {
 func (t *Tables) RemoveChains() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, f := range setFamilies {
+	for _, f := range t.families {
 		if err := t.write(f, t.render(f, lb.RulePolicy{})); err != nil {
 			return err
 		}
 	}
 	var errs []error
-	for _, f := range setFamilies {
+	for _, f := range t.families {
 		for _, k := range setKinds {
 			errs = append(errs, t.destroySet(k, f))
 		}
@@ -216,6 +232,9 @@ func (t *Tables) AddEntry(e lb.SetEntry) error {
 	name, ne, err := toNetlink(e)
 	if err != nil {
 		return err
+	}
+	if !slices.Contains(t.families, lb.FamilyOf(e.Addr)) {
+		return fmt.Errorf("add %s: this host has no ipv6", e)
 	}
 	err = t.nl.IpsetAdd(name, ne)
 	if isNoSet(err) {

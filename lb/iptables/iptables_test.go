@@ -12,7 +12,10 @@ import (
 	"github.com/vipd/vipd/lb"
 )
 
-var testPolicy = lb.RulePolicy{Enabled: true, SNATMark: 0x4000000, FilterVIPs: true}
+var (
+	testPolicy = lb.RulePolicy{Enabled: true, SNATMark: 0x4000000, FilterVIPs: true}
+	families   = []lb.Family{lb.IPv4, lb.IPv6}
+)
 
 // backends lists the iptables backends installed here.
 func backends(t *testing.T) []string {
@@ -196,7 +199,7 @@ func TestSyncChainsGolden(t *testing.T) {
 		if err := tb.RemoveChains(); err != nil {
 			t.Fatal(err)
 		}
-		for _, f := range setFamilies {
+		for _, f := range families {
 			checkSaved(t, b, f, "nat", emptyNAT)
 			checkSaved(t, b, f, "filter", emptyFilter)
 		}
@@ -253,7 +256,7 @@ func TestForeignRulesSurvive(t *testing.T) {
 			{"filter", "INPUT", "-A INPUT -s 203.0.113.1/32 -m comment --comment before -j ACCEPT", "-A INPUT -s 203.0.113.2/32 -m comment --comment after -j DROP"},
 			{"nat", "PREROUTING", "-A PREROUTING -s 203.0.113.1/32 -m comment --comment before -j RETURN", "-A PREROUTING -s 203.0.113.2/32 -m comment --comment after -j RETURN"},
 		}
-		for _, f := range setFamilies {
+		for _, f := range families {
 			for _, p := range places {
 				before, after := p.before, p.after
 				if f == lb.IPv6 {
@@ -268,7 +271,7 @@ func TestForeignRulesSurvive(t *testing.T) {
 		ipt(t, b, lb.IPv4, "-t", "filter", "-N", "FOREIGN")
 		ipt(t, b, lb.IPv4, "-t", "filter", "-A", "FOREIGN", "-j", "RETURN")
 		t.Cleanup(func() {
-			for _, f := range setFamilies {
+			for _, f := range families {
 				ipt(t, b, f, "-t", "filter", "-F", "INPUT")
 				ipt(t, b, f, "-t", "nat", "-F", "PREROUTING")
 			}
@@ -278,7 +281,7 @@ func TestForeignRulesSurvive(t *testing.T) {
 
 		check := func(stage string, withJump bool) {
 			t.Helper()
-			for _, f := range setFamilies {
+			for _, f := range families {
 				for _, p := range places {
 					lines := ruleLines(t, b, f, p.table, p.chain)
 					var foreign []string
@@ -517,4 +520,25 @@ func TestSystemBackend(t *testing.T) {
 	if _, err := New(Options{Backend: "ebpf"}); err == nil {
 		t.Error("New accepted an unknown backend")
 	}
+}
+
+func TestIPv4Only(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b string, _ *Tables) {
+		tb := newTables(t, Options{Backend: b, NoIPVSMatch: true, IPv4Only: true})
+		if err := tb.SyncChains(testPolicy); err != nil {
+			t.Fatal(err)
+		}
+		checkSaved(t, b, lb.IPv4, "filter", goldenFilter4)
+		checkSaved(t, b, lb.IPv6, "nat", emptyNAT)
+		checkSaved(t, b, lb.IPv6, "filter", emptyFilter)
+		if out := sh(t, "ipset", "list", "-n"); strings.Contains(out, "-6") {
+			t.Errorf("IPv6 sets created:\n%s", out)
+		}
+		if r, err := tb.Observe(); err != nil || r.Policy != testPolicy {
+			t.Errorf("Observe = %s, %v", r.Policy, err)
+		}
+		if err := tb.AddEntry(lb.SetEntry{Set: lb.SetVIPs, Addr: netip.MustParseAddr("2001:db8::1")}); err == nil {
+			t.Error("added an IPv6 entry on an IPv4-only host")
+		}
+	})
 }
