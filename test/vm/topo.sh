@@ -10,19 +10,27 @@
 #   topo_down
 #
 # The load balancer is the guest's root namespace (vipd, IPVS and the VIP
-# dummy live there). Every other host is a network namespace:
+# dummy live there). Every other host is a network namespace; I = 1..N.
 #
-#   NAT  (topo_nat N):                        DR / TUN (topo_dr N, topo_tun N):
-#     client (ns) eth0 10.0.1.2 fd00:1::2       one L2 segment, bridge 'brlan' in root ns
-#       |  veth vcl 10.0.1.1 fd00:1::1            LB   brlan 10.0.3.1     fd00:3::1
-#     LB (root ns), ip_forward=1                  client eth0 10.0.3.2    fd00:3::2
-#       |  bridge brbe 10.0.2.1 fd00:2::1         beI  eth0 10.0.3.(10+I) fd00:3::(10+I)
-#     beI (ns) eth0 10.0.2.(10+I) fd00:2::(10+I)  VIP 10.0.3.100 fd00:3::100 on the
-#       default route via the LB                  backends' lo (arp_ignore=1,
-#     VIP 10.0.0.10 fd00::10 (routed via LB)      arp_announce=2; fd00:3:1::100 is routed
-#                                                 via the LB, not on-link); TUN also brings up
-#     'onearm': backends have no route back       tunl0/ip6tnl0 (+ fou port 6080 for
-#     (needs SNAT, e.g. MASQUERADE + vs.conntrack=1)  gue, gre0 for gre), rp_filter=0
+# NAT (topo_nat N [onearm]):
+#   client (ns 'client')  eth0 10.0.1.2/24      fd00:1::2/64   default via the LB
+#   LB client side        veth 'lb-c' 10.0.1.1  fd00:1::1      ip_forward=1
+#   LB backend side       bridge 'brbe' 10.0.2.1 fd00:2::1     (ports vbeI)
+#   backend (ns 'beI')    eth0 10.0.2.(10+I)    fd00:2::(10+I) default via the LB
+#   VIP                   10.0.0.10             fd00::10       routed to the LB
+#   'onearm': the backends have no route back (SNAT needed, e.g. MASQUERADE
+#   with -m ipvs plus net.ipv4.vs.conntrack=1).
+#
+# DR (topo_dr N) and TUN (topo_tun N [ipip|gue|gre]): one L2 segment.
+#   LB                    bridge 'brlan' 10.0.3.1 fd00:3::1    (ports vcl, vbeI)
+#   client (ns 'client')  eth0 10.0.3.2         fd00:3::2
+#   backend (ns 'beI')    eth0 10.0.3.(10+I)    fd00:3::(10+I)
+#   VIP                   10.0.3.100 (on-link: the LB answers ARP for it)
+#                         fd00:3:1::100 (routed to the LB: Linux answers NDP only
+#                         for addresses on the receiving interface)
+#   The backends hold both VIPs on lo with arp_ignore=1/arp_announce=2. TUN also
+#   brings up tunl0/ip6tnl0 (plus fou port 6080 for gue) or gre0/ip6gre0, with
+#   rp_filter=0.
 #
 # Backends run 'rignode serve' (HTTP on :80 and :8080, UDP on :53) answering
 # with their name (be1, be2, ...); without rignode, busybox httpd on :80.
@@ -184,15 +192,15 @@ topo_nat() {
 	[[ -z $mode || $mode == onearm ]] || _topo_fail "topo_nat: unknown mode '$mode'" || return 1
 	_topo_begin "nat${mode:+-$mode}" "$n" || return 1
 	TOPO_VIP=10.0.0.10 TOPO_VIP6=fd00::10
-	TOPO_LB_IP=10.0.1.1 TOPO_LB_IP6=fd00:1::1 TOPO_LB_IF=vcl
+	TOPO_LB_IP=10.0.1.1 TOPO_LB_IP6=fd00:1::1 TOPO_LB_IF=lb-c
 	TOPO_CLIENT_IP=10.0.1.2 TOPO_CLIENT_IP6=fd00:1::2
 
 	_topo_sysctl "" net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
 
-	# client segment: veth vcl <-> client:eth0
+	# client segment: veth lb-c <-> client:eth0
 	_topo_ns client
-	_topo_veth client vcl
-	_topo_root "addr add 10.0.1.1/24 dev vcl" "addr add fd00:1::1/64 dev vcl nodad"
+	_topo_veth client lb-c
+	_topo_root "addr add 10.0.1.1/24 dev lb-c" "addr add fd00:1::1/64 dev lb-c nodad"
 	_topo_in client "addr add 10.0.1.2/24 dev eth0" "addr add fd00:1::2/64 dev eth0 nodad" \
 		"route add default via 10.0.1.1" "route add default via fd00:1::1"
 
