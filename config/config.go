@@ -75,7 +75,28 @@ type Daemon struct {
 	DrainTimeout time.Duration
 	// GARP says how VIPs are announced.
 	GARP GARP
+	// Watch reloads the file when it changes (SIGHUP always does).
+	Watch bool
+	// ReloadGuard is the largest share of services or backends a reload
+	// may delete; larger deletions are refused unless forced. 1 disables
+	// the guard.
+	ReloadGuard float64
+	// OnApplyError says what a reload does when operations fail.
+	OnApplyError ApplyErrorMode
 }
+
+// ApplyErrorMode says what happens when a reload's operations fail.
+type ApplyErrorMode string
+
+// The modes.
+const (
+	// ApplyRollback returns the kernel to the last good configuration and
+	// keeps running it.
+	ApplyRollback ApplyErrorMode = "rollback"
+	// ApplyContinue keeps the new configuration; later passes retry what
+	// failed.
+	ApplyContinue ApplyErrorMode = "continue"
+)
 
 // GARP configures gratuitous ARP and unsolicited neighbour advertisements.
 type GARP struct {

@@ -41,6 +41,9 @@ type rawDaemon struct {
 	GARPCount      *int64    `toml:"garp_count"`
 	GARPInterval   *duration `toml:"garp_interval"`
 	GARPRefresh    *duration `toml:"garp_refresh"`
+	Watch          *bool     `toml:"watch"`
+	ReloadGuard    *float64  `toml:"reload_guard"`
+	OnApplyError   *string   `toml:"on_apply_error"`
 }
 
 type rawService struct {
@@ -204,6 +207,9 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 		Drain:          true,
 		DrainTimeout:   5 * time.Minute,
 		GARP:           GARP{Count: 3, Interval: time.Second},
+		Watch:          true,
+		ReloadGuard:    0.5,
+		OnApplyError:   ApplyRollback,
 	}
 	const ctx = "daemon"
 	if d.Interface != nil {
@@ -279,6 +285,22 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 	out.GARP.Refresh = v.duration(d.GARPRefresh, 0, "daemon.garp_refresh", ctx, "garp_refresh")
 	if out.GARP.Refresh != 0 && out.GARP.Refresh < time.Second {
 		v.errorf("daemon.garp_refresh", ctx, "garp_refresh %s is below 1s", out.GARP.Refresh)
+	}
+	setBool(&out.Watch, d.Watch)
+	if d.ReloadGuard != nil {
+		if g := *d.ReloadGuard; g <= 0 || g > 1 || math.IsNaN(g) {
+			v.errorf("daemon.reload_guard", ctx, "reload_guard %v must be a share in (0, 1] (1 disables the guard)", g)
+		} else {
+			out.ReloadGuard = g
+		}
+	}
+	if d.OnApplyError != nil {
+		switch m := ApplyErrorMode(*d.OnApplyError); m {
+		case ApplyRollback, ApplyContinue:
+			out.OnApplyError = m
+		default:
+			v.errorf("daemon.on_apply_error", ctx, "on_apply_error %q must be \"rollback\" or \"continue\"", *d.OnApplyError)
+		}
 	}
 	cfg.Daemon = out
 	cfg.Spec.StrictARP = out.StrictARP

@@ -149,8 +149,9 @@ func (op Op) String() string {
 
 // PlanOptions tune how Plan removes backends.
 type PlanOptions struct {
-	// Drain makes a removed backend go to weight 0 first; it is deleted
-	// once it has no active connections or DrainDone reports true.
+	// Drain makes a removed backend that has active connections go to
+	// weight 0 first; it is deleted once it has none or DrainDone reports
+	// true. Without Drain, or when idle, a removed backend is deleted.
 	Drain bool
 	// DrainDone reports whether a draining backend's drain time is up.
 	// Nil means never: only an idle backend is deleted.
@@ -234,15 +235,16 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 			if _, ok := want.Dests[addr]; ok {
 				continue
 			}
+			// An idle backend goes at once. UDP never counts active
+			// connections, so UDP backends never wait: expire_nodest_conn
+			// moves their flows on the next packet.
 			switch {
-			case !opts.Drain:
+			case !opts.Drain || hd.ActiveConns == 0 || opts.DrainDone != nil && opts.DrainDone(key, addr):
 				b[OpDeleteDest] = append(b[OpDeleteDest], Op{Kind: OpDeleteDest, Service: want.Service, Dest: hd})
 			case hd.Weight != 0:
 				drained := hd.Settings()
 				drained.Weight = 0
 				b[OpDrainDest] = append(b[OpDrainDest], Op{Kind: OpDrainDest, Service: want.Service, Dest: drained, Was: &Was{Dest: hd}})
-			case hd.ActiveConns == 0 || opts.DrainDone != nil && opts.DrainDone(key, addr):
-				b[OpDeleteDest] = append(b[OpDeleteDest], Op{Kind: OpDeleteDest, Service: want.Service, Dest: hd})
 			}
 		}
 	}

@@ -284,6 +284,14 @@ func (r *Reconciler) drainDone(svc ServiceKey, addr netip.AddrPort) bool {
 	return r.opts.DrainTimeout > 0 && now.Sub(start) >= r.opts.DrainTimeout
 }
 
+// Draining returns how many backends are draining: at weight 0 after
+// removal, waiting for their connections to end.
+func (r *Reconciler) Draining() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.draining)
+}
+
 // Reconcile runs one pass for spec: observe, plan, apply. It applies every
 // operation it can, continuing past failures, and reports each one. An
 // error return means the kernel could not be observed and nothing was

@@ -1,25 +1,105 @@
 package main
 
 import (
-	"errors"
+	"fmt"
 	"log/slog"
+	"path/filepath"
 
+	"github.com/vipd/vipd/arp"
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/iptables"
+	"github.com/vipd/vipd/lb/ipvs"
+	"github.com/vipd/vipd/lb/ledger"
+	"github.com/vipd/vipd/lb/link"
+	"github.com/vipd/vipd/lb/sysctl"
 )
 
-// openKernel opens the kernel adapters cfg needs.
-func openKernel(cfg *config.Config, log *slog.Logger) (lb.Kernel, func(), error) {
-	return lb.Kernel{}, func() {}, errors.New("kernel adapters are not available in this build")
+// kernelOptions say how much of the kernel openKernel opens.
+type kernelOptions struct {
+	// ReadOnly opens only what observation needs: the dummy interface is
+	// not created and no announcer starts (vipd plan).
+	ReadOnly bool
+}
+
+// openKernel opens the kernel adapters cfg needs. close releases them.
+func openKernel(cfg *config.Config, log *slog.Logger, opts kernelOptions) (k lb.Kernel, close func(), err error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var closers []func() error
+	close = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			close()
+		}
+	}()
+
+	v, err := ipvs.New(ipvs.Options{})
+	if err != nil {
+		return k, close, err
+	}
+	closers = append(closers, v.Close)
+	k.IPVS = v
+
+	d, err := link.New(link.Options{Interface: cfg.Daemon.Interface})
+	if err != nil {
+		return k, close, err
+	}
+	closers = append(closers, d.Close)
+	if !opts.ReadOnly {
+		if err := d.Ensure(); err != nil {
+			return k, close, err
+		}
+	}
+	k.VIPs = d
+
+	if cfg.Daemon.ManageSysctls {
+		k.Sysctls = sysctl.New(sysctl.Options{})
+	}
+	if cfg.Daemon.ManageIPTables {
+		t, err := iptables.New(iptables.Options{Logger: log})
+		if err != nil {
+			return k, close, err
+		}
+		closers = append(closers, t.Close)
+		k.Rules = t
+	}
+	if len(cfg.Daemon.Uplinks) > 0 && !opts.ReadOnly {
+		a, err := arp.New(arp.Options{
+			Uplinks:  cfg.Daemon.Uplinks,
+			Dummy:    cfg.Daemon.Interface,
+			Count:    cfg.Daemon.GARP.Count,
+			Interval: cfg.Daemon.GARP.Interval,
+			Refresh:  cfg.Daemon.GARP.Refresh,
+			Logger:   log,
+		})
+		if err != nil {
+			return k, close, fmt.Errorf("announcer: %w", err)
+		}
+		closers = append(closers, a.Close)
+		k.Announcer = a
+	}
+	k.Ledger = ledger.New(filepath.Join(cfg.Daemon.StateDir, "owned.json"))
+	return k, close, nil
 }
 
 // reconcilerOptions returns the reconciler options for cfg.
 func reconcilerOptions(cfg *config.Config, k lb.Kernel, log *slog.Logger) lb.Options {
+	release, err := link.KernelRelease()
+	if err != nil {
+		log.Warn("cannot read the kernel release; conn_reuse_mode will be 0", "err", err)
+	}
 	return lb.Options{
-		Kernel:       k,
-		Logger:       log,
-		Dummy:        cfg.Daemon.Interface,
-		Drain:        cfg.Daemon.Drain,
-		DrainTimeout: cfg.Daemon.DrainTimeout,
+		Kernel:        k,
+		Logger:        log,
+		KernelRelease: release,
+		Dummy:         cfg.Daemon.Interface,
+		Drain:         cfg.Daemon.Drain,
+		DrainTimeout:  cfg.Daemon.DrainTimeout,
 	}
 }

@@ -47,7 +47,7 @@ all of it in step with a TOML file, touching only what it owns.`,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newCheckCmd(), newPlanCmd(), newVersionCmd())
+	root.AddCommand(newCheckCmd(), newPlanCmd(), newRunCmd(), newReloadCmd(), newVersionCmd())
 	return root
 }
 

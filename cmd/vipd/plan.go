@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 
@@ -82,11 +83,11 @@ func localAddrs() map[string][]netip.Addr {
 
 // planLive plans cfg against the running kernel.
 func planLive(ctx context.Context, cfg *config.Config) ([]lb.Op, error) {
-	k, closeFn, err := openKernel(cfg, nil)
+	k, closeFn, err := openKernel(cfg, nil, kernelOptions{ReadOnly: true})
 	if err != nil {
 		return nil, err
 	}
 	defer closeFn()
-	r := lb.NewReconciler(reconcilerOptions(cfg, k, nil))
+	r := lb.NewReconciler(reconcilerOptions(cfg, k, slog.New(slog.DiscardHandler)))
 	return r.Plan(ctx, &cfg.Spec)
 }

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vipd/vipd/config"
+)
+
+// serveControl serves the local control API on the configured unix
+// socket, readable and writable by root and the socket's group only. Its
+// handlers hand requests to the main loop, so they see the daemon's state
+// between passes, never during one.
+func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
+	path := d.cfg.Daemon.ControlSocket
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	// A socket left by a killed vipd is stale: nothing answers on it.
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("control socket %s: another vipd is running", path)
+	}
+	os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	mux := http.NewServeMux()
+	ask := func(w http.ResponseWriter, r *http.Request, req request) {
+		req.reply = make(chan reply, 1)
+		select {
+		case d.reqs <- req:
+		case <-r.Context().Done():
+			return
+		}
+		rep := <-req.reply
+		w.Header().Set("Content-Type", "application/json")
+		if rep.Error != "" {
+			w.WriteHeader(http.StatusConflict)
+		}
+		json.NewEncoder(w).Encode(rep)
+	}
+	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, r *http.Request) {
+		ask(w, r, request{kind: "reload", force: r.URL.Query().Get("force") == "1"})
+	})
+	mux.HandleFunc("GET /v1/plan", func(w http.ResponseWriter, r *http.Request) {
+		ask(w, r, request{kind: "plan"})
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(l)
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+		os.Remove(path)
+	}, nil
+}
+
+// controlClient talks to a running daemon's control socket.
+func controlClient(socket string) *http.Client {
+	return &http.Client{
+		Timeout: 5 * time.Minute,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var dl net.Dialer
+			return dl.DialContext(ctx, "unix", socket)
+		}},
+	}
+}
+
+// callControl sends one request and decodes the reply.
+func callControl(socket, method, path string) (reply, error) {
+	var rep reply
+	req, err := http.NewRequest(method, "http://vipd"+path, nil)
+	if err != nil {
+		return rep, err
+	}
+	resp, err := controlClient(socket).Do(req)
+	if err != nil {
+		return rep, fmt.Errorf("is vipd running? %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return rep, fmt.Errorf("read reply: %w", err)
+	}
+	if err := json.Unmarshal(body, &rep); err != nil {
+		return rep, fmt.Errorf("bad reply from vipd (%s): %w", resp.Status, err)
+	}
+	return rep, nil
+}
+
+func newReloadCmd() *cobra.Command {
+	var (
+		socket string
+		force  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "reload",
+		Short: "Ask the running daemon to reload its configuration file",
+		Long: `Reload asks the running vipd to re-read its configuration file and
+prints the operations it applied. A file with errors, or one that would
+delete more than reload_guard of the services or backends, is refused and
+the running configuration keeps serving; --force applies the latter anyway.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := "/v1/reload"
+			if force {
+				path += "?force=1"
+			}
+			rep, err := callControl(socket, http.MethodPost, path)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			for _, a := range rep.Applied {
+				fmt.Fprintln(out, "applied:", a)
+			}
+			for _, f := range rep.Failed {
+				fmt.Fprintln(out, "failed:", f)
+			}
+			if rep.Error != "" {
+				fmt.Fprintln(cmd.ErrOrStderr(), rep.Error)
+				return exitError(1)
+			}
+			fmt.Fprintf(out, "reloaded: %d operations applied\n", len(rep.Applied))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&socket, "socket", config.DefaultControlSocket, "control socket of the running vipd")
+	cmd.Flags().BoolVar(&force, "force", false, "apply even if the reload guard refuses")
+	return cmd
+}

@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/systemd"
+)
+
+func newRunCmd() *cobra.Command {
+	var (
+		path      string
+		logLevel  string
+		logFormat string
+	)
+	cmd := &cobra.Command{
+		Use:   "run -c FILE",
+		Short: "Run the daemon: program the kernel and keep it in step with FILE",
+		Long: `Run validates FILE, adopts what is already programmed, applies the
+difference, and stays up. It re-reads FILE when it changes and on SIGHUP (a
+file with errors is rejected and the running configuration keeps serving; a
+reload that would delete more than reload_guard of the services or backends
+is refused unless forced with "vipd reload --force"), re-reads the kernel
+every resync_interval to repair drift, and on SIGTERM or SIGINT stops,
+leaving the data plane running (on_stop = "keep") or removing everything
+vipd owns (on_stop = "clean"). Under systemd it reports readiness, reloads
+and status, and sends watchdog keep-alives from its main loop.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log, err := newLogger(cmd.ErrOrStderr(), logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return runDaemon(ctx, daemonOptions{Path: path, Logger: log, Notifier: systemd.FromEnv()})
+		},
+	}
+	cmd.Flags().StringVarP(&path, "config", "c", "/etc/vipd/vipd.toml", "configuration file")
+	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	return cmd
+}
+
+func newLogger(w interface{ Write([]byte) (int, error) }, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %w", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+type daemonOptions struct {
+	Path     string
+	Logger   *slog.Logger
+	Notifier *systemd.Notifier
+	// OpenKernel opens the kernel adapters; nil means the real kernel.
+	// Tests pass a fake.
+	OpenKernel func(*config.Config, *slog.Logger) (lb.Kernel, func(), error)
+	// KernelRelease overrides the running kernel's release, for tests.
+	KernelRelease string
+}
+
+// daemon is the running vipd: the current good configuration and the
+// reconciler that keeps the kernel in step with it. Its state is owned by
+// the main loop; the control socket reaches it through requests.
+type daemon struct {
+	opts daemonOptions
+	log  *slog.Logger
+	n    *systemd.Notifier
+	r    *lb.Reconciler
+	cfg  *config.Config
+	sum  [sha256.Size]byte
+	// failing holds the operations that failed in the last pass of the
+	// running configuration: a reload is not blamed for them.
+	failing map[string]bool
+	reqs    chan request
+}
+
+// request asks the main loop to do something and answer.
+type request struct {
+	kind  string // "reload" or "plan"
+	force bool
+	reply chan reply
+}
+
+// reply is the main loop's answer to a request.
+type reply struct {
+	Applied []string `json:"applied,omitempty"`
+	Failed  []string `json:"failed,omitempty"`
+	Planned []string `json:"planned,omitempty"`
+	Error   string   `json:"error,omitempty"`
+}
+
+func runDaemon(ctx context.Context, opts daemonOptions) error {
+	log := opts.Logger
+	cfg, sum, err := config.LoadSum(opts.Path)
+	if err != nil {
+		return err
+	}
+	if opts.OpenKernel == nil {
+		opts.OpenKernel = func(cfg *config.Config, log *slog.Logger) (lb.Kernel, func(), error) {
+			return openKernel(cfg, log, kernelOptions{})
+		}
+	}
+	if opts.Notifier == nil {
+		opts.Notifier = &systemd.Notifier{}
+	}
+	k, closeKernel, err := opts.OpenKernel(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeKernel()
+	ropts := reconcilerOptions(cfg, k, log)
+	if opts.KernelRelease != "" {
+		ropts.KernelRelease = opts.KernelRelease
+	}
+	d := &daemon{
+		opts: opts, log: log, n: opts.Notifier, cfg: cfg, sum: sum,
+		r:    lb.NewReconciler(ropts),
+		reqs: make(chan request),
+	}
+	log.Info("starting", "version", versionString(), "config", opts.Path, "services", len(cfg.Spec.Services), "pid", os.Getpid())
+	res := d.reconcile(ctx, "start", &cfg.Spec)
+	d.remember(res)
+
+	var changes <-chan config.Change
+	if cfg.Daemon.Watch {
+		w, err := config.NewWatcher(config.WatchOptions{Path: opts.Path, Logger: log}, sum)
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go w.Run(wctx)
+		changes = w.Changes()
+	}
+	stopControl, err := d.serveControl(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopControl()
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	resync := time.NewTicker(cfg.Daemon.ResyncInterval)
+	defer resync.Stop()
+	var watchdog <-chan time.Time
+	if iv := d.n.WatchdogInterval(); iv > 0 {
+		t := time.NewTicker(iv / 2)
+		defer t.Stop()
+		watchdog = t.C
+	}
+	// While backends drain, passes come every second so that each is
+	// deleted soon after its last connection ends.
+	drainCheck := time.NewTicker(time.Second)
+	defer drainCheck.Stop()
+	d.notify(d.n.Ready(d.status("serving")))
+	for {
+		select {
+		case <-drainCheck.C:
+			if d.r.Draining() > 0 {
+				d.remember(d.reconcile(ctx, "drain", &d.cfg.Spec))
+			}
+		case <-ctx.Done():
+			d.notify(d.n.Stopping())
+			return d.stop()
+		case <-watchdog:
+			// Sent from the loop itself: a wedged loop stops sending and
+			// systemd restarts vipd (the data plane keeps running).
+			d.notify(d.n.Watchdog())
+		case <-hup:
+			cfg, sum, err := config.LoadSum(d.opts.Path)
+			d.reload(ctx, "sighup", cfg, sum, err, false)
+		case ch, ok := <-changes:
+			if !ok {
+				changes = nil
+				continue
+			}
+			d.reload(ctx, "file changed", ch.Config, ch.Sum, ch.Err, false)
+		case req := <-d.reqs:
+			req.reply <- d.handle(ctx, req)
+		case <-resync.C:
+			d.remember(d.reconcile(ctx, "resync", &d.cfg.Spec))
+		}
+	}
+}
+
+func (d *daemon) notify(err error) {
+	if err != nil {
+		d.log.Warn("systemd notification failed", "err", err)
+	}
+}
+
+// status is the one-line status systemd shows.
+func (d *daemon) status(state string) string {
+	backends := 0
+	for _, s := range d.cfg.Spec.Services {
+		backends += len(s.Backends)
+	}
+	return fmt.Sprintf("%s %d services, %d backends; %d operations failing", state, len(d.cfg.Spec.Services), backends, len(d.failing))
+}
+
+// reconcile runs one pass for spec and logs its outcome. A nil result
+// means the kernel could not be read.
+func (d *daemon) reconcile(ctx context.Context, why string, spec *lb.Spec) *lb.Result {
+	start := time.Now()
+	res, err := d.r.Reconcile(ctx, spec)
+	if err != nil {
+		d.log.Error("reconcile failed", "why", why, "err", err)
+		return nil
+	}
+	logResult(d.log, why, res, time.Since(start))
+	return res
+}
+
+// remember records which operations fail under the running configuration.
+func (d *daemon) remember(res *lb.Result) {
+	if res == nil {
+		return
+	}
+	d.failing = map[string]bool{}
+	for _, f := range res.Failed {
+		d.failing[f.Op.String()] = true
+	}
+}
+
+func logResult(log *slog.Logger, why string, res *lb.Result, took time.Duration) {
+	for _, f := range res.Failed {
+		log.Error("operation failed", "op", f.Op.Kind.String(), "detail", f.Op.String(), "err", f.Err)
+	}
+	for _, op := range res.Skipped {
+		log.Warn("operation skipped", "op", op.Kind.String(), "detail", op.String())
+	}
+	level := slog.LevelDebug
+	if len(res.Applied)+len(res.Failed) > 0 || why != "resync" && why != "drain" {
+		level = slog.LevelInfo
+	}
+	log.Log(context.Background(), level, "reconciled", "why", why, "applied", len(res.Applied),
+		"failed", len(res.Failed), "skipped", len(res.Skipped), "took", took.Round(time.Microsecond))
+}
+
+// errReloadRejected marks a reload refused before touching the kernel.
+var errReloadRejected = errors.New("reload rejected")
+
+// reload applies a new configuration: parsed and validated already (err
+// holds its errors), guarded against mass deletion, applied, and on
+// failure rolled back to the last good configuration when so configured.
+// The returned reply says what happened.
+func (d *daemon) reload(ctx context.Context, why string, cfg *config.Config, sum [sha256.Size]byte, err error, force bool) reply {
+	if err != nil {
+		d.log.Error("reload rejected; the running configuration keeps serving", "why", why, "config", d.opts.Path, "err", err)
+		d.notify(d.n.Status(d.status("serving (last reload rejected: invalid file)")))
+		return reply{Error: fmt.Sprintf("%v: %v", errReloadRejected, err)}
+	}
+	if sum == d.sum && !force {
+		d.log.Info("configuration unchanged", "why", why)
+		return reply{}
+	}
+	d.notify(d.n.Reloading())
+	defer func() { d.notify(d.n.Ready(d.status("serving"))) }()
+	if ex, desc := lb.Removed(&d.cfg.Spec, &cfg.Spec).Exceeds(d.cfg.Daemon.ReloadGuard); ex && !force {
+		err := fmt.Errorf("%w: the new configuration %s, more than reload_guard = %v; run \"vipd reload --force\" if that is intended",
+			errReloadRejected, desc, d.cfg.Daemon.ReloadGuard)
+		d.log.Error("reload refused by the guard; the running configuration keeps serving", "why", why, "err", err)
+		return reply{Error: err.Error()}
+	}
+	if restartNeeded(d.cfg, cfg) {
+		d.log.Warn("daemon settings changed (interface, uplinks, announcement, iptables, state_dir, resync or watch); they take effect on restart",
+			"config", d.opts.Path)
+	}
+	res := d.reconcile(ctx, why, &cfg.Spec)
+	if res == nil {
+		return reply{Error: "cannot read the kernel; nothing applied"}
+	}
+	rep := reply{}
+	for _, op := range res.Applied {
+		rep.Applied = append(rep.Applied, op.String())
+	}
+	var fresh []*lb.OpError
+	for _, f := range res.Failed {
+		rep.Failed = append(rep.Failed, f.Error())
+		if !d.failing[f.Op.String()] {
+			fresh = append(fresh, f)
+		}
+	}
+	if len(fresh) > 0 && d.cfg.Daemon.OnApplyError == config.ApplyRollback {
+		d.log.Error("reload failed; rolling back to the last good configuration", "why", why, "failed", len(fresh), "first", fresh[0])
+		back := d.reconcile(ctx, "rollback", &d.cfg.Spec)
+		d.remember(back)
+		rep.Error = fmt.Sprintf("reload failed (%d operations, first: %v); rolled back to the last good configuration", len(fresh), fresh[0])
+		if back == nil || len(back.Failed) > len(d.failing) {
+			rep.Error += "; the rollback did not complete, see the log"
+		}
+		return rep
+	}
+	d.cfg, d.sum = cfg, sum
+	d.remember(res)
+	if len(fresh) > 0 {
+		rep.Error = fmt.Sprintf("%d operations failed; kept the new configuration (on_apply_error = \"continue\")", len(fresh))
+	}
+	return rep
+}
+
+// handle answers a control-socket request in the main loop.
+func (d *daemon) handle(ctx context.Context, req request) reply {
+	switch req.kind {
+	case "reload":
+		cfg, sum, err := config.LoadSum(d.opts.Path)
+		return d.reload(ctx, "control socket", cfg, sum, err, req.force)
+	case "plan":
+		cfg, err := config.Load(d.opts.Path)
+		if err != nil {
+			return reply{Error: err.Error()}
+		}
+		ops, err := d.r.Plan(ctx, &cfg.Spec)
+		if err != nil {
+			return reply{Error: err.Error()}
+		}
+		rep := reply{Planned: []string{}}
+		for _, op := range ops {
+			rep.Planned = append(rep.Planned, op.String())
+		}
+		return rep
+	}
+	return reply{Error: fmt.Sprintf("unknown request %q", req.kind)}
+}
+
+// restartNeeded reports whether the daemon settings that shape the open
+// adapters and the main loop differ between two configurations.
+func restartNeeded(old, cur *config.Config) bool {
+	a, b := old.Daemon, cur.Daemon
+	return a.Interface != b.Interface || !slices.Equal(a.Uplinks, b.Uplinks) || a.GARP != b.GARP ||
+		a.ManageIPTables != b.ManageIPTables || a.StateDir != b.StateDir || a.ResyncInterval != b.ResyncInterval ||
+		a.Watch != b.Watch || a.ControlSocket != b.ControlSocket
+}
+
+// stop ends the daemon according to on_stop.
+func (d *daemon) stop() error {
+	if d.cfg.Daemon.OnStop != config.StopClean {
+		d.log.Info("stopping; the data plane keeps running (on_stop = \"keep\")")
+		return nil
+	}
+	d.log.Info("stopping; removing everything vipd owns (on_stop = \"clean\")")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res := d.reconcile(ctx, "stop", &lb.Spec{})
+	if res == nil {
+		return errors.New("clean up on stop: cannot read the kernel")
+	}
+	return res.Err()
+}

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/lbtest"
+	"github.com/vipd/vipd/systemd"
+)
+
+// syncBuffer is a log sink safe for the daemon's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type harness struct {
+	t      *testing.T
+	dir    string
+	path   string
+	socket string
+	k      *lbtest.Kernel
+	log    *syncBuffer
+	notify *net.UnixConn
+	done   chan error
+	cancel context.CancelFunc
+}
+
+func (h *harness) header(extra string) string {
+	return "[daemon]\ncontrol_socket = \"" + h.socket + "\"\nstate_dir = \"" + h.dir + "/state\"\nmetrics_listen = \"\"\n" + extra + "\n"
+}
+
+const twoServices = `
+[[service]]
+name = "web"
+vip = "192.0.2.10"
+port = 80
+backend = [{ address = "10.0.0.1" }, { address = "10.0.0.2" }]
+
+[[service]]
+name = "api"
+vip = "192.0.2.11"
+port = 443
+backend = [{ address = "10.0.0.3" }, { address = "10.0.0.4" }]
+`
+
+func (h *harness) write(body string) {
+	h.t.Helper()
+	tmp := h.path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, h.path); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func startDaemon(t *testing.T, daemonExtra, services string) *harness {
+	dir := t.TempDir()
+	h := &harness{t: t, dir: dir, path: filepath.Join(dir, "vipd.toml"), socket: filepath.Join(dir, "vipd.sock"),
+		k: lbtest.New(), log: &syncBuffer{}, done: make(chan error, 1)}
+	h.write(h.header(daemonExtra) + services)
+	ns, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(dir, "notify.sock"), Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.notify = ns
+	t.Setenv("NOTIFY_SOCKET", filepath.Join(dir, "notify.sock"))
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() {
+		h.done <- runDaemon(ctx, daemonOptions{
+			Path:     h.path,
+			Logger:   slog.New(slog.NewTextHandler(h.log, nil)),
+			Notifier: systemd.FromEnv(),
+			OpenKernel: func(*config.Config, *slog.Logger) (lb.Kernel, func(), error) {
+				return h.k.Interface(), func() {}, nil
+			},
+			KernelRelease: "6.1.0-27-cloud-amd64",
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-h.done:
+		case <-time.After(5 * time.Second):
+			t.Error("daemon did not stop")
+		}
+		ns.Close()
+	})
+	h.expectNotify("READY=1")
+	return h
+}
+
+// expectNotify waits for a notification that starts with prefix.
+func (h *harness) expectNotify(prefix string) string {
+	h.t.Helper()
+	buf := make([]byte, 4096)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h.notify.SetReadDeadline(deadline)
+		n, err := h.notify.Read(buf)
+		if err != nil {
+			h.t.Fatalf("no %q notification: %v\nlog:\n%s", prefix, err, h.log)
+		}
+		if msg := string(buf[:n]); strings.HasPrefix(msg, prefix) {
+			return msg
+		}
+	}
+}
+
+func (h *harness) eventually(what string, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("timed out waiting for %s\nkernel:\n%s\nlog:\n%s", what, h.k.Dump(), h.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *harness) logHas(s string) func() bool {
+	return func() bool { return strings.Contains(h.log.String(), s) }
+}
+
+// TestDaemonReloadPath runs the reload path against the fake kernel: good,
+// broken, truncated (guarded), forced, and failing (rolled back) files in
+// turn, checking the kernel after each.
+func TestDaemonReloadPath(t *testing.T) {
+	h := startDaemon(t, "", twoServices)
+	h.eventually("initial programming", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443") })
+	h.k.Calls()
+
+	// A new backend: exactly one kernel call.
+	h.write(h.header("") + strings.Replace(twoServices, `{ address = "10.0.0.2" }]`, `{ address = "10.0.0.2" }, { address = "10.0.0.5" }]`, 1))
+	h.expectNotify("RELOADING=1\nMONOTONIC_USEC=")
+	h.eventually("the new backend", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.5:80") })
+	h.expectNotify("READY=1")
+	if calls := h.k.Calls(); len(calls) != 1 || !strings.HasPrefix(calls[0], "add-dest") {
+		t.Fatalf("calls for one new backend = %v", calls)
+	}
+	good := h.k.Dump()
+
+	// A broken file: rejected with file and line, nothing touched.
+	h.write(h.header("") + "[[service]]\nname = \"web\"\nvip = \"192.0.2.10\"\nport = 80\nbackend = [{ address = \"10.0.0.1\", weight = -1 }]\n")
+	h.eventually("the rejection", h.logHas(`vipd.toml:10: service \"web\": backend \"10.0.0.1:80\": weight -1 is negative`))
+	if !strings.Contains(h.log.String(), "reload rejected") {
+		t.Errorf("log does not say the reload was rejected:\n%s", h.log)
+	}
+
+	// A truncated file: the guard refuses, over the control socket too.
+	h.write("")
+	h.eventually("the guard", h.logHas("reload_guard"))
+	rep, err := callControl(h.socket, "POST", "/v1/reload")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rep.Error, "removes 2 of 2 services") {
+		t.Errorf("reload reply = %+v, want the guard's refusal", rep)
+	}
+	if got := h.k.Dump(); got != good {
+		t.Fatalf("kernel changed after rejected reloads:\n%s\nwant\n%s", got, good)
+	}
+	if calls := h.k.Calls(); len(calls) != 0 {
+		t.Fatalf("rejected reloads made calls %v", calls)
+	}
+
+	// Forced: the deletion goes through.
+	h.write(h.header("") + twoServices[:strings.Index(twoServices, "[[service]]\nname = \"api\"")])
+	h.eventually("the guard again", func() bool { return strings.Count(h.log.String(), "reload_guard") >= 2 })
+	rep, err = callControl(h.socket, "POST", "/v1/reload?force=1")
+	if err != nil || rep.Error != "" {
+		t.Fatalf("forced reload: %+v %v", rep, err)
+	}
+	if strings.Contains(h.k.Dump(), "192.0.2.11") {
+		t.Fatalf("forced reload left the api service:\n%s", h.k.Dump())
+	}
+	good = h.k.Dump()
+
+	// A reload whose kernel operations fail is rolled back.
+	boom := errors.New("boom")
+	h.k.FailWith(func(call string) error {
+		if strings.HasPrefix(call, "add-dest tcp 192.0.2.12:80") {
+			return boom
+		}
+		return nil
+	})
+	h.write(h.header("") + twoServices[:strings.Index(twoServices, "[[service]]\nname = \"api\"")] +
+		"[[service]]\nname = \"new\"\nvip = \"192.0.2.12\"\nport = 80\nbackend = [{ address = \"10.0.0.9\" }]\n")
+	h.eventually("the rollback", h.logHas("rolling back"))
+	h.eventually("the rollback's end", func() bool { return h.k.Dump() == good })
+
+	// The control socket's plan shows what the file would do.
+	h.k.FailWith(nil)
+	rep, err = callControl(h.socket, "GET", "/v1/plan")
+	if err != nil || len(rep.Planned) == 0 || !strings.Contains(strings.Join(rep.Planned, "\n"), "add service tcp 192.0.2.12:80") {
+		t.Fatalf("plan = %+v %v", rep, err)
+	}
+}
+
+// TestDaemonStop checks on_stop: keep leaves everything, clean removes
+// what vipd owns and nothing else.
+func TestDaemonStop(t *testing.T) {
+	for _, mode := range []string{"keep", "clean"} {
+		t.Run(mode, func(t *testing.T) {
+			h := startDaemon(t, "on_stop = \""+mode+"\"", twoServices)
+			h.eventually("programming", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443") })
+			foreignKey := lb.ServiceKey{Family: lb.IPv4, Proto: lb.TCP, Addr: netip.MustParseAddr("198.51.100.1"), Port: 22}
+			h.k.Edit(func(s *lb.State) {
+				s.Services[foreignKey] = &lb.ServiceState{Service: lb.Service{Key: foreignKey, Scheduler: "rr"}}
+			})
+			h.cancel()
+			if err := <-h.done; err != nil {
+				t.Fatal(err)
+			}
+			h.done <- nil // for the cleanup
+			dump := h.k.Dump()
+			if mode == "keep" && !strings.Contains(dump, "192.0.2.10") {
+				t.Errorf("keep removed services:\n%s", dump)
+			}
+			if mode == "clean" && (strings.Contains(dump, "192.0.2.1") || strings.Contains(dump, "chains")) {
+				t.Errorf("clean left vipd's state:\n%s", dump)
+			}
+			if !strings.Contains(dump, "service tcp 198.51.100.1:22 scheduler=rr\n") {
+				t.Errorf("stop touched a foreign service:\n%s", dump)
+			}
+		})
+	}
+}
