@@ -33,7 +33,8 @@ type Options struct {
 }
 
 // IPVS is the kernel's IPVS table of one network namespace. Its methods
-// are safe for concurrent use; calls run one at a time.
+// are safe for concurrent use; calls run one at a time. It must not be
+// used after Close.
 type IPVS struct {
 	mu   sync.Mutex
 	h    *mobyipvs.Handle

@@ -28,7 +28,9 @@ import (
 // The tests in this file need a kernel with IPVS. In the real-kernel test
 // guest (test/vm sets VIPD_VM=1) they must run; elsewhere they skip when
 // the kernel has no ip_vs. Each runs in a network namespace of its own,
-// which has an IPVS table of its own.
+// which has an IPVS table of its own. Run them in the guest with
+//
+//	VIPD_GUEST_PKGS="./lb/ipvs ./lb/link ./lb/sysctl" test/vm/e2e.sh
 
 // guestSchedulers are the schedulers of Linux 6.1, which lacks twos.
 var guestSchedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh"}
@@ -373,6 +375,20 @@ func TestRoundTrip(t *testing.T) {
 	for _, d := range diff(wantState(all), got) {
 		t.Errorf("second adapter: %s", d)
 	}
+
+	// Delete every backend (an IPv6 backend of an IPv4 tunnel service
+	// needs its own address family sent), then every service.
+	for _, e := range all {
+		for _, d := range e.dests {
+			if err := tb.DeleteDest(e.svc.Key, d.Addr); err != nil {
+				t.Error(err)
+			}
+		}
+		if err := tb.DeleteService(e.svc.Key); err != nil {
+			t.Error(err)
+		}
+	}
+	tb.expect(t, nil)
 }
 
 // spec turns entries into a spec of VIP services.
