@@ -706,17 +706,22 @@ func (v *validator) backend(svcPath, svcCtx string, j int, r *rawBackend, vs lb.
 			d.Weight = int(w)
 		}
 	}
-	if r.UpperThreshold < 0 || r.UpperThreshold > math.MaxUint32 {
-		v.errorf(path+".upper_threshold", ctx, "upper_threshold %d is out of range", r.UpperThreshold)
+	// The kernel takes thresholds as signed 32-bit values and refuses a
+	// lower threshold above the upper one, also when the upper is 0.
+	if r.UpperThreshold < 0 || r.UpperThreshold > math.MaxInt32 {
+		v.errorf(path+".upper_threshold", ctx, "upper_threshold %d is outside 0..%d", r.UpperThreshold, math.MaxInt32)
 	} else {
 		d.Upper = uint32(r.UpperThreshold)
 	}
-	if r.LowerThreshold < 0 || r.LowerThreshold > math.MaxUint32 {
-		v.errorf(path+".lower_threshold", ctx, "lower_threshold %d is out of range", r.LowerThreshold)
+	if r.LowerThreshold < 0 || r.LowerThreshold > math.MaxInt32 {
+		v.errorf(path+".lower_threshold", ctx, "lower_threshold %d is outside 0..%d", r.LowerThreshold, math.MaxInt32)
 	} else {
 		d.Lower = uint32(r.LowerThreshold)
 	}
-	if d.Upper != 0 && d.Lower > d.Upper {
+	switch {
+	case d.Lower != 0 && d.Upper == 0:
+		v.errorf(path+".lower_threshold", ctx, "lower_threshold needs upper_threshold (new connections resume below lower once upper was reached)")
+	case d.Lower > d.Upper:
 		v.errorf(path+".lower_threshold", ctx, "lower_threshold %d is above upper_threshold %d", d.Lower, d.Upper)
 	}
 	if r.Forward != "" {
