@@ -47,6 +47,12 @@ func newPeer(t *testing.T, local, remote string) *peer {
 		t.Fatalf("create namespace: %v", err)
 	}
 	t.Cleanup(func() { p.ns.Close() })
+	// New links skip duplicate address detection, so that link-local
+	// addresses are usable at once.
+	p.do(t, func() error { return sysctl("net/ipv6/conf/default/accept_dad", "0") })
+	if err := sysctl("net/ipv6/conf/default/accept_dad", "0"); err != nil {
+		t.Fatal(err)
+	}
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: local}, PeerName: remote, PeerNamespace: netlink.NsFd(int(p.ns))}
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatalf("add veth %s/%s: %v", local, remote, err)

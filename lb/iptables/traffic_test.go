@@ -65,13 +65,14 @@ func TestFilterTraffic(t *testing.T) {
 	}
 	isVIP := func(a netip.Addr) bool { return a == vips[0] || a == vips[1] }
 
-	// connect dials ap from the peer: nil when it connects, a timeout
-	// error when the SYN is dropped.
-	connect := func(ap netip.AddrPort) error {
+	// connect dials ap from the peer with a timeout: nil when it
+	// connects, a timeout error when the SYN is dropped. Expected drops
+	// use a short timeout, expected connections a generous one.
+	connect := func(ap netip.AddrPort, timeout time.Duration) error {
 		var err error
 		p.do(t, func() error {
 			var c net.Conn
-			c, err = net.DialTimeout("tcp", ap.String(), 300*time.Millisecond)
+			c, err = net.DialTimeout("tcp", ap.String(), timeout)
 			if err == nil {
 				c.Close()
 			}
@@ -79,6 +80,7 @@ func TestFilterTraffic(t *testing.T) {
 		})
 		return err
 	}
+	const connects, drops = 2 * time.Second, 300 * time.Millisecond
 	dropped := func(err error) bool {
 		var ne net.Error
 		return errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, syscall.ECONNREFUSED)
@@ -93,8 +95,14 @@ func TestFilterTraffic(t *testing.T) {
 		return ok
 	}
 
+	// Before filtering everything connects, once the peer has resolved
+	// its neighbours.
 	for _, ap := range targets {
-		if err := connect(ap); err != nil {
+		err := connect(ap, connects)
+		for i := 0; err != nil && i < 3; i++ {
+			err = connect(ap, connects)
+		}
+		if err != nil {
 			t.Fatalf("before filtering, connect %s: %v", ap, err)
 		}
 	}
@@ -113,9 +121,14 @@ func TestFilterTraffic(t *testing.T) {
 				}
 			}
 			for _, ap := range targets {
-				err := connect(ap)
+				drop := isVIP(ap.Addr()) && ap.Port() == unserved
+				timeout := connects
+				if drop {
+					timeout = drops
+				}
+				err := connect(ap, timeout)
 				switch {
-				case isVIP(ap.Addr()) && ap.Port() == unserved:
+				case drop:
 					if !dropped(err) {
 						t.Errorf("connect %s (vip, unserved port): %v, want dropped", ap, err)
 					}
@@ -134,13 +147,13 @@ func TestFilterTraffic(t *testing.T) {
 			if err := tb.DelEntry(gone); err != nil {
 				t.Fatal(err)
 			}
-			if err := connect(netip.AddrPortFrom(vips[0], served)); !dropped(err) {
+			if err := connect(netip.AddrPortFrom(vips[0], served), drops); !dropped(err) {
 				t.Errorf("after deleting %s: connect: %v, want dropped", gone, err)
 			}
 			if err := tb.AddEntry(gone); err != nil {
 				t.Fatal(err)
 			}
-			if err := connect(netip.AddrPortFrom(vips[0], served)); err != nil {
+			if err := connect(netip.AddrPortFrom(vips[0], served), connects); err != nil {
 				t.Errorf("after re-adding %s: connect: %v", gone, err)
 			}
 
@@ -151,7 +164,7 @@ func TestFilterTraffic(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, ap := range targets {
-				if err := connect(ap); err != nil {
+				if err := connect(ap, connects); err != nil {
 					t.Errorf("filter off: connect %s: %v", ap, err)
 				}
 			}
