@@ -1,0 +1,22 @@
+package health
+
+import (
+	"net"
+)
+
+// dialer returns a dialer for network ("tcp" or "udp") that applies o.
+func (o DialOptions) dialer(network string) *net.Dialer {
+	d := &net.Dialer{KeepAlive: -1}
+	if o.Source.IsValid() {
+		ip := net.IP(o.Source.AsSlice())
+		if network == "udp" {
+			d.LocalAddr = &net.UDPAddr{IP: ip}
+		} else {
+			d.LocalAddr = &net.TCPAddr{IP: ip}
+		}
+	}
+	if o.Mark != 0 || o.Device != "" {
+		d.Control = o.control
+	}
+	return d
+}

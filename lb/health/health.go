@@ -1,0 +1,119 @@
+// Package health checks vipd's backends and turns their health into the
+// destinations a service should program.
+//
+// It has three parts:
+//
+//   - Check types (TCPCheck, HTTPCheck, UDPCheck, DNSCheck, ExecCheck),
+//     each a Prober whose Probe reports one attempt. NewProber builds one
+//     from a Spec, the typed form of a configured check.
+//   - A Manager that runs checks: Update hands it the wanted checks, one
+//     Target per service, backend and check. Identical checks are shared
+//     and run once, unchanged checks keep their state across updates, and
+//     a rise/fall state machine turns probe results into up/down states
+//     whose changes are reported once each.
+//   - Apply, a pure function that turns a service's configured backends,
+//     their health and a failure Policy (quiesce or remove, quorum, sorry
+//     server) into the backends to program.
+//
+// The package never changes the kernel: the reconciler calls Apply on each
+// pass and runs a pass when the Manager reports a transition.
+package health
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// Prober is one kind of health check against one target. Probe makes one
+// attempt and returns nil when the target is healthy. It must return once
+// ctx is done; the Manager gives each attempt a context that ends at the
+// check's timeout. A Prober must be safe for use by one goroutine at a
+// time; the Manager never runs two attempts of one check at once.
+type Prober interface {
+	Probe(ctx context.Context) error
+}
+
+// ProberFunc adapts a function to a Prober.
+type ProberFunc func(ctx context.Context) error
+
+// Probe calls f.
+func (f ProberFunc) Probe(ctx context.Context) error { return f(ctx) }
+
+// Kind is the type of a health check.
+type Kind uint8
+
+// The kinds of health check.
+const (
+	KindTCP Kind = iota + 1
+	KindHTTP
+	KindHTTPS
+	KindUDP
+	KindDNS
+	KindExec
+)
+
+var kindNames = [...]string{
+	KindTCP:   "tcp",
+	KindHTTP:  "http",
+	KindHTTPS: "https",
+	KindUDP:   "udp",
+	KindDNS:   "dns",
+	KindExec:  "exec",
+}
+
+// String returns the kind's configuration name, such as "https".
+func (k Kind) String() string {
+	if int(k) < len(kindNames) && kindNames[k] != "" {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// ParseKind parses a check type name.
+func ParseKind(s string) (Kind, error) {
+	for k, name := range kindNames {
+		if name != "" && strings.EqualFold(s, name) {
+			return Kind(k), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown check type %q (want tcp, http, https, udp, dns or exec)", s)
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (k Kind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// State is the health of a check or a backend.
+type State uint8
+
+// The states. Down is the zero value: a check starts down unless its Spec
+// says otherwise.
+const (
+	Down State = iota
+	Up
+)
+
+// String returns "up" or "down".
+func (s State) String() string {
+	switch s {
+	case Down:
+		return "down"
+	case Up:
+		return "up"
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// ParseState parses "up" or "down".
+func ParseState(s string) (State, error) {
+	switch strings.ToLower(s) {
+	case "down":
+		return Down, nil
+	case "up":
+		return Up, nil
+	}
+	return 0, fmt.Errorf("unknown state %q (want up or down)", s)
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }

@@ -1,0 +1,256 @@
+package health
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"strings"
+	"time"
+)
+
+// Defaults for the zero fields of a Spec.
+const (
+	DefaultInterval = 2 * time.Second
+	DefaultTimeout  = time.Second
+	DefaultRise     = 2
+	DefaultFall     = 3
+	DefaultJitter   = 0.1
+	// MaxJitter is the largest jitter fraction a Spec may ask for.
+	MaxJitter = 0.5
+)
+
+// Spec is one configured health check of a backend: the typed form the
+// config package produces. The zero value of every field but Kind selects
+// a default, so a Spec of Kind alone is a complete check.
+//
+// Only the options struct of the Spec's Kind may be set: Dial for tcp,
+// http, https, udp and dns checks, HTTP for http and https, UDP, DNS and
+// Exec for their kinds.
+type Spec struct {
+	// Kind is the type of check.
+	Kind Kind
+	// Addr overrides the address probed; the zero Addr probes the
+	// backend's address. To probe through the forwarding path of a
+	// direct-routing or tunnel service, set it to the VIP and set
+	// Dial.Mark (see DialOptions).
+	Addr netip.Addr
+	// Port overrides the port probed; zero probes the backend's port.
+	Port uint16
+	// Interval is the time between the starts of two probes.
+	Interval time.Duration
+	// Timeout bounds one probe. Zero means DefaultTimeout or Interval,
+	// whichever is shorter.
+	Timeout time.Duration
+	// Rise is the number of consecutive successes that bring a down
+	// check up, and Fall the number of consecutive failures that take an
+	// up check down.
+	Rise int
+	Fall int
+	// Initial is the state before the first probe. Down (the default)
+	// sends no traffic to a backend before it has answered once, so a
+	// cold start never programs dead servers; Up keeps traffic flowing
+	// until a probe fails. Either way the first probe decides at once:
+	// a check in its initial state changes state on its first result if
+	// that result disagrees, and needs Rise or Fall results after that.
+	Initial State
+	// Jitter spreads probes: each interval is Interval times a random
+	// factor in [1-Jitter, 1+Jitter]. Zero means DefaultJitter; a
+	// negative value turns jitter off. At most MaxJitter.
+	Jitter float64
+
+	// Dial sets socket options of network checks.
+	Dial DialOptions
+	// HTTP configures http and https checks.
+	HTTP HTTPOptions
+	// UDP configures udp checks.
+	UDP UDPOptions
+	// DNS configures dns checks.
+	DNS DNSOptions
+	// Exec configures exec checks.
+	Exec ExecOptions
+}
+
+// DialOptions set socket options of the probes of tcp, http, https, udp
+// and dns checks.
+//
+// They let a check probe through the forwarding path of a direct-routing or
+// tunnel service: with Spec.Addr set to the VIP and Mark set to a mark the
+// daemon assigns to the backend, the probe is addressed to the VIP but a
+// policy route sends marked packets to the backend, exactly as IPVS
+// forwards clients' packets. A backend that lacks the VIP on its loopback
+// (or tunnel) interface then fails the check instead of passing a plain
+// check of its own address. Installing that route is the operator's or the
+// daemon's job, not this package's: for example
+//
+//	ip rule add fwmark 0x100 lookup 100 pref 90
+//	ip route add 10.0.0.11 dev eth1 table 100   # direct routing: on-link
+//	ip route add 192.0.2.10 via 10.0.0.11 dev eth1 table 100
+//
+// where the rule must come before the local table's rule (move that one
+// with "ip rule add pref 100 lookup local; ip rule del pref 0"), since the
+// VIP is a local address of the balancer.
+type DialOptions struct {
+	// Mark sets SO_MARK on the probe's socket; it needs CAP_NET_ADMIN.
+	Mark uint32
+	// Device binds the probe's socket to an interface (SO_BINDTODEVICE);
+	// it needs CAP_NET_RAW.
+	Device string
+	// Source binds the probe's socket to a local address.
+	Source netip.Addr
+}
+
+// Target returns the address a check with this spec probes for a backend:
+// the backend's address and port unless Addr or Port override them.
+func (s *Spec) Target(backend netip.AddrPort) netip.AddrPort {
+	addr, port := backend.Addr(), backend.Port()
+	if s.Addr.IsValid() {
+		addr = s.Addr
+	}
+	if s.Port != 0 {
+		port = s.Port
+	}
+	return netip.AddrPortFrom(addr.Unmap(), port)
+}
+
+// WithDefaults returns s with every zero field set to its default.
+func (s Spec) WithDefaults() Spec {
+	if s.Interval == 0 {
+		s.Interval = DefaultInterval
+	}
+	if s.Timeout == 0 {
+		s.Timeout = min(DefaultTimeout, s.Interval)
+	}
+	if s.Rise == 0 {
+		s.Rise = DefaultRise
+	}
+	if s.Fall == 0 {
+		s.Fall = DefaultFall
+	}
+	switch {
+	case s.Jitter == 0:
+		s.Jitter = DefaultJitter
+	case s.Jitter < 0:
+		s.Jitter = -1
+	}
+	switch s.Kind {
+	case KindHTTP, KindHTTPS:
+		s.HTTP = s.HTTP.withDefaults()
+	case KindDNS:
+		s.DNS = s.DNS.withDefaults()
+	}
+	return s
+}
+
+// Validate reports every problem of s (after defaults) at once. It checks
+// what can be checked without the backend's address or the file system;
+// NewProber reports the rest.
+func (s Spec) Validate() error {
+	s = s.WithDefaults()
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if s.Kind < KindTCP || s.Kind > KindExec {
+		add("check type is missing or unknown (%s)", s.Kind)
+	}
+	if s.Interval < 0 {
+		add("interval %s is negative", s.Interval)
+	}
+	if s.Timeout < 0 {
+		add("timeout %s is negative", s.Timeout)
+	}
+	if s.Rise < 1 {
+		add("rise %d is less than 1", s.Rise)
+	}
+	if s.Fall < 1 {
+		add("fall %d is less than 1", s.Fall)
+	}
+	if s.Jitter > MaxJitter {
+		add("jitter %g is more than %g", s.Jitter, MaxJitter)
+	}
+	if s.Initial != Up && s.Initial != Down {
+		add("initial state %s is unknown", s.Initial)
+	}
+	wrong := func(name string, opts any, kinds ...Kind) {
+		for _, k := range kinds {
+			if s.Kind == k {
+				return
+			}
+		}
+		if !reflect.ValueOf(opts).IsZero() {
+			add("%s options do not apply to %s checks", name, s.Kind)
+		}
+	}
+	wrong("dial", s.Dial, KindTCP, KindHTTP, KindHTTPS, KindUDP, KindDNS)
+	wrong("http", s.HTTP, KindHTTP, KindHTTPS)
+	wrong("udp", s.UDP, KindUDP)
+	wrong("dns", s.DNS, KindDNS)
+	wrong("exec", s.Exec, KindExec)
+	if err := s.Dial.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	switch s.Kind {
+	case KindHTTP, KindHTTPS:
+		if err := s.HTTP.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	case KindDNS:
+		if err := s.DNS.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	case KindExec:
+		if err := s.Exec.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (o DialOptions) validate() error {
+	if (o.Mark != 0 || o.Device != "") && !socketOptionsSupported {
+		return errors.New("dial mark and device need Linux")
+	}
+	if strings.ContainsRune(o.Device, 0) || len(o.Device) > 15 {
+		return fmt.Errorf("dial device %q is not an interface name", o.Device)
+	}
+	return nil
+}
+
+// NewProber builds the check spec describes against target, the address
+// Spec.Target resolved. It validates spec and reads the files it names
+// (an https check's CA file).
+func NewProber(spec Spec, target netip.AddrPort) (Prober, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if !target.IsValid() {
+		return nil, fmt.Errorf("%s check has no target address", spec.Kind)
+	}
+	s := spec.WithDefaults()
+	switch s.Kind {
+	case KindTCP:
+		return NewTCPCheck(target, s.Dial), nil
+	case KindHTTP, KindHTTPS:
+		return NewHTTPCheck(target, s.Kind == KindHTTPS, s.HTTP, s.Dial)
+	case KindUDP:
+		return NewUDPCheck(target, s.UDP, s.Dial), nil
+	case KindDNS:
+		return NewDNSCheck(target, s.DNS, s.Dial)
+	case KindExec:
+		return NewExecCheck(target, s.Exec)
+	}
+	return nil, fmt.Errorf("unknown check type %s", s.Kind)
+}
+
+// checkKey identifies a check: identical keys are one check, run once for
+// every service and backend that asks for it.
+func checkKey(spec Spec, target netip.AddrPort) string {
+	spec = spec.WithDefaults()
+	spec.Addr, spec.Port = netip.Addr{}, 0
+	b, err := json.Marshal(spec)
+	if err != nil {
+		// A Spec holds only plain data; Marshal cannot fail on it.
+		panic(fmt.Sprintf("health: encode spec: %v", err))
+	}
+	return target.String() + " " + string(b)
+}

@@ -1,0 +1,142 @@
+package health
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseKind(t *testing.T) {
+	for k := KindTCP; k <= KindExec; k++ {
+		got, err := ParseKind(strings.ToUpper(k.String()))
+		if err != nil || got != k {
+			t.Errorf("ParseKind(%q) = %v, %v", k, got, err)
+		}
+	}
+	if _, err := ParseKind("icmp"); err == nil {
+		t.Error("icmp parsed")
+	}
+	if s, err := ParseState("UP"); err != nil || s != Up {
+		t.Errorf("ParseState: %v %v", s, err)
+	}
+}
+
+func TestSpecValidate(t *testing.T) {
+	tests := []struct {
+		spec Spec
+		err  string
+	}{
+		{Spec{}, "check type is missing"},
+		{Spec{Kind: KindTCP, Interval: -time.Second}, "interval -1s is negative"},
+		{Spec{Kind: KindTCP, Rise: -1}, "rise -1"},
+		{Spec{Kind: KindTCP, Jitter: 0.9}, "jitter 0.9"},
+		{Spec{Kind: KindTCP, Initial: 5}, "initial state"},
+		{Spec{Kind: KindTCP, HTTP: HTTPOptions{Path: "/"}}, "http options do not apply to tcp checks"},
+		{Spec{Kind: KindExec, Dial: DialOptions{Mark: 1}, Exec: ExecOptions{Command: "true"}}, "dial options do not apply to exec checks"},
+		{Spec{Kind: KindUDP, DNS: DNSOptions{Name: "x"}}, "dns options do not apply to udp checks"},
+		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Method: "GE T"}}, "http method"},
+		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Status: []StatusRange{{300, 200}}}}, "status range"},
+		{Spec{Kind: KindHTTPS, HTTP: HTTPOptions{BodyRegexp: "("}}, "body regexp"},
+		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Header: map[string]string{"Bad Name": "x"}}}, "header"},
+		{Spec{Kind: KindDNS, DNS: DNSOptions{Type: "WKS"}}, "dns type"},
+		{Spec{Kind: KindExec}, "exec command is missing"},
+		{Spec{Kind: KindTCP, Dial: DialOptions{Device: "a-very-long-interface-name"}}, "not an interface name"},
+	}
+	for _, tt := range tests {
+		err := tt.spec.Validate()
+		if err == nil || !strings.Contains(err.Error(), tt.err) {
+			t.Errorf("%+v: %v, want error containing %q", tt.spec, err, tt.err)
+		}
+	}
+	for _, s := range []Spec{
+		{Kind: KindTCP},
+		{Kind: KindHTTP, HTTP: HTTPOptions{Path: "/health?full=1", Host: "svc.example:8080"}},
+		{Kind: KindHTTPS, Dial: DialOptions{Mark: 0x100}},
+		{Kind: KindUDP, UDP: UDPOptions{Payload: []byte{0}}},
+		{Kind: KindDNS, DNS: DNSOptions{Name: "example.com", Type: "aaaa", TCP: true}},
+		{Kind: KindExec, Exec: ExecOptions{Command: "/bin/true"}},
+	} {
+		if err := s.Validate(); err != nil {
+			t.Errorf("%+v: %v", s, err)
+		}
+	}
+}
+
+func TestSpecDefaultsAndTarget(t *testing.T) {
+	s := Spec{Kind: KindTCP}.WithDefaults()
+	if s.Interval != DefaultInterval || s.Timeout != DefaultTimeout || s.Rise != DefaultRise || s.Fall != DefaultFall || s.Jitter != DefaultJitter || s.Initial != Down {
+		t.Errorf("defaults: %+v", s)
+	}
+	if s := (Spec{Kind: KindTCP, Interval: 300 * time.Millisecond}).WithDefaults(); s.Timeout != 300*time.Millisecond {
+		t.Errorf("timeout %s is longer than the interval", s.Timeout)
+	}
+	be := netip.MustParseAddrPort("127.0.0.1:80")
+	vip := netip.MustParseAddr("::1")
+	for _, tt := range []struct {
+		spec Spec
+		want string
+	}{
+		{Spec{}, "127.0.0.1:80"},
+		{Spec{Port: 8080}, "127.0.0.1:8080"},
+		{Spec{Addr: vip}, "[::1]:80"},
+		{Spec{Addr: netip.MustParseAddr("::ffff:127.0.0.2"), Port: 1}, "127.0.0.2:1"},
+	} {
+		if got := tt.spec.Target(be).String(); got != tt.want {
+			t.Errorf("target of %+v: %s, want %s", tt.spec, got, tt.want)
+		}
+	}
+}
+
+func TestCheckKey(t *testing.T) {
+	a := netip.MustParseAddrPort("127.0.0.1:80")
+	implicit := Spec{Kind: KindHTTP}
+	explicit := Spec{Kind: KindHTTP, Interval: DefaultInterval, Timeout: DefaultTimeout, Rise: DefaultRise, Fall: DefaultFall,
+		HTTP: HTTPOptions{Method: "GET", Path: "/", Status: []StatusRange{{200, 399}}}}
+	if checkKey(implicit, a) != checkKey(explicit, a) {
+		t.Error("a spec with defaults spelled out is a different check")
+	}
+	if checkKey(implicit, a) == checkKey(Spec{Kind: KindHTTPS}, a) {
+		t.Error("http and https checks share a key")
+	}
+	if checkKey(implicit, a) == checkKey(implicit, netip.MustParseAddrPort("127.0.0.1:81")) {
+		t.Error("checks of different targets share a key")
+	}
+	withHeader := func(v string) Spec {
+		return Spec{Kind: KindHTTP, HTTP: HTTPOptions{Header: map[string]string{"A": v, "B": "2", "C": "3"}}}
+	}
+	if checkKey(withHeader("1"), a) != checkKey(withHeader("1"), a) || checkKey(withHeader("1"), a) == checkKey(withHeader("2"), a) {
+		t.Error("header maps do not key deterministically")
+	}
+}
+
+func TestNewProber(t *testing.T) {
+	a := netip.MustParseAddrPort("127.0.0.1:80")
+	for _, tt := range []struct {
+		spec Spec
+		want string
+	}{
+		{Spec{Kind: KindTCP}, "*health.TCPCheck"},
+		{Spec{Kind: KindHTTP}, "*health.HTTPCheck"},
+		{Spec{Kind: KindHTTPS}, "*health.HTTPCheck"},
+		{Spec{Kind: KindUDP}, "*health.UDPCheck"},
+		{Spec{Kind: KindDNS}, "*health.DNSCheck"},
+		{Spec{Kind: KindExec, Exec: ExecOptions{Command: "true"}}, "*health.ExecCheck"},
+	} {
+		p, err := NewProber(tt.spec, a)
+		if err != nil {
+			t.Errorf("%s: %v", tt.spec.Kind, err)
+			continue
+		}
+		if got := fmt.Sprintf("%T", p); got != tt.want {
+			t.Errorf("%s: built %s, want %s", tt.spec.Kind, got, tt.want)
+		}
+	}
+	if _, err := NewProber(Spec{Kind: KindTCP}, netip.AddrPort{}); err == nil {
+		t.Error("prober without target built")
+	}
+	if _, err := NewProber(Spec{}, a); err == nil {
+		t.Error("prober without kind built")
+	}
+}
