@@ -215,9 +215,8 @@ func TestKernelARP(t *testing.T) {
 	if !bytes.Equal(mac, r.mac) {
 		t.Errorf("vip resolved to %s, want the uplink's %s", mac, r.mac)
 	}
-	if s := a.Stats(); s.Announcements < 4 && s.Replies < 1 {
-		t.Errorf("Stats = %+v", s)
-	}
+	// Counters follow the writes the peer may have seen first.
+	waitStats(t, a, "two rounds of two announcements and a reply", func(s Stats) bool { return s.Announcements == 4 && s.Replies >= 1 })
 
 	if err := a.Withdraw(vip); err != nil {
 		t.Fatal(err)
@@ -243,8 +242,10 @@ func TestKernelNDP(t *testing.T) {
 	r.waitNeighbour(t, vip)
 
 	// A connection from the peer makes its kernel solicit the VIP; vipd
-	// answers, and the VIP's own stack refuses the port.
-	time.Sleep(150 * time.Millisecond) // past the burst
+	// answers, and the VIP's own stack refuses the port. The burst's last
+	// advertisement must be out first, lest it recreate the entry.
+	waitStats(t, a, "the burst", func(s Stats) bool { return s.Announcements == 2 })
+	time.Sleep(20 * time.Millisecond) // in flight
 	r.forget(t, vip)
 	r.peer.do(t, func() error {
 		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(vip, 9).String(), 2*time.Second)
@@ -257,8 +258,18 @@ func TestKernelNDP(t *testing.T) {
 		return nil
 	})
 	r.waitNeighbour(t, vip)
-	if s := a.Stats(); s.Replies < 1 {
-		t.Errorf("Stats = %+v, want a solicited advertisement", s)
+	waitStats(t, a, "a solicited advertisement", func(s Stats) bool { return s.Replies >= 1 })
+}
+
+// waitStats waits up to three seconds for a's counters to satisfy cond.
+func waitStats(t *testing.T, a *Announcer, what string, cond func(Stats) bool) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for !cond(a.Stats()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Stats = %+v, want %s", a.Stats(), what)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
