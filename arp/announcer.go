@@ -478,6 +478,11 @@ func (a *Announcer) announceOn(v *vip, names []string) ([]string, error) {
 	var sent []string
 	var errs []error
 	for _, name := range names {
+		select {
+		case <-v.stop:
+			return sent, nil // withdrawn: send no more
+		default:
+		}
 		a.mu.RLock()
 		l := a.open[linkKey{name, fam}]
 		a.mu.RUnlock()
