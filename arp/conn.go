@@ -55,8 +55,8 @@ type Links interface {
 }
 
 // KernelLinks are the kernel's interfaces and sockets: AF_PACKET sockets
-// for ARP and ICMPv6 sockets bound to the interface's link-local address
-// for neighbour discovery. Both need CAP_NET_RAW.
+// for ARP and ICMPv6 sockets bound to the interface, sending from its
+// link-local address, for neighbour discovery. Both need CAP_NET_RAW.
 type KernelLinks struct{}
 
 var _ Links = KernelLinks{}
