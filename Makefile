@@ -17,7 +17,7 @@ GUEST_PKGS ?= ./lb/ipvs ./lb/link ./lb/sysctl ./lb/iptables ./arp
 
 export CGO_ENABLED := 0
 
-.PHONY: all build test unit fuzz e2e demo lint check bench deps clean
+.PHONY: all build test unit fuzz e2e demo lint check bench deps install deb clean
 
 all: build
 
@@ -58,6 +58,24 @@ check: lint build
 ## bench: Go benchmarks of the planner and the config parser.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config
+
+PREFIX  ?= /usr
+DESTDIR ?=
+NFPM    ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
+
+## install: the binary, the systemd unit, module and sysctl drop-ins, and
+## an example configuration (an existing one is kept).
+install: build
+	install -D -m 0755 $(BIN)/vipd $(DESTDIR)$(PREFIX)/sbin/vipd
+	install -D -m 0644 systemd/vipd.service $(DESTDIR)/lib/systemd/system/vipd.service
+	install -D -m 0644 systemd/modules-load.conf $(DESTDIR)$(PREFIX)/lib/modules-load.d/vipd.conf
+	install -D -m 0644 systemd/sysctl.conf $(DESTDIR)$(PREFIX)/lib/sysctl.d/60-vipd.conf
+	test -e $(DESTDIR)/etc/vipd/vipd.toml || install -D -m 0640 examples/minimal.toml $(DESTDIR)/etc/vipd/vipd.toml
+	@echo "installed; edit /etc/vipd/vipd.toml, then: systemctl daemon-reload && systemctl enable --now vipd"
+
+## deb: a Debian package (bin/vipd_VERSION_amd64.deb), built with nfpm.
+deb: build
+	VIPD_VERSION=$$(echo $(VERSION) | sed 's/^v//; s/^\([^0-9]\)/0.0.0~\1/') $(NFPM) package --config systemd/nfpm.yaml --packager deb --target $(BIN)/
 
 clean:
 	rm -rf $(BIN)

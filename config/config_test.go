@@ -206,6 +206,8 @@ func TestErrors(t *testing.T) {
 			[]string{`t.toml:4: service "f": protocol is not used by a fwmark service (the mark selects the traffic)`}},
 		{"fwmark snat", "[[service]]\nname = \"f\"\nfwmark = 3\nsnat = true\nbackend = [{ address = \"10.0.0.1\" }]\n",
 			[]string{`t.toml:4: service "f": snat is not supported for fwmark services; masquerade with your own mark rules`}},
+		{"snat all ports", "[[service]]\nname = \"x\"\nvip = \"192.0.2.1\"\nport = 0\npersistence = 60\nsnat = true\nbackend = [{ address = \"10.0.0.1\" }]\n",
+			[]string{`t.toml:6: service "x": snat is not supported for all-ports (port 0) services`}},
 		{"snat with droute", svc + "forward = \"droute\"\nsnat = true\nbackend = [{ address = \"10.0.0.1\" }]\n",
 			[]string{`t.toml:5: service "tcp-192.0.2.10-80": snat needs forward = "masq", not "droute"`}},
 		{"snat without iptables", "[daemon]\nmanage_iptables = false\n" + svc + "snat = true\nbackend = [{ address = \"10.0.0.1\" }]\n",

@@ -559,6 +559,9 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 	if r.SNAT != nil && vs.SNAT && fwd != lb.Masq {
 		v.errorf(path+".snat", ctx, "snat needs forward = \"masq\", not %q", fwd)
 	}
+	if vs.SNAT && svc.Key.FWMark == 0 && !vs.NodePort && portOK && port == 0 {
+		v.errorf(path+".snat", ctx, "snat is not supported for all-ports (port 0) services")
+	}
 	if vs.SNAT && svc.Key.FWMark != 0 {
 		v.errorf(path+".snat", ctx, "snat is not supported for fwmark services; masquerade with your own mark rules")
 	}

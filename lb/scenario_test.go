@@ -389,3 +389,37 @@ func TestNoManagement(t *testing.T) {
 		t.Errorf("unmanaged sysctls or rules touched:\n%s", dump)
 	}
 }
+
+// TestAllPortsNotFiltered checks that a VIP with an all-ports service is
+// left out of the filter sets, which match ports and would drop it all.
+func TestAllPortsNotFiltered(t *testing.T) {
+	cfg := mustParse(t, `
+[[service]]
+name = "all"
+vip = "192.0.2.30"
+port = 0
+persistence = 60
+backend = [{ address = "10.0.0.1", port = 0 }]
+
+[[service]]
+name = "web"
+vip = "192.0.2.30"
+port = 80
+backend = [{ address = "10.0.0.1" }]
+
+[[service]]
+name = "other"
+vip = "192.0.2.31"
+port = 80
+backend = [{ address = "10.0.0.1" }]
+`)
+	d := lb.Desired(&cfg.Spec, lb.Host{})
+	for e := range d.Rules.Entries {
+		if e.Addr == netip.MustParseAddr("192.0.2.30") {
+			t.Errorf("all-ports VIP in filter set: %s", e)
+		}
+	}
+	if _, ok := d.Rules.Entries[lb.SetEntry{Set: lb.SetVIPs, Addr: netip.MustParseAddr("192.0.2.31")}]; !ok {
+		t.Error("other VIP missing from the filter set")
+	}
+}

@@ -78,6 +78,9 @@ const (
 func Desired(spec *Spec, host Host) *State {
 	s := NewState()
 	anyMasq, anyMasq6, anySNAT := false, false, false
+	// VIPs with an all-ports service are not filtered: the sets match
+	// ports, and port 0 matches none.
+	allPorts := map[netip.Addr]bool{}
 	for i := range spec.Services {
 		vs := &spec.Services[i]
 		keys := vs.keys(host)
@@ -105,6 +108,9 @@ func Desired(spec *Spec, host Host) *State {
 				s.Rules.Entries[SetEntry{Set: SetSNAT, Addr: k.Addr, Proto: k.Proto, Port: k.Port}] = struct{}{}
 			}
 			if spec.Rules.FilterVIPs && !vs.NodePort {
+				if k.Port == 0 {
+					allPorts[k.Addr] = true
+				}
 				s.Rules.Entries[SetEntry{Set: SetVIPs, Addr: k.Addr}] = struct{}{}
 				s.Rules.Entries[SetEntry{Set: SetServed, Addr: k.Addr, Proto: k.Proto, Port: k.Port}] = struct{}{}
 			}
@@ -114,6 +120,11 @@ func Desired(spec *Spec, host Host) *State {
 			if vs.Announce {
 				s.Announce[vs.VIP] = struct{}{}
 			}
+		}
+	}
+	for e := range s.Rules.Entries {
+		if (e.Set == SetVIPs || e.Set == SetServed) && allPorts[e.Addr] {
+			delete(s.Rules.Entries, e)
 		}
 	}
 	if spec.Rules.Enabled {

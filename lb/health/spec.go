@@ -1,6 +1,7 @@
 package health
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -242,9 +243,14 @@ func NewProber(spec Spec, target netip.AddrPort) (Prober, error) {
 	return nil, fmt.Errorf("unknown check type %s", s.Kind)
 }
 
-// checkKey identifies a check: identical keys are one check, run once for
-// every service and backend that asks for it.
-func checkKey(spec Spec, target netip.AddrPort) string {
+// checkKey identifies a check: targets with equal keys share one check,
+// run once for every service and backend that asks for it.
+type checkKey struct {
+	target netip.AddrPort
+	spec   [sha256.Size]byte // of the Spec with defaults, without Addr and Port
+}
+
+func keyOf(spec Spec, target netip.AddrPort) checkKey {
 	spec = spec.WithDefaults()
 	spec.Addr, spec.Port = netip.Addr{}, 0
 	b, err := json.Marshal(spec)
@@ -252,5 +258,5 @@ func checkKey(spec Spec, target netip.AddrPort) string {
 		// A Spec holds only plain data; Marshal cannot fail on it.
 		panic(fmt.Sprintf("health: encode spec: %v", err))
 	}
-	return target.String() + " " + string(b)
+	return checkKey{target: target, spec: sha256.Sum256(b)}
 }

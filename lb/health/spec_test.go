@@ -94,19 +94,19 @@ func TestCheckKey(t *testing.T) {
 	implicit := Spec{Kind: KindHTTP}
 	explicit := Spec{Kind: KindHTTP, Interval: DefaultInterval, Timeout: DefaultTimeout, Rise: DefaultRise, Fall: DefaultFall,
 		HTTP: HTTPOptions{Method: "GET", Path: "/", Status: []StatusRange{{200, 399}}}}
-	if checkKey(implicit, a) != checkKey(explicit, a) {
+	if keyOf(implicit, a) != keyOf(explicit, a) {
 		t.Error("a spec with defaults spelled out is a different check")
 	}
-	if checkKey(implicit, a) == checkKey(Spec{Kind: KindHTTPS}, a) {
+	if keyOf(implicit, a) == keyOf(Spec{Kind: KindHTTPS}, a) {
 		t.Error("http and https checks share a key")
 	}
-	if checkKey(implicit, a) == checkKey(implicit, netip.MustParseAddrPort("127.0.0.1:81")) {
+	if keyOf(implicit, a) == keyOf(implicit, netip.MustParseAddrPort("127.0.0.1:81")) {
 		t.Error("checks of different targets share a key")
 	}
 	withHeader := func(v string) Spec {
 		return Spec{Kind: KindHTTP, HTTP: HTTPOptions{Header: map[string]string{"A": v, "B": "2", "C": "3"}}}
 	}
-	if checkKey(withHeader("1"), a) != checkKey(withHeader("1"), a) || checkKey(withHeader("1"), a) == checkKey(withHeader("2"), a) {
+	if keyOf(withHeader("1"), a) != keyOf(withHeader("1"), a) || keyOf(withHeader("1"), a) == keyOf(withHeader("2"), a) {
 		t.Error("header maps do not key deterministically")
 	}
 }

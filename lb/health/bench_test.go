@@ -1,0 +1,199 @@
+package health
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// listenersEnv makes the test binary a listener process for the benchmark
+// instead of running tests: see serveListeners.
+const listenersEnv = "VIPD_HEALTH_BENCH_LISTENERS"
+
+func TestMain(m *testing.M) {
+	if n := os.Getenv(listenersEnv); n != "" {
+		if err := serveListeners(n); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// serveListeners opens n TCP listeners, a hundred on each of 127.0.0.1,
+// 127.0.0.2 and so on, prints their addresses, and accepts and closes
+// connections on them until its standard input closes. It runs in its own
+// process so that the benchmark measures the checker's CPU alone.
+func serveListeners(arg string) error {
+	n, err := strconv.Atoi(arg)
+	if err != nil || n < 1 || n > 25400 {
+		return fmt.Errorf("listener count %q is not within 1-25400", arg)
+	}
+	out := bufio.NewWriter(os.Stdout)
+	for i := range n {
+		ip := netip.AddrFrom4([4]byte{127, 0, 0, byte(1 + i/100)})
+		ln, err := net.Listen("tcp4", netip.AddrPortFrom(ip, 0).String())
+		if err != nil {
+			return fmt.Errorf("listen on %s: %w", ip, err)
+		}
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+		fmt.Fprintln(out, ln.Addr())
+	}
+	if err := out.Flush(); err != nil {
+		return err
+	}
+	// The parent closes our standard input when it is done, or dies.
+	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	return nil
+}
+
+// startListeners runs serveListeners in a child process and returns the
+// addresses it listens on.
+func startListeners(b *testing.B, n int) []netip.AddrPort {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), listenersEnv+"="+strconv.Itoa(n))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	var addrs []netip.AddrPort
+	sc := bufio.NewScanner(stdout)
+	for len(addrs) < n && sc.Scan() {
+		a, err := netip.ParseAddrPort(sc.Text())
+		if err != nil || !a.Addr().IsLoopback() {
+			b.Fatalf("listener process printed %q", sc.Text())
+		}
+		addrs = append(addrs, a)
+	}
+	if len(addrs) < n {
+		b.Fatalf("listener process opened %d of %d listeners: %v", len(addrs), n, sc.Err())
+	}
+	return addrs
+}
+
+// cpuTime returns the CPU time this process has used.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// rss returns this process's resident set size in bytes.
+func rss(b *testing.B) uint64 {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				b.Fatalf("parse %q: %v", line, err)
+			}
+			return kb << 10
+		}
+	}
+	b.Fatal("no VmRSS in /proc/self/status")
+	return 0
+}
+
+// BenchmarkManagerTCP runs 10,000 TCP checks at a 1s interval against
+// 10,000 listeners on loopback (127.0.0.1-127.0.0.100) in a child process,
+// and reports the checker's cost once it is steady: CPU seconds per wall
+// second (cpu-cores, the share of one core), heap in use and resident set
+// size, and the probe rate it achieved. It runs for a fixed wall time,
+// VIPD_HEALTH_BENCH_SECONDS (default 5) after a 2-second warm-up, however
+// many iterations the framework asks for.
+func BenchmarkManagerTCP(b *testing.B) {
+	const checks = 10000
+	seconds := 5
+	if s := os.Getenv("VIPD_HEALTH_BENCH_SECONDS"); s != "" {
+		var err error
+		if seconds, err = strconv.Atoi(s); err != nil || seconds < 1 || seconds > 600 {
+			b.Fatalf("VIPD_HEALTH_BENCH_SECONDS=%q is not within 1-600", s)
+		}
+	}
+	addrs := startListeners(b, checks)
+
+	m := NewManager(Options{})
+	spec := Spec{Kind: KindTCP, Interval: time.Second, Timeout: time.Second}
+	targets := make([]Target, len(addrs))
+	for i, a := range addrs {
+		targets[i] = Target{Service: "svc-" + strconv.Itoa(i/10), Backend: a, Spec: spec}
+	}
+	if err := m.Update(targets); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = m.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	b.ResetTimer()
+	time.Sleep(2 * time.Second)
+	runtime.GC()
+	s0, cpu0, t0 := m.Stats(), cpuTime(b), time.Now()
+	time.Sleep(time.Duration(seconds) * time.Second)
+	s1, cpu1, wall := m.Stats(), cpuTime(b), time.Since(t0)
+	b.StopTimer()
+
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	down := 0
+	for _, tg := range targets {
+		if st, _ := m.Status(tg.Service, tg.Backend); st.State != Up {
+			down++
+		}
+	}
+	probes := s1.Probes - s0.Probes
+	b.ReportMetric(float64(probes)/wall.Seconds(), "probes/s")
+	b.ReportMetric((cpu1-cpu0).Seconds()/wall.Seconds(), "cpu-cores")
+	b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
+	b.ReportMetric(float64(rss(b))/(1<<20), "rss-MiB")
+	b.ReportMetric(float64(s1.Failures-s0.Failures), "failures")
+	b.ReportMetric(float64(down), "down")
+	if down > 0 || s1.Failures > s0.Failures {
+		b.Errorf("%d backends down, %d probes failed", down, s1.Failures-s0.Failures)
+	}
+}

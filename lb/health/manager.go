@@ -1,0 +1,752 @@
+package health
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Defaults for the zero fields of Options.
+const (
+	DefaultMaxInFlight = 1024
+	DefaultStartSpread = time.Second
+)
+
+// Target asks for one check of one backend of one service. A backend may
+// have several targets (say a tcp and an http check): it is up when all
+// of its checks are.
+type Target struct {
+	// Service is the service's name (lb.VirtualService.Name).
+	Service string
+	// Backend is the backend's address (lb.Destination.Addr).
+	Backend netip.AddrPort
+	// Spec is the check.
+	Spec Spec
+}
+
+// Transition reports that a backend of a service changed state.
+type Transition struct {
+	Service string
+	Backend netip.AddrPort
+	State   State
+	At      time.Time
+	// Err is the failure that took the backend down; nil when it came up.
+	Err error
+}
+
+// Options configure a Manager.
+type Options struct {
+	// Logger receives a line per backend transition; nil discards.
+	Logger *slog.Logger
+	// Clock is the time source; nil means SystemClock.
+	Clock Clock
+	// MaxInFlight bounds the probes running at once; zero means
+	// DefaultMaxInFlight. When it is reached, due checks wait in order of
+	// their due time. It should be at least the number of checks times
+	// timeout/interval, what every backend timing out at once needs, or
+	// a mass failure delays the checks of healthy backends.
+	MaxInFlight int
+	// StartSpread spreads the first probes of new checks uniformly over
+	// this time (at most each check's interval), so that a cold start or
+	// a large reload does not fire thousands of probes at once. Zero
+	// means DefaultStartSpread; a negative value probes new checks at
+	// once.
+	StartSpread time.Duration
+	// OnTransition, if set, is called once for every transition of a
+	// backend, from one goroutine and in order. It should not block for
+	// long (hand the event to a channel, say): later events wait for it,
+	// although probes do not.
+	OnTransition func(Transition)
+	// NewProber builds a check's prober; nil means NewProber. Tests and
+	// custom check types replace it.
+	NewProber func(spec Spec, target netip.AddrPort) (Prober, error)
+	// Seed seeds the jitter; zero means a random seed.
+	Seed uint64
+}
+
+// Manager runs health checks: Update says which, Run runs them, and
+// Status, Health and OnTransition report the results. Its methods are safe
+// for concurrent use.
+//
+// Checks are shared: targets with the same probed address and the same
+// Spec (after defaults) are one check, probed once per interval whatever
+// number of services and backends use it. A check whose Spec is
+// unchanged by an Update keeps its state and schedule, so health survives
+// configuration reloads; a changed Spec is a new check that starts from
+// its initial state.
+//
+// One goroutine schedules all checks from a heap ordered by due time and
+// hands each due check to a pool of at most MaxInFlight workers, which
+// grows with demand and shrinks when idle: a waiting check costs a heap
+// entry and no goroutine.
+type Manager struct {
+	opts  Options
+	log   *slog.Logger
+	clock Clock
+	jobs  chan *check // due checks, handed to idle workers
+	wake  chan struct{}
+	evs   chan struct{}
+
+	updateMu sync.Mutex // serializes Update
+
+	mu        sync.Mutex
+	rng       *rand.Rand
+	checks    map[checkKey]*check
+	queue     checkHeap
+	backends  map[ref]*backend
+	byService map[string][]netip.AddrPort
+	pending   []Transition
+	running   bool
+	workers   int // worker goroutines alive
+	stats     Stats
+}
+
+// Worker pool sizing: workers beyond the first minWorkers exit after
+// workerIdle without work, so a burst of slow probes (a mass failure
+// with long timeouts) does not leave a thousand goroutines behind.
+const (
+	minWorkers = 8
+	workerIdle = 30 * time.Second
+)
+
+// check is one running check, shared by the backends whose targets it
+// serves.
+type check struct {
+	key    checkKey
+	spec   Spec // with defaults
+	target netip.AddrPort
+	prober Prober
+	refs   []ref
+
+	m       machine
+	next    time.Time // due time of the next (or running) probe
+	index   int       // position in the queue, -1 when not queued
+	stopped bool
+}
+
+type ref struct {
+	service string
+	backend netip.AddrPort
+}
+
+// backend is the combined state of a service's backend's checks.
+type backend struct {
+	checks []*check
+	state  State
+	since  time.Time
+}
+
+// NewManager returns a Manager for opts. It probes nothing until Run.
+func NewManager(opts Options) *Manager {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Clock == nil {
+		opts.Clock = SystemClock{}
+	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = DefaultMaxInFlight
+	}
+	if opts.StartSpread == 0 {
+		opts.StartSpread = DefaultStartSpread
+	}
+	if opts.NewProber == nil {
+		opts.NewProber = NewProber
+	}
+	seed := opts.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	return &Manager{
+		opts:      opts,
+		log:       opts.Logger,
+		clock:     opts.Clock,
+		jobs:      make(chan *check),
+		wake:      make(chan struct{}, 1),
+		evs:       make(chan struct{}, 1),
+		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		checks:    map[checkKey]*check{},
+		backends:  map[ref]*backend{},
+		byService: map[string][]netip.AddrPort{},
+	}
+}
+
+// wanted is one check an Update asks for.
+type wanted struct {
+	spec   Spec
+	target netip.AddrPort
+	refs   []ref
+	prober Prober
+}
+
+// Update replaces the set of targets. New checks start in their initial
+// state with their first probe spread over Options.StartSpread; checks no
+// target asks for any more stop; unchanged checks carry on. A backend
+// whose combined state changes because of the update (a new, still down
+// check, or a removed failing one) is reported as a transition.
+//
+// A target whose Spec is invalid, or whose prober cannot be built (an
+// unreadable CA file, say), becomes a check that always fails with that
+// error, so a broken check never passes a backend; Update returns all
+// such errors joined. Validate specs when loading the configuration to
+// reject them before they get here.
+func (m *Manager) Update(targets []Target) error {
+	m.updateMu.Lock()
+	defer m.updateMu.Unlock()
+
+	want := map[checkKey]*wanted{}
+	var order []checkKey
+	refKeys := map[ref][]checkKey{}
+	var refOrder []ref
+	var errs []error
+	for _, t := range targets {
+		spec := t.Spec.WithDefaults()
+		target := spec.Target(t.Backend)
+		key := keyOf(spec, target)
+		r := ref{t.Service, t.Backend}
+		w, ok := want[key]
+		if !ok {
+			w = &wanted{spec: spec, target: target}
+			want[key] = w
+			order = append(order, key)
+			if err := t.Spec.Validate(); err != nil {
+				err = fmt.Errorf("service %s backend %s: %s check of %s: %w", t.Service, t.Backend, spec.Kind, target, err)
+				errs = append(errs, err)
+				w.prober = failing(err)
+			}
+		}
+		if !slices.Contains(w.refs, r) {
+			w.refs = append(w.refs, r)
+		}
+		if _, ok := refKeys[r]; !ok {
+			refOrder = append(refOrder, r)
+		}
+		if !slices.Contains(refKeys[r], key) {
+			refKeys[r] = append(refKeys[r], key)
+		}
+	}
+
+	// Build the probers of new checks outside the lock: it may read
+	// files. Only Update changes the set of checks, and Updates are
+	// serialized, so the set read here is still the set below.
+	m.mu.Lock()
+	var fresh []checkKey
+	for _, key := range order {
+		if _, ok := m.checks[key]; !ok {
+			fresh = append(fresh, key)
+		}
+	}
+	m.mu.Unlock()
+	for _, key := range fresh {
+		w := want[key]
+		if w.prober != nil {
+			continue // invalid spec
+		}
+		p, err := m.opts.NewProber(w.spec, w.target)
+		if err != nil {
+			r := w.refs[0]
+			err = fmt.Errorf("service %s backend %s: %s check of %s: %w", r.service, r.backend, w.spec.Kind, w.target, err)
+			errs = append(errs, err)
+			p = failing(err)
+		}
+		w.prober = p
+	}
+
+	m.mu.Lock()
+	now := m.clock.Now()
+	for key, c := range m.checks {
+		if _, ok := want[key]; !ok {
+			c.stopped = true
+			if c.index >= 0 {
+				heap.Remove(&m.queue, c.index)
+			}
+			delete(m.checks, key)
+		}
+	}
+	for _, key := range order {
+		w := want[key]
+		c, ok := m.checks[key]
+		if !ok {
+			c = &check{key: key, spec: w.spec, target: w.target, prober: w.prober, index: -1}
+			c.m = newMachine(w.spec.Initial, now)
+			c.next = now.Add(m.startDelay(w.spec.Interval))
+			m.checks[key] = c
+			heap.Push(&m.queue, c)
+		}
+		c.refs = w.refs
+	}
+	backends := make(map[ref]*backend, len(refKeys))
+	byService := map[string][]netip.AddrPort{}
+	for _, r := range refOrder {
+		b := &backend{}
+		for _, key := range refKeys[r] {
+			b.checks = append(b.checks, m.checks[key])
+		}
+		state, since := combine(b.checks)
+		if old, ok := m.backends[r]; ok {
+			b.state, b.since = old.state, old.since
+			if state != old.state {
+				b.state, b.since = state, now
+				m.transition(r, b, now)
+			}
+		} else {
+			b.state, b.since = state, since
+		}
+		backends[r] = b
+		byService[r.service] = append(byService[r.service], r.backend)
+	}
+	m.backends, m.byService = backends, byService
+	m.mu.Unlock()
+	m.poke()
+	return errors.Join(errs...)
+}
+
+// failing returns a prober that always fails with err.
+func failing(err error) Prober {
+	return ProberFunc(func(context.Context) error { return err })
+}
+
+// startDelay picks the delay of a new check's first probe. Called with mu
+// held.
+func (m *Manager) startDelay(interval time.Duration) time.Duration {
+	spread := min(m.opts.StartSpread, interval)
+	if spread <= 0 {
+		return 0
+	}
+	return time.Duration(m.rng.Int64N(int64(spread)))
+}
+
+// interval picks the time to a check's next probe: its interval, with
+// jitter. Called with mu held.
+func (m *Manager) interval(s *Spec) time.Duration {
+	if s.Jitter <= 0 {
+		return s.Interval
+	}
+	f := 1 + s.Jitter*(2*m.rng.Float64()-1)
+	return time.Duration(float64(s.Interval) * f)
+}
+
+// combine returns the state of a backend with checks cs: up when every
+// check is up, since the last one came up, or down since the first of its
+// failing checks went down.
+func combine(cs []*check) (State, time.Time) {
+	state := Up
+	var upSince, downSince time.Time
+	for _, c := range cs {
+		switch {
+		case c.m.state == Up:
+			if c.m.since.After(upSince) {
+				upSince = c.m.since
+			}
+		case state == Up || c.m.since.Before(downSince):
+			state, downSince = Down, c.m.since
+		}
+	}
+	if state == Down {
+		return Down, downSince
+	}
+	return Up, upSince
+}
+
+// failure returns the last error of a backend's first failing check.
+func failure(cs []*check) error {
+	for _, c := range cs {
+		if c.m.state == Down {
+			return c.m.lastError
+		}
+	}
+	return nil
+}
+
+// transition logs and queues the event of b's change to its current
+// state. Called with mu held.
+func (m *Manager) transition(r ref, b *backend, now time.Time) {
+	m.stats.Transitions++
+	ev := Transition{Service: r.service, Backend: r.backend, State: b.state, At: now}
+	if b.state == Down {
+		ev.Err = failure(b.checks)
+		if ev.Err != nil {
+			m.log.Warn("backend down", "service", r.service, "backend", r.backend.String(), "err", ev.Err)
+		} else {
+			m.log.Warn("backend down", "service", r.service, "backend", r.backend.String(), "reason", "new check not yet passed")
+		}
+	} else {
+		m.log.Info("backend up", "service", r.service, "backend", r.backend.String())
+	}
+	if m.opts.OnTransition == nil {
+		return
+	}
+	m.pending = append(m.pending, ev)
+	select {
+	case m.evs <- struct{}{}:
+	default:
+	}
+}
+
+// poke wakes the scheduler to look at the queue again.
+func (m *Manager) poke() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run probes the checks until ctx ends, then waits for the probes in
+// flight and returns nil. It may be called again after it returns.
+func (m *Manager) Run(ctx context.Context) error {
+	m.mu.Lock()
+	if m.running {
+		m.mu.Unlock()
+		return errors.New("health manager is already running")
+	}
+	m.running = true
+	m.mu.Unlock()
+
+	var wg sync.WaitGroup
+	defer func() {
+		wg.Wait()
+		m.mu.Lock()
+		m.running = false
+		m.mu.Unlock()
+	}()
+	wg.Go(func() { m.dispatch(ctx) })
+
+	timer := m.clock.NewTimer()
+	defer timer.Stop()
+	for {
+		due, next := m.popDue()
+		for i, c := range due {
+			if !m.hand(ctx, &wg, c) {
+				m.requeue(due[i:])
+				return nil
+			}
+		}
+		if len(due) > 0 {
+			// Handing them out may have taken a while: look again.
+			continue
+		}
+		if next.IsZero() {
+			timer.Stop()
+		} else {
+			timer.Reset(next)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C():
+		case <-m.wake:
+		}
+	}
+}
+
+// hand gives a due check to an idle worker, or to a new one while there
+// are fewer than MaxInFlight, or else waits for a worker to be free. It
+// returns false if ctx ended first.
+func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, c *check) bool {
+	select {
+	case m.jobs <- c:
+		return true
+	default:
+	}
+	m.mu.Lock()
+	if m.workers < m.opts.MaxInFlight {
+		m.workers++
+		m.mu.Unlock()
+		wg.Go(func() { m.work(ctx, c) })
+		return true
+	}
+	m.mu.Unlock()
+	select {
+	case m.jobs <- c:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// work probes c, then every check handed to it, until ctx ends or it has
+// been idle too long.
+func (m *Manager) work(ctx context.Context, c *check) {
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for c != nil {
+		m.probe(ctx, c)
+		c = nil
+		for c == nil {
+			idle.Reset(workerIdle)
+			select {
+			case c = <-m.jobs:
+			case <-ctx.Done():
+				m.retire(true)
+				return
+			case <-idle.C:
+				if m.retire(false) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// retire counts a worker out unless it is one of the minWorkers that stay
+// (and so keep hand's wait for a free worker from waiting forever).
+func (m *Manager) retire(force bool) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !force && m.workers <= minWorkers {
+		return false
+	}
+	m.workers--
+	return true
+}
+
+// popDue takes the checks due now off the queue, and returns them with the
+// due time of the next check still queued (zero if none).
+func (m *Manager) popDue() ([]*check, time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	var due []*check
+	for len(m.queue) > 0 && !m.queue[0].next.After(now) {
+		due = append(due, heap.Pop(&m.queue).(*check))
+	}
+	m.stats.InFlight += len(due)
+	if len(m.queue) == 0 {
+		return due, time.Time{}
+	}
+	return due, m.queue[0].next
+}
+
+// requeue puts checks taken off the queue but not probed back on it.
+func (m *Manager) requeue(cs []*check) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, c := range cs {
+		m.stats.InFlight--
+		if !c.stopped {
+			heap.Push(&m.queue, c)
+		}
+	}
+}
+
+// probe runs one probe of c and records its result.
+func (m *Manager) probe(ctx context.Context, c *check) {
+	pctx, cancel := context.WithTimeout(ctx, c.spec.Timeout)
+	err := c.prober.Probe(pctx)
+	if err != nil && errors.Is(pctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("timed out after %s: %w", c.spec.Timeout, err)
+	}
+	cancel()
+	if ctx.Err() != nil {
+		// Shutting down: the result says nothing about the backend.
+		m.requeue([]*check{c})
+		return
+	}
+	m.record(c, err)
+}
+
+// record feeds a probe's result to c's state machine, reports the
+// transitions of the backends it serves, and schedules its next probe.
+func (m *Manager) record(c *check, err error) {
+	m.mu.Lock()
+	now := m.clock.Now()
+	m.stats.InFlight--
+	if c.stopped {
+		m.mu.Unlock()
+		return
+	}
+	m.stats.Probes++
+	if err != nil {
+		m.stats.Failures++
+	}
+	if c.m.observe(err, now, c.spec.Rise, c.spec.Fall) {
+		for _, r := range c.refs {
+			b := m.backends[r]
+			if b == nil {
+				continue
+			}
+			if state, _ := combine(b.checks); state != b.state {
+				b.state, b.since = state, now
+				m.transition(r, b, now)
+			}
+		}
+	}
+	iv := m.interval(&c.spec)
+	c.next = c.next.Add(iv)
+	if c.next.Before(now) {
+		// The probe overran its interval (or the check waited for a
+		// free slot): wait a whole interval from now.
+		c.next = now.Add(iv)
+	}
+	heap.Push(&m.queue, c)
+	first := c.index == 0
+	m.mu.Unlock()
+	if first {
+		m.poke()
+	}
+}
+
+// dispatch delivers queued transitions to OnTransition until ctx ends.
+func (m *Manager) dispatch(ctx context.Context) {
+	if m.opts.OnTransition == nil {
+		return
+	}
+	for {
+		m.mu.Lock()
+		evs := m.pending
+		m.pending = nil
+		m.mu.Unlock()
+		for _, ev := range evs {
+			m.opts.OnTransition(ev)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.evs:
+		}
+	}
+}
+
+// CheckStatus is the state of one check.
+type CheckStatus struct {
+	Kind Kind
+	// Target is the probed address.
+	Target netip.AddrPort
+	State  State
+	// Since is when the check entered State (or was created).
+	Since time.Time
+	// Successes and Failures count the consecutive results so far.
+	Successes, Failures int
+	// Probes and Transitions count all probes and state changes.
+	Probes, Transitions uint64
+	// LastProbe is when the last probe ended, and Err its error (nil if
+	// it passed); zero before the first probe.
+	LastProbe time.Time
+	Err       error
+	// LastError is the error of the last failed probe, and LastErrorAt
+	// when it ended; they outlive later successes, for diagnosis.
+	LastError   error
+	LastErrorAt time.Time
+}
+
+// Status is the health of one backend of one service.
+type Status struct {
+	// State is Up when every check of the backend is up.
+	State State
+	// Since is when the backend entered State.
+	Since time.Time
+	// Err is the last error of a failing check while the backend is
+	// down, nil while it is up.
+	Err error
+	// Successes is the fewest and Failures the most consecutive results
+	// among the backend's checks; with one check, simply its counts.
+	Successes, Failures int
+	// Checks are the backend's checks.
+	Checks []CheckStatus
+}
+
+// Status returns the health of a service's backend, and false if no
+// target checks it.
+func (m *Manager) Status(service string, addr netip.AddrPort) (Status, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, ok := m.backends[ref{service, addr}]
+	if !ok {
+		return Status{}, false
+	}
+	st := Status{State: b.state, Since: b.since, Successes: -1}
+	if b.state == Down {
+		st.Err = failure(b.checks)
+	}
+	for _, c := range b.checks {
+		cs := CheckStatus{
+			Kind:        c.spec.Kind,
+			Target:      c.target,
+			State:       c.m.state,
+			Since:       c.m.since,
+			Successes:   c.m.successes,
+			Failures:    c.m.failures,
+			Probes:      c.m.probes,
+			Transitions: c.m.transitions,
+			LastProbe:   c.m.lastProbe,
+			Err:         c.m.lastResult,
+			LastError:   c.m.lastError,
+			LastErrorAt: c.m.lastErrorAt,
+		}
+		if st.Successes < 0 || cs.Successes < st.Successes {
+			st.Successes = cs.Successes
+		}
+		st.Failures = max(st.Failures, cs.Failures)
+		st.Checks = append(st.Checks, cs)
+	}
+	return st, true
+}
+
+// Health returns the state of every checked backend of a service, for
+// Apply. Backends without a check are absent, which Apply takes as up.
+func (m *Manager) Health(service string) map[netip.AddrPort]State {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	addrs := m.byService[service]
+	out := make(map[netip.AddrPort]State, len(addrs))
+	for _, a := range addrs {
+		out[a] = m.backends[ref{service, a}].state
+	}
+	return out
+}
+
+// Stats are a Manager's counters.
+type Stats struct {
+	// Checks is the number of distinct checks and Backends the number of
+	// checked service backends.
+	Checks, Backends int
+	// Probes and Failures count the probes recorded and those that
+	// failed.
+	Probes, Failures uint64
+	// Transitions counts the backend transitions reported.
+	Transitions uint64
+	// InFlight is the number of probes running or waiting for a slot.
+	InFlight int
+}
+
+// Stats returns the Manager's counters.
+func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.stats
+	s.Checks, s.Backends = len(m.checks), len(m.backends)
+	return s
+}
+
+// checkHeap orders checks by due time.
+type checkHeap []*check
+
+func (h checkHeap) Len() int           { return len(h) }
+func (h checkHeap) Less(i, j int) bool { return h[i].next.Before(h[j].next) }
+func (h checkHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+
+func (h *checkHeap) Push(x any) {
+	c := x.(*check)
+	c.index = len(*h)
+	*h = append(*h, c)
+}
+
+func (h *checkHeap) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	old[len(old)-1] = nil
+	c.index = -1
+	*h = old[:len(old)-1]
+	return c
+}
