@@ -119,8 +119,7 @@ const (
 // check is one running check, shared by the backends whose targets it
 // serves.
 type check struct {
-	key    checkKey
-	spec   Spec // with defaults
+	timing
 	target netip.AddrPort
 	prober Prober
 	refs   []ref
@@ -129,6 +128,28 @@ type check struct {
 	next    time.Time // due time of the next (or running) probe
 	index   int       // position in the queue, -1 when not queued
 	stopped bool
+}
+
+// timing is what the scheduler and the state machine need of a Spec,
+// kept instead of the whole Spec to keep checks small.
+type timing struct {
+	kind              Kind
+	interval, timeout time.Duration
+	rise, fall        int
+	jitter            float64
+}
+
+// timingOf returns the timing of s (with defaults), made safe to
+// schedule even if s is invalid: an invalid check still runs, failing.
+func timingOf(s Spec) timing {
+	t := timing{kind: s.Kind, interval: s.Interval, timeout: s.Timeout, rise: s.Rise, fall: s.Fall, jitter: s.Jitter}
+	t.interval = max(t.interval, MinInterval)
+	if t.timeout <= 0 {
+		t.timeout = DefaultTimeout
+	}
+	t.rise, t.fall = max(t.rise, 1), max(t.fall, 1)
+	t.jitter = min(t.jitter, MaxJitter)
+	return t
 }
 
 type ref struct {
@@ -274,9 +295,9 @@ func (m *Manager) Update(targets []Target) error {
 		w := want[key]
 		c, ok := m.checks[key]
 		if !ok {
-			c = &check{key: key, spec: w.spec, target: w.target, prober: w.prober, index: -1}
+			c = &check{timing: timingOf(w.spec), target: w.target, prober: w.prober, index: -1}
 			c.m = newMachine(w.spec.Initial, now)
-			c.next = now.Add(m.startDelay(w.spec.Interval))
+			c.next = now.Add(m.startDelay(c.interval))
 			m.checks[key] = c
 			heap.Push(&m.queue, c)
 		}
@@ -325,12 +346,12 @@ func (m *Manager) startDelay(interval time.Duration) time.Duration {
 
 // interval picks the time to a check's next probe: its interval, with
 // jitter. Called with mu held.
-func (m *Manager) interval(s *Spec) time.Duration {
-	if s.Jitter <= 0 {
-		return s.Interval
+func (m *Manager) interval(t *timing) time.Duration {
+	if t.jitter <= 0 {
+		return t.interval
 	}
-	f := 1 + s.Jitter*(2*m.rng.Float64()-1)
-	return time.Duration(float64(s.Interval) * f)
+	f := 1 + t.jitter*(2*m.rng.Float64()-1)
+	return time.Duration(float64(t.interval) * f)
 }
 
 // combine returns the state of a backend with checks cs: up when every
@@ -538,10 +559,10 @@ func (m *Manager) requeue(cs []*check) {
 
 // probe runs one probe of c and records its result.
 func (m *Manager) probe(ctx context.Context, c *check) {
-	pctx, cancel := context.WithTimeout(ctx, c.spec.Timeout)
+	pctx, cancel := context.WithTimeout(ctx, c.timeout)
 	err := c.prober.Probe(pctx)
 	if err != nil && errors.Is(pctx.Err(), context.DeadlineExceeded) {
-		err = fmt.Errorf("timed out after %s: %w", c.spec.Timeout, err)
+		err = fmt.Errorf("timed out after %s: %w", c.timeout, err)
 	}
 	cancel()
 	if ctx.Err() != nil {
@@ -566,7 +587,7 @@ func (m *Manager) record(c *check, err error) {
 	if err != nil {
 		m.stats.Failures++
 	}
-	if c.m.observe(err, now, c.spec.Rise, c.spec.Fall) {
+	if c.m.observe(err, now, c.rise, c.fall) {
 		for _, r := range c.refs {
 			b := m.backends[r]
 			if b == nil {
@@ -578,7 +599,7 @@ func (m *Manager) record(c *check, err error) {
 			}
 		}
 	}
-	iv := m.interval(&c.spec)
+	iv := m.interval(&c.timing)
 	c.next = c.next.Add(iv)
 	if c.next.Before(now) {
 		// The probe overran its interval (or the check waited for a
@@ -667,7 +688,7 @@ func (m *Manager) Status(service string, addr netip.AddrPort) (Status, bool) {
 	}
 	for _, c := range b.checks {
 		cs := CheckStatus{
-			Kind:        c.spec.Kind,
+			Kind:        c.kind,
 			Target:      c.target,
 			State:       c.m.state,
 			Since:       c.m.since,

@@ -406,7 +406,8 @@ func TestManagerSeveralChecksPerBackend(t *testing.T) {
 func TestManagerInvalidSpecFailsClosed(t *testing.T) {
 	r := newRig(t)
 	r.run()
-	bad := Spec{Kind: KindHTTP, Initial: Up, HTTP: HTTPOptions{Path: "no-slash"}}
+	// Even its nonsense timing is made safe to schedule.
+	bad := Spec{Kind: KindHTTP, Initial: Up, Interval: -1, Rise: -1, HTTP: HTTPOptions{Path: "no-slash"}}
 	err := r.m.Update([]Target{{Service: "web", Backend: be1, Spec: bad}})
 	if err == nil || !strings.Contains(err.Error(), "service web backend 127.0.0.1:8080") {
 		t.Fatalf("error %v", err)
@@ -418,6 +419,9 @@ func TestManagerInvalidSpecFailsClosed(t *testing.T) {
 	if st := r.status("web", be1); st.State != Down {
 		t.Fatalf("invalid check left the backend %s", st.State)
 	}
+	time.Sleep(20 * time.Millisecond)
+	r.probes(1) // no busy loop on the negative interval
+	r.step(2*MinInterval, 2)
 }
 
 func TestManagerMaxInFlight(t *testing.T) {
@@ -470,15 +474,16 @@ func TestManagerMaxInFlight(t *testing.T) {
 func TestManagerJitterAndSpread(t *testing.T) {
 	m := NewManager(Options{Clock: newFakeClock(), Seed: 7})
 	spec := Spec{Kind: KindTCP, Interval: 10 * time.Second}.WithDefaults()
+	tm := timingOf(spec)
 	lo, hi := time.Duration(1<<62), time.Duration(0)
 	for range 10000 {
-		iv := m.interval(&spec)
+		iv := m.interval(&tm)
 		lo, hi = min(lo, iv), max(hi, iv)
 	}
 	if lo < 9*time.Second || hi > 11*time.Second || hi-lo < 1900*time.Millisecond {
 		t.Errorf("jittered 10s intervals span [%s, %s], want about [9s, 11s]", lo, hi)
 	}
-	noJitter := Spec{Kind: KindTCP, Interval: 10 * time.Second, Jitter: -1}.WithDefaults()
+	noJitter := timingOf(Spec{Kind: KindTCP, Interval: 10 * time.Second, Jitter: -1}.WithDefaults())
 	if iv := m.interval(&noJitter); iv != 10*time.Second {
 		t.Errorf("interval without jitter %s", iv)
 	}

@@ -20,6 +20,8 @@ const (
 	DefaultJitter   = 0.1
 	// MaxJitter is the largest jitter fraction a Spec may ask for.
 	MaxJitter = 0.5
+	// MinInterval is the shortest interval a Spec may ask for.
+	MinInterval = 10 * time.Millisecond
 )
 
 // Spec is one configured health check of a backend: the typed form the
@@ -39,7 +41,8 @@ type Spec struct {
 	Addr netip.Addr
 	// Port overrides the port probed; zero probes the backend's port.
 	Port uint16
-	// Interval is the time between the starts of two probes.
+	// Interval is the time between the starts of two probes, at least
+	// MinInterval.
 	Interval time.Duration
 	// Timeout bounds one probe. Zero means DefaultTimeout or Interval,
 	// whichever is shorter.
@@ -154,8 +157,8 @@ func (s Spec) Validate() error {
 	if s.Kind < KindTCP || s.Kind > KindExec {
 		add("check type is missing or unknown (%s)", s.Kind)
 	}
-	if s.Interval < 0 {
-		add("interval %s is negative", s.Interval)
+	if s.Interval < MinInterval {
+		add("interval %s is shorter than %s", s.Interval, MinInterval)
 	}
 	if s.Timeout < 0 {
 		add("timeout %s is negative", s.Timeout)

@@ -29,7 +29,8 @@ func TestSpecValidate(t *testing.T) {
 		err  string
 	}{
 		{Spec{}, "check type is missing"},
-		{Spec{Kind: KindTCP, Interval: -time.Second}, "interval -1s is negative"},
+		{Spec{Kind: KindTCP, Interval: -time.Second}, "interval -1s is shorter than 10ms"},
+		{Spec{Kind: KindTCP, Interval: time.Millisecond}, "interval 1ms is shorter"},
 		{Spec{Kind: KindTCP, Rise: -1}, "rise -1"},
 		{Spec{Kind: KindTCP, Jitter: 0.9}, "jitter 0.9"},
 		{Spec{Kind: KindTCP, Initial: 5}, "initial state"},
