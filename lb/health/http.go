@@ -82,8 +82,11 @@ func (o HTTPOptions) validate() error {
 		errs = append(errs, fmt.Errorf("http host %q is not a host name", o.Host))
 	}
 	for name, value := range o.Header {
-		if !validMethod(name) || strings.ContainsAny(value, "\r\n") {
+		switch {
+		case !validMethod(name) || strings.ContainsAny(value, "\r\n"):
 			errs = append(errs, fmt.Errorf("http header %q is invalid", name))
+		case strings.EqualFold(name, "Host"):
+			errs = append(errs, errors.New("http header Host is set by the host option"))
 		}
 	}
 	for _, r := range o.Status {

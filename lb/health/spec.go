@@ -82,19 +82,27 @@ type Spec struct {
 // They let a check probe through the forwarding path of a direct-routing or
 // tunnel service: with Spec.Addr set to the VIP and Mark set to a mark the
 // daemon assigns to the backend, the probe is addressed to the VIP but a
-// policy route sends marked packets to the backend, exactly as IPVS
-// forwards clients' packets. A backend that lacks the VIP on its loopback
-// (or tunnel) interface then fails the check instead of passing a plain
-// check of its own address. Installing that route is the operator's or the
-// daemon's job, not this package's: for example
+// policy route sends marked packets to the backend, as IPVS forwards
+// clients' packets. A backend that lacks the VIP on its loopback (or
+// tunnel) interface then fails the check, where a plain check of its own
+// address would pass. Setting up the path is the operator's or the
+// daemon's job, not this package's. For direct routing, say:
 //
 //	ip rule add fwmark 0x100 lookup 100 pref 90
-//	ip route add 10.0.0.11 dev eth1 table 100   # direct routing: on-link
 //	ip route add 192.0.2.10 via 10.0.0.11 dev eth1 table 100
+//	ip rule add pref 100 lookup local; ip rule del pref 0
+//	sysctl net.ipv4.conf.eth1.accept_local=1
 //
-// where the rule must come before the local table's rule (move that one
-// with "ip rule add pref 100 lookup local; ip rule del pref 0"), since the
-// VIP is a local address of the balancer.
+// The rule must come before the local table's, which is moved out of its
+// way, since the VIP is a local address of the balancer; and since the
+// backend answers from the VIP, a local address too, the interface must
+// accept such packets (accept_local, and a loose or no rp_filter).
+//
+// IPVS also schedules connections that the balancer itself opens to a
+// virtual service (its local-client support), whatever their mark, so
+// probe a port of the VIP that is no virtual service, such as the
+// backend's health port (Spec.Port), or the probe is balanced like any
+// client's.
 type DialOptions struct {
 	// Mark sets SO_MARK on the probe's socket; it needs CAP_NET_ADMIN.
 	Mark uint32

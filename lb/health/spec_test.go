@@ -41,6 +41,7 @@ func TestSpecValidate(t *testing.T) {
 		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Status: []StatusRange{{300, 200}}}}, "status range"},
 		{Spec{Kind: KindHTTPS, HTTP: HTTPOptions{BodyRegexp: "("}}, "body regexp"},
 		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Header: map[string]string{"Bad Name": "x"}}}, "header"},
+		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Header: map[string]string{"host": "x"}}}, "set by the host option"},
 		{Spec{Kind: KindDNS, DNS: DNSOptions{Type: "WKS"}}, "dns type"},
 		{Spec{Kind: KindExec}, "exec command is missing"},
 		{Spec{Kind: KindTCP, Dial: DialOptions{Device: "a-very-long-interface-name"}}, "not an interface name"},
