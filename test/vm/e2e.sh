@@ -58,7 +58,7 @@ add_test() {
 	n=$((n + 1))
 	dir=$(printf '%02d-%s' "$n" "$name")
 	mkdir -p "$payload/tests/$dir"
-	go test -c "$@" -o "$payload/tests/$dir/$name.test" "$pkg"
+	go test -c -ldflags="-s -w" "$@" -o "$payload/tests/$dir/$name.test" "$pkg"
 	if [[ ! -e $payload/tests/$dir/$name.test ]]; then
 		log "$pkg has no tests: skipped"
 		rm -rf "${payload:?}/tests/$dir"

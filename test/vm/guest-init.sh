@@ -29,6 +29,9 @@ ln -sf /proc/self/fd/0 /dev/stdin
 ln -sf /proc/self/fd/1 /dev/stdout
 ln -sf /proc/self/fd/2 /dev/stderr
 exec </dev/null >/dev/console 2>&1
+# run.sh boots with loglevel=7 so the log has the whole boot; from here on
+# only errors and worse reach the console (VIPD_VM_LOGLEVEL=7 for everything).
+echo "${VIPD_VM_LOGLEVEL:-4}" >/proc/sys/kernel/printk
 
 uptime_s() { read -r up _ </proc/uptime && echo "$up"; }
 echo "VIPD-VM-INIT uptime=$(uptime_s)"

@@ -78,6 +78,10 @@ fi
 # 2. Kernel: Debian 12 cloud kernel, unpacked (not installed) into the cache.
 # ---------------------------------------------------------------------------
 mkdir -p "$VIPD_VM_CACHE"
+# One prepare at a time per cache; run.sh holds a shared lock while it reads
+# the cache, so a rebuild never deletes a base initramfs a boot is about to use.
+exec 9>"$VIPD_VM_CACHE/.lock"
+flock 9
 # resolve_kernel: print "PACKAGE VERSION" of the kernel that
 # linux-image-cloud-amd64 depends on. apt-cache takes ~1 s here, so the answer
 # is cached and reused until the apt lists change.

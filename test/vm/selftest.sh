@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# selftest.sh — prove the rig's failure paths fail (4 guest boots, ~1 min).
+# selftest.sh — prove the rig's failure paths fail (6 guest boots, ~1.5 min).
 #
 #   test/vm/selftest.sh
 #
@@ -10,8 +10,9 @@
 #      makes e2e.sh exit non-zero and report the failed test;
 #   3. a kernel panic (sysrq 'c') makes run.sh fail with "KERNEL PANIC" and the
 #      console tail, promptly (the guest reboots on panic; qemu -no-reboot exits);
-#   4. a hanging command makes run.sh fail with "TIMEOUT" at its --timeout,
-#      and no qemu process is left behind.
+#   4. a hanging command makes run.sh fail with "TIMEOUT" at its --timeout;
+#   5. a boot that fails before /init is retried once, then reported;
+#   and no qemu process of ours is left behind.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -72,7 +73,17 @@ if ((rc == 124)) && grep -q 'FAILED: TIMEOUT' "$out/4.out" &&
 else
 	fail "hang: exit $rc after ${secs} s"; tail -n 30 "$out/4.out"
 fi
+# 5. A boot that never reaches /init is retried once, then reported.
+rc=0
+"$VM_DIR/run.sh" --timeout 60 --boot-retries 1 --append rdinit=/nonexistent -- true >"$out/5.out" 2>&1 || rc=$?
+if ((rc == 125)) && (($(grep -c 'boot did not reach /init' "$out/5.out") == 1)) &&
+	grep -q 'FAILED: KERNEL PANIC' "$out/5.out"; then
+	pass "a boot that fails before /init is retried once, then fails run.sh (exit 125)"
+else
+	fail "early boot failure: exit $rc"; tail -n 30 "$out/5.out"
+fi
+
 if (($(qemus) > 0)); then fail "a qemu process was left running"; else pass "no qemu left running"; fi
 
-echo "selftest: $((5 - failures)) passed, $failures failed ($(elapsed "$t0") s)"
+echo "selftest: $((6 - failures)) passed, $failures failed ($(elapsed "$t0") s)"
 ((failures == 0))
