@@ -160,6 +160,35 @@ func (tp *Topo) InClient(t testing.TB, name string, args ...string) string {
 	return Run(t, "ip", append([]string{"netns", "exec", tp.ClientNS, name}, args...)...)
 }
 
+// InNS runs a command in namespace ns (a backend's name, or the client's)
+// and fails the test if it fails. It returns stdout.
+func (tp *Topo) InNS(t testing.TB, ns, name string, args ...string) string {
+	t.Helper()
+	return Run(t, "ip", append([]string{"netns", "exec", ns, name}, args...)...)
+}
+
+// BackendDown makes backend's /healthz answer 503 (it keeps serving /);
+// BackendUp undoes it.
+func (tp *Topo) BackendDown(t testing.TB, backend string) {
+	t.Helper()
+	Sh(t, "topo_backend_down "+backend)
+}
+func (tp *Topo) BackendUp(t testing.TB, backend string) {
+	t.Helper()
+	Sh(t, "topo_backend_up "+backend)
+}
+
+// BackendStop kills backend's server (connections are refused);
+// BackendStart starts it again and waits until it listens.
+func (tp *Topo) BackendStop(t testing.TB, backend string) {
+	t.Helper()
+	Sh(t, "topo_backend_stop "+backend)
+}
+func (tp *Topo) BackendStart(t testing.TB, backend string) {
+	t.Helper()
+	Sh(t, "topo_backend_start "+backend)
+}
+
 // Hits is what N requests from the client namespace got.
 type Hits struct {
 	OK           int            `json:"ok"`

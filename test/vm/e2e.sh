@@ -96,7 +96,7 @@ clean=$(mktemp)
 tr -d '\r' <"$logfile" >"$clean"
 echo
 echo "==================== vipd e2e summary ===================="
-while read -r dir bin; do
+while read -r dir _; do
 	line=$(grep -E "^VIPD-E2E-RESULT $dir " "$clean" | tail -n 1 || true)
 	if [[ -z $line ]]; then
 		printf '  %-40s DID NOT FINISH\n' "$dir"
