@@ -88,6 +88,9 @@ func (w *Watcher) Run(ctx context.Context) {
 		defer t.Stop()
 		poll = t.C
 	}
+	// A change between the caller's read and the start of the watch
+	// raised no event: compare once now.
+	w.check(ctx)
 	for {
 		select {
 		case <-ctx.Done():

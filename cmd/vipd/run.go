@@ -175,6 +175,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	// deleted soon after its last connection ends.
 	drainCheck := time.NewTicker(time.Second)
 	defer drainCheck.Stop()
+	log.Info("ready", "watch", cfg.Daemon.Watch, "control_socket", cfg.Daemon.ControlSocket)
 	d.notify(d.n.Ready(d.status("serving")))
 	for {
 		select {
