@@ -31,6 +31,8 @@ type State struct {
 type ServiceState struct {
 	Service
 	Dests map[netip.AddrPort]Destination
+	// Stats are the service's counters, filled in by observation.
+	Stats Stats
 }
 
 // NewState returns an empty state with all maps allocated.

@@ -290,12 +290,22 @@ type Destination struct {
 
 	ActiveConns   uint32
 	InactiveConns uint32
+	// Stats are the kernel's counters, filled in by observation.
+	Stats Stats
+}
+
+// Stats are IPVS traffic counters and rates of a service or destination.
+// Rates are the kernel's estimates, per second, updated every 2 seconds.
+type Stats struct {
+	Conns, InPkts, OutPkts, InBytes, OutBytes uint64
+	CPS, InPPS, OutPPS, InBPS, OutBPS         uint64
 }
 
 // Settings returns d without the fields the kernel fills in, for
 // comparison of configuration.
 func (d Destination) Settings() Destination {
 	d.ActiveConns, d.InactiveConns = 0, 0
+	d.Stats = Stats{}
 	if d.Forward != Tunnel {
 		d.Tunnel, d.TunnelPort, d.TunnelCsum = 0, 0, 0
 	}
