@@ -25,6 +25,9 @@ type Config struct {
 	Daemon Daemon
 	// Spec is what vipd programs into the kernel.
 	Spec lb.Spec
+	// Health holds the health checking of services that have any, by
+	// service name.
+	Health map[string]ServiceHealth
 }
 
 // StopMode says what vipd does with the data plane when it stops.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/health"
 )
 
 func TestMinimalDefaults(t *testing.T) {
@@ -361,5 +362,77 @@ func BenchmarkParse(b *testing.B) {
 		if _, err := Parse("bench.toml", data); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestHealthConfig(t *testing.T) {
+	cfg, err := Parse("h.toml", []byte(`
+[[service]]
+name = "web"
+vip = "192.0.2.10"
+port = 80
+on_failure = "remove"
+quorum = 1
+sorry = "10.0.0.99:8080"
+
+[service.check]
+type = "http"
+path = "/healthz"
+status = "200-299"
+interval = "1s"
+rise = 2
+fall = 2
+
+[[service.backend]]
+address = "10.0.0.1"
+
+[[service.backend]]
+address = "10.0.0.2"
+check = { type = "tcp", port = 8081, initial = "up" }
+
+[[service.backend]]
+address = "10.0.0.3"
+check = { type = "none" }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := cfg.Health["web"]
+	if h.Policy.Action != health.Remove || h.Policy.Quorum != 1 || h.Policy.Sorry.Addr != netip.MustParseAddrPort("10.0.0.99:8080") {
+		t.Errorf("policy = %+v", h.Policy)
+	}
+	if len(h.Checks) != 2 {
+		t.Fatalf("checks = %+v", h.Checks)
+	}
+	c1 := h.Checks[netip.MustParseAddrPort("10.0.0.1:80")]
+	if c1.Kind != health.KindHTTP || c1.HTTP.Path != "/healthz" || c1.Interval != time.Second || c1.Rise != 2 {
+		t.Errorf("service check = %+v", c1)
+	}
+	c2 := h.Checks[netip.MustParseAddrPort("10.0.0.2:80")]
+	if c2.Kind != health.KindTCP || c2.Port != 8081 || c2.Initial != health.Up {
+		t.Errorf("backend override = %+v", c2)
+	}
+	if targets := cfg.Targets(); len(targets) != 2 {
+		t.Errorf("targets = %+v", targets)
+	}
+}
+
+func TestHealthErrors(t *testing.T) {
+	const svc = "[[service]]\nname = \"s\"\nvip = \"192.0.2.10\"\nport = 80\nbackend = [{ address = \"10.0.0.1\" }]\n"
+	for _, tt := range []struct{ name, in, want string }{
+		{"type", svc + "[service.check]\ntype = \"icmp\"\n", `t.toml:7: service "s": check: type "icmp" must be tcp, http, https, udp, dns, exec or none`},
+		{"options of another kind", svc + "[service.check]\ntype = \"tcp\"\npath = \"/x\"\n", `t.toml:6: service "s": check: http options do not apply to tcp checks`},
+		{"interval", svc + "[service.check]\ntype = \"tcp\"\ninterval = \"1ms\"\n", `t.toml:6: service "s": check: interval 1ms is shorter than 10ms`},
+		{"quorum without checks", "[[service]]\nname = \"s\"\nvip = \"192.0.2.10\"\nport = 80\nquorum = 1\nbackend = [{ address = \"10.0.0.1\" }]\n", `t.toml:1: service "s": quorum and sorry need health checks`},
+		{"on_failure", svc + "on_failure = \"panic\"\n", `t.toml:6: service "s": on_failure "panic" must be "quiesce" or "remove"`},
+		{"sorry", svc + "sorry = \"nowhere\"\n", `t.toml:6: service "s": sorry: "nowhere" is not an IP address or address:port`},
+		{"exec without command", svc + "[service.check]\ntype = \"exec\"\n", `t.toml:6: service "s": check: exec command is missing`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("t.toml", []byte(tt.in))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v\nwant %s", err, tt.want)
+			}
+		})
 	}
 }

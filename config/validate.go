@@ -12,6 +12,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/health"
 )
 
 // The raw structures mirror the file. Optional values are pointers so that
@@ -66,19 +67,25 @@ type rawService struct {
 	OnePacket          bool         `toml:"one_packet"`
 	SNAT               *bool        `toml:"snat"`
 	Announce           *bool        `toml:"announce"`
+	Check              *rawCheck    `toml:"check"`
+	OnFailure          string       `toml:"on_failure"`
+	Quorum             int64        `toml:"quorum"`
+	QuorumHysteresis   int64        `toml:"quorum_hysteresis"`
+	Sorry              string       `toml:"sorry"`
 	Backend            []rawBackend `toml:"backend"`
 }
 
 type rawBackend struct {
-	Address        string `toml:"address"`
-	Port           *int64 `toml:"port"`
-	Weight         *int64 `toml:"weight"`
-	UpperThreshold int64  `toml:"upper_threshold"`
-	LowerThreshold int64  `toml:"lower_threshold"`
-	Forward        string `toml:"forward"`
-	Tunnel         string `toml:"tunnel"`
-	TunnelPort     int64  `toml:"tunnel_port"`
-	TunnelChecksum string `toml:"tunnel_checksum"`
+	Address        string    `toml:"address"`
+	Port           *int64    `toml:"port"`
+	Weight         *int64    `toml:"weight"`
+	UpperThreshold int64     `toml:"upper_threshold"`
+	LowerThreshold int64     `toml:"lower_threshold"`
+	Forward        string    `toml:"forward"`
+	Tunnel         string    `toml:"tunnel"`
+	TunnelPort     int64     `toml:"tunnel_port"`
+	TunnelChecksum string    `toml:"tunnel_checksum"`
+	Check          *rawCheck `toml:"check"`
 }
 
 // duration accepts "1m30s" or a whole number of seconds.
@@ -186,6 +193,12 @@ func (v *validator) config(raw *rawConfig) *Config {
 				v.errorf(path+".announce", ctx, "announce = %t conflicts with another service on VIP %s", vs.Announce, vs.VIP)
 			}
 			announce[vs.VIP] = vs.Announce
+		}
+		if h, ok := v.serviceHealth(i, &raw.Service[i], &vs); ok && (len(h.Checks) > 0 || h.Policy != (health.Policy{})) {
+			if cfg.Health == nil {
+				cfg.Health = map[string]ServiceHealth{}
+			}
+			cfg.Health[vs.Name] = h
 		}
 		cfg.Spec.Services = append(cfg.Spec.Services, vs)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"slices"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/health"
 	"github.com/vipd/vipd/systemd"
 )
 
@@ -94,6 +96,90 @@ type daemon struct {
 	// running configuration: a reload is not blamed for them.
 	failing map[string]bool
 	reqs    chan request
+
+	// hm checks the backends; health is its view with adoption (see
+	// healthView), and decisions the last health decision per service.
+	hm        *health.Manager
+	health    healthView
+	decisions map[string]health.Decision
+	// healthChanged is signalled on every backend transition.
+	healthChanged chan struct{}
+}
+
+// healthView is the health the daemon acts on: the Manager's, except that
+// a backend found serving in the kernel at start counts as up until its
+// check has probed once. A restart therefore keeps serving, while a cold
+// start still waits for the first successful probe.
+type healthView struct {
+	m       *health.Manager
+	adopted map[string]map[netip.AddrPort]bool
+}
+
+// Health implements health.HealthSource.
+func (h healthView) Health(service string) map[netip.AddrPort]health.State {
+	st := h.m.Health(service)
+	for addr := range h.adopted[service] {
+		if s, ok := h.m.Status(service, addr); ok && unprobed(s) {
+			st[addr] = health.Up
+		}
+	}
+	return st
+}
+
+func unprobed(s health.Status) bool {
+	for _, c := range s.Checks {
+		if c.Probes > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// adopted lists the backends of cfg's VIP services that the kernel already
+// serves with a weight above zero.
+func adopted(cfg *config.Config, k lb.Kernel) map[string]map[netip.AddrPort]bool {
+	out := map[string]map[netip.AddrPort]bool{}
+	if k.IPVS == nil {
+		return out
+	}
+	svcs, err := k.IPVS.Services()
+	if err != nil {
+		return out
+	}
+	for _, vs := range cfg.Spec.Services {
+		st, ok := svcs[vs.Service.Key]
+		if !ok || vs.NodePort {
+			continue
+		}
+		for addr, d := range st.Dests {
+			if d.Weight > 0 {
+				if out[vs.Name] == nil {
+					out[vs.Name] = map[netip.AddrPort]bool{}
+				}
+				out[vs.Name][addr] = true
+			}
+		}
+	}
+	return out
+}
+
+// effective returns the spec to program for cfg: its configured spec with
+// the health policy applied.
+func (d *daemon) effective(cfg *config.Config) *lb.Spec {
+	if len(cfg.Health) == 0 {
+		return &cfg.Spec
+	}
+	spec, decisions := health.ApplySpec(&cfg.Spec, cfg.Policies(), d.health, d.decisions)
+	d.decisions = decisions
+	return spec
+}
+
+// check points the health checker at cfg's targets. Checks whose spec did
+// not change keep their state.
+func (d *daemon) check(cfg *config.Config) {
+	if err := d.hm.Update(cfg.Targets()); err != nil {
+		d.log.Error("health checks", "err", err)
+	}
 }
 
 // request asks the main loop to do something and answer.
@@ -136,11 +222,26 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	}
 	d := &daemon{
 		opts: opts, log: log, n: opts.Notifier, cfg: cfg, sum: sum,
-		r:    lb.NewReconciler(ropts),
-		reqs: make(chan request),
+		r:             lb.NewReconciler(ropts),
+		reqs:          make(chan request),
+		healthChanged: make(chan struct{}, 1),
 	}
+	d.hm = health.NewManager(health.Options{
+		Logger: log,
+		OnTransition: func(health.Transition) {
+			select {
+			case d.healthChanged <- struct{}{}:
+			default:
+			}
+		},
+	})
+	d.health = healthView{m: d.hm, adopted: adopted(cfg, k)}
+	d.check(cfg)
+	hctx, stopHealth := context.WithCancel(ctx)
+	defer stopHealth()
+	go d.hm.Run(hctx)
 	log.Info("starting", "version", versionString(), "config", opts.Path, "services", len(cfg.Spec.Services), "pid", os.Getpid())
-	res := d.reconcile(ctx, "start", &cfg.Spec)
+	res := d.reconcile(ctx, "start", d.effective(cfg))
 	d.remember(res)
 
 	var changes <-chan config.Change
@@ -181,8 +282,10 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		select {
 		case <-drainCheck.C:
 			if d.r.Draining() > 0 {
-				d.remember(d.reconcile(ctx, "drain", &d.cfg.Spec))
+				d.remember(d.reconcile(ctx, "drain", d.effective(d.cfg)))
 			}
+		case <-d.healthChanged:
+			d.remember(d.reconcile(ctx, "health", d.effective(d.cfg)))
 		case <-ctx.Done():
 			d.notify(d.n.Stopping())
 			return d.stop()
@@ -202,7 +305,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		case req := <-d.reqs:
 			req.reply <- d.handle(ctx, req)
 		case <-resync.C:
-			d.remember(d.reconcile(ctx, "resync", &d.cfg.Spec))
+			d.remember(d.reconcile(ctx, "resync", d.effective(d.cfg)))
 		}
 	}
 }
@@ -290,8 +393,10 @@ func (d *daemon) reload(ctx context.Context, why string, cfg *config.Config, sum
 		d.log.Warn("daemon settings changed (interface, uplinks, announcement, iptables, state_dir, resync or watch); they take effect on restart",
 			"config", d.opts.Path)
 	}
-	res := d.reconcile(ctx, why, &cfg.Spec)
+	d.check(cfg)
+	res := d.reconcile(ctx, why, d.effective(cfg))
 	if res == nil {
+		d.check(d.cfg)
 		return reply{Error: "cannot read the kernel; nothing applied"}
 	}
 	rep := reply{}
@@ -307,7 +412,8 @@ func (d *daemon) reload(ctx context.Context, why string, cfg *config.Config, sum
 	}
 	if len(fresh) > 0 && d.cfg.Daemon.OnApplyError == config.ApplyRollback {
 		d.log.Error("reload failed; rolling back to the last good configuration", "why", why, "failed", len(fresh), "first", fresh[0])
-		back := d.reconcile(ctx, "rollback", &d.cfg.Spec)
+		d.check(d.cfg)
+		back := d.reconcile(ctx, "rollback", d.effective(d.cfg))
 		d.remember(back)
 		rep.Error = fmt.Sprintf("reload failed (%d operations, first: %v); rolled back to the last good configuration", len(fresh), fresh[0])
 		if back == nil || len(back.Failed) > len(d.failing) {
@@ -334,7 +440,11 @@ func (d *daemon) handle(ctx context.Context, req request) reply {
 		if err != nil {
 			return reply{Error: err.Error()}
 		}
-		ops, err := d.r.Plan(ctx, &cfg.Spec)
+		// Planning must not advance the services' hysteresis.
+		saved := d.decisions
+		spec := d.effective(cfg)
+		d.decisions = saved
+		ops, err := d.r.Plan(ctx, spec)
 		if err != nil {
 			return reply{Error: err.Error()}
 		}

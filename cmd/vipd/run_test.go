@@ -252,3 +252,55 @@ func TestDaemonStop(t *testing.T) {
 		})
 	}
 }
+
+// TestDaemonHealth takes a backend whose check fails out of rotation
+// (weight 0) and puts it back when the check passes, with real TCP checks
+// on loopback.
+func TestDaemonHealth(t *testing.T) {
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	// A port that was open and is closed now.
+	l2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	downAddr := l2.Addr().String()
+	l2.Close()
+	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
+	svc := `
+[[service]]
+name = "web"
+vip = "192.0.2.10"
+port = 80
+[service.check]
+type = "tcp"
+address = "127.0.0.1"
+interval = "50ms"
+timeout = "200ms"
+rise = 1
+fall = 1
+jitter = 0
+[[service.backend]]
+address = "10.0.0.1"
+check = { type = "tcp", address = "127.0.0.1", port = ` + port(up.Addr().String()) + `, interval = "50ms", rise = 1, fall = 1 }
+[[service.backend]]
+address = "10.0.0.2"
+check = { type = "tcp", address = "127.0.0.1", port = ` + port(downAddr) + `, interval = "50ms", rise = 1, fall = 1 }
+`
+	h := startDaemon(t, "", svc)
+	h.eventually("the failing backend quiesced", func() bool {
+		d := h.k.Dump()
+		return strings.Contains(d, "10.0.0.1:80 masq weight=1") && strings.Contains(d, "10.0.0.2:80 masq weight=0")
+	})
+	l, err := net.Listen("tcp", downAddr)
+	if err != nil {
+		t.Fatalf("cannot reopen %s: %v", downAddr, err)
+	}
+	defer l.Close()
+	h.eventually("the recovered backend restored", func() bool {
+		return strings.Contains(h.k.Dump(), "10.0.0.2:80 masq weight=1")
+	})
+}

@@ -1,0 +1,277 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"strings"
+
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/health"
+)
+
+// ServiceHealth is the health checking of one service.
+type ServiceHealth struct {
+	// Policy says what failures do to the service.
+	Policy health.Policy
+	// Checks holds the check of each checked backend. A backend without
+	// one is always up.
+	Checks map[netip.AddrPort]health.Spec
+}
+
+// Targets returns the health-check targets of every service, for
+// health.Manager.Update.
+func (c *Config) Targets() []health.Target {
+	var out []health.Target
+	for _, vs := range c.Spec.Services {
+		h, ok := c.Health[vs.Name]
+		if !ok {
+			continue
+		}
+		for _, b := range vs.Backends {
+			if spec, ok := h.Checks[b.Addr]; ok {
+				out = append(out, health.Target{Service: vs.Name, Backend: b.Addr, Spec: spec})
+			}
+		}
+	}
+	return out
+}
+
+// Policies returns each service's failure policy by name.
+func (c *Config) Policies() map[string]health.Policy {
+	out := make(map[string]health.Policy, len(c.Health))
+	for name, h := range c.Health {
+		out[name] = h.Policy
+	}
+	return out
+}
+
+// rawCheck is a [service.check] or [service.backend.check] table.
+type rawCheck struct {
+	Type     string    `toml:"type"`
+	Interval *duration `toml:"interval"`
+	Timeout  *duration `toml:"timeout"`
+	Rise     int64     `toml:"rise"`
+	Fall     int64     `toml:"fall"`
+	Initial  string    `toml:"initial"`
+	Jitter   *float64  `toml:"jitter"`
+	Address  string    `toml:"address"`
+	Port     int64     `toml:"port"`
+	Mark     int64     `toml:"mark"`
+	Device   string    `toml:"device"`
+	Source   string    `toml:"source"`
+
+	Method     string            `toml:"method"`
+	Path       string            `toml:"path"`
+	Host       string            `toml:"host"`
+	SNI        string            `toml:"sni"`
+	Status     string            `toml:"status"`
+	Body       string            `toml:"body"`
+	BodyRegexp string            `toml:"body_regexp"`
+	Insecure   bool              `toml:"insecure"`
+	CAFile     string            `toml:"ca_file"`
+	Headers    map[string]string `toml:"headers"`
+
+	Payload string `toml:"payload"`
+	Expect  string `toml:"expect"`
+
+	Name         string `toml:"name"`
+	Record       string `toml:"record"`
+	TCP          bool   `toml:"tcp"`
+	ExpectAnswer bool   `toml:"expect_answer"`
+	NoRecursion  bool   `toml:"no_recursion"`
+
+	Command string   `toml:"command"`
+	Args    []string `toml:"args"`
+	Env     []string `toml:"env"`
+}
+
+// check validates a check table. It returns nil for type = "none".
+func (v *validator) check(path, ctx string, r *rawCheck) (*health.Spec, bool) {
+	before := len(v.errs)
+	ctx += ": check"
+	if r.Type == "none" {
+		return nil, true
+	}
+	var s health.Spec
+	if r.Type == "" {
+		v.errorf(path, ctx, "type is missing (tcp, http, https, udp, dns, exec or none)")
+		return nil, false
+	}
+	k, err := health.ParseKind(r.Type)
+	if err != nil {
+		v.errorf(path+".type", ctx, "type %q must be tcp, http, https, udp, dns, exec or none", r.Type)
+		return nil, false
+	}
+	s.Kind = k
+	s.Interval = v.duration(r.Interval, 0, path+".interval", ctx, "interval")
+	s.Timeout = v.duration(r.Timeout, 0, path+".timeout", ctx, "timeout")
+	if r.Rise < 0 || r.Rise > 1000 || r.Fall < 0 || r.Fall > 1000 {
+		v.errorf(path+".rise", ctx, "rise and fall must be within 1..1000")
+	}
+	s.Rise, s.Fall = int(r.Rise), int(r.Fall)
+	if r.Initial != "" {
+		st, err := health.ParseState(r.Initial)
+		if err != nil {
+			v.errorf(path+".initial", ctx, "initial %q must be \"down\" or \"up\"", r.Initial)
+		}
+		s.Initial = st
+	}
+	if r.Jitter != nil {
+		if *r.Jitter == 0 {
+			s.Jitter = -1 // an explicit 0 turns jitter off
+		} else {
+			s.Jitter = *r.Jitter
+		}
+	}
+	if r.Address != "" {
+		a, err := netip.ParseAddr(r.Address)
+		if err != nil {
+			v.errorf(path+".address", ctx, "address %q is not an IP address", r.Address)
+		}
+		s.Addr = a
+	}
+	if r.Port < 0 || r.Port > 65535 {
+		v.errorf(path+".port", ctx, "port %d is outside 1..65535", r.Port)
+	} else {
+		s.Port = uint16(r.Port)
+	}
+	if r.Mark < 0 || r.Mark > math.MaxUint32 {
+		v.errorf(path+".mark", ctx, "mark %d is not a 32-bit mark", r.Mark)
+	} else {
+		s.Dial.Mark = uint32(r.Mark)
+	}
+	s.Dial.Device = r.Device
+	if r.Source != "" {
+		a, err := netip.ParseAddr(r.Source)
+		if err != nil {
+			v.errorf(path+".source", ctx, "source %q is not an IP address", r.Source)
+		}
+		s.Dial.Source = a
+	}
+	s.HTTP = health.HTTPOptions{Method: r.Method, Path: r.Path, Host: r.Host, SNI: r.SNI, Header: r.Headers,
+		Body: r.Body, BodyRegexp: r.BodyRegexp, InsecureSkipVerify: r.Insecure, CAFile: r.CAFile}
+	if r.Status != "" {
+		st, err := health.ParseStatusRanges(r.Status)
+		if err != nil {
+			v.errorf(path+".status", ctx, "status: %v", err)
+		}
+		s.HTTP.Status = st
+	}
+	if r.Payload != "" || r.Expect != "" {
+		s.UDP = health.UDPOptions{Payload: []byte(r.Payload), Expect: []byte(r.Expect)}
+	}
+	s.DNS = health.DNSOptions{Name: r.Name, Type: r.Record, TCP: r.TCP, ExpectAnswer: r.ExpectAnswer, NoRecursion: r.NoRecursion}
+	s.Exec = health.ExecOptions{Command: r.Command, Args: r.Args, Env: r.Env}
+	if len(v.errs) > before {
+		return nil, false
+	}
+	for _, err := range unjoin(s.Validate()) {
+		v.errorf(path, ctx, "%s", strings.TrimSpace(err.Error()))
+	}
+	return &s, len(v.errs) == before
+}
+
+func unjoin(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, unjoin(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+// serviceHealth validates the health settings of service i.
+func (v *validator) serviceHealth(i int, r *rawService, vs *lb.VirtualService) (ServiceHealth, bool) {
+	path := fmt.Sprintf("service.%d", i)
+	ctx := fmt.Sprintf("service %q", vs.Name)
+	h := ServiceHealth{Checks: map[netip.AddrPort]health.Spec{}}
+	if r.OnFailure != "" {
+		a, err := health.ParseAction(r.OnFailure)
+		if err != nil {
+			v.errorf(path+".on_failure", ctx, "on_failure %q must be \"quiesce\" or \"remove\"", r.OnFailure)
+		}
+		h.Policy.Action = a
+	}
+	if r.Quorum < 0 || r.Quorum > 65535 {
+		v.errorf(path+".quorum", ctx, "quorum %d is outside 0..65535", r.Quorum)
+	}
+	if r.QuorumHysteresis < 0 || r.QuorumHysteresis > 65535 {
+		v.errorf(path+".quorum_hysteresis", ctx, "quorum_hysteresis %d is outside 0..65535", r.QuorumHysteresis)
+	}
+	if r.QuorumHysteresis > 0 && r.Quorum == 0 {
+		v.errorf(path+".quorum_hysteresis", ctx, "quorum_hysteresis needs quorum")
+	}
+	if r.Quorum > int64(len(r.Backend)) {
+		v.errorf(path+".quorum", ctx, "quorum %d is more than the %d backends", r.Quorum, len(r.Backend))
+	}
+	h.Policy.Quorum, h.Policy.Hysteresis = int(r.Quorum), int(r.QuorumHysteresis)
+	if r.Sorry != "" {
+		d, err := sorryBackend(r.Sorry, vs)
+		if err != nil {
+			v.errorf(path+".sorry", ctx, "sorry: %v", err)
+		}
+		h.Policy.Sorry = d
+	}
+	var def *health.Spec
+	if r.Check != nil {
+		s, ok := v.check(path+".check", ctx, r.Check)
+		if !ok {
+			return h, false
+		}
+		def = s
+	}
+	for j := range r.Backend {
+		b := &r.Backend[j]
+		if j >= len(vs.Backends) {
+			break
+		}
+		addr := vs.Backends[j].Addr
+		spec := def
+		if b.Check != nil {
+			s, ok := v.check(fmt.Sprintf("%s.backend.%d.check", path, j), fmt.Sprintf("%s: backend %q", ctx, addr.String()), b.Check)
+			if !ok {
+				continue
+			}
+			spec = s
+		}
+		if spec != nil {
+			h.Checks[addr] = *spec
+		}
+	}
+	if (h.Policy.Quorum > 0 || h.Policy.Sorry.Addr.IsValid()) && len(h.Checks) == 0 {
+		v.errorf(path, ctx, "quorum and sorry need health checks (add a [service.check] table)")
+	}
+	return h, true
+}
+
+// sorryBackend parses "addr" or "addr:port" into a destination that
+// forwards like the service's first backend.
+func sorryBackend(s string, vs *lb.VirtualService) (lb.Destination, error) {
+	fwd := lb.Masq
+	if len(vs.Backends) > 0 {
+		fwd = vs.Backends[0].Forward
+	}
+	d := lb.Destination{Weight: 1, Forward: fwd}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		d.Addr = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	} else if a, err := netip.ParseAddr(s); err == nil {
+		d.Addr = netip.AddrPortFrom(a.Unmap(), vs.Service.Key.Port)
+	} else {
+		return d, fmt.Errorf("%q is not an IP address or address:port", s)
+	}
+	if lb.FamilyOf(d.Addr.Addr()) != vs.Service.Key.Family && fwd != lb.Tunnel {
+		return d, errors.New("the sorry backend's family differs from the service's")
+	}
+	if len(vs.Backends) > 0 && vs.Backends[0].Forward == lb.Tunnel {
+		b := vs.Backends[0]
+		d.Tunnel, d.TunnelPort, d.TunnelCsum = b.Tunnel, b.TunnelPort, b.TunnelCsum
+	}
+	return d, nil
+}
