@@ -336,7 +336,15 @@ topo_backend_stop() {
 	local pid
 	pid=$(cat "$TOPO_STATE/$1.pid" 2>/dev/null) || return 0
 	kill "$pid" 2>/dev/null
-	wait "$pid" 2>/dev/null
+	# Not this shell's child ('wait' would return at once): poll until it is
+	# gone or a zombie, for up to 5 s, then make sure.
+	local i state
+	for ((i = 0; i < 100; i++)); do
+		read -r _ _ state _ 2>/dev/null <"/proc/$pid/stat" || break
+		[[ $state != Z ]] || break
+		sleep 0.05
+	done
+	kill -KILL "$pid" 2>/dev/null
 	rm -f "$TOPO_STATE/$1.pid" "$TOPO_STATE/$1.ready"
 	return 0
 }
