@@ -340,11 +340,11 @@ topo_backend_stop() {
 	# gone or a zombie, for up to 5 s, then make sure.
 	local i state
 	for ((i = 0; i < 100; i++)); do
-		read -r _ _ state _ 2>/dev/null <"/proc/$pid/stat" || break
+		{ read -r _ _ state _ <"/proc/$pid/stat"; } 2>/dev/null || break
 		[[ $state != Z ]] || break
 		sleep 0.05
 	done
-	kill -KILL "$pid" 2>/dev/null
+	kill -KILL "$pid" 2>/dev/null || true
 	rm -f "$TOPO_STATE/$1.pid" "$TOPO_STATE/$1.ready"
 	return 0
 }
