@@ -55,7 +55,7 @@ type rawCheck struct {
 	Rise     int64     `toml:"rise"`
 	Fall     int64     `toml:"fall"`
 	Initial  string    `toml:"initial"`
-	Jitter   *float64  `toml:"jitter"`
+	Jitter   *number   `toml:"jitter"`
 	Address  string    `toml:"address"`
 	Port     int64     `toml:"port"`
 	Mark     int64     `toml:"mark"`
@@ -119,10 +119,13 @@ func (v *validator) check(path, ctx string, r *rawCheck) (*health.Spec, bool) {
 		s.Initial = st
 	}
 	if r.Jitter != nil {
-		if *r.Jitter == 0 {
+		switch j := float64(*r.Jitter); {
+		case j < 0 || j > health.MaxJitter:
+			v.errorf(path+".jitter", ctx, "jitter %g is outside 0..%g", j, health.MaxJitter)
+		case j == 0:
 			s.Jitter = -1 // an explicit 0 turns jitter off
-		} else {
-			s.Jitter = *r.Jitter
+		default:
+			s.Jitter = j
 		}
 	}
 	if r.Address != "" {
@@ -274,4 +277,19 @@ func sorryBackend(s string, vs *lb.VirtualService) (lb.Destination, error) {
 		d.Tunnel, d.TunnelPort, d.TunnelCsum = b.Tunnel, b.TunnelPort, b.TunnelCsum
 	}
 	return d, nil
+}
+
+// number accepts a TOML integer or float.
+type number float64
+
+func (n *number) UnmarshalTOML(v any) error {
+	switch x := v.(type) {
+	case int64:
+		*n = number(x)
+	case float64:
+		*n = number(x)
+	default:
+		return fmt.Errorf("want a number, not %T", v)
+	}
+	return nil
 }

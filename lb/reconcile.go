@@ -22,6 +22,27 @@ type IPVS interface {
 	DeleteDest(ServiceKey, netip.AddrPort) error
 }
 
+// IPVSBatcher is implemented by IPVS adapters that can send many
+// operations to the kernel in one exchange. The reconciler hands it runs
+// of operations of one IPVS kind, in order.
+type IPVSBatcher interface {
+	// ApplyBatch applies ops in order, continuing past failures, and
+	// returns one error (nil for success) per operation.
+	ApplyBatch(ops []Op) []error
+}
+
+// batchSize bounds the operations handed to one ApplyBatch call.
+const batchSize = 1024
+
+// isIPVSKind reports whether operations of kind k change IPVS.
+func isIPVSKind(k OpKind) bool {
+	switch k {
+	case OpAddService, OpUpdateService, OpDeleteService, OpAddDest, OpUpdateDest, OpDrainDest, OpDeleteDest:
+		return true
+	}
+	return false
+}
+
 // VIPs are the addresses on vipd's dummy interface.
 type VIPs interface {
 	// VIPs returns the addresses bound to the dummy interface.
@@ -345,17 +366,12 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 	failedSvc := map[ServiceKey]bool{}
 	failedBind := map[netip.Addr]bool{}
 	failedDel := map[ServiceKey]bool{}
-	for i, op := range ops {
-		if err := ctx.Err(); err != nil {
-			res.Skipped = append(res.Skipped, ops[i:]...)
-			break
-		}
-		if (op.Kind == OpAddDest || op.Kind == OpUpdateDest) && failedSvc[op.Service.Key] ||
-			op.Kind == OpAnnounce && failedBind[op.Addr] {
-			res.Skipped = append(res.Skipped, op)
-			continue
-		}
-		if err := r.do(op); err != nil {
+	skip := func(op Op) bool {
+		return (op.Kind == OpAddDest || op.Kind == OpUpdateDest) && failedSvc[op.Service.Key] ||
+			op.Kind == OpAnnounce && failedBind[op.Addr]
+	}
+	finish := func(op Op, err error) {
+		if err != nil {
 			res.Failed = append(res.Failed, &OpError{Op: op, Err: err})
 			switch op.Kind {
 			case OpAddService:
@@ -365,11 +381,55 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 			case OpBindVIP:
 				failedBind[op.Addr] = true
 			}
-			continue
+			return
 		}
 		r.track(op)
 		r.log.Info("applied", "op", op.Kind.String(), "detail", op.String())
 		res.Applied = append(res.Applied, op)
+	}
+	batcher, _ := k.IPVS.(IPVSBatcher)
+	for i := 0; i < len(ops); {
+		if err := ctx.Err(); err != nil {
+			res.Skipped = append(res.Skipped, ops[i:]...)
+			break
+		}
+		op := ops[i]
+		if batcher == nil || !isIPVSKind(op.Kind) {
+			if skip(op) {
+				res.Skipped = append(res.Skipped, op)
+			} else {
+				finish(op, r.do(op))
+			}
+			i++
+			continue
+		}
+		// A run of IPVS operations of one kind goes to the kernel in
+		// batches; kinds stay apart so that a service that failed to be
+		// added skips its backends, as above.
+		j := i
+		var todo []Op
+		for ; j < len(ops) && ops[j].Kind == op.Kind; j++ {
+			if skip(ops[j]) {
+				res.Skipped = append(res.Skipped, ops[j])
+			} else {
+				todo = append(todo, ops[j])
+			}
+		}
+		for len(todo) > 0 {
+			n := min(len(todo), batchSize)
+			errs := batcher.ApplyBatch(todo[:n])
+			for x, op := range todo[:n] {
+				var err error
+				if x < len(errs) {
+					err = errs[x]
+				} else {
+					err = errors.New("batch returned no result")
+				}
+				finish(op, err)
+			}
+			todo = todo[n:]
+		}
+		i = j
 	}
 	if k.Ledger != nil && desired != nil {
 		owned := cloneMap(desired.Owned)

@@ -423,3 +423,45 @@ backend = [{ address = "10.0.0.1" }]
 		t.Error("other VIP missing from the filter set")
 	}
 }
+
+// TestBatchedApply checks that an adapter with lb.IPVSBatcher gets runs of
+// one kind and reaches the same state, failures included.
+func TestBatchedApply(t *testing.T) {
+	cfg := mustParse(t, base+`
+[[service]]
+name = "new-sched"
+vip = "192.0.2.11"
+port = 80
+scheduler = "twos"
+backend = [{ address = "10.0.0.4" }]
+`)
+	plain, batchedK := lbtest.New(), lbtest.New()
+	plain.Unsupport("twos")
+	batchedK.Unsupport("twos")
+	r1 := lb.NewReconciler(lb.Options{Kernel: plain.Interface(), Dummy: "vipd0"})
+	kb := batchedK.Interface()
+	kb.IPVS = batchedK.Batched()
+	r2 := lb.NewReconciler(lb.Options{Kernel: kb, Dummy: "vipd0"})
+	res1, err1 := r1.Reconcile(context.Background(), &cfg.Spec)
+	res2, err2 := r2.Reconcile(context.Background(), &cfg.Spec)
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	if plain.Dump() != batchedK.Dump() {
+		t.Errorf("batched state differs:\n%s\nwant\n%s", batchedK.Dump(), plain.Dump())
+	}
+	if len(res1.Applied) != len(res2.Applied) || len(res1.Failed) != len(res2.Failed) || len(res2.Skipped) != 1 {
+		t.Errorf("results differ: plain %d/%d/%d, batched %d/%d/%d", len(res1.Applied), len(res1.Failed), len(res1.Skipped),
+			len(res2.Applied), len(res2.Failed), len(res2.Skipped))
+	}
+	var batches []string
+	for _, c := range batchedK.Calls() {
+		if strings.HasPrefix(c, "batch ") {
+			batches = append(batches, c)
+		}
+	}
+	want := []string{"batch add-service 3", "batch add-backend 3"}
+	if strings.Join(batches, "|") != strings.Join(want, "|") {
+		t.Errorf("batches = %q, want %q", batches, want)
+	}
+}

@@ -391,3 +391,38 @@ func (k *Kernel) Store(owned map[lb.ServiceKey]struct{}) error {
 func sortedAddrs(m map[netip.Addr]struct{}) []netip.Addr {
 	return slices.SortedFunc(maps.Keys(m), netip.Addr.Compare)
 }
+
+// Batched returns the fake's IPVS with lb.IPVSBatcher, as an adapter that
+// pipelines netlink requests has: each ApplyBatch is recorded as one call
+// "batch KIND N" after the calls of its operations.
+func (k *Kernel) Batched() lb.IPVS { return batched{k} }
+
+type batched struct{ *Kernel }
+
+// ApplyBatch implements lb.IPVSBatcher.
+func (b batched) ApplyBatch(ops []lb.Op) []error {
+	errs := make([]error, len(ops))
+	for i, op := range ops {
+		key := op.Service.Key
+		switch op.Kind {
+		case lb.OpAddService:
+			errs[i] = b.AddService(op.Service)
+		case lb.OpUpdateService:
+			errs[i] = b.UpdateService(op.Service)
+		case lb.OpDeleteService:
+			errs[i] = b.DeleteService(key)
+		case lb.OpAddDest:
+			errs[i] = b.AddDest(key, op.Dest)
+		case lb.OpUpdateDest, lb.OpDrainDest:
+			errs[i] = b.UpdateDest(key, op.Dest)
+		case lb.OpDeleteDest:
+			errs[i] = b.DeleteDest(key, op.Dest.Addr)
+		default:
+			errs[i] = fmt.Errorf("%s is not an ipvs operation", op.Kind)
+		}
+	}
+	b.mu.Lock()
+	b.calls = append(b.calls, fmt.Sprintf("batch %s %d", ops[0].Kind, len(ops)))
+	b.mu.Unlock()
+	return errs
+}

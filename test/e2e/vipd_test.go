@@ -183,7 +183,7 @@ func service(name, vip string, port int, extra string, backends ...string) strin
 	fmt.Fprintf(&b, "\n[[service]]\nname = %q\nvip = %q\nport = %d\n%s\n", name, vip, port, extra)
 	for _, be := range backends {
 		if strings.HasPrefix(be, "{") {
-			fmt.Fprintf(&b, "[[service.backend]]\n%s\n", strings.Trim(be, "{}"))
+			fmt.Fprintf(&b, "[[service.backend]]\n%s\n", strings.TrimSuffix(strings.TrimPrefix(be, "{"), "}"))
 			continue
 		}
 		fmt.Fprintf(&b, "[[service.backend]]\naddress = %q\n", be)
