@@ -74,6 +74,9 @@ type Daemon struct {
 	ResyncInterval time.Duration
 	// Drain makes removed backends go to weight 0 before deletion.
 	Drain bool
+	// DrainServices drains a removed service's connections before
+	// deleting it (its VIP stays bound meanwhile).
+	DrainServices bool
 	// DrainTimeout bounds a drain; zero waits for the last connection.
 	DrainTimeout time.Duration
 	// GARP says how VIPs are announced.

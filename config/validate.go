@@ -38,6 +38,7 @@ type rawDaemon struct {
 	OnStop         *string   `toml:"on_stop"`
 	ResyncInterval *duration `toml:"resync_interval"`
 	Drain          *bool     `toml:"drain"`
+	DrainServices  *bool     `toml:"drain_services"`
 	DrainTimeout   *duration `toml:"drain_timeout"`
 	GARPCount      *int64    `toml:"garp_count"`
 	GARPInterval   *duration `toml:"garp_interval"`
@@ -243,6 +244,7 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 	setBool(&out.ManageSysctls, d.ManageSysctls)
 	setBool(&out.ManageIPTables, d.ManageIPTables)
 	setBool(&out.Drain, d.Drain)
+	setBool(&out.DrainServices, d.DrainServices)
 	filter := true
 	setBool(&filter, d.FilterVIPPorts)
 	mark := int64(DefaultSNATMark)

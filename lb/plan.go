@@ -156,6 +156,22 @@ type PlanOptions struct {
 	// DrainDone reports whether a draining backend's drain time is up.
 	// Nil means never: only an idle backend is deleted.
 	DrainDone func(ServiceKey, netip.AddrPort) bool
+	// DrainServices makes a removed service whose backends have active
+	// connections drain them (weight 0) and stay, with its VIP, until
+	// they are idle or DrainDone reports true for the service (asked with
+	// the zero address); otherwise a removed service is deleted at once.
+	DrainServices bool
+}
+
+// drained reports whether a removed service may go: none of its backends
+// has active connections, or its drain time is up.
+func drained(key ServiceKey, s *ServiceState, opts PlanOptions) bool {
+	for _, d := range s.Dests {
+		if d.ActiveConns > 0 {
+			return opts.DrainDone != nil && opts.DrainDone(key, netip.AddrPort{})
+		}
+	}
+	return true
 }
 
 // Plan returns the operations that take the kernel from observed to
@@ -248,11 +264,31 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 			}
 		}
 	}
+	// Removed services go at once, or with DrainServices first drain like
+	// removed backends; their VIPs (and announcements) stay until then.
+	keepVIP := map[netip.Addr]bool{}
 	for key, have := range observed.Services {
 		if _, ok := desired.Services[key]; ok || !observed.Owns(key) {
 			continue
 		}
+		if opts.DrainServices && !drained(key, have, opts) {
+			for _, hd := range have.Dests {
+				if hd.Weight != 0 {
+					d := hd.Settings()
+					d.Weight = 0
+					b[OpDrainDest] = append(b[OpDrainDest], Op{Kind: OpDrainDest, Service: have.Service, Dest: d, Was: &Was{Dest: hd}})
+				}
+			}
+			if key.FWMark == 0 {
+				keepVIP[key.Addr] = true
+			}
+			continue
+		}
 		b[OpDeleteService] = append(b[OpDeleteService], Op{Kind: OpDeleteService, Service: have.Service})
+	}
+	if len(keepVIP) > 0 {
+		b[OpUnbindVIP] = slices.DeleteFunc(b[OpUnbindVIP], func(op Op) bool { return keepVIP[op.Addr] })
+		b[OpWithdraw] = slices.DeleteFunc(b[OpWithdraw], func(op Op) bool { return keepVIP[op.Addr] })
 	}
 
 	var n int

@@ -109,6 +109,8 @@ type Options struct {
 	Drain bool
 	// DrainTimeout bounds a drain; zero waits for the last connection.
 	DrainTimeout time.Duration
+	// DrainServices drains removed services too (see PlanOptions).
+	DrainServices bool
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -289,7 +291,7 @@ func (r *Reconciler) Plan(ctx context.Context, spec *Spec) ([]Op, error) {
 }
 
 func (r *Reconciler) planOptions() PlanOptions {
-	return PlanOptions{Drain: r.opts.Drain, DrainDone: r.drainDone}
+	return PlanOptions{Drain: r.opts.Drain, DrainDone: r.drainDone, DrainServices: r.opts.DrainServices}
 }
 
 // drainDone reports whether a draining backend's time is up, starting its
@@ -365,7 +367,6 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 	}
 	failedSvc := map[ServiceKey]bool{}
 	failedBind := map[netip.Addr]bool{}
-	failedDel := map[ServiceKey]bool{}
 	skip := func(op Op) bool {
 		return (op.Kind == OpAddDest || op.Kind == OpUpdateDest) && failedSvc[op.Service.Key] ||
 			op.Kind == OpAnnounce && failedBind[op.Addr]
@@ -376,8 +377,6 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 			switch op.Kind {
 			case OpAddService:
 				failedSvc[op.Service.Key] = true
-			case OpDeleteService:
-				failedDel[op.Service.Key] = true
 			case OpBindVIP:
 				failedBind[op.Addr] = true
 			}
@@ -432,9 +431,17 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		i = j
 	}
 	if k.Ledger != nil && desired != nil {
+		// vipd still owns what it wants, and what it had that is still
+		// there: deletions that failed and services left draining.
 		owned := cloneMap(desired.Owned)
-		for key := range failedDel {
-			if observed.Owns(key) {
+		deleted := map[ServiceKey]bool{}
+		for _, op := range res.Applied {
+			if op.Kind == OpDeleteService {
+				deleted[op.Service.Key] = true
+			}
+		}
+		for key := range observed.Services {
+			if observed.Owns(key) && !deleted[key] {
 				owned[key] = struct{}{}
 			}
 		}

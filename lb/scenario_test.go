@@ -177,6 +177,31 @@ func TestScenarios(t *testing.T) {
 			}},
 			{"re-add the backend", base, nil},
 		}},
+		{"drain-services", lb.Options{Drain: true, DrainServices: true, DrainTimeout: time.Minute}, []step{
+			{"two services", base, nil},
+			{"remove the udp service while the tcp one has connections", base[:strings.Index(base, "[[service]]\nname = \"dns\"")], func(k *lbtest.Kernel) {
+				k.Edit(func(s *lb.State) {
+					for key, svc := range s.Services {
+						if key.Port == 80 {
+							d := svc.Dests[netip.MustParseAddrPort("10.0.0.1:80")]
+							d.ActiveConns = 2
+							svc.Dests[d.Addr] = d
+						}
+					}
+				})
+			}},
+			{"remove the tcp service too: it drains, its VIP stays", "[daemon]\nuplinks = [\"eth0\"]\n", nil},
+			{"its connections end: it goes, and the VIP", "[daemon]\nuplinks = [\"eth0\"]\n", func(k *lbtest.Kernel) {
+				k.Edit(func(s *lb.State) {
+					for _, svc := range s.Services {
+						for a, d := range svc.Dests {
+							d.ActiveConns = 0
+							svc.Dests[a] = d
+						}
+					}
+				})
+			}},
+		}},
 		{"drift", lb.Options{}, []step{
 			{"programmed", base, nil},
 			{"service and VIP deleted by hand", base, func(k *lbtest.Kernel) {

@@ -101,5 +101,6 @@ func reconcilerOptions(cfg *config.Config, k lb.Kernel, log *slog.Logger) lb.Opt
 		Dummy:         cfg.Daemon.Interface,
 		Drain:         cfg.Daemon.Drain,
 		DrainTimeout:  cfg.Daemon.DrainTimeout,
+		DrainServices: cfg.Daemon.DrainServices,
 	}
 }

@@ -1,0 +1,332 @@
+// Package metrics exports vipd's Prometheus metrics: what the daemon does
+// (reconcile passes, reloads, health transitions, sysctl drift), counted
+// as it happens, and what the kernel, the health checker and the announcer
+// report, read at scrape time. Everything lives on a registry of its own,
+// served by Handler, with the Go runtime and process metrics beside it.
+//
+// Names follow the Prometheus conventions: a vipd_ prefix, _total on
+// counters, base units (seconds, bytes). Services are labelled by their
+// configured name (service) and kernel key (vip: "192.0.2.10:80/tcp",
+// "[2001:db8::10]:443/tcp" or "fwmark 7/ipv4"), backends by address
+// (backend: "10.0.0.1:8080").
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vipd/vipd/arp"
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/health"
+	"github.com/vipd/vipd/lb/status"
+)
+
+// Options configure Metrics.
+type Options struct {
+	// Version is vipd's version, exported as vipd_build_info.
+	Version string
+	// Status returns the status of vipd's services for the per-service
+	// and per-backend metrics; nil exports none. It is called on every
+	// scrape, from the scraping goroutine, so it must be safe for
+	// concurrent use; its snapshot is used for that scrape only. An
+	// error counts in vipd_status_errors_total and leaves the scrape
+	// without those metrics.
+	Status func() (*status.Snapshot, error)
+	// Announcer returns the announcer's packet counts (arp.Announcer's
+	// Stats) on every scrape; nil exports none.
+	Announcer func() arp.Stats
+	// Health returns the health checker's counters (health.Manager's
+	// Stats) on every scrape; nil exports none.
+	Health func() health.Stats
+	// Logger receives scrape errors; nil discards them.
+	Logger *slog.Logger
+	// Now is the clock of the timestamps; nil means time.Now.
+	Now func() time.Time
+	// NoRuntime leaves out the Go runtime and process collectors.
+	NoRuntime bool
+}
+
+// ReloadFailure is why a reload did not take effect.
+type ReloadFailure string
+
+// The reasons a reload fails.
+const (
+	// ReloadInvalid: the file does not parse or validate.
+	ReloadInvalid ReloadFailure = "invalid"
+	// ReloadGuard: the reload guard refused a mass deletion.
+	ReloadGuard ReloadFailure = "guard"
+	// ReloadApply: operations failed and the daemon rolled back.
+	ReloadApply ReloadFailure = "apply"
+)
+
+// Metrics are vipd's metrics. Its methods are safe for concurrent use.
+type Metrics struct {
+	reg     *prometheus.Registry
+	handler http.Handler
+	now     func() time.Time
+
+	passes      *prometheus.CounterVec
+	ops         *prometheus.CounterVec
+	passErrors  prometheus.Counter
+	duration    prometheus.Histogram
+	lastSuccess prometheus.Gauge
+
+	generation     prometheus.Gauge
+	lastReload     prometheus.Gauge
+	reloadFailures *prometheus.CounterVec
+	stale          prometheus.Gauge
+
+	transitions *prometheus.CounterVec
+	drift       *prometheus.CounterVec
+
+	mu sync.Mutex
+	// set holds the value vipd last set each sysctl to.
+	set map[string]string
+	// checked holds the backends with transition series.
+	checked map[backendRef]struct{}
+}
+
+type backendRef struct {
+	service string
+	backend netip.AddrPort
+}
+
+// DurationBuckets are the buckets of vipd_reconcile_duration_seconds: a
+// pass takes from about 100µs (nothing to do) to a minute (a cold start
+// programming a hundred thousand backends).
+var DurationBuckets = []float64{
+	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+}
+
+// New returns vipd's metrics on a new registry.
+func New(opts Options) *Metrics {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		now: opts.Now,
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_reconcile_passes_total",
+			Help: "Reconcile passes run, by what triggered them.",
+		}, []string{"why"}),
+		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_reconcile_operations_total",
+			Help: "Planned kernel operations, by kind and by result: applied, failed, or skipped because one they depend on failed.",
+		}, []string{"op", "result"}),
+		passErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vipd_reconcile_errors_total",
+			Help: "Reconcile passes that could not read the kernel or had an operation fail.",
+		}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "vipd_reconcile_duration_seconds",
+			Help:    "Time a reconcile pass took: observe, plan and apply.",
+			Buckets: DurationBuckets,
+		}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vipd_reconcile_last_success_timestamp_seconds",
+			Help: "When the last reconcile pass with no failed operation ended, as a Unix time.",
+		}),
+		generation: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vipd_config_generation",
+			Help: "Generation of the running configuration: 1 at start, one more with each configuration that takes effect.",
+		}),
+		lastReload: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vipd_config_last_reload_success_timestamp_seconds",
+			Help: "When the running configuration took effect, as a Unix time.",
+		}),
+		reloadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_config_reload_failures_total",
+			Help: "Reloads that did not take effect, by reason: invalid file, refused by the reload guard, or failed to apply and rolled back.",
+		}, []string{"reason"}),
+		stale: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vipd_config_stale",
+			Help: "1 while the configuration file differs from the running configuration because its last reload failed, 0 once a configuration takes effect.",
+		}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_health_transitions_total",
+			Help: "Health transitions of backends, by the state they went to.",
+		}, []string{"service", "backend", "to"}),
+		drift: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_sysctl_drift_total",
+			Help: "Times a pass had to set a sysctl again to the value vipd had already set it to.",
+		}, []string{"sysctl"}),
+		set:     map[string]string{},
+		checked: map[backendRef]struct{}{},
+	}
+	for k := lb.OpKind(1); !strings.HasPrefix(k.String(), "op("); k++ {
+		for _, r := range []string{"applied", "failed", "skipped"} {
+			m.ops.WithLabelValues(k.String(), r)
+		}
+	}
+	for _, r := range []ReloadFailure{ReloadInvalid, ReloadGuard, ReloadApply} {
+		m.reloadFailures.WithLabelValues(string(r))
+	}
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "vipd_build_info",
+		Help: "Always 1, labelled with vipd's version.",
+	}, []string{"version"})
+	buildInfo.WithLabelValues(opts.Version).Set(1)
+
+	m.reg.MustRegister(buildInfo, m.passes, m.ops, m.passErrors, m.duration, m.lastSuccess,
+		m.generation, m.lastReload, m.reloadFailures, m.stale, m.transitions, m.drift)
+	if opts.Status != nil {
+		m.reg.MustRegister(newStatusCollector(opts.Status, opts.Logger))
+	}
+	if opts.Announcer != nil {
+		m.reg.MustRegister(announcerCollector(opts.Announcer))
+	}
+	if opts.Health != nil {
+		m.reg.MustRegister(healthCollector(opts.Health))
+	}
+	if !opts.NoRuntime {
+		m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	m.handler = promhttp.InstrumentMetricHandler(m.reg, promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+		ErrorLog:      errorLog{opts.Logger},
+		ErrorHandling: promhttp.ContinueOnError,
+		Registry:      m.reg,
+	}))
+	return m
+}
+
+// errorLog hands promhttp's errors to a Logger.
+type errorLog struct{ log *slog.Logger }
+
+func (l errorLog) Println(v ...any) {
+	l.log.Log(context.Background(), slog.LevelWarn, "metrics scrape", "err", strings.TrimSpace(fmt.Sprintln(v...)))
+}
+
+// Handler returns the handler that serves the metrics, for /metrics.
+func (m *Metrics) Handler() http.Handler { return m.handler }
+
+// Registry returns the registry the metrics live on, for tests and for
+// adding collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Pass records a reconcile pass: what triggered it (the daemon's why:
+// "start", "resync", "reload", ...; a small fixed set), its result (nil
+// when the kernel could not be read) and how long it took. It also counts
+// sysctl drift: an applied set-sysctl operation that sets a sysctl to the
+// value vipd last set it to means something changed it in between. A
+// sysctl that becomes wanted on a reload, or whose wanted value changes,
+// is not drift; one vipd found already set when it started is tracked
+// from the first time vipd has to set it.
+func (m *Metrics) Pass(why string, res *lb.Result, took time.Duration) {
+	m.passes.WithLabelValues(why).Inc()
+	m.duration.Observe(took.Seconds())
+	if res == nil {
+		m.passErrors.Inc()
+		return
+	}
+	// Sum by kind first: a cold start applies an operation per object.
+	type count struct{ applied, failed, skipped int }
+	counts := map[lb.OpKind]*count{}
+	get := func(k lb.OpKind) *count {
+		c := counts[k]
+		if c == nil {
+			c = &count{}
+			counts[k] = c
+		}
+		return c
+	}
+	for _, op := range res.Applied {
+		get(op.Kind).applied++
+	}
+	for _, f := range res.Failed {
+		get(f.Op.Kind).failed++
+	}
+	for _, op := range res.Skipped {
+		get(op.Kind).skipped++
+	}
+	for k, c := range counts {
+		m.ops.WithLabelValues(k.String(), "applied").Add(float64(c.applied))
+		m.ops.WithLabelValues(k.String(), "failed").Add(float64(c.failed))
+		m.ops.WithLabelValues(k.String(), "skipped").Add(float64(c.skipped))
+	}
+	if len(res.Failed) > 0 {
+		m.passErrors.Inc()
+	} else {
+		m.lastSuccess.Set(unix(m.now()))
+	}
+	if counts[lb.OpSetSysctl] == nil || counts[lb.OpSetSysctl].applied == 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, op := range res.Applied {
+		if op.Kind != lb.OpSetSysctl {
+			continue
+		}
+		name := sysctlName(op.Sysctl)
+		c := m.drift.WithLabelValues(name)
+		if last, ok := m.set[op.Sysctl]; ok && last == op.Value {
+			c.Inc()
+		}
+		m.set[op.Sysctl] = op.Value
+	}
+}
+
+// sysctlName turns a path below /proc/sys into the name sysctl(8) uses:
+// net/ipv4/vs/conntrack becomes net.ipv4.vs.conntrack.
+func sysctlName(path string) string {
+	return strings.ReplaceAll(path, "/", ".")
+}
+
+// ConfigLoaded records that a configuration took effect, at start or on a
+// reload: its generation and spec. It clears vipd_config_stale and drops
+// the health transition series of backends spec no longer has.
+func (m *Metrics) ConfigLoaded(generation uint64, spec *lb.Spec) {
+	m.generation.Set(float64(generation))
+	m.lastReload.Set(unix(m.now()))
+	m.stale.Set(0)
+
+	keep := map[backendRef]bool{}
+	for _, vs := range spec.Services {
+		for _, b := range vs.Backends {
+			keep[backendRef{vs.Name, b.Addr}] = true
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for r := range m.checked {
+		if !keep[r] {
+			m.transitions.DeletePartialMatch(prometheus.Labels{"service": r.service, "backend": r.backend.String()})
+			delete(m.checked, r)
+		}
+	}
+}
+
+// ReloadFailed records a reload that did not take effect, and sets
+// vipd_config_stale: the file no longer says what runs.
+func (m *Metrics) ReloadFailed(reason ReloadFailure) {
+	m.reloadFailures.WithLabelValues(string(reason)).Inc()
+	m.stale.Set(1)
+}
+
+// HealthTransition records a backend's health transition, as a
+// health.Manager reports it to Options.OnTransition.
+func (m *Metrics) HealthTransition(t health.Transition) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.transitions.WithLabelValues(t.Service, t.Backend.String(), t.State.String()).Inc()
+	m.checked[backendRef{t.Service, t.Backend}] = struct{}{}
+}
+
+func unix(t time.Time) float64 {
+	return float64(t.UnixNano()) / 1e9
+}
