@@ -28,6 +28,9 @@ var serviceStates = []status.State{status.OK, status.Degraded, status.Down, stat
 func newStatusCollector(snapshot func() (*status.Snapshot, error), log *slog.Logger) *statusCollector {
 	svc := []string{"service", "vip"}
 	be := []string{"service", "vip", "backend"}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	with := func(l []string, extra string) []string { return append(append([]string(nil), l...), extra) }
 	return &statusCollector{
 		snapshot: snapshot,
