@@ -32,28 +32,17 @@ func RenderTable(w io.Writer, snap *Snapshot) error {
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "vipd status at %s\n", snap.Time.Format(time.RFC3339))
 	fmt.Fprintln(tw, summary(snap))
-	if len(snap.Services) > 0 {
+	if len(snap.Services)+len(snap.Removed) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "SERVICE / BACKEND\tSTATE\tWEIGHT\tCONF\tACTIVE\tINACT\tCONNS\tIN\tOUT\tCONN/S\tIN/S\tOUT/S\tDETAIL")
 	}
 	for i := range snap.Services {
 		s := &snap.Services[i]
-		row(tw, s.Name+" "+s.Key, string(s.State), "", "", serviceCounts(s), serviceDetail(s))
-		for j := range s.Backends {
-			b := &s.Backends[j]
-			weight, conf := "-", "-"
-			if b.InKernel {
-				weight = fmt.Sprint(b.Weight)
-			}
-			if b.Configured {
-				conf = fmt.Sprint(b.ConfiguredWeight)
-			}
-			state := "-"
-			if b.Health != nil {
-				state = b.Health.State + " " + ago(snap.Time.Sub(b.Health.Since))
-			}
-			row(tw, "  -> "+b.Address.String(), state, weight, conf, backendCounts(b), backendDetail(s, b))
-		}
+		serviceRows(tw, snap.Time, s, s.Name+" "+s.Key)
+	}
+	for i := range snap.Removed {
+		s := &snap.Removed[i]
+		serviceRows(tw, snap.Time, s, s.Key)
 	}
 	tw.Flush() // cannot fail: it writes to a buffer
 	// Padding before an empty last cell leaves trailing blanks.
@@ -66,6 +55,27 @@ func RenderTable(w io.Writer, snap *Snapshot) error {
 		return fmt.Errorf("render status table: %w", err)
 	}
 	return nil
+}
+
+// serviceRows writes the row of a service, labelled label, and those of
+// its backends.
+func serviceRows(w io.Writer, now time.Time, s *Service, label string) {
+	row(w, label, string(s.State), "", "", serviceCounts(s), serviceDetail(s))
+	for j := range s.Backends {
+		b := &s.Backends[j]
+		weight, conf := "-", "-"
+		if b.InKernel {
+			weight = fmt.Sprint(b.Weight)
+		}
+		if b.Configured {
+			conf = fmt.Sprint(b.ConfiguredWeight)
+		}
+		state := "-"
+		if b.Health != nil {
+			state = b.Health.State + " " + ago(now.Sub(b.Health.Since))
+		}
+		row(w, "  -> "+b.Address.String(), state, weight, conf, backendCounts(b), backendDetail(s, b))
+	}
 }
 
 // row writes one table row; counts are the eight counter and rate cells.
@@ -135,8 +145,8 @@ func extras(snap *Snapshot) []string {
 	if snap.Draining > 0 {
 		parts = append(parts, plural(snap.Draining, "backend")+" draining after removal")
 	}
-	if snap.Unconfigured > 0 {
-		parts = append(parts, plural(snap.Unconfigured, "unconfigured service")+" (deleted on the next pass)")
+	if len(snap.Removed) > 0 {
+		parts = append(parts, plural(len(snap.Removed), "removed service"))
 	}
 	if snap.Foreign > 0 {
 		parts = append(parts, plural(snap.Foreign, "foreign service"))
@@ -157,8 +167,11 @@ func plural(n int, noun string) string {
 // serviceDetail describes a service's settings and drift.
 func serviceDetail(s *Service) string {
 	var parts []string
-	if s.State == Missing {
+	switch s.State {
+	case Missing:
 		parts = append(parts, "not in the kernel")
+	case Removed:
+		parts = append(parts, "removed from the configuration")
 	}
 	sched := s.Scheduler
 	if len(s.Flags) > 0 {
@@ -206,7 +219,11 @@ func backendDetail(s *Service, b *Backend) string {
 	}
 	switch b.Reason {
 	case Draining:
-		parts = append(parts, "removed from the configuration, draining")
+		if s.State == Removed {
+			parts = append(parts, "draining")
+		} else {
+			parts = append(parts, "removed from the configuration, draining")
+		}
 	case Sorry:
 		parts = append(parts, "sorry backend")
 	case Drift:

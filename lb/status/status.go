@@ -71,19 +71,21 @@ type Snapshot struct {
 	Time time.Time `json:"time"`
 	// HealthChecks reports whether health checks are on.
 	HealthChecks bool `json:"health_checks"`
-	// Draining counts the backends that are draining after their
-	// removal from the configuration; they are listed under their
-	// services too.
+	// Draining counts the backends at weight 0 that wait for their
+	// connections to end after their removal from the configuration, or
+	// their service's; they are listed under their services too.
 	Draining int `json:"draining_backends"`
-	// Unconfigured counts the services vipd owns that the configuration
-	// no longer lists; the next pass deletes them.
-	Unconfigured int `json:"unconfigured_services"`
 	// Foreign counts the IPVS services vipd does not own.
 	Foreign int `json:"foreign_services"`
 	// Services are the configured services in configuration order, one
 	// entry per kernel service: a NodePort service has one per host
 	// address it listens on (one, missing, when it has none).
 	Services []Service `json:"services"`
+	// Removed are the services vipd owns that the configuration no
+	// longer lists, in key order: draining (drain_services) or left for
+	// the next pass to delete. Their Name is empty and their settings
+	// are the kernel's.
+	Removed []Service `json:"removed_services"`
 }
 
 // State is the condition of a service.
@@ -102,6 +104,9 @@ const (
 	Down State = "down"
 	// Missing: the service is not in the kernel.
 	Missing State = "missing"
+	// Removed: the configuration no longer lists the service; it drains
+	// or the next pass deletes it.
+	Removed State = "removed"
 )
 
 // Service is one configured service as the kernel runs it.
@@ -156,8 +161,8 @@ const (
 	HealthDown Reason = "health-down"
 	// AdminDrain: an operator drained it.
 	AdminDrain Reason = "admin-drain"
-	// Draining: it was removed from the configuration and waits at
-	// weight 0 for its connections to end.
+	// Draining: it (or its service) was removed from the configuration
+	// and it waits at weight 0 for its connections to end.
 	Draining Reason = "draining"
 	// Sorry: it is the service's sorry backend, in use because no other
 	// backend is healthy.
@@ -244,7 +249,7 @@ func Build(opts Options) *Snapshot {
 	if obs == nil {
 		obs = lb.NewState()
 	}
-	snap := &Snapshot{Time: opts.Now, HealthChecks: opts.Health != nil, Services: []Service{}}
+	snap := &Snapshot{Time: opts.Now, HealthChecks: opts.Health != nil, Services: []Service{}, Removed: []Service{}}
 	if snap.Time.IsZero() {
 		snap.Time = time.Now()
 	}
@@ -270,25 +275,49 @@ func Build(opts Options) *Snapshot {
 			continue
 		}
 		for _, k := range keys {
-			svc := service(vs, k, obs.Services[k], &opts)
-			for _, b := range svc.Backends {
-				if b.Reason == Draining {
-					snap.Draining++
-				}
-			}
-			snap.Services = append(snap.Services, svc)
+			snap.Services = append(snap.Services, service(vs, k, obs.Services[k], &opts))
 		}
 	}
+	var removed []lb.ServiceKey
 	for k := range obs.Services {
 		switch {
 		case claimed[k]:
 		case obs.Owns(k):
-			snap.Unconfigured++
+			removed = append(removed, k)
 		default:
 			snap.Foreign++
 		}
 	}
+	slices.SortFunc(removed, lb.ServiceKey.Compare)
+	for _, k := range removed {
+		snap.Removed = append(snap.Removed, removedService(obs.Services[k]))
+	}
+	for _, list := range [][]Service{snap.Services, snap.Removed} {
+		for _, s := range list {
+			for _, b := range s.Backends {
+				if b.Reason == Draining {
+					snap.Draining++
+				}
+			}
+		}
+	}
 	return snap
+}
+
+// removedService describes an owned kernel service the configuration no
+// longer lists.
+func removedService(kern *lb.ServiceState) Service {
+	vs := &lb.VirtualService{Service: kern.Service}
+	s := service(vs, kern.Key, kern, &Options{})
+	s.State = Removed
+	for i := range s.Backends {
+		b := &s.Backends[i]
+		b.Reason, b.Drift = "", nil
+		if b.Weight == 0 {
+			b.Reason = Draining
+		}
+	}
+	return s
 }
 
 // nodePortKeys returns the owned kernel keys of a NodePort service, in

@@ -160,15 +160,24 @@ func scenarios() map[string]Options {
 	out["admin-drained"] = Options{Spec: spec, Observed: obs, Now: now,
 		Drained: map[Ref]struct{}{{Backend: ap("10.0.0.1:8080")}: {}, {Service: "dns", Backend: ap("10.0.1.2:53")}: {}}}
 
-	// missing: one service is not in the kernel; an owned service is no
-	// longer configured.
+	// missing: one service is not in the kernel.
 	spec = &lb.Spec{Services: []lb.VirtualService{web(), dns()}}
 	obs = observed(spec)
 	delete(obs.Services, key("192.0.2.53:53", lb.UDP))
-	old := key("192.0.2.99:80", lb.TCP)
-	obs.Services[old] = &lb.ServiceState{Service: lb.Service{Key: old, Scheduler: "rr"}}
-	obs.Owned[old] = struct{}{}
 	out["missing"] = Options{Spec: spec, Observed: obs, Now: now}
+
+	// removed: services no longer configured, one draining
+	// (drain_services) and one the next pass deletes.
+	spec = &lb.Spec{Services: []lb.VirtualService{web()}}
+	obs = observed(&lb.Spec{Services: []lb.VirtualService{web(), dns()}})
+	dk := key("192.0.2.53:53", lb.UDP)
+	setWeight(obs, dk, "10.0.1.1:53", 0)
+	setWeight(obs, dk, "10.0.1.2:53", 0)
+	old := key("192.0.2.99:80", lb.TCP)
+	obs.Services[old] = &lb.ServiceState{Service: lb.Service{Key: old, Scheduler: "rr"},
+		Dests: map[netip.AddrPort]lb.Destination{ap("10.0.0.5:80"): dest("10.0.0.5:80", 1, lb.Masq)}}
+	obs.Owned[old] = struct{}{}
+	out["removed"] = Options{Spec: spec, Observed: obs, Now: now}
 
 	// draining: a backend removed from the configuration drains at
 	// weight 0 with connections left.
@@ -190,7 +199,6 @@ func scenarios() map[string]Options {
 	d := obs.Services[k].Dests[ap("10.0.0.2:8080")]
 	d.Forward, d.Upper = lb.DirectRoute, 100
 	obs.Services[k].Dests[d.Addr] = d
-	dk := key("192.0.2.53:53", lb.UDP)
 	setWeight(obs, dk, "10.0.1.1:53", 0)
 	setWeight(obs, dk, "10.0.1.2:53", 0)
 	obs.Services[dk].Dests[ap("10.0.9.9:53")] = dest("10.0.9.9:53", 1, lb.DirectRoute)
@@ -300,6 +308,7 @@ func TestStates(t *testing.T) {
 		"all-down":      {Down},
 		"admin-drained": {OK, OK},
 		"missing":       {OK, Missing},
+		"removed":       {OK},
 		"draining":      {OK},
 		"drift":         {Degraded, Degraded},
 		"ipv6":          {OK},
@@ -346,18 +355,24 @@ func TestReasons(t *testing.T) {
 
 func TestCounts(t *testing.T) {
 	for _, tc := range []struct {
-		name                            string
-		draining, unconfigured, foreign int
+		name                       string
+		draining, removed, foreign int
 	}{
 		{"healthy", 0, 0, 1},
-		{"missing", 0, 1, 0},
+		{"missing", 0, 0, 0},
+		{"removed", 2, 2, 0},
 		{"draining", 1, 0, 0},
 		{"nodeport", 0, 0, 1},
 	} {
 		s := Build(scenarios()[tc.name])
-		if s.Draining != tc.draining || s.Unconfigured != tc.unconfigured || s.Foreign != tc.foreign {
-			t.Errorf("%s: draining %d, unconfigured %d, foreign %d; want %d, %d, %d", tc.name,
-				s.Draining, s.Unconfigured, s.Foreign, tc.draining, tc.unconfigured, tc.foreign)
+		if s.Draining != tc.draining || len(s.Removed) != tc.removed || s.Foreign != tc.foreign {
+			t.Errorf("%s: draining %d, removed %d, foreign %d; want %d, %d, %d", tc.name,
+				s.Draining, len(s.Removed), s.Foreign, tc.draining, tc.removed, tc.foreign)
+		}
+	}
+	for _, s := range Build(scenarios()["removed"]).Removed {
+		if s.Name != "" || s.State != Removed {
+			t.Errorf("removed service %s: name %q, state %s", s.Key, s.Name, s.State)
 		}
 	}
 }
