@@ -228,6 +228,40 @@ func (r *Reconciler) Observe(desired *State) (*State, error) {
 	return s, nil
 }
 
+// ObserveServices reads only what status reports need: the IPVS services
+// with their counters, the dummy interface's VIPs and the ledger. It is
+// much cheaper than Observe, which also reads sysctls and rules.
+func (r *Reconciler) ObserveServices() (*State, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := r.opts.Kernel
+	s := NewState()
+	if k.IPVS != nil {
+		svcs, err := k.IPVS.Services()
+		if err != nil {
+			return nil, fmt.Errorf("observe ipvs: %w", err)
+		}
+		s.Services = svcs
+	}
+	if k.VIPs != nil {
+		vips, err := k.VIPs.VIPs()
+		if err != nil {
+			return nil, fmt.Errorf("observe vips: %w", err)
+		}
+		for _, a := range vips {
+			s.VIPs[a] = struct{}{}
+		}
+	}
+	if k.Ledger != nil {
+		owned, err := k.Ledger.Load()
+		if err != nil {
+			return nil, fmt.Errorf("observe ledger: %w", err)
+		}
+		s.Owned = owned
+	}
+	return s, nil
+}
+
 // Desired computes the desired state of spec on this host.
 func (r *Reconciler) Desired(spec *Spec) (*State, error) {
 	host := Host{Kernel: r.opts.KernelRelease, Dummy: r.opts.Dummy}

@@ -195,7 +195,7 @@ func sortedKeys[K comparable, V any](m map[K]V, cmp func(a, b K) int) []K {
 func (s *State) Clone() *State {
 	c := NewState()
 	for k, v := range s.Services {
-		c.Services[k] = &ServiceState{Service: v.Service, Dests: cloneMap(v.Dests)}
+		c.Services[k] = &ServiceState{Service: v.Service, Dests: cloneMap(v.Dests), Stats: v.Stats}
 	}
 	c.VIPs = cloneMap(s.VIPs)
 	c.Owned = cloneMap(s.Owned)

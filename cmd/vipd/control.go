@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb/status"
 )
 
 // serveControl serves the local control API on the configured unix
@@ -41,13 +43,10 @@ func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
 	}
 	mux := http.NewServeMux()
 	ask := func(w http.ResponseWriter, r *http.Request, req request) {
-		req.reply = make(chan reply, 1)
-		select {
-		case d.reqs <- req:
-		case <-r.Context().Done():
-			return
+		rep, err := d.ask(r.Context(), req)
+		if err != nil && rep.Error == "" {
+			rep.Error = err.Error()
 		}
-		rep := <-req.reply
 		w.Header().Set("Content-Type", "application/json")
 		if rep.Error != "" {
 			w.WriteHeader(http.StatusConflict)
@@ -60,6 +59,15 @@ func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
 	mux.HandleFunc("GET /v1/plan", func(w http.ResponseWriter, r *http.Request) {
 		ask(w, r, request{kind: "plan"})
 	})
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		ask(w, r, request{kind: "status"})
+	})
+	for _, kind := range []string{"drain", "undrain"} {
+		mux.HandleFunc("POST /v1/"+kind, func(w http.ResponseWriter, r *http.Request) {
+			q := r.URL.Query()
+			ask(w, r, request{kind: kind, service: q.Get("service"), backend: q.Get("backend")})
+		})
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(l)
 	return func() {
@@ -142,5 +150,87 @@ the running configuration keeps serving; --force applies the latter anyway.`,
 	}
 	cmd.Flags().StringVar(&socket, "socket", config.DefaultControlSocket, "control socket of the running vipd")
 	cmd.Flags().BoolVar(&force, "force", false, "apply even if the reload guard refuses")
+	return cmd
+}
+
+func socketFlag(cmd *cobra.Command, socket *string) {
+	cmd.Flags().StringVar(socket, "socket", config.DefaultControlSocket, "control socket of the running vipd")
+}
+
+// printReply prints what a reply applied and failed, and its error.
+func printReply(cmd *cobra.Command, rep reply) error {
+	out := cmd.OutOrStdout()
+	for _, a := range rep.Applied {
+		fmt.Fprintln(out, "applied:", a)
+	}
+	for _, f := range rep.Failed {
+		fmt.Fprintln(out, "failed:", f)
+	}
+	if rep.Error != "" {
+		fmt.Fprintln(cmd.ErrOrStderr(), rep.Error)
+		return exitError(1)
+	}
+	return nil
+}
+
+func newStatusCmd() *cobra.Command {
+	var socket, output string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show every service and backend as the running daemon sees them",
+		Long: `Status shows every service and backend: configured and current weight and
+why they differ (health, admin drain, draining after removal, drift), health
+and since when, connections and rates: ipvsadm -Ln --stats joined with what
+vipd knows. -o json prints the same for scripts.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			rep, err := callControl(socket, http.MethodGet, "/v1/status")
+			if err != nil {
+				return err
+			}
+			if rep.Error != "" || rep.Status == nil {
+				return printReply(cmd, reply{Error: "status: " + rep.Error})
+			}
+			switch output {
+			case "json":
+				return status.RenderJSON(cmd.OutOrStdout(), rep.Status)
+			case "table", "":
+				return status.RenderTable(cmd.OutOrStdout(), rep.Status)
+			}
+			return fmt.Errorf("-o %q: want table or json", output)
+		},
+	}
+	socketFlag(cmd, &socket)
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+func newDrainCmd(kind string) *cobra.Command {
+	var socket string
+	short := "Take a backend out of rotation (weight 0) until undrained; survives reloads and restarts"
+	if kind == "undrain" {
+		short = "Put an admin-drained backend back into rotation"
+	}
+	cmd := &cobra.Command{
+		Use:   kind + " SERVICE BACKEND",
+		Short: short,
+		Long: short + `.
+SERVICE is a service name, or "*" for every service that has BACKEND;
+BACKEND is address:port as the backend is configured.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			q := url.Values{"service": {args[0]}, "backend": {args[1]}}
+			rep, err := callControl(socket, http.MethodPost, "/v1/"+kind+"?"+q.Encode())
+			if err != nil {
+				return err
+			}
+			if err := printReply(cmd, rep); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%sed %s %s\n", kind, args[0], args[1])
+			return nil
+		},
+	}
+	socketFlag(cmd, &socket)
 	return cmd
 }

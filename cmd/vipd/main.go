@@ -47,7 +47,8 @@ all of it in step with a TOML file, touching only what it owns.`,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newCheckCmd(), newPlanCmd(), newRunCmd(), newReloadCmd(), newVersionCmd())
+	root.AddCommand(newCheckCmd(), newPlanCmd(), newRunCmd(), newReloadCmd(), newStatusCmd(),
+		newDrainCmd("drain"), newDrainCmd("undrain"), newVersionCmd())
 	return root
 }
 

@@ -14,17 +14,36 @@ import (
 )
 
 func newPlanCmd() *cobra.Command {
-	var fromEmpty bool
+	var (
+		fromEmpty bool
+		socket    string
+	)
 	cmd := &cobra.Command{
-		Use:   "plan FILE",
+		Use:   "plan [FILE]",
 		Short: "Show what vipd would change in the kernel for a configuration",
 		Long: `Plan validates FILE, reads the live kernel state (IPVS, the dummy
 interface's VIPs, sysctls and vipd's rules) and prints the operations that
 would make the kernel match, one per line, in the order vipd applies them.
 It changes nothing. With --from-empty, or where the kernel cannot be read
-(no ip_vs, not root), it plans against an empty kernel.`,
-		Args: cobra.ExactArgs(1),
+(no ip_vs, not root), it plans against an empty kernel. Without FILE it asks
+the running daemon what a reload of its file would do, health checks and
+admin drains included.`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				rep, err := callControl(socket, "GET", "/v1/plan")
+				if err != nil {
+					return err
+				}
+				if rep.Error != "" {
+					return printReply(cmd, rep)
+				}
+				for _, op := range rep.Planned {
+					fmt.Fprintln(cmd.OutOrStdout(), op)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d operations\n", len(rep.Planned))
+				return nil
+			}
 			cfg, err := config.Load(args[0])
 			if err != nil {
 				fmt.Fprintln(cmd.ErrOrStderr(), err)
@@ -49,6 +68,7 @@ It changes nothing. With --from-empty, or where the kernel cannot be read
 		},
 	}
 	cmd.Flags().BoolVar(&fromEmpty, "from-empty", false, "plan against an empty kernel instead of the live one")
+	socketFlag(cmd, &socket)
 	return cmd
 }
 

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -15,9 +17,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/vipd/vipd/arp"
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/health"
+	"github.com/vipd/vipd/lb/metrics"
+	"github.com/vipd/vipd/lb/status"
 	"github.com/vipd/vipd/systemd"
 )
 
@@ -104,6 +109,12 @@ type daemon struct {
 	decisions map[string]health.Decision
 	// healthChanged is signalled on every backend transition.
 	healthChanged chan struct{}
+
+	// drained holds the backends an operator drained (vipd drain).
+	drained map[status.Ref]struct{}
+	// m exports metrics; gen counts the configurations that took effect.
+	m   *metrics.Metrics
+	gen uint64
 }
 
 // healthView is the health the daemon acts on: the Manager's, except that
@@ -167,11 +178,11 @@ func adopted(cfg *config.Config, k lb.Kernel) map[string]map[netip.AddrPort]bool
 // the health policy applied.
 func (d *daemon) effective(cfg *config.Config) *lb.Spec {
 	if len(cfg.Health) == 0 {
-		return &cfg.Spec
+		return applyDrains(&cfg.Spec, d.drained)
 	}
 	spec, decisions := health.ApplySpec(&cfg.Spec, cfg.Policies(), d.health, d.decisions)
 	d.decisions = decisions
-	return spec
+	return applyDrains(spec, d.drained)
 }
 
 // check points the health checker at cfg's targets. Checks whose spec did
@@ -184,17 +195,19 @@ func (d *daemon) check(cfg *config.Config) {
 
 // request asks the main loop to do something and answer.
 type request struct {
-	kind  string // "reload" or "plan"
-	force bool
-	reply chan reply
+	kind             string // "reload", "plan", "status", "drain" or "undrain"
+	force            bool
+	service, backend string
+	reply            chan reply
 }
 
 // reply is the main loop's answer to a request.
 type reply struct {
-	Applied []string `json:"applied,omitempty"`
-	Failed  []string `json:"failed,omitempty"`
-	Planned []string `json:"planned,omitempty"`
-	Error   string   `json:"error,omitempty"`
+	Applied []string         `json:"applied,omitempty"`
+	Failed  []string         `json:"failed,omitempty"`
+	Planned []string         `json:"planned,omitempty"`
+	Status  *status.Snapshot `json:"status,omitempty"`
+	Error   string           `json:"error,omitempty"`
 }
 
 func runDaemon(ctx context.Context, opts daemonOptions) error {
@@ -226,9 +239,30 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		reqs:          make(chan request),
 		healthChanged: make(chan struct{}, 1),
 	}
+	if d.drained, err = loadDrains(drainsPath(cfg)); err != nil {
+		return err
+	}
+	var announcerStats func() arp.Stats
+	if a, ok := k.Announcer.(interface{ Stats() arp.Stats }); ok {
+		announcerStats = a.Stats
+	}
+	d.m = metrics.New(metrics.Options{
+		Version:   versionString(),
+		Logger:    log,
+		Announcer: announcerStats,
+		Status: func() (*status.Snapshot, error) {
+			rep, err := d.ask(ctx, request{kind: "status"})
+			if err != nil {
+				return nil, err
+			}
+			return rep.Status, nil
+		},
+		Health: func() health.Stats { return d.hm.Stats() },
+	})
 	d.hm = health.NewManager(health.Options{
 		Logger: log,
-		OnTransition: func(health.Transition) {
+		OnTransition: func(t health.Transition) {
+			d.m.HealthTransition(t)
 			select {
 			case d.healthChanged <- struct{}{}:
 			default:
@@ -243,6 +277,13 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	log.Info("starting", "version", versionString(), "config", opts.Path, "services", len(cfg.Spec.Services), "pid", os.Getpid())
 	res := d.reconcile(ctx, "start", d.effective(cfg))
 	d.remember(res)
+	d.gen++
+	d.m.ConfigLoaded(d.gen, &cfg.Spec)
+	stopMetrics, err := d.serveMetrics(cfg.Daemon.MetricsListen)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 
 	var changes <-chan config.Change
 	if cfg.Daemon.Watch {
@@ -330,6 +371,7 @@ func (d *daemon) status(state string) string {
 func (d *daemon) reconcile(ctx context.Context, why string, spec *lb.Spec) *lb.Result {
 	start := time.Now()
 	res, err := d.r.Reconcile(ctx, spec)
+	d.m.Pass(why, res, time.Since(start))
 	if err != nil {
 		d.log.Error("reconcile failed", "why", why, "err", err)
 		return nil
@@ -373,6 +415,7 @@ var errReloadRejected = errors.New("reload rejected")
 // The returned reply says what happened.
 func (d *daemon) reload(ctx context.Context, why string, cfg *config.Config, sum [sha256.Size]byte, err error, force bool) reply {
 	if err != nil {
+		d.m.ReloadFailed(metrics.ReloadInvalid)
 		d.log.Error("reload rejected; the running configuration keeps serving", "why", why, "config", d.opts.Path, "err", err)
 		d.notify(d.n.Status(d.status("serving (last reload rejected: invalid file)")))
 		return reply{Error: fmt.Sprintf("%v: %v", errReloadRejected, err)}
@@ -386,11 +429,12 @@ func (d *daemon) reload(ctx context.Context, why string, cfg *config.Config, sum
 	if ex, desc := lb.Removed(&d.cfg.Spec, &cfg.Spec).Exceeds(d.cfg.Daemon.ReloadGuard); ex && !force {
 		err := fmt.Errorf("%w: the new configuration %s, more than reload_guard = %v; run \"vipd reload --force\" if that is intended",
 			errReloadRejected, desc, d.cfg.Daemon.ReloadGuard)
+		d.m.ReloadFailed(metrics.ReloadGuard)
 		d.log.Error("reload refused by the guard; the running configuration keeps serving", "why", why, "err", err)
 		return reply{Error: err.Error()}
 	}
 	if restartNeeded(d.cfg, cfg) {
-		d.log.Warn("daemon settings changed (interface, uplinks, announcement, iptables, state_dir, resync or watch); they take effect on restart",
+		d.log.Warn("daemon settings changed (interface, uplinks, announcement, iptables, state_dir, resync, watch, control socket or metrics); they take effect on restart",
 			"config", d.opts.Path)
 	}
 	d.check(cfg)
@@ -411,6 +455,7 @@ func (d *daemon) reload(ctx context.Context, why string, cfg *config.Config, sum
 		}
 	}
 	if len(fresh) > 0 && d.cfg.Daemon.OnApplyError == config.ApplyRollback {
+		d.m.ReloadFailed(metrics.ReloadApply)
 		d.log.Error("reload failed; rolling back to the last good configuration", "why", why, "failed", len(fresh), "first", fresh[0])
 		d.check(d.cfg)
 		back := d.reconcile(ctx, "rollback", d.effective(d.cfg))
@@ -423,6 +468,8 @@ func (d *daemon) reload(ctx context.Context, why string, cfg *config.Config, sum
 	}
 	d.cfg, d.sum = cfg, sum
 	d.remember(res)
+	d.gen++
+	d.m.ConfigLoaded(d.gen, &cfg.Spec)
 	if len(fresh) > 0 {
 		rep.Error = fmt.Sprintf("%d operations failed; kept the new configuration (on_apply_error = \"continue\")", len(fresh))
 	}
@@ -453,8 +500,67 @@ func (d *daemon) handle(ctx context.Context, req request) reply {
 			rep.Planned = append(rep.Planned, op.String())
 		}
 		return rep
+	case "status":
+		snap, err := d.snapshot()
+		if err != nil {
+			return reply{Error: err.Error()}
+		}
+		return reply{Status: snap}
+	case "drain", "undrain":
+		if err := d.drain(req.service, req.backend, req.kind == "drain"); err != nil {
+			return reply{Error: err.Error()}
+		}
+		d.log.Info("admin "+req.kind, "service", req.service, "backend", req.backend)
+		res := d.reconcile(ctx, req.kind, d.effective(d.cfg))
+		d.remember(res)
+		rep := reply{}
+		if res != nil {
+			for _, op := range res.Applied {
+				rep.Applied = append(rep.Applied, op.String())
+			}
+			for _, f := range res.Failed {
+				rep.Failed = append(rep.Failed, f.Error())
+			}
+		}
+		return rep
 	}
 	return reply{Error: fmt.Sprintf("unknown request %q", req.kind)}
+}
+
+// ask hands a request to the main loop and waits for the answer.
+func (d *daemon) ask(ctx context.Context, req request) (reply, error) {
+	req.reply = make(chan reply, 1)
+	select {
+	case d.reqs <- req:
+	case <-ctx.Done():
+		return reply{}, ctx.Err()
+	}
+	select {
+	case rep := <-req.reply:
+		if rep.Error != "" && req.kind == "status" {
+			return rep, errors.New(rep.Error)
+		}
+		return rep, nil
+	case <-ctx.Done():
+		return reply{}, ctx.Err()
+	}
+}
+
+// serveMetrics serves /metrics on addr; "" serves nothing.
+func (d *daemon) serveMetrics(addr string) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", d.m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(l)
+	d.log.Info("serving metrics", "addr", l.Addr().String())
+	return func() { srv.Close() }, nil
 }
 
 // restartNeeded reports whether the daemon settings that shape the open
@@ -463,7 +569,7 @@ func restartNeeded(old, cur *config.Config) bool {
 	a, b := old.Daemon, cur.Daemon
 	return a.Interface != b.Interface || !slices.Equal(a.Uplinks, b.Uplinks) || a.GARP != b.GARP ||
 		a.ManageIPTables != b.ManageIPTables || a.StateDir != b.StateDir || a.ResyncInterval != b.ResyncInterval ||
-		a.Watch != b.Watch || a.ControlSocket != b.ControlSocket
+		a.Watch != b.Watch || a.ControlSocket != b.ControlSocket || a.MetricsListen != b.MetricsListen
 }
 
 // stop ends the daemon according to on_stop.

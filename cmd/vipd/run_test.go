@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -17,6 +19,7 @@ import (
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
+	"github.com/vipd/vipd/lb/status"
 	"github.com/vipd/vipd/systemd"
 )
 
@@ -81,15 +84,34 @@ func (h *harness) write(body string) {
 
 func startDaemon(t *testing.T, daemonExtra, services string) *harness {
 	dir := t.TempDir()
-	h := &harness{t: t, dir: dir, path: filepath.Join(dir, "vipd.toml"), socket: filepath.Join(dir, "vipd.sock"),
-		k: lbtest.New(), log: &syncBuffer{}, done: make(chan error, 1)}
+	h := newHarness(t, dir, lbtest.New())
 	h.write(h.header(daemonExtra) + services)
-	ns, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(dir, "notify.sock"), Net: "unixgram"})
+	h.run()
+	return h
+}
+
+// startDaemonAt starts a daemon on an existing directory (and config) and
+// kernel, as a restart does.
+func startDaemonAt(t *testing.T, dir string, k *lbtest.Kernel) *harness {
+	h := newHarness(t, dir, k)
+	h.run()
+	return h
+}
+
+func newHarness(t *testing.T, dir string, k *lbtest.Kernel) *harness {
+	return &harness{t: t, dir: dir, path: filepath.Join(dir, "vipd.toml"), socket: filepath.Join(dir, "vipd.sock"),
+		k: k, log: &syncBuffer{}, done: make(chan error, 1)}
+}
+
+func (h *harness) run() {
+	t := h.t
+	os.Remove(filepath.Join(h.dir, "notify.sock"))
+	ns, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(h.dir, "notify.sock"), Net: "unixgram"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.notify = ns
-	t.Setenv("NOTIFY_SOCKET", filepath.Join(dir, "notify.sock"))
+	t.Setenv("NOTIFY_SOCKET", filepath.Join(h.dir, "notify.sock"))
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go func() {
@@ -113,7 +135,6 @@ func startDaemon(t *testing.T, daemonExtra, services string) *harness {
 		ns.Close()
 	})
 	h.expectNotify("READY=1")
-	return h
 }
 
 // expectNotify waits for a notification that starts with prefix.
@@ -303,4 +324,95 @@ check = { type = "tcp", address = "127.0.0.1", port = ` + port(downAddr) + `, in
 	h.eventually("the recovered backend restored", func() bool {
 		return strings.Contains(h.k.Dump(), "10.0.0.2:80 masq weight=1")
 	})
+}
+
+// TestDaemonObservability checks status, admin drains (which survive a
+// reload) and the metrics endpoint against the fake kernel.
+func TestDaemonObservability(t *testing.T) {
+	h := startDaemon(t, "", twoServices)
+	h.eventually("programming", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443") })
+
+	rep, err := callControl(h.socket, "GET", "/v1/status")
+	if err != nil || rep.Status == nil {
+		t.Fatalf("status: %+v %v", rep, err)
+	}
+	if len(rep.Status.Services) != 2 {
+		t.Errorf("status has %d services, want 2", len(rep.Status.Services))
+	}
+	var table bytes.Buffer
+	if err := status.RenderTable(&table, rep.Status); err != nil || !strings.Contains(table.String(), "web") {
+		t.Errorf("table: %v\n%s", err, table.String())
+	}
+
+	rep, err = callControl(h.socket, "POST", "/v1/drain?service=web&backend=10.0.0.2:80")
+	if err != nil || rep.Error != "" {
+		t.Fatalf("drain: %+v %v", rep, err)
+	}
+	if !strings.Contains(h.k.Dump(), "10.0.0.2:80 masq weight=0") {
+		t.Fatalf("drain did not quiesce the backend:\n%s", h.k.Dump())
+	}
+	if rep, _ := callControl(h.socket, "POST", "/v1/drain?service=web&backend=10.9.9.9:80"); !strings.Contains(rep.Error, "no backend") {
+		t.Errorf("draining an unknown backend: %+v", rep)
+	}
+	// A reload keeps the drain.
+	h.write(h.header("") + strings.Replace(twoServices, `{ address = "10.0.0.4" }]`, `{ address = "10.0.0.4" }, { address = "10.0.0.5" }]`, 1))
+	h.eventually("the reload", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.5:443") })
+	if !strings.Contains(h.k.Dump(), "10.0.0.2:80 masq weight=0") {
+		t.Fatalf("reload undid the drain:\n%s", h.k.Dump())
+	}
+	data, err := os.ReadFile(filepath.Join(h.dir, "state", "drained.json"))
+	if err != nil || !strings.Contains(string(data), "10.0.0.2:80") {
+		t.Fatalf("drains not stored: %q %v", data, err)
+	}
+	rep, err = callControl(h.socket, "POST", "/v1/undrain?service=web&backend=10.0.0.2:80")
+	if err != nil || rep.Error != "" || !strings.Contains(h.k.Dump(), "10.0.0.2:80 masq weight=1") {
+		t.Fatalf("undrain: %+v %v\n%s", rep, err, h.k.Dump())
+	}
+}
+
+func TestDaemonMetrics(t *testing.T) {
+	h := startDaemon(t, "", twoServices)
+	h.eventually("programming", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443") })
+	// The harness disables metrics; start a second daemon config with a
+	// listener on a free port.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	h.write(strings.Replace(h.header(""), `metrics_listen = ""`, `metrics_listen = "`+addr+`"`, 1) + twoServices)
+	h.eventually("the warning that metrics_listen needs a restart", h.logHas("take effect on restart"))
+	h.cancel()
+	<-h.done
+	h.done <- nil
+
+	h2 := startDaemonAt(t, h.dir, h.k)
+	h2.eventually("metrics", h2.logHas("serving metrics"))
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`vipd_config_generation 1`,
+		`vipd_reconcile_passes_total{why="start"} 1`,
+		`vipd_backend_configured_weight{backend="10.0.0.1:80",service="web",vip="192.0.2.10:80/tcp"} 1`,
+		`vipd_build_info{`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, grepLines(string(body), "vipd_"))
+		}
+	}
+}
+
+func grepLines(s, substr string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

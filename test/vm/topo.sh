@@ -375,7 +375,13 @@ topo_down() {
 	done
 	nft flush ruleset 2>/dev/null # also clears iptables-nft's tables
 	ipset destroy 2>/dev/null
-	_topo_sysctl "" net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0
+	_topo_sysctl "" net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0 \
+		net.ipv4.conf.all.arp_ignore=0 net.ipv4.conf.all.arp_announce=0 \
+		net.ipv4.conf.default.arp_ignore=0 net.ipv4.conf.default.arp_announce=0
+	# What vipd sets and leaves (on_stop = "keep" leaves its VIPs too).
+	_topo_sysctl "" net.ipv4.vs.conntrack=0 net.ipv4.vs.expire_nodest_conn=0 \
+		net.ipv4.vs.expire_quiescent_template=0 2>/dev/null || true
+	ip link del vipd0 2>/dev/null || true
 	rm -rf "$TOPO_STATE"
 	unset TOPO_KIND TOPO_N TOPO_VIP TOPO_VIP6 TOPO_CLIENT_NS TOPO_CLIENT_IP TOPO_CLIENT_IP6 \
 		TOPO_LB_IP TOPO_LB_IP6 TOPO_LB_IF TOPO_BACKENDS TOPO_BACKEND_IPS TOPO_BACKEND_IP6S
