@@ -612,3 +612,78 @@ func TestVipdReloadUnderLoad(t *testing.T) {
 	time.Sleep(time.Second)
 	l.finish(t, "reloads, restart, bad files")
 }
+
+// TestVipdTunnel: tunnel forwarding with each encapsulation the kernel
+// offers; the backends decapsulate and answer the client directly.
+func TestVipdTunnel(t *testing.T) {
+	for _, enc := range []string{"ipip", "gue", "gre"} {
+		t.Run(enc, func(t *testing.T) {
+			tp := NewTopo(t, "tun 2 "+enc)
+			d := newDaemon(t)
+			extra := "scheduler = \"rr\"\nforward = \"tunnel\"\ntunnel = \"" + enc + "\""
+			if enc == "gue" {
+				extra += "\ntunnel_port = 6080"
+			}
+			d.write(d.header(tp.LBIf, "") + service("tun", tp.VIP, 80, extra, tp.BackendIPs...))
+			d.start()
+			checkCounts(t, tp.Hit(t, url(tp, 80), 6, false), tp.Backends, 3)
+			mustContain(t, "ipvsadm -Ln", Run(t, "ipvsadm", "-Ln"), "Tunnel  1")
+			d.stop()
+		})
+	}
+}
+
+// TestVipdIPv6: an IPv6 VIP with IPv6 backends, NAT and rr.
+func TestVipdIPv6(t *testing.T) {
+	tp := NewTopo(t, "nat 2")
+	d := newDaemon(t)
+	d.write(d.header(tp.LBIf, "") + service("web6", tp.VIP6, 80, `scheduler = "rr"`, tp.BackendIP6...))
+	d.start()
+	checkCounts(t, tp.Hit(t, HTTPURL(tp.VIP6, 80, "/"), 10, false), tp.Backends, 5)
+	mustContain(t, "ipvsadm -Ln", Run(t, "ipvsadm", "-Ln"), "TCP  ["+tp.VIP6+"]:80 rr")
+	mustContain(t, "ip -6 addr show vipd0", Run(t, "ip", "-o", "-6", "addr", "show", "dev", "vipd0"), tp.VIP6+"/128")
+	mustContain(t, "forwarding sysctl", Run(t, "cat", "/proc/sys/net/ipv6/conf/all/forwarding"), "1")
+}
+
+// TestVipdObservability: after traffic, the metrics' byte and connection
+// counters moved; vipd status shows the services; an admin drain takes a
+// backend out of rotation until undrained.
+func TestVipdObservability(t *testing.T) {
+	tp := NewTopo(t, "nat 2")
+	d := newDaemon(t)
+	d.write(d.header(tp.LBIf, `metrics_listen = "127.0.0.1:9728"`) + service("web", tp.VIP, 80, `scheduler = "rr"`, tp.BackendIPs...))
+	d.start()
+	checkCounts(t, tp.Hit(t, url(tp, 80), 10, false), tp.Backends, 5)
+	time.Sleep(2500 * time.Millisecond) // IPVS counters move on a 2 s tick
+	resp, err := http.Get("http://127.0.0.1:9728/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, be := range tp.BackendIPs {
+		re := regexp.MustCompile(`vipd_backend_connections_total\{backend="` + regexp.QuoteMeta(be) + `:80",service="web",vip="[^"]*"\} (\d+)`)
+		m := re.FindStringSubmatch(string(body))
+		if m == nil || m[1] != "5" {
+			t.Errorf("connections of %s = %v, want 5", be, m)
+		}
+		re = regexp.MustCompile(`vipd_backend_bytes_total\{backend="` + regexp.QuoteMeta(be) + `:80",direction="in",service="web",vip="[^"]*"\} ([1-9]\d*)`)
+		if !re.MatchString(string(body)) {
+			t.Errorf("bytes in of %s did not move", be)
+		}
+	}
+	mustContain(t, "metrics", string(body), `vipd_reconcile_passes_total{why="start"} 1`, "vipd_garp_sent_total")
+
+	sock := filepath.Join(d.dir, "vipd.sock")
+	mustContain(t, "vipd status", Run(t, vipdBin(), "status", "--socket", sock), "web", tp.BackendIPs[0]+":80", tp.BackendIPs[1]+":80")
+	mustContain(t, "vipd status -o json", Run(t, vipdBin(), "status", "--socket", sock, "-o", "json"), `"services"`)
+
+	Run(t, vipdBin(), "drain", "--socket", sock, "web", tp.BackendIPs[1]+":80")
+	h := tp.Hit(t, url(tp, 80), 6, false)
+	if h.Errors != 0 || h.Counts[tp.Backends[0]] != 6 {
+		t.Errorf("after draining be2: %+v", h)
+	}
+	mustContain(t, "vipd status", Run(t, vipdBin(), "status", "--socket", sock), "admin")
+	Run(t, vipdBin(), "undrain", "--socket", sock, "web", tp.BackendIPs[1]+":80")
+	checkCounts(t, tp.Hit(t, url(tp, 80), 6, false), tp.Backends, 3)
+}
