@@ -17,7 +17,7 @@ GUEST_PKGS ?= ./lb/ipvs ./lb/link ./lb/sysctl ./lb/iptables ./arp
 
 export CGO_ENABLED := 0
 
-.PHONY: all build test unit fuzz e2e demo lint check bench deps install deb clean
+.PHONY: all build test unit fuzz e2e vm-selftest demo lint check bench deps install deb clean
 
 all: build
 
@@ -25,7 +25,7 @@ build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/vipd ./cmd/vipd
 
 ## test: the whole suite; CI runs exactly this (.ci/run).
-test: lint unit fuzz e2e
+test: lint unit fuzz e2e vm-selftest
 
 ## deps: host packages the root tests use.
 deps:
@@ -42,6 +42,11 @@ fuzz:
 ## e2e: the end-to-end suite in a qemu guest with Debian's kernel.
 e2e:
 	VIPD_GUEST_PKGS="$(GUEST_PKGS)" test/vm/e2e.sh
+
+## vm-selftest: the rig proves its failure paths fail (a wrong expectation,
+## a kernel panic, a hang, a faked exit marker, a failed boot).
+vm-selftest:
+	test/vm/selftest.sh
 
 ## demo: boot the guest, run vipd with examples/demo.toml, send traffic.
 demo:
