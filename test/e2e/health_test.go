@@ -99,3 +99,45 @@ func TestVipdHealth(t *testing.T) {
 		t.Errorf("a flapping backend (%d alternating probes) changed the table %d times", probes, changes)
 	}
 }
+
+// TestVipdHealthForwardingPath: a DR check that probes the VIP through
+// each backend (a policy route per mark sends marked probes to the
+// backend, as IPVS forwards clients) catches a backend that lacks the VIP
+// on its loopback, which a check of its own address would pass.
+func TestVipdHealthForwardingPath(t *testing.T) {
+	tp := NewTopo(t, "dr 2")
+	d := newDaemon(t)
+	be := tp.BackendIPs
+	// be2 lost its VIP: clients sent to it would get no answer.
+	tp.InNS(t, tp.Backends[1], "ip", "addr", "del", tp.VIP+"/32", "dev", "lo")
+	Sh(t, fmt.Sprintf(`
+ip rule add pref 100 lookup local
+ip rule del pref 0
+ip rule add pref 90 fwmark 0x101 lookup 101
+ip rule add pref 91 fwmark 0x102 lookup 102
+ip route add %[1]s/32 via %[2]s dev %[4]s table 101
+ip route add %[1]s/32 via %[3]s dev %[4]s table 102
+sysctl -qw net.ipv4.conf.%[4]s.accept_local=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.%[4]s.rp_filter=0`,
+		tp.VIP, be[0], be[1], tp.LBIf))
+	t.Cleanup(func() {
+		ShExec(`ip rule add pref 0 lookup local; ip rule del pref 100; ip rule del pref 90; ip rule del pref 91
+ip route flush table 101; ip route flush table 102`)
+	})
+	probe := func(addr string, mark int) string {
+		return fmt.Sprintf("{address = %q\ncheck = { type = \"http\", address = %q, port = 8080, path = \"/healthz\", mark = %d, interval = \"500ms\", timeout = \"300ms\", rise = 1, fall = 1 }}",
+			addr, tp.VIP, mark)
+	}
+	d.write(d.header(tp.LBIf, "") + service("dr", tp.VIP, 80, "scheduler = \"rr\"\nforward = \"droute\"", probe(be[0], 0x101), probe(be[1], 0x102)))
+	d.start()
+	Eventually(t, 30*time.Second, 100*time.Millisecond, func() bool {
+		return weightOf(t, be[0]) == 1 && weightOf(t, be[1]) == 0
+	}, "be1 should be up and be2 (no VIP on lo) down: %s", Run(t, "ipvsadm", "-Ln"))
+	h := tp.Hit(t, url(tp, 80), 6, false)
+	if h.Errors != 0 || h.Counts[tp.Backends[0]] != 6 {
+		t.Errorf("traffic with be2 down: %+v", h)
+	}
+	// Its VIP back, be2 passes the same check.
+	tp.InNS(t, tp.Backends[1], "ip", "addr", "add", tp.VIP+"/32", "dev", "lo")
+	Eventually(t, 30*time.Second, 100*time.Millisecond, func() bool { return weightOf(t, be[1]) == 1 }, "be2 did not come up with its VIP")
+	checkCounts(t, tp.Hit(t, url(tp, 80), 6, false), tp.Backends, 3)
+}

@@ -67,9 +67,11 @@ func (d *daemon) header(uplink, extra string) string {
 	if !strings.Contains(extra, "resync_interval") {
 		extra += "\nresync_interval = \"2s\""
 	}
+	if !strings.Contains(extra, "metrics_listen") {
+		extra += "\nmetrics_listen = \"\""
+	}
 	return fmt.Sprintf(`[daemon]
 uplinks = [%q]
-metrics_listen = ""
 state_dir = %q
 control_socket = %q
 %s
