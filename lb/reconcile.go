@@ -125,6 +125,23 @@ type Reconciler struct {
 
 	mu       sync.Mutex
 	draining map[drainKey]time.Time
+
+	// Sysctls and rules are read from the kernel on the first pass and
+	// after Refresh; in between, passes use what the last full read and
+	// the operations since then say. Reading rules means running
+	// iptables-save, which costs far more than the rest of a pass, and
+	// neither changes behind vipd's back in normal operation: the
+	// periodic resync (which calls Refresh) repairs drift.
+	sysctls map[string]string
+	rules   *Rules
+}
+
+// Refresh makes the next pass read sysctls and rules from the kernel
+// again instead of trusting what vipd last wrote.
+func (r *Reconciler) Refresh() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sysctls, r.rules = nil, nil
 }
 
 type drainKey struct {
@@ -202,23 +219,34 @@ func (r *Reconciler) Observe(desired *State) (*State, error) {
 		s.Owned = owned
 	}
 	if k.Sysctls != nil {
+		if r.sysctls == nil {
+			r.sysctls = map[string]string{}
+		}
 		for path := range desired.Sysctls {
+			if v, ok := r.sysctls[path]; ok {
+				s.Sysctls[path] = v
+				continue
+			}
 			// A missing sysctl (ip_vs not loaded yet) reads as unset;
 			// the plan then tries to set it and reports why it can't.
 			if v, err := k.Sysctls.Get(path); err == nil {
 				s.Sysctls[path] = v
+				r.sysctls[path] = v
 			}
 		}
 	}
 	if k.Rules != nil {
-		rules, err := k.Rules.Observe()
-		if err != nil {
-			return nil, fmt.Errorf("observe rules: %w", err)
+		if r.rules == nil {
+			rules, err := k.Rules.Observe()
+			if err != nil {
+				return nil, fmt.Errorf("observe rules: %w", err)
+			}
+			if rules.Entries == nil {
+				rules.Entries = map[SetEntry]struct{}{}
+			}
+			r.rules = &rules
 		}
-		s.Rules = rules
-		if s.Rules.Entries == nil {
-			s.Rules.Entries = map[SetEntry]struct{}{}
-		}
+		s.Rules = Rules{Policy: r.rules.Policy, Entries: cloneMap(r.rules.Entries)}
 	}
 	if k.Announcer != nil {
 		for _, a := range k.Announcer.Announced() {
@@ -406,6 +434,7 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 			op.Kind == OpAnnounce && failedBind[op.Addr]
 	}
 	finish := func(op Op, err error) {
+		r.remember(op, err)
 		if err != nil {
 			res.Failed = append(res.Failed, &OpError{Op: op, Err: err})
 			switch op.Kind {
@@ -486,6 +515,35 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		}
 	}
 	return res
+}
+
+// remember keeps the cached sysctls and rules in step with an operation;
+// after a failure it forgets them, so the next pass reads the kernel.
+func (r *Reconciler) remember(op Op, err error) {
+	switch op.Kind {
+	case OpSetSysctl:
+		if err != nil || r.sysctls == nil {
+			r.sysctls = nil
+			return
+		}
+		r.sysctls[op.Sysctl] = op.Value
+	case OpSyncChains, OpRemoveChains, OpAddEntry, OpDelEntry:
+		if err != nil || r.rules == nil {
+			r.rules = nil
+			return
+		}
+		switch op.Kind {
+		case OpSyncChains:
+			r.rules.Policy = op.Policy
+		case OpRemoveChains:
+			r.rules.Policy = RulePolicy{}
+			clear(r.rules.Entries)
+		case OpAddEntry:
+			r.rules.Entries[op.Entry] = struct{}{}
+		case OpDelEntry:
+			delete(r.rules.Entries, op.Entry)
+		}
+	}
 }
 
 // track keeps the drain clocks in step with applied operations.

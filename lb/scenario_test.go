@@ -52,6 +52,8 @@ func mustParse(t testing.TB, src string) *config.Config {
 
 // step is one configuration of a scenario, with optional changes made to
 // the kernel behind vipd's back before it is applied.
+// A step named "resync: ..." first makes the reconciler re-read sysctls
+// and rules, as the daemon's periodic resync does.
 type step struct {
 	name   string
 	config string
@@ -70,6 +72,9 @@ func runScenario(t *testing.T, k *lbtest.Kernel, opts lb.Options, steps []step) 
 	for i, s := range steps {
 		if s.before != nil {
 			s.before(k)
+		}
+		if strings.HasPrefix(s.name, "resync:") {
+			r.Refresh()
 		}
 		cfg := mustParse(t, s.config)
 		res, err := r.Reconcile(context.Background(), &cfg.Spec)
@@ -204,7 +209,7 @@ func TestScenarios(t *testing.T) {
 		}},
 		{"drift", lb.Options{}, []step{
 			{"programmed", base, nil},
-			{"service and VIP deleted by hand", base, func(k *lbtest.Kernel) {
+			{"service, VIP, a sysctl and the chains changed by hand; IPVS and VIPs are read every pass", base, func(k *lbtest.Kernel) {
 				k.Edit(func(s *lb.State) {
 					for key := range s.Services {
 						if key.Port == 80 {
@@ -216,6 +221,7 @@ func TestScenarios(t *testing.T) {
 					s.Rules.Policy = lb.RulePolicy{}
 				})
 			}},
+			{"resync: sysctls and rules are re-read and repaired", base, nil},
 			{"backend weight changed by hand", base, func(k *lbtest.Kernel) {
 				k.Edit(func(s *lb.State) {
 					for key, svc := range s.Services {

@@ -346,6 +346,9 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		case req := <-d.reqs:
 			req.reply <- d.handle(ctx, req)
 		case <-resync.C:
+			// Sysctls and rules are re-read only here: other passes
+			// trust what vipd last wrote, which keeps reloads cheap.
+			d.r.Refresh()
 			d.remember(d.reconcile(ctx, "resync", d.effective(d.cfg)))
 		}
 	}

@@ -325,6 +325,7 @@ type kernelDest struct {
 	active    uint32
 	inactive  uint32
 	persisted uint32
+	stats     lb.Stats
 }
 
 // toKernelDest converts d. Tunnel attributes are set only for GUE and GRE
@@ -404,6 +405,7 @@ func fromKernelDest(kd kernelDest) lb.Destination {
 		Lower:         kd.lower,
 		ActiveConns:   kd.active,
 		InactiveConns: kd.inactive,
+		Stats:         kd.stats,
 	}
 	switch kd.fwd & fwdMask {
 	case fwdMasq:

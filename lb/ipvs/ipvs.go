@@ -1,8 +1,11 @@
 // Package ipvs is the adapter between vipd's core and the kernel's IPVS
-// table: it implements lb.IPVS over generic netlink. Services go through
-// github.com/moby/ipvs; destinations through the adapter's own messages,
-// because moby/ipvs v1.1.0 cannot express a destination's tunnel type,
-// port and checksum flags or its address family.
+// table: it implements lb.IPVS and lb.IPVSBatcher over generic netlink.
+// Single service commands go through github.com/moby/ipvs; destinations
+// through the adapter's own messages, because moby/ipvs v1.1.0 cannot
+// express a destination's tunnel type, port and checksum flags or its
+// address family. Batches of operations of any kind, and reading the
+// table, use the adapter's own sockets and messages: many requests to a
+// datagram, and several sockets reading destinations at once.
 //
 // Everything the adapter writes reads back equal (as the planner compares:
 // ignoring connection counts and the kernel's hashed flag), so a restart
@@ -30,15 +33,24 @@ type Options struct {
 	// NetnsPath is the network namespace whose IPVS table to program,
 	// such as /run/netns/lb; empty means the caller's.
 	NetnsPath string
+	// DumpSockets is how many sockets read destinations at once when the
+	// table is read; zero means 4.
+	DumpSockets int
 }
 
 // IPVS is the kernel's IPVS table of one network namespace. Its methods
 // are safe for concurrent use; calls run one at a time. It must not be
 // used after Close.
 type IPVS struct {
-	mu   sync.Mutex
-	h    *mobyipvs.Handle
-	genl genl
+	mu     sync.Mutex
+	h      *mobyipvs.Handle
+	genl   genl
+	family uint16
+	// conns are the adapter's own sockets: conns[0] sends batches and
+	// reads services; all of them read destinations.
+	conns []transport
+	// chunk is how many requests of a batch go in one datagram.
+	chunk int
 }
 
 var _ lb.IPVS = (*IPVS)(nil)
@@ -80,7 +92,23 @@ func New(opts Options) (*IPVS, error) {
 		h.Close()
 		return nil, fmt.Errorf("ipvs: set socket timeouts: %w", err)
 	}
-	return &IPVS{h: h, genl: genl{family: fam, sock: &nl.SocketHandle{Socket: sock}}}, nil
+	i := &IPVS{h: h, genl: genl{family: fam, sock: &nl.SocketHandle{Socket: sock}}, family: fam}
+	n := opts.DumpSockets
+	if n <= 0 {
+		n = defaultDumpSockets
+	}
+	for range n {
+		c, err := openConn(ns)
+		if err != nil {
+			i.Close()
+			return nil, fmt.Errorf("ipvs: %w", err)
+		}
+		if i.conns == nil {
+			i.chunk = chunkFor(c.rcvbuf)
+		}
+		i.conns = append(i.conns, c)
+	}
+	return i, nil
 }
 
 // Close releases the netlink sockets. The IPVS table is left as it is.
@@ -92,44 +120,11 @@ func (i *IPVS) Close() error {
 		i.genl.sock.Close()
 		i.h = nil
 	}
+	for _, c := range i.conns {
+		c.close()
+	}
+	i.conns = nil
 	return nil
-}
-
-// Services implements lb.IPVS: it returns every service in the table,
-// vipd's or not, with its destinations, from one dump of the services and
-// one dump of destinations per service.
-func (i *IPVS) Services() (map[lb.ServiceKey]*lb.ServiceState, error) {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	mss, err := i.h.GetServices()
-	if err != nil {
-		return nil, fmt.Errorf("list services: %w", err)
-	}
-	out := make(map[lb.ServiceKey]*lb.ServiceState, len(mss))
-	for _, ms := range mss {
-		s, err := fromKernelService(ms)
-		if err != nil {
-			return nil, fmt.Errorf("list services: read service %s: %w", describe(ms), err)
-		}
-		k, err := toKernelKey(s.Key)
-		if err != nil {
-			return nil, fmt.Errorf("list services: service %s: %w", s.Key, err)
-		}
-		kds, err := i.genl.dests(k)
-		if errors.Is(err, unix.ESRCH) {
-			continue // deleted since the service dump
-		}
-		if err != nil {
-			return nil, fmt.Errorf("list destinations of service %s: %w", s.Key, err)
-		}
-		st := &lb.ServiceState{Service: s, Dests: make(map[netip.AddrPort]lb.Destination, len(kds))}
-		for _, kd := range kds {
-			d := fromKernelDest(kd)
-			st.Dests[d.Addr] = d
-		}
-		out[s.Key] = st
-	}
-	return out, nil
 }
 
 // describe names a service moby reported, for errors about services lb

@@ -867,6 +867,21 @@ func TestConnectionCounts(t *testing.T) {
 	if got := counts(); got.ActiveConns != 1 || got.InactiveConns != 0 {
 		t.Errorf("open connection: active %d inactive %d, want 1 and 0", got.ActiveConns, got.InactiveConns)
 	}
+	// The kernel's estimator copies the counters every 2 seconds.
+	for deadline := time.Now().Add(6 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, err := tb.Services()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss, ds := got[s.Key].Stats, got[s.Key].Dests[d.Addr].Stats
+		if ss.Conns == 1 && ds.Conns == 1 && ss.InPkts >= 2 && ds.InPkts == ss.InPkts && ss.InBytes > 0 && ss.OutPkts >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("stats after one connection: service %+v, backend %+v", ss, ds)
+			break
+		}
+	}
 	c.Close()
 	server.Close()
 	deadline := time.Now().Add(5 * time.Second)

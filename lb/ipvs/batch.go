@@ -1,0 +1,212 @@
+package ipvs
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/lb"
+)
+
+var _ lb.IPVSBatcher = (*IPVS)(nil)
+
+// ApplyBatch implements lb.IPVSBatcher. It encodes each operation as one
+// generic netlink request with its own sequence number and NLM_F_ACK,
+// sends the requests many to a datagram (the kernel handles each message
+// of a datagram in turn, and acknowledges each), then matches the
+// acknowledgements to the operations. An operation that fails, to encode
+// or in the kernel, fails alone, with the error the one-at-a-time methods
+// return; the others apply.
+func (i *IPVS) ApplyBatch(ops []lb.Op) []error {
+	errs := make([]error, len(ops))
+	var b batch
+	for x, op := range ops {
+		if err := b.add(i.family, x, op); err != nil {
+			errs[x] = opError(op, err)
+		}
+	}
+	if len(b.reqs) == 0 {
+		return errs
+	}
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.conns == nil {
+		for _, r := range b.reqs {
+			errs[r.op] = opError(ops[r.op], errClosed)
+		}
+		return errs
+	}
+	for n, err := range exchange(i.conns[0], b.buf, b.reqs, max(i.chunk, 1)) {
+		if err != nil {
+			errs[b.reqs[n].op] = opError(ops[b.reqs[n].op], err)
+		}
+	}
+	return errs
+}
+
+// errClosed is the error of calls on a closed adapter.
+var errClosed = errors.New("ipvs adapter is closed")
+
+// chunkFor returns how many requests go in one datagram for a socket
+// with receive buffer rcvbuf: all their acknowledgements must fit in it
+// at once, since the kernel queues them while it handles the datagram
+// and drops those that do not fit. An acknowledgement takes well under
+// 2 KiB of buffer (an skb of about 800 bytes).
+func chunkFor(rcvbuf int) int {
+	return min(max(rcvbuf/2048, 8), maxChunk)
+}
+
+// maxChunk bounds the requests of one datagram; beyond a few hundred the
+// saving in system calls is nil.
+const maxChunk = 256
+
+// batch holds encoded requests back to back.
+type batch struct {
+	buf  []byte
+	reqs []request
+}
+
+// request is one encoded operation in a batch's buffer.
+type request struct {
+	op         int // index of the operation
+	start, end int // bytes of buf
+}
+
+// add encodes op, the x-th operation, as one request.
+func (b *batch) add(family uint16, x int, op lb.Op) error {
+	start := len(b.buf)
+	buf, err := appendOp(b.buf, family, op)
+	if err != nil {
+		b.buf = b.buf[:start]
+		return err
+	}
+	b.buf = buf
+	b.reqs = append(b.reqs, request{op: x, start: start, end: len(buf)})
+	return nil
+}
+
+// appendOp appends the request for op, with sequence number 0 (exchange
+// sets it).
+func appendOp(b []byte, family uint16, op lb.Op) ([]byte, error) {
+	switch op.Kind {
+	case lb.OpAddService, lb.OpUpdateService:
+		ms, err := toKernelService(op.Service)
+		if err != nil {
+			return b, err
+		}
+		k, err := toKernelKey(op.Service.Key)
+		if err != nil {
+			return b, err
+		}
+		cmd := uint8(cmdNewService)
+		if op.Kind == lb.OpUpdateService {
+			cmd = cmdSetService
+		}
+		return appendRequest(b, family, unix.NLM_F_ACK, 0, cmd, serviceAttr(k, ms)), nil
+	case lb.OpDeleteService:
+		k, err := toKernelKey(op.Service.Key)
+		if err != nil {
+			return b, err
+		}
+		return appendRequest(b, family, unix.NLM_F_ACK, 0, cmdDelService, keyAttr(k)), nil
+	case lb.OpAddDest, lb.OpUpdateDest, lb.OpDrainDest, lb.OpDeleteDest:
+		k, err := toKernelKey(op.Service.Key)
+		if err != nil {
+			return b, err
+		}
+		d, full, cmd := op.Dest, true, uint8(cmdSetDest)
+		switch op.Kind {
+		case lb.OpAddDest:
+			cmd = cmdNewDest
+		case lb.OpDeleteDest:
+			// Only the address matters; any forwarding method converts.
+			d, full, cmd = lb.Destination{Addr: op.Dest.Addr, Forward: lb.Masq}, false, cmdDelDest
+		}
+		kd, err := toKernelDest(d)
+		if err != nil {
+			return b, err
+		}
+		return appendRequest(b, family, unix.NLM_F_ACK, 0, cmd, keyAttr(k), destAttr(kd, full)), nil
+	}
+	return b, fmt.Errorf("%s is not an ipvs operation", op.Kind)
+}
+
+// opError words the failure of op as the one-at-a-time methods do.
+func opError(op lb.Op, err error) error {
+	switch op.Kind {
+	case lb.OpAddService:
+		return fmt.Errorf("add service %s: %w", op.Service.Key, explainService(err, op.Service.Scheduler))
+	case lb.OpUpdateService:
+		return fmt.Errorf("update service %s: %w", op.Service.Key, explainService(err, op.Service.Scheduler))
+	case lb.OpDeleteService:
+		return fmt.Errorf("delete service %s: %w", op.Service.Key, explainService(err, ""))
+	case lb.OpAddDest:
+		return fmt.Errorf("add backend %s -> %s: %w", op.Service.Key, op.Dest.Addr, explainDest(err))
+	case lb.OpUpdateDest, lb.OpDrainDest:
+		return fmt.Errorf("update backend %s -> %s: %w", op.Service.Key, op.Dest.Addr, explainDest(err))
+	case lb.OpDeleteDest:
+		return fmt.Errorf("delete backend %s -> %s: %w", op.Service.Key, op.Dest.Addr, explainDest(err))
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// exchange sends the requests of buf, chunk to a datagram, reads their
+// acknowledgements and returns each request's result, in order. Requests
+// must lie back to back in buf. A request whose acknowledgement never
+// comes (the socket failed, or its receive buffer overflowed) fails with
+// an error saying so: the kernel may or may not have applied it.
+func exchange(t transport, buf []byte, reqs []request, chunk int) []error {
+	res := make([]error, len(reqs))
+	for lo := 0; lo < len(reqs); lo += chunk {
+		hi := min(lo+chunk, len(reqs))
+		var first uint32
+		for x := lo; x < hi; x++ {
+			seq := t.nextSeq()
+			if x == lo {
+				first = seq
+			}
+			binary.NativeEndian.PutUint32(buf[reqs[x].start+8:], seq)
+		}
+		if err := t.send(buf[reqs[lo].start:reqs[hi-1].end]); err != nil {
+			for x := lo; x < hi; x++ {
+				res[x] = fmt.Errorf("send to the kernel: %w", err)
+			}
+			continue
+		}
+		n := uint32(hi - lo)
+		acked := make([]bool, n)
+		pending := n
+		for pending > 0 {
+			err := t.recv(false, func(m message) error {
+				idx := m.seq - first
+				if m.typ != unix.NLMSG_ERROR || idx >= n || acked[idx] {
+					return nil // not an answer to this chunk
+				}
+				ok, err := ackError(m.data)
+				if !ok {
+					err = errors.New("short acknowledgement from the kernel")
+				}
+				res[lo+int(idx)] = err
+				acked[idx] = true
+				pending--
+				return nil
+			})
+			if err != nil {
+				if errors.Is(err, unix.ENOBUFS) {
+					err = fmt.Errorf("acknowledgement lost (netlink receive buffer overrun; the kernel may have applied it): %w", err)
+				} else {
+					err = fmt.Errorf("no acknowledgement from the kernel: %w", err)
+				}
+				for idx, ok := range acked {
+					if !ok {
+						res[lo+idx] = err
+					}
+				}
+				break
+			}
+		}
+	}
+	return res
+}

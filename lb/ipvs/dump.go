@@ -1,0 +1,296 @@
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	mobyipvs "github.com/moby/ipvs"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/lb"
+)
+
+// defaultDumpSockets is how many sockets read destinations at once. IPVS dumps
+// destinations one service at a time, and a socket runs one dump at a
+// time (a second dump request fails with EBUSY until the first is read to
+// its end), so reading 10,000 services is 10,000 request-answer exchanges.
+// Running them on several sockets overlaps each exchange's system calls
+// and decoding with the others' and uses every CPU; the kernel's part
+// runs under one IPVS mutex.
+const defaultDumpSockets = 4
+
+// parallelMin is the number of services below which one socket reads
+// them all: starting goroutines costs more than it saves.
+const parallelMin = 64
+
+// errDumpInterrupted says the kernel's state changed during a dump.
+var errDumpInterrupted = errors.New("dump interrupted")
+
+// Services implements lb.IPVS: it returns every service in the table,
+// vipd's or not, with its destinations and the kernel's counters, from
+// one dump of the services and one dump of destinations per service,
+// spread over several sockets.
+func (i *IPVS) Services() (map[lb.ServiceKey]*lb.ServiceState, error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.conns == nil {
+		return nil, fmt.Errorf("list services: %w", errClosed)
+	}
+	var entries []serviceEntry
+	err := retryDump(func() error {
+		entries = entries[:0]
+		return dump(i.conns[0], i.family, cmdGetService, nil, func(data []byte) error {
+			ms, st, err := parseServiceMsg(data)
+			if err != nil {
+				return fmt.Errorf("parse service: %w", err)
+			}
+			entries = append(entries, serviceEntry{ms: ms, stats: st})
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list services: %w", err)
+	}
+	states := make([]*lb.ServiceState, len(entries))
+	keys := make([]kernelKey, len(entries))
+	for x, e := range entries {
+		s, err := fromKernelService(e.ms)
+		if err != nil {
+			return nil, fmt.Errorf("list services: read service %s: %w", describe(e.ms), err)
+		}
+		if keys[x], err = toKernelKey(s.Key); err != nil {
+			return nil, fmt.Errorf("list services: service %s: %w", s.Key, err)
+		}
+		states[x] = &lb.ServiceState{Service: s, Stats: e.stats}
+	}
+	if err := i.readDests(keys, states); err != nil {
+		return nil, err
+	}
+	out := make(map[lb.ServiceKey]*lb.ServiceState, len(states))
+	for _, st := range states {
+		out[st.Key] = st
+	}
+	return out, nil
+}
+
+// serviceEntry is one service of a dump.
+type serviceEntry struct {
+	ms    *mobyipvs.Service
+	stats lb.Stats
+}
+
+// readDests fills in the destinations of the services, reading with up to
+// dumpSockets sockets at once.
+func (i *IPVS) readDests(keys []kernelKey, states []*lb.ServiceState) error {
+	workers := 1
+	if len(keys) >= parallelMin {
+		workers = len(i.conns)
+	}
+	var (
+		next    atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		first   error
+		failed  atomic.Bool
+	)
+	for w := range workers {
+		c := i.conns[w]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var req []byte
+			for !failed.Load() {
+				x := int(next.Add(1) - 1)
+				if x >= len(keys) {
+					return
+				}
+				st := states[x]
+				st.Dests = map[netip.AddrPort]lb.Destination{}
+				var err error
+				req, err = readServiceDests(c, i.family, keys[x], req, st)
+				if err != nil {
+					errOnce.Do(func() { first = fmt.Errorf("list destinations of service %s: %w", st.Key, err) })
+					failed.Store(true)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// readServiceDests dumps the destinations of service k into st.Dests.
+// req is a buffer for the request, returned for reuse.
+func readServiceDests(t transport, family uint16, k kernelKey, req []byte, st *lb.ServiceState) ([]byte, error) {
+	attrs := []*nl.RtAttr{keyAttr(k)}
+	err := retryDump(func() error {
+		clear(st.Dests)
+		return dumpInto(t, family, cmdGetDest, &req, attrs, func(data []byte) error {
+			kd, err := parseDestMsg(data, k.family)
+			if err != nil {
+				return fmt.Errorf("parse destination: %w", err)
+			}
+			d := fromKernelDest(kd)
+			st.Dests[d.Addr] = d
+			return nil
+		})
+	})
+	return req, err
+}
+
+// retryDump runs f again, up to 5 times in all, while the kernel says
+// its state changed during the dump.
+func retryDump(f func() error) error {
+	var err error
+	for range 5 {
+		if err = f(); !errors.Is(err, errDumpInterrupted) {
+			return err
+		}
+	}
+	return err
+}
+
+// dump runs one dump request and calls fn with the payload (generic
+// netlink header and attributes) of each message of the answer.
+func dump(t transport, family uint16, cmd uint8, attrs []*nl.RtAttr, fn func(data []byte) error) error {
+	var req []byte
+	return dumpInto(t, family, cmd, &req, attrs, fn)
+}
+
+// dumpInto is dump with a caller's buffer for the request. An error of fn
+// ends the dump with that error, once the kernel's answer is read to its
+// end (so that the socket can run the next dump).
+func dumpInto(t transport, family uint16, cmd uint8, req *[]byte, attrs []*nl.RtAttr, fn func(data []byte) error) error {
+	seq := t.nextSeq()
+	*req = appendRequest((*req)[:0], family, unix.NLM_F_DUMP, seq, cmd, attrs...)
+	if err := t.send(*req); err != nil {
+		return fmt.Errorf("send to the kernel: %w", err)
+	}
+	var (
+		done, interrupted bool
+		ferr              error
+	)
+	for !done {
+		err := t.recv(true, func(m message) error {
+			if m.seq != seq || done {
+				return nil // stale: an answer to an earlier request
+			}
+			if m.flags&unix.NLM_F_DUMP_INTR != 0 {
+				interrupted = true
+			}
+			switch m.typ {
+			case unix.NLMSG_DONE:
+				done = true
+				if ok, err := ackError(m.data); ok && err != nil && ferr == nil {
+					ferr = err
+				}
+			case unix.NLMSG_ERROR:
+				done = true
+				ok, err := ackError(m.data)
+				switch {
+				case !ok:
+					err = errors.New("short error message from the kernel")
+				case err == nil:
+					err = errors.New("dump acknowledged without an answer")
+				}
+				if ferr == nil {
+					ferr = err
+				}
+			case family:
+				if ferr == nil {
+					ferr = fn(m.data)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("receive from the kernel: %w", err)
+		}
+	}
+	if ferr != nil {
+		return ferr
+	}
+	if interrupted {
+		return errDumpInterrupted
+	}
+	return nil
+}
+
+// Service returns one service with its destinations and counters, or nil
+// when the table has no service with that key. It costs two exchanges
+// with the kernel whatever the size of the table.
+func (i *IPVS) Service(key lb.ServiceKey) (*lb.ServiceState, error) {
+	k, err := toKernelKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("get service %s: %w", key, err)
+	}
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.conns == nil {
+		return nil, fmt.Errorf("get service %s: %w", key, errClosed)
+	}
+	c := i.conns[0]
+	ms, stats, err := getService(c, i.family, k)
+	if errors.Is(err, unix.ESRCH) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get service %s: %w", key, err)
+	}
+	s, err := fromKernelService(ms)
+	if err != nil {
+		return nil, fmt.Errorf("get service %s: read service %s: %w", key, describe(ms), err)
+	}
+	st := &lb.ServiceState{Service: s, Stats: stats, Dests: map[netip.AddrPort]lb.Destination{}}
+	if _, err := readServiceDests(c, i.family, k, nil, st); err != nil {
+		return nil, fmt.Errorf("list destinations of service %s: %w", key, err)
+	}
+	return st, nil
+}
+
+// getService asks the kernel for the service k.
+func getService(t transport, family uint16, k kernelKey) (*mobyipvs.Service, lb.Stats, error) {
+	seq := t.nextSeq()
+	if err := t.send(appendRequest(nil, family, 0, seq, cmdGetService, keyAttr(k))); err != nil {
+		return nil, lb.Stats{}, fmt.Errorf("send to the kernel: %w", err)
+	}
+	var (
+		ms    *mobyipvs.Service
+		stats lb.Stats
+		ferr  error
+		done  bool
+	)
+	for !done {
+		err := t.recv(true, func(m message) error {
+			if m.seq != seq || done {
+				return nil
+			}
+			switch m.typ {
+			case unix.NLMSG_ERROR:
+				done = true
+				ok, err := ackError(m.data)
+				switch {
+				case !ok:
+					ferr = errors.New("short error message from the kernel")
+				case err == nil:
+					ferr = errors.New("acknowledged without an answer")
+				default:
+					ferr = err
+				}
+			case family:
+				done = true
+				ms, stats, ferr = parseServiceMsg(m.data)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, lb.Stats{}, fmt.Errorf("receive from the kernel: %w", err)
+		}
+	}
+	return ms, stats, ferr
+}
