@@ -194,29 +194,9 @@ func (e *OpError) Unwrap() error { return e.Err }
 // the sysctls desired names, and vipd's rules.
 func (r *Reconciler) Observe(desired *State) (*State, error) {
 	k := r.opts.Kernel
-	s := NewState()
-	if k.IPVS != nil {
-		svcs, err := k.IPVS.Services()
-		if err != nil {
-			return nil, fmt.Errorf("observe ipvs: %w", err)
-		}
-		s.Services = svcs
-	}
-	if k.VIPs != nil {
-		vips, err := k.VIPs.VIPs()
-		if err != nil {
-			return nil, fmt.Errorf("observe vips: %w", err)
-		}
-		for _, a := range vips {
-			s.VIPs[a] = struct{}{}
-		}
-	}
-	if k.Ledger != nil {
-		owned, err := k.Ledger.Load()
-		if err != nil {
-			return nil, fmt.Errorf("observe ledger: %w", err)
-		}
-		s.Owned = owned
+	s, err := r.observeServices()
+	if err != nil {
+		return nil, err
 	}
 	if k.Sysctls != nil {
 		if r.sysctls == nil {
@@ -262,6 +242,11 @@ func (r *Reconciler) Observe(desired *State) (*State, error) {
 func (r *Reconciler) ObserveServices() (*State, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.observeServices()
+}
+
+// observeServices reads IPVS, the VIPs and the ledger.
+func (r *Reconciler) observeServices() (*State, error) {
 	k := r.opts.Kernel
 	s := NewState()
 	if k.IPVS != nil {
