@@ -104,13 +104,15 @@ func appendOp(b []byte, family uint16, op lb.Op) ([]byte, error) {
 		if op.Kind == lb.OpUpdateService {
 			cmd = cmdSetService
 		}
-		return appendRequest(b, family, unix.NLM_F_ACK, 0, cmd, serviceAttr(k, ms)), nil
+		b, start := beginRequest(b, family, unix.NLM_F_ACK, 0, cmd)
+		return endRequest(appendServiceAttr(b, k, ms), start), nil
 	case lb.OpDeleteService:
 		k, err := toKernelKey(op.Service.Key)
 		if err != nil {
 			return b, err
 		}
-		return appendRequest(b, family, unix.NLM_F_ACK, 0, cmdDelService, keyAttr(k)), nil
+		b, start := beginRequest(b, family, unix.NLM_F_ACK, 0, cmdDelService)
+		return endRequest(appendKeyAttr(b, k), start), nil
 	case lb.OpAddDest, lb.OpUpdateDest, lb.OpDrainDest, lb.OpDeleteDest:
 		k, err := toKernelKey(op.Service.Key)
 		if err != nil {
@@ -128,7 +130,8 @@ func appendOp(b []byte, family uint16, op lb.Op) ([]byte, error) {
 		if err != nil {
 			return b, err
 		}
-		return appendRequest(b, family, unix.NLM_F_ACK, 0, cmd, keyAttr(k), destAttr(kd, full)), nil
+		b, start := beginRequest(b, family, unix.NLM_F_ACK, 0, cmd)
+		return endRequest(appendDestAttr(appendKeyAttr(b, k), kd, full), start), nil
 	}
 	return b, fmt.Errorf("%s is not an ipvs operation", op.Kind)
 }

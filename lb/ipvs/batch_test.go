@@ -505,3 +505,88 @@ func TestDumpErrors(t *testing.T) {
 		t.Errorf("interrupted dump: %v after %d tries", err, n)
 	}
 }
+
+// TestEncoderMatchesRtAttr checks the adapter's encoder byte for byte
+// against the netlink library's, which the one-at-a-time path used: the
+// same key, service and destination attributes.
+func TestEncoderMatchesRtAttr(t *testing.T) {
+	be := func(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
+	keyRt := func(k kernelKey) *nl.RtAttr {
+		a := nl.NewRtAttr(cmdAttrService, nil)
+		a.AddRtAttr(svcAttrAF, nl.Uint16Attr(k.family))
+		if k.fwmark != 0 {
+			a.AddRtAttr(svcAttrFWMark, nl.Uint32Attr(k.fwmark))
+			return a
+		}
+		a.AddRtAttr(svcAttrProtocol, nl.Uint16Attr(k.proto))
+		a.AddRtAttr(svcAttrAddr, k.addr.AsSlice())
+		a.AddRtAttr(svcAttrPort, be(k.port))
+		return a
+	}
+	for _, e := range everything() {
+		k, err := toKernelKey(e.svc.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := keyAttr(k).Serialize(), keyRt(k).Serialize(); string(got) != string(want) {
+			t.Errorf("%s key:\n got %x\nwant %x", e.svc.Key, got, want)
+		}
+		ms, err := toKernelService(e.svc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// moby/ipvs's fillService, with vipd's attribute order.
+		sa := keyRt(k)
+		sa.AddRtAttr(svcAttrSchedName, nl.ZeroTerminated(ms.SchedName))
+		fl := make([]byte, 8)
+		binary.NativeEndian.PutUint32(fl, ms.Flags)
+		binary.NativeEndian.PutUint32(fl[4:], 0xffffffff)
+		sa.AddRtAttr(svcAttrFlags, fl)
+		sa.AddRtAttr(svcAttrTimeout, nl.Uint32Attr(ms.Timeout))
+		sa.AddRtAttr(svcAttrNetmask, nl.Uint32Attr(ms.Netmask))
+		if got, want := serviceAttr(k, ms).Serialize(), sa.Serialize(); string(got) != string(want) {
+			t.Errorf("%s service:\n got %x\nwant %x", e.svc, got, want)
+		}
+		for _, d := range e.dests {
+			kd, err := toKernelDest(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, full := range []bool{true, false} {
+				a := nl.NewRtAttr(cmdAttrDest, nil)
+				a.AddRtAttr(destAttrAddrFamily, nl.Uint16Attr(kd.family))
+				a.AddRtAttr(destAttrAddr, kd.addr.AsSlice())
+				a.AddRtAttr(destAttrPort, be(kd.port))
+				if full {
+					a.AddRtAttr(destAttrFwdMethod, nl.Uint32Attr(kd.fwd))
+					a.AddRtAttr(destAttrWeight, nl.Uint32Attr(kd.weight))
+					a.AddRtAttr(destAttrUThresh, nl.Uint32Attr(kd.upper))
+					a.AddRtAttr(destAttrLThresh, nl.Uint32Attr(kd.lower))
+					if kd.tunType != tunIPIP || kd.tunPort != 0 || kd.tunFlags != 0 {
+						a.AddRtAttr(destAttrTunType, nl.Uint8Attr(kd.tunType))
+						a.AddRtAttr(destAttrTunPort, be(kd.tunPort))
+						a.AddRtAttr(destAttrTunFlags, nl.Uint16Attr(kd.tunFlags))
+					}
+				}
+				if got, want := destAttr(kd, full).Serialize(), a.Serialize(); string(got) != string(want) {
+					t.Errorf("%s (full %v):\n got %x\nwant %x", d, full, got, want)
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkEncode measures encoding a cold start's worth of requests.
+func BenchmarkEncode(b *testing.B) {
+	ops := opsOf(bulk(1000, 10))
+	b.ReportAllocs()
+	for b.Loop() {
+		var bt batch
+		for x, op := range ops {
+			if err := bt.add(fakeFamily, x, op); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(len(ops)), "requests")
+}

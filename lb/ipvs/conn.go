@@ -2,7 +2,6 @@ package ipvs
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -16,13 +15,14 @@ import (
 // conn is a generic netlink socket that the adapter reads and writes
 // itself, without the per-call allocations of the netlink library: the
 // batch path sends many requests in one datagram and reads many
-// acknowledgements per system call (recvmmsg).
+// acknowledgements per system call (recvmmsg). The socket is not
+// registered with Go's network poller: the kernel answers a request
+// before sendto returns, so a read rarely waits, and a registered socket
+// would wake the poller's thread for every datagram the kernel queues
+// (a quarter of the cost of a destination dump in the test guest). When
+// a read must wait, it waits in poll(2).
 type conn struct {
-	f   *os.File
-	raw interface {
-		Read(func(fd uintptr) bool) error
-		Write(func(fd uintptr) bool) error
-	}
+	fd  int
 	seq uint32
 	// rcvbuf is the socket's receive buffer as the kernel reports it.
 	rcvbuf int
@@ -56,15 +56,20 @@ type message struct {
 	data  []byte // the payload after the netlink header
 }
 
-// Sizes of the receive slots. A dump datagram holds at most 32 KiB (the
-// kernel's cap on dump buffers); an acknowledgement with NETLINK_CAP_ACK
-// is 36 bytes.
+// Sizes of the receive slots. An acknowledgement with NETLINK_CAP_ACK is
+// 36 bytes. A dump datagram is as large as the largest buffer the socket
+// ever read with (up to 32 KiB), but at least NLMSG_GOODSIZE (a page less
+// the skb's overhead, or 8 KiB less it on larger pages): a page-sized
+// buffer keeps the kernel's dump buffers in its slab caches, where 32 KiB
+// ones come from the page allocator and make a destination dump twice as
+// slow in the test guest.
 const (
 	ackSlotSize   = 1024
 	ackSlotCount  = 128
-	dumpSlotSize  = 64 << 10
 	dumpSlotCount = 2
 )
+
+var dumpSlotSize = min(max(os.Getpagesize(), 4096), 8192)
 
 // wantRcvbuf is the receive buffer the adapter asks for: acknowledgements
 // of a whole chunk of requests must fit in it, or the kernel drops them.
@@ -99,13 +104,7 @@ func openConn(ns netns.NsHandle) (*conn, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("bind netlink socket: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), "ipvs-netlink")
-	raw, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("netlink socket: %w", err)
-	}
-	return &conn{f: f, raw: raw, rcvbuf: rcvbuf, seq: uint32(time.Now().UnixNano())}, nil
+	return &conn{fd: fd, rcvbuf: rcvbuf, seq: uint32(time.Now().UnixNano())}, nil
 }
 
 // socketAt creates a non-blocking generic netlink socket in ns.
@@ -147,7 +146,7 @@ func socketAt(ns netns.NsHandle) (int, error) {
 }
 
 // close closes the socket.
-func (c *conn) close() error { return c.f.Close() }
+func (c *conn) close() error { return unix.Close(c.fd) }
 
 func (c *conn) nextSeq() uint32 {
 	c.seq++
@@ -156,21 +155,37 @@ func (c *conn) nextSeq() uint32 {
 
 // send implements transport.
 func (c *conn) send(b []byte) error {
-	if err := c.f.SetWriteDeadline(time.Now().Add(socketTimeout)); err != nil {
-		return err
+	for {
+		err := unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		if err != unix.EAGAIN {
+			return err
+		}
+		if err := c.wait(unix.POLLOUT); err != nil {
+			return err
+		}
 	}
-	var serr error
-	err := c.raw.Write(func(fd uintptr) bool {
-		serr = unix.Sendto(int(fd), b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
-		return serr != unix.EAGAIN
-	})
-	if err == nil {
-		err = serr
+}
+
+// wait waits up to socketTimeout for the socket to become readable or
+// writable (events), and fails with EAGAIN when it does not.
+func (c *conn) wait(events int16) error {
+	deadline := time.Now().Add(socketTimeout)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return unix.EAGAIN
+		}
+		fds := []unix.PollFd{{Fd: int32(c.fd), Events: events}}
+		n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return err
+		case n > 0:
+			return nil
+		}
 	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		err = unix.EAGAIN
-	}
-	return err
 }
 
 // slots are receive buffers for recvmmsg.
@@ -210,31 +225,26 @@ func (c *conn) recv(large bool, fn func(m message) error) error {
 		c.ackSlots = newSlots(ackSlotCount, ackSlotSize)
 		s = c.ackSlots
 	}
-	if err := c.f.SetReadDeadline(time.Now().Add(socketTimeout)); err != nil {
-		return err
-	}
 	var n int
-	var rerr error
-	err := c.raw.Read(func(fd uintptr) bool {
+	for {
 		for i := range s.hdrs {
 			s.hdrs[i].n = 0
 			s.hdrs[i].hdr.Flags = 0
 		}
-		r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(len(s.hdrs)), 0, 0, 0)
-		n, rerr = int(r), nil
-		if errno != 0 {
-			n, rerr = 0, errno
+		r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(c.fd), uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(len(s.hdrs)), 0, 0, 0)
+		if errno == 0 {
+			n = int(r)
+			break
 		}
-		return rerr != unix.EAGAIN
-	})
-	if err == nil {
-		err = rerr
-	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		err = unix.EAGAIN
-	}
-	if err != nil {
-		return err
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != unix.EAGAIN {
+			return errno
+		}
+		if err := c.wait(unix.POLLIN); err != nil {
+			return err
+		}
 	}
 	for i := range n {
 		h := &s.hdrs[i]

@@ -293,7 +293,7 @@ func TestDestRoundTrip(t *testing.T) {
 }
 
 // attrMap parses the attributes nested in a serialized attribute.
-func attrMap(t *testing.T, a *nl.RtAttr) map[uint16][]byte {
+func attrMap(t *testing.T, a interface{ Serialize() []byte }) map[uint16][]byte {
 	t.Helper()
 	attrs, err := nl.ParseRouteAttr(a.Serialize()[unix.SizeofRtAttr:])
 	if err != nil {

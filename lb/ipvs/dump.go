@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 
 	mobyipvs "github.com/moby/ipvs"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/lb"
@@ -127,7 +126,7 @@ func (i *IPVS) readDests(keys []kernelKey, states []*lb.ServiceState) error {
 // readServiceDests dumps the destinations of service k into st.Dests.
 // req is a buffer for the request, returned for reuse.
 func readServiceDests(t transport, family uint16, k kernelKey, req []byte, st *lb.ServiceState) ([]byte, error) {
-	attrs := []*nl.RtAttr{keyAttr(k)}
+	attrs := []rawAttr{keyAttr(k)}
 	err := retryDump(func() error {
 		clear(st.Dests)
 		return dumpInto(t, family, cmdGetDest, &req, attrs, func(data []byte) error {
@@ -157,7 +156,7 @@ func retryDump(f func() error) error {
 
 // dump runs one dump request and calls fn with the payload (generic
 // netlink header and attributes) of each message of the answer.
-func dump(t transport, family uint16, cmd uint8, attrs []*nl.RtAttr, fn func(data []byte) error) error {
+func dump(t transport, family uint16, cmd uint8, attrs []rawAttr, fn func(data []byte) error) error {
 	var req []byte
 	return dumpInto(t, family, cmd, &req, attrs, fn)
 }
@@ -165,7 +164,7 @@ func dump(t transport, family uint16, cmd uint8, attrs []*nl.RtAttr, fn func(dat
 // dumpInto is dump with a caller's buffer for the request. An error of fn
 // ends the dump with that error, once the kernel's answer is read to its
 // end (so that the socket can run the next dump).
-func dumpInto(t transport, family uint16, cmd uint8, req *[]byte, attrs []*nl.RtAttr, fn func(data []byte) error) error {
+func dumpInto(t transport, family uint16, cmd uint8, req *[]byte, attrs []rawAttr, fn func(data []byte) error) error {
 	seq := t.nextSeq()
 	*req = appendRequest((*req)[:0], family, unix.NLM_F_DUMP, seq, cmd, attrs...)
 	if err := t.send(*req); err != nil {

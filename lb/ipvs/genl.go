@@ -3,7 +3,9 @@ package ipvs
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"net/netip"
 	"syscall"
 
 	mobyipvs "github.com/moby/ipvs"
@@ -80,102 +82,256 @@ const (
 // nlaTypeMask strips the nested and byte-order bits of an attribute type.
 const nlaTypeMask = 0x3fff
 
-func be16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
+// rawAttr is an encoded attribute; it serves as nl.NetlinkRequestData.
+type rawAttr []byte
 
-// keyAttr encodes a service key as the IPVS_CMD_ATTR_SERVICE attribute
-// that names a service in destination commands.
-func keyAttr(k kernelKey) *nl.RtAttr {
-	a := nl.NewRtAttr(cmdAttrService, nil)
-	a.AddRtAttr(svcAttrAF, nl.Uint16Attr(k.family))
-	if k.fwmark != 0 {
-		a.AddRtAttr(svcAttrFWMark, nl.Uint32Attr(k.fwmark))
-		return a
-	}
-	a.AddRtAttr(svcAttrProtocol, nl.Uint16Attr(k.proto))
-	a.AddRtAttr(svcAttrAddr, k.addr.AsSlice())
-	a.AddRtAttr(svcAttrPort, be16(k.port))
-	return a
-}
+func (a rawAttr) Len() int          { return len(a) }
+func (a rawAttr) Serialize() []byte { return a }
 
-// serviceAttr encodes a service with its settings as the
-// IPVS_CMD_ATTR_SERVICE attribute of add and update commands, as moby/ipvs
-// does: the key, then scheduler, flags (with a mask of all ones, so that
-// every flag is set or cleared), timeout and netmask.
-func serviceAttr(k kernelKey, ms *mobyipvs.Service) *nl.RtAttr {
-	a := keyAttr(k)
-	a.AddRtAttr(svcAttrSchedName, nl.ZeroTerminated(ms.SchedName))
-	if ms.PEName != "" {
-		a.AddRtAttr(svcAttrPEName, nl.ZeroTerminated(ms.PEName))
-	}
-	flags := make([]byte, 8)
-	binary.NativeEndian.PutUint32(flags[0:4], ms.Flags)
-	binary.NativeEndian.PutUint32(flags[4:8], 0xffffffff)
-	a.AddRtAttr(svcAttrFlags, flags)
-	a.AddRtAttr(svcAttrTimeout, nl.Uint32Attr(ms.Timeout))
-	a.AddRtAttr(svcAttrNetmask, nl.Uint32Attr(ms.Netmask))
-	return a
-}
+// Attribute encoding straight into a buffer: the batch path encodes
+// thousands of requests, and building nl.RtAttr trees for them costs more
+// than the kernel's work under software emulation.
 
-// appendRequest appends one generic netlink request to b: a netlink
-// header (NLM_F_REQUEST is added to flags), the genl header for cmd, and
-// the attributes.
-func appendRequest(b []byte, family, flags uint16, seq uint32, cmd uint8, attrs ...*nl.RtAttr) []byte {
-	start := len(b)
-	b = append(b, make([]byte, unix.NLMSG_HDRLEN)...)
-	b = append(b, cmd, ipvsGenlVersion, 0, 0)
-	for _, a := range attrs {
-		b = append(b, a.Serialize()...)
+// appendAttr appends an attribute with value v, padded to 4 bytes.
+func appendAttr(b []byte, typ uint16, v ...byte) []byte {
+	l := unix.SizeofRtAttr + len(v)
+	b = binary.NativeEndian.AppendUint16(b, uint16(l))
+	b = binary.NativeEndian.AppendUint16(b, typ)
+	b = append(b, v...)
+	for range nlaAlign(l) - l {
+		b = append(b, 0)
 	}
-	h := b[start:]
-	binary.NativeEndian.PutUint32(h[0:4], uint32(len(h)))
-	binary.NativeEndian.PutUint16(h[4:6], family)
-	binary.NativeEndian.PutUint16(h[6:8], flags|unix.NLM_F_REQUEST)
-	binary.NativeEndian.PutUint32(h[8:12], seq)
-	binary.NativeEndian.PutUint32(h[12:16], 0)
 	return b
 }
+
+func appendU8(b []byte, typ uint16, v uint8) []byte { return appendAttr(b, typ, v) }
+
+// appendString appends a NUL-terminated string attribute.
+func appendString(b []byte, typ uint16, s string) []byte {
+	l := unix.SizeofRtAttr + len(s) + 1
+	b = binary.NativeEndian.AppendUint16(b, uint16(l))
+	b = binary.NativeEndian.AppendUint16(b, typ)
+	b = append(append(b, s...), 0)
+	for range nlaAlign(l) - l {
+		b = append(b, 0)
+	}
+	return b
+}
+
+func appendU16(b []byte, typ uint16, v uint16) []byte {
+	var x [2]byte
+	binary.NativeEndian.PutUint16(x[:], v)
+	return appendAttr(b, typ, x[:]...)
+}
+
+func appendBE16(b []byte, typ uint16, v uint16) []byte {
+	return appendAttr(b, typ, byte(v>>8), byte(v))
+}
+
+func appendU32(b []byte, typ uint16, v uint32) []byte {
+	var x [4]byte
+	binary.NativeEndian.PutUint32(x[:], v)
+	return appendAttr(b, typ, x[:]...)
+}
+
+// appendAddr appends an address attribute: 4 bytes for IPv4, 16 for IPv6.
+func appendAddr(b []byte, typ uint16, a netip.Addr) []byte {
+	if a.Is4() {
+		x := a.As4()
+		return appendAttr(b, typ, x[:]...)
+	}
+	x := a.As16()
+	return appendAttr(b, typ, x[:]...)
+}
+
+// beginNest appends the header of a nested attribute; endNest sets its
+// length once its contents are appended.
+func beginNest(b []byte, typ uint16) ([]byte, int) {
+	return append(b, 0, 0, byte(typ), byte(typ>>8)), len(b)
+}
+
+func endNest(b []byte, start int) []byte {
+	binary.NativeEndian.PutUint16(b[start:], uint16(len(b)-start))
+	return b
+}
+
+func nlaAlign(n int) int { return (n + unix.NLA_ALIGNTO - 1) &^ (unix.NLA_ALIGNTO - 1) }
+
+// appendKey appends a service key's attributes: the family, then the
+// firewall mark or the protocol, address and port.
+func appendKey(b []byte, k kernelKey) []byte {
+	b = appendU16(b, svcAttrAF, k.family)
+	if k.fwmark != 0 {
+		return appendU32(b, svcAttrFWMark, k.fwmark)
+	}
+	b = appendU16(b, svcAttrProtocol, k.proto)
+	b = appendAddr(b, svcAttrAddr, k.addr)
+	return appendBE16(b, svcAttrPort, k.port)
+}
+
+// appendKeyAttr appends a service key as the IPVS_CMD_ATTR_SERVICE
+// attribute that names a service in destination and delete commands.
+func appendKeyAttr(b []byte, k kernelKey) []byte {
+	b, start := beginNest(b, cmdAttrService)
+	return endNest(appendKey(b, k), start)
+}
+
+// keyAttr is appendKeyAttr as an attribute of its own.
+func keyAttr(k kernelKey) rawAttr { return appendKeyAttr(nil, k) }
+
+// appendServiceAttr appends a service with its settings as the
+// IPVS_CMD_ATTR_SERVICE attribute of add and update commands, as
+// moby/ipvs encodes it: the key, then scheduler, flags (with a mask of
+// all ones, so that every flag is set or cleared), timeout and netmask.
+func appendServiceAttr(b []byte, k kernelKey, ms *mobyipvs.Service) []byte {
+	b, start := beginNest(b, cmdAttrService)
+	b = appendKey(b, k)
+	b = appendString(b, svcAttrSchedName, ms.SchedName)
+	if ms.PEName != "" {
+		b = appendString(b, svcAttrPEName, ms.PEName)
+	}
+	var flags [8]byte
+	binary.NativeEndian.PutUint32(flags[0:4], ms.Flags)
+	binary.NativeEndian.PutUint32(flags[4:8], 0xffffffff)
+	b = appendAttr(b, svcAttrFlags, flags[:]...)
+	b = appendU32(b, svcAttrTimeout, ms.Timeout)
+	b = appendU32(b, svcAttrNetmask, ms.Netmask)
+	return endNest(b, start)
+}
+
+// serviceAttr is appendServiceAttr as an attribute of its own.
+func serviceAttr(k kernelKey, ms *mobyipvs.Service) rawAttr { return appendServiceAttr(nil, k, ms) }
+
+// appendDestAttr appends a destination as the IPVS_CMD_ATTR_DEST
+// attribute. A full attribute (for adding and updating) carries the
+// settings; deleting needs only the address, family and port.
+func appendDestAttr(b []byte, d kernelDest, full bool) []byte {
+	b, start := beginNest(b, cmdAttrDest)
+	b = appendU16(b, destAttrAddrFamily, d.family)
+	b = appendAddr(b, destAttrAddr, d.addr)
+	b = appendBE16(b, destAttrPort, d.port)
+	if full {
+		b = appendU32(b, destAttrFwdMethod, d.fwd)
+		b = appendU32(b, destAttrWeight, d.weight)
+		b = appendU32(b, destAttrUThresh, d.upper)
+		b = appendU32(b, destAttrLThresh, d.lower)
+		if d.tunType != tunIPIP || d.tunPort != 0 || d.tunFlags != 0 {
+			b = appendU8(b, destAttrTunType, d.tunType)
+			b = appendBE16(b, destAttrTunPort, d.tunPort)
+			b = appendU16(b, destAttrTunFlags, d.tunFlags)
+		}
+	}
+	return endNest(b, start)
+}
+
+// destAttr is appendDestAttr as an attribute of its own.
+func destAttr(d kernelDest, full bool) rawAttr { return appendDestAttr(nil, d, full) }
+
+// beginRequest appends the netlink and generic netlink headers of a
+// request for cmd (NLM_F_REQUEST is added to flags); endRequest sets its
+// length once its attributes are appended.
+func beginRequest(b []byte, family, flags uint16, seq uint32, cmd uint8) ([]byte, int) {
+	start := len(b)
+	b = binary.NativeEndian.AppendUint32(b, 0)
+	b = binary.NativeEndian.AppendUint16(b, family)
+	b = binary.NativeEndian.AppendUint16(b, flags|unix.NLM_F_REQUEST)
+	b = binary.NativeEndian.AppendUint32(b, seq)
+	b = binary.NativeEndian.AppendUint32(b, 0) // the kernel fills in the port id
+	return append(b, cmd, ipvsGenlVersion, 0, 0), start
+}
+
+func endRequest(b []byte, start int) []byte {
+	binary.NativeEndian.PutUint32(b[start:], uint32(len(b)-start))
+	return b
+}
+
+// appendRequest appends one request with the given attributes.
+func appendRequest(b []byte, family, flags uint16, seq uint32, cmd uint8, attrs ...rawAttr) []byte {
+	b, start := beginRequest(b, family, flags, seq, cmd)
+	for _, a := range attrs {
+		b = append(b, a...)
+	}
+	return endRequest(b, start)
+}
+
+// forAttrs calls fn with the type (without the nested and byte-order bits)
+// and value of each attribute in b, without allocating.
+func forAttrs(b []byte, fn func(typ uint16, v []byte) error) error {
+	for len(b) >= unix.SizeofRtAttr {
+		l := int(binary.NativeEndian.Uint16(b[0:2]))
+		if l < unix.SizeofRtAttr || l > len(b) {
+			return fmt.Errorf("bad attribute length %d (%d bytes left)", l, len(b))
+		}
+		if err := fn(binary.NativeEndian.Uint16(b[2:4])&nlaTypeMask, b[unix.SizeofRtAttr:l]); err != nil {
+			return err
+		}
+		b = b[min(nlaAlign(l), len(b)):]
+	}
+	return nil
+}
+
+// topAttr returns the value of the top-level attribute typ of a generic
+// netlink message's payload.
+func topAttr(msg []byte, typ uint16) ([]byte, error) {
+	if len(msg) < nl.SizeofGenlmsg {
+		return nil, fmt.Errorf("short message (%d bytes)", len(msg))
+	}
+	var out []byte
+	err := forAttrs(msg[nl.SizeofGenlmsg:], func(t uint16, v []byte) error {
+		if t == typ && out == nil {
+			out = v
+		}
+		return nil
+	})
+	if err == nil && out == nil {
+		err = errNoAttr
+	}
+	return out, err
+}
+
+var errNoAttr = errors.New("attribute missing")
 
 // parseStats decodes a stats attribute of either width: each counter is
 // read by its length, so IPVS_*_ATTR_STATS64 gives the full counters and
 // IPVS_*_ATTR_STATS their low 32 bits.
 func parseStats(b []byte) (lb.Stats, error) {
-	attrs, err := nl.ParseRouteAttr(b)
+	var st lb.Stats
+	err := forAttrs(b, func(typ uint16, v []byte) error {
+		var x uint64
+		switch len(v) {
+		case 4:
+			x = uint64(binary.NativeEndian.Uint32(v))
+		case 8:
+			x = binary.NativeEndian.Uint64(v)
+		default:
+			return nil // padding and unknown attributes
+		}
+		switch typ {
+		case statsConns:
+			st.Conns = x
+		case statsInPkts:
+			st.InPkts = x
+		case statsOutPkts:
+			st.OutPkts = x
+		case statsInBytes:
+			st.InBytes = x
+		case statsOutBytes:
+			st.OutBytes = x
+		case statsCPS:
+			st.CPS = x
+		case statsInPPS:
+			st.InPPS = x
+		case statsOutPPS:
+			st.OutPPS = x
+		case statsInBPS:
+			st.InBPS = x
+		case statsOutBPS:
+			st.OutBPS = x
+		}
+		return nil
+	})
 	if err != nil {
 		return lb.Stats{}, fmt.Errorf("stats: %w", err)
-	}
-	var st lb.Stats
-	for _, a := range attrs {
-		var v uint64
-		switch len(a.Value) {
-		case 4:
-			v = uint64(nl.NativeEndian().Uint32(a.Value))
-		case 8:
-			v = nl.NativeEndian().Uint64(a.Value)
-		default:
-			continue // padding and unknown attributes
-		}
-		switch a.Attr.Type & nlaTypeMask {
-		case statsConns:
-			st.Conns = v
-		case statsInPkts:
-			st.InPkts = v
-		case statsOutPkts:
-			st.OutPkts = v
-		case statsInBytes:
-			st.InBytes = v
-		case statsOutBytes:
-			st.OutBytes = v
-		case statsCPS:
-			st.CPS = v
-		case statsInPPS:
-			st.InPPS = v
-		case statsOutPPS:
-			st.OutPPS = v
-		case statsInBPS:
-			st.InBPS = v
-		case statsOutBPS:
-			st.OutBPS = v
-		}
 	}
 	return st, nil
 }
@@ -185,32 +341,22 @@ func parseStats(b []byte) (lb.Stats, error) {
 // attribute, into moby's service type (as moby reads it) and its stats,
 // 64-bit when the kernel sends them.
 func parseServiceMsg(msg []byte) (*mobyipvs.Service, lb.Stats, error) {
-	if len(msg) < nl.SizeofGenlmsg {
-		return nil, lb.Stats{}, fmt.Errorf("short message (%d bytes)", len(msg))
+	v, err := topAttr(msg, cmdAttrService)
+	if errors.Is(err, errNoAttr) {
+		return nil, lb.Stats{}, errors.New("no service attribute in message")
 	}
-	top, err := nl.ParseRouteAttr(msg[nl.SizeofGenlmsg:])
 	if err != nil {
 		return nil, lb.Stats{}, err
 	}
-	for _, t := range top {
-		if t.Attr.Type&nlaTypeMask == cmdAttrService {
-			return parseServiceAttrs(t.Value)
-		}
-	}
-	return nil, lb.Stats{}, fmt.Errorf("no service attribute in message")
+	return parseServiceAttrs(v)
 }
 
 func parseServiceAttrs(b []byte) (*mobyipvs.Service, lb.Stats, error) {
-	attrs, err := nl.ParseRouteAttr(b)
-	if err != nil {
-		return nil, lb.Stats{}, err
-	}
 	ms := &mobyipvs.Service{}
 	var addr, stats, stats64 []byte
-	for _, a := range attrs {
-		v := a.Value
+	err := forAttrs(b, func(typ uint16, v []byte) error {
 		var bad bool
-		switch a.Attr.Type & nlaTypeMask {
+		switch typ {
 		case svcAttrAF:
 			ms.AddressFamily, bad = u16(v)
 		case svcAttrProtocol:
@@ -240,8 +386,12 @@ func parseServiceAttrs(b []byte) (*mobyipvs.Service, lb.Stats, error) {
 			stats64 = v
 		}
 		if bad {
-			return nil, lb.Stats{}, fmt.Errorf("service attribute %d: bad length %d", a.Attr.Type&nlaTypeMask, len(v))
+			return fmt.Errorf("service attribute %d: bad length %d", typ, len(v))
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, lb.Stats{}, err
 	}
 	if addr != nil {
 		a, err := addrOf(addr, ms.AddressFamily)
@@ -270,59 +420,26 @@ func cString(b []byte) string {
 	return string(b)
 }
 
-// destAttr encodes a destination as the IPVS_CMD_ATTR_DEST attribute. A
-// full attribute (for adding and updating) carries the settings; deleting
-// needs only the address, family and port.
-func destAttr(d kernelDest, full bool) *nl.RtAttr {
-	a := nl.NewRtAttr(cmdAttrDest, nil)
-	a.AddRtAttr(destAttrAddrFamily, nl.Uint16Attr(d.family))
-	a.AddRtAttr(destAttrAddr, d.addr.AsSlice())
-	a.AddRtAttr(destAttrPort, be16(d.port))
-	if !full {
-		return a
-	}
-	a.AddRtAttr(destAttrFwdMethod, nl.Uint32Attr(d.fwd))
-	a.AddRtAttr(destAttrWeight, nl.Uint32Attr(d.weight))
-	a.AddRtAttr(destAttrUThresh, nl.Uint32Attr(d.upper))
-	a.AddRtAttr(destAttrLThresh, nl.Uint32Attr(d.lower))
-	if d.tunType != tunIPIP || d.tunPort != 0 || d.tunFlags != 0 {
-		a.AddRtAttr(destAttrTunType, nl.Uint8Attr(d.tunType))
-		a.AddRtAttr(destAttrTunPort, be16(d.tunPort))
-		a.AddRtAttr(destAttrTunFlags, nl.Uint16Attr(d.tunFlags))
-	}
-	return a
-}
-
 // parseDestMsg decodes one message of a destination dump: a generic
 // netlink header and an IPVS_CMD_ATTR_DEST attribute. svcFamily is the
 // family to assume when the kernel sends none (before Linux 3.18).
 func parseDestMsg(msg []byte, svcFamily uint16) (kernelDest, error) {
-	if len(msg) < nl.SizeofGenlmsg {
-		return kernelDest{}, fmt.Errorf("short message (%d bytes)", len(msg))
+	v, err := topAttr(msg, cmdAttrDest)
+	if errors.Is(err, errNoAttr) {
+		return kernelDest{}, errors.New("no destination attribute in message")
 	}
-	top, err := nl.ParseRouteAttr(msg[nl.SizeofGenlmsg:])
 	if err != nil {
 		return kernelDest{}, err
 	}
-	for _, t := range top {
-		if t.Attr.Type&nlaTypeMask == cmdAttrDest {
-			return parseDestAttrs(t.Value, svcFamily)
-		}
-	}
-	return kernelDest{}, fmt.Errorf("no destination attribute in message")
+	return parseDestAttrs(v, svcFamily)
 }
 
 func parseDestAttrs(b []byte, svcFamily uint16) (kernelDest, error) {
-	attrs, err := nl.ParseRouteAttr(b)
-	if err != nil {
-		return kernelDest{}, err
-	}
 	d := kernelDest{family: svcFamily}
 	var addr, stats, stats64 []byte
-	for _, a := range attrs {
-		v := a.Value
+	err := forAttrs(b, func(typ uint16, v []byte) error {
 		var bad bool
-		switch a.Attr.Type & nlaTypeMask {
+		switch typ {
 		case destAttrAddr:
 			addr = v
 		case destAttrAddrFamily:
@@ -364,8 +481,12 @@ func parseDestAttrs(b []byte, svcFamily uint16) (kernelDest, error) {
 			stats64 = v
 		}
 		if bad {
-			return kernelDest{}, fmt.Errorf("destination attribute %d: bad length %d", a.Attr.Type&nlaTypeMask, len(v))
+			return fmt.Errorf("destination attribute %d: bad length %d", typ, len(v))
 		}
+		return nil
+	})
+	if err != nil {
+		return kernelDest{}, err
 	}
 	if addr == nil {
 		return kernelDest{}, fmt.Errorf("destination without an address")
@@ -388,14 +509,14 @@ func u16(v []byte) (uint16, bool) {
 	if len(v) < 2 {
 		return 0, true
 	}
-	return nl.NativeEndian().Uint16(v), false
+	return binary.NativeEndian.Uint16(v), false
 }
 
 func u32(v []byte) (uint32, bool) {
 	if len(v) < 4 {
 		return 0, true
 	}
-	return nl.NativeEndian().Uint32(v), false
+	return binary.NativeEndian.Uint32(v), false
 }
 
 // genl sends IPVS generic netlink requests on its own socket.
