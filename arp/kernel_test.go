@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/lb/lbtest/nstest"
+
 	"github.com/mdlayher/arp"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -20,7 +22,7 @@ import (
 // interface. The peer accepts gratuitous ARP and unsolicited neighbour
 // advertisements and routes the VIP prefixes straight out of its veth.
 type kernelRig struct {
-	peer *peer
+	peer *nstest.Peer
 	mac  net.HardwareAddr // the uplink's
 }
 
@@ -31,22 +33,22 @@ const (
 
 func newKernelRig(t *testing.T) *kernelRig {
 	t.Helper()
-	needNetns(t)
+	nstest.Need(t)
 	for _, s := range []string{"all", "default"} {
 		for k, v := range map[string]string{"arp_ignore": "1", "arp_announce": "2"} {
-			if err := sysctl("net/ipv4/conf/"+s+"/"+k, v); err != nil {
+			if err := nstest.Sysctl("net/ipv4/conf/"+s+"/"+k, v); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	p := newPeer(t, uplink, peerLink)
+	p := nstest.NewPeer(t, uplink, peerLink)
 	for _, s := range []string{"192.0.2.1/24", "2001:db8::1/64"} {
-		if err := addAddr(uplink, s); err != nil {
+		if err := nstest.AddAddr(uplink, s); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, s := range []string{"198.51.100.10/32", "2001:db8:100::10/128"} {
-		if err := addAddr("lo", s); err != nil {
+		if err := nstest.AddAddr("lo", s); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
@@ -55,19 +57,19 @@ func newKernelRig(t *testing.T) *kernelRig {
 			netlink.AddrDel(lo, a)
 		})
 	}
-	p.do(t, func() error {
+	p.Do(t, func() error {
 		for k, v := range map[string]string{
 			"net/ipv4/conf/all/arp_accept":                       "1",
 			"net/ipv4/conf/" + peerLink + "/arp_accept":          "1",
 			"net/ipv6/conf/" + peerLink + "/forwarding":          "1",
 			"net/ipv6/conf/" + peerLink + "/accept_untracked_na": "1",
 		} {
-			if err := sysctl(k, v); err != nil {
+			if err := nstest.Sysctl(k, v); err != nil {
 				return err
 			}
 		}
 		for _, s := range []string{"192.0.2.2/24", "2001:db8::2/64"} {
-			if err := addAddr(peerLink, s); err != nil {
+			if err := nstest.AddAddr(peerLink, s); err != nil {
 				return err
 			}
 		}
@@ -117,7 +119,7 @@ func waitLinkLocal(t *testing.T, link string) {
 func (r *kernelRig) neighbour(t *testing.T, addr netip.Addr) *netlink.Neigh {
 	t.Helper()
 	var found *netlink.Neigh
-	r.peer.do(t, func() error {
+	r.peer.Do(t, func() error {
 		l, err := netlink.LinkByName(peerLink)
 		if err != nil {
 			return err
@@ -144,7 +146,7 @@ func (r *kernelRig) neighbour(t *testing.T, addr netip.Addr) *netlink.Neigh {
 func (r *kernelRig) forget(t *testing.T, addr netip.Addr) {
 	t.Helper()
 	if n := r.neighbour(t, addr); n != nil {
-		r.peer.do(t, func() error { return netlink.NeighDel(n) })
+		r.peer.Do(t, func() error { return netlink.NeighDel(n) })
 	}
 }
 
@@ -170,7 +172,7 @@ func (r *kernelRig) resolve(t *testing.T, addr netip.Addr, timeout time.Duration
 	t.Helper()
 	var mac net.HardwareAddr
 	var rerr error
-	r.peer.do(t, func() error {
+	r.peer.Do(t, func() error {
 		ifi, err := net.InterfaceByName(peerLink)
 		if err != nil {
 			return err
@@ -247,7 +249,7 @@ func TestKernelNDP(t *testing.T) {
 	waitStats(t, a, "the burst", func(s Stats) bool { return s.Announcements == 2 })
 	time.Sleep(20 * time.Millisecond) // in flight
 	r.forget(t, vip)
-	r.peer.do(t, func() error {
+	r.peer.Do(t, func() error {
 		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(vip, 9).String(), 2*time.Second)
 		if err == nil {
 			c.Close()
@@ -275,7 +277,7 @@ func waitStats(t *testing.T, a *Announcer, what string, cond func(Stats) bool) {
 
 // TestKernelMissingUplink announces on an uplink that appears later.
 func TestKernelMissingUplink(t *testing.T) {
-	needNetns(t)
+	nstest.Need(t)
 	a, err := New(Options{Uplinks: []string{"vipd-late0"}, Count: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -287,7 +289,7 @@ func TestKernelMissingUplink(t *testing.T) {
 		t.Fatal("Announce on a missing uplink succeeded")
 	}
 	t.Logf("missing uplink: %v", err)
-	newPeer(t, "vipd-late0", "vipd-late1")
+	nstest.NewPeer(t, "vipd-late0", "vipd-late1")
 	if err := a.Announce(vip); err != nil {
 		t.Fatal(err)
 	}

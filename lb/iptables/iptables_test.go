@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vipd/vipd/lb/lbtest/nstest"
+
 	"github.com/vipd/vipd/lb"
 )
 
@@ -36,7 +38,7 @@ func backends(t *testing.T) []string {
 // forEachBackend runs f as a subtest for each backend, with Tables whose
 // chains and sets are removed afterwards.
 func forEachBackend(t *testing.T, f func(t *testing.T, b string, tb *Tables)) {
-	needNetns(t)
+	nstest.Need(t)
 	for _, b := range backends(t) {
 		t.Run(b, func(t *testing.T) {
 			tb := newTables(t, Options{Backend: b, NoIPVSMatch: true})
@@ -486,7 +488,7 @@ func TestSetEntries(t *testing.T) {
 }
 
 func TestRestoreErrorNamesCommand(t *testing.T) {
-	needNetns(t)
+	nstest.Need(t)
 	b := backends(t)[0]
 	tb := newTables(t, Options{Backend: b, NoIPVSMatch: true})
 	// A rule referencing a set that does not exist fails to load.
@@ -502,7 +504,7 @@ func TestRestoreErrorNamesCommand(t *testing.T) {
 }
 
 func TestSystemBackend(t *testing.T) {
-	needNetns(t)
+	nstest.Need(t)
 	tb := newTables(t, Options{NoIPVSMatch: true})
 	if got := tb.command(lb.IPv6, "restore"); got != "ip6tables-restore" {
 		t.Errorf("system restore command = %s", got)

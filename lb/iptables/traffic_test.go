@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/lb/lbtest/nstest"
+
 	"github.com/vipd/vipd/lb"
 )
 
@@ -16,21 +18,21 @@ import (
 // connections, an unserved port of a VIP drops them silently, ICMP still
 // passes, and addresses that are not VIPs are left alone.
 func TestFilterTraffic(t *testing.T) {
-	needNetns(t)
-	p := newPeer(t, "vipd-up0", "vipd-peer0")
+	nstest.Need(t)
+	p := nstest.NewPeer(t, "vipd-up0", "vipd-peer0")
 	for _, s := range []string{"192.0.2.1/24", "2001:db8::1/64"} {
-		if err := addAddr("vipd-up0", s); err != nil {
+		if err := nstest.AddAddr("vipd-up0", s); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, s := range []string{"198.51.100.10/32", "2001:db8:100::10/128"} {
-		if err := addAddr("lo", s); err != nil {
+		if err := nstest.AddAddr("lo", s); err != nil {
 			t.Fatal(err)
 		}
 	}
-	p.do(t, func() error {
+	p.Do(t, func() error {
 		for _, s := range []string{"192.0.2.2/24", "2001:db8::2/64"} {
-			if err := addAddr("vipd-peer0", s); err != nil {
+			if err := nstest.AddAddr("vipd-peer0", s); err != nil {
 				return err
 			}
 		}
@@ -70,7 +72,7 @@ func TestFilterTraffic(t *testing.T) {
 	// use a short timeout, expected connections a generous one.
 	connect := func(ap netip.AddrPort, timeout time.Duration) error {
 		var err error
-		p.do(t, func() error {
+		p.Do(t, func() error {
 			var c net.Conn
 			c, err = net.DialTimeout("tcp", ap.String(), timeout)
 			if err == nil {
@@ -87,7 +89,7 @@ func TestFilterTraffic(t *testing.T) {
 	}
 	pings := func(a netip.Addr) bool {
 		var ok bool
-		p.do(t, func() error {
+		p.Do(t, func() error {
 			var err error
 			ok, err = ping(a, time.Second)
 			return err
