@@ -7,6 +7,8 @@ command -v ipset >/dev/null || need+=(ipset)
 command -v ip >/dev/null || need+=(iproute2)
 command -v arping >/dev/null || need+=(arping)
 command -v curl >/dev/null || need+=(curl)
+# test/bench checks its keepalived.conf fixtures with `keepalived -t`.
+[ -x /usr/sbin/keepalived ] || need+=(keepalived)
 if ((${#need[@]})); then
 	echo "deps: installing ${need[*]}"
 	apt-get update -qq
