@@ -584,7 +584,7 @@ func TestManagerRealChecks(t *testing.T) {
 	wait(Down)
 	ln, err = net.Listen("tcp4", addr.String())
 	if err != nil {
-		t.Skipf("cannot listen on %s again: %v", addr, err)
+		t.Fatalf("cannot listen on %s again: %v", addr, err)
 	}
 	defer ln.Close()
 	go serve(ln)

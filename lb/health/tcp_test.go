@@ -15,7 +15,7 @@ func listenTCP(t *testing.T, network, addr string) netip.AddrPort {
 	t.Helper()
 	ln, err := net.Listen(network, addr)
 	if err != nil {
-		t.Skipf("listen %s %s: %v", network, addr, err)
+		t.Fatalf("listen %s %s: %v", network, addr, err)
 	}
 	t.Cleanup(func() { ln.Close() })
 	go func() {

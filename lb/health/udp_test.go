@@ -17,7 +17,7 @@ func udpServer(t *testing.T, network, addr string, reply func([]byte) []byte) ne
 	t.Helper()
 	pc, err := net.ListenPacket(network, addr)
 	if err != nil {
-		t.Skipf("listen %s %s: %v", network, addr, err)
+		t.Fatalf("listen %s %s: %v", network, addr, err)
 	}
 	t.Cleanup(func() { pc.Close() })
 	go func() {
