@@ -1,0 +1,860 @@
+// Command benchrun is the guest side of vipd's control-plane benchmark
+// (test/vm/bench.sh, `make bench`). In one boot of the test guest it
+// measures, for each size N services x M backends:
+//
+//  1. cold programming, empty table to every object in the kernel, of
+//     `ipvsadm -R`, keepalived and vipd, each in a network namespace of its
+//     own (a fresh IPVS table: see flush below);
+//  2. vipd: one backend's weight changed in the file, from the file's
+//     rename to the kernel showing the new weight, and the operations vipd
+//     applied for it (its log has one "applied" line per operation);
+//  3. keepalived: the same change applied by SIGHUP;
+//  4. vipd's peak RSS and CPU time;
+//
+// and, to explain them, how long reading the table takes with 1, 2 and 4
+// sockets and what each step of a reload costs in this guest. It prints a
+// table between BENCH-TABLE-BEGIN and BENCH-TABLE-END and the results as
+// JSON between BENCH-JSON-BEGIN and BENCH-JSON-END.
+//
+// Completion is read from the kernel: the last service of the fixture
+// (every tool writes it last) with all its backends, then a full read of
+// the table compared line by line with the fixture; a tool whose table
+// does not match then is timed by full reads instead (marked "bound").
+//
+// The kernel's flush pathology: deleted destinations stay on a per-
+// namespace list that every destination add searches, so re-adding a large
+// table right after flushing it is several times slower for a couple of
+// minutes. Each tool therefore programs a namespace of its own; the table
+// is flushed (ipvsadm -C) after each run so that the global service hash
+// shrinks again, and the next run waits for the CPUs to be idle.
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/ipvs"
+	"github.com/vipd/vipd/lb/link"
+	"github.com/vipd/vipd/test/bench"
+)
+
+type options struct {
+	sizes, changeSizes, readdSizes []size
+	tools                          []string
+	reps, kreps                    int
+	kreloadTimeout                 time.Duration
+	vipd, keepalived, ipvsadm      string
+	work                           string
+	qemu                           string
+}
+
+type size struct{ N, M int }
+
+func (s size) String() string { return fmt.Sprintf("%dx%d", s.N, s.M) }
+
+func parseSizes(s string) ([]size, error) {
+	var out []size
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' }) {
+		a, b, ok := strings.Cut(f, "x")
+		n, err1 := strconv.Atoi(a)
+		m, err2 := strconv.Atoi(b)
+		if !ok || err1 != nil || err2 != nil || n < 1 || m < 1 {
+			return nil, fmt.Errorf("size %q: want NxM, such as 1000x10", f)
+		}
+		out = append(out, size{n, m})
+	}
+	return out, nil
+}
+
+func main() {
+	var o options
+	var sizes, changes, readd, tools string
+	flag.StringVar(&sizes, "sizes", "100x10,1000x10,10000x10", "sizes NxM to program cold")
+	flag.StringVar(&changes, "change-sizes", "100x10,10000x10", "sizes at which to time a one-backend change")
+	flag.StringVar(&readd, "readd-sizes", "1000x10", "sizes at which to time vipd re-adding a table right after a flush (the kernel's pathology)")
+	flag.StringVar(&tools, "tools", "ipvsadm,keepalived,vipd", "tools to measure, in this order")
+	flag.IntVar(&o.reps, "reps", 15, "repetitions of vipd's one-backend change")
+	flag.IntVar(&o.kreps, "kreps", 3, "repetitions of keepalived's reload")
+	flag.DurationVar(&o.kreloadTimeout, "kreload-timeout", 300*time.Second, "give up on a keepalived reload after this long")
+	flag.StringVar(&o.vipd, "vipd", "/payload/vipd", "vipd binary")
+	flag.StringVar(&o.keepalived, "keepalived", "keepalived", "keepalived binary")
+	flag.StringVar(&o.ipvsadm, "ipvsadm", "ipvsadm", "ipvsadm binary")
+	flag.StringVar(&o.work, "work", "/tmp/bench", "work directory")
+	flag.StringVar(&o.qemu, "qemu", "", "qemu version, for the report")
+	flag.Parse()
+	var err error
+	for _, x := range []struct {
+		s   string
+		out *[]size
+	}{{sizes, &o.sizes}, {changes, &o.changeSizes}, {readd, &o.readdSizes}} {
+		if *x.out, err = parseSizes(x.s); err != nil {
+			log.Fatal(err)
+		}
+	}
+	o.tools = strings.Split(tools, ",")
+	log.SetFlags(log.Ltime | log.Lmicroseconds)
+	log.SetPrefix("bench: ")
+	res := run(o)
+	js, _ := json.MarshalIndent(res, "", "  ")
+	fmt.Printf("BENCH-JSON-BEGIN\n%s\nBENCH-JSON-END\n", js)
+	fmt.Printf("BENCH-TABLE-BEGIN\n%sBENCH-TABLE-END\n", render(res))
+}
+
+// Results are everything one run measured.
+type Results struct {
+	Kernel   string
+	Qemu     string
+	CPUs     int
+	MemMiB   int64
+	Started  time.Time
+	Duration float64
+	Sizes    []*SizeResult
+}
+
+// SizeResult holds the figures of one size.
+type SizeResult struct {
+	N, M, Objects int
+	Cold          map[string]*Cold
+	// VipdStart is vipd's first pass as it logs it, and StartPhases what
+	// it did when (seconds from the exec, by the log's clock).
+	VipdStart   *pass
+	StartPhases *Phases
+	// VipdCPUCold is vipd's CPU time when its first pass was done.
+	VipdCPUCold float64
+	VipdPeakMiB float64
+	VipdRSSMiB  float64
+	VipdCPUAll  float64
+	// Change is vipd's one-backend change, Reload keepalived's.
+	Change *Change
+	Reload *Change
+	// Readd is vipd's cold start right after a flush of the same
+	// namespace (the kernel's flush pathology), in seconds.
+	Readd *float64
+	// Flush is the time ipvsadm -C took after each tool's run.
+	Flush map[string]float64
+	// Read is Services() in seconds by number of sockets; Poll one
+	// Service() query in milliseconds.
+	Read map[int]float64
+	Poll float64
+	// Steps are the costs of a reload's steps, and ColdSteps of a cold
+	// start's, measured here one by one.
+	Steps     *Steps
+	ColdSteps *ColdSteps
+	Notes     []string
+}
+
+// Phases is a cold start by vipd's log, in seconds since the exec: the
+// configuration read and the kernel opened ("starting"), the first
+// operation, each kind of operation's first and last, the pass's end.
+type Phases struct {
+	Starting, FirstOp, Reconciled float64
+	Kinds                         map[string]KindPhase
+}
+
+// KindPhase is one kind of operation in a cold start.
+type KindPhase struct {
+	N           int
+	First, Last float64
+}
+
+// ColdSteps are the costs, in seconds, of a cold start's steps, each
+// measured alone in the guest with vipd's packages: parsing the file,
+// the desired state, the plan from an empty table, binding the VIPs,
+// applying the IPVS operations in batches as the reconciler does (into a
+// fresh namespace), and writing one log line per operation.
+type ColdSteps struct {
+	Parse, Desired, Plan, BindVIPs, ApplyIPVS, Log float64
+	VIPs, IPVSOps                                  int
+}
+
+// Cold is one tool's cold programming.
+type Cold struct {
+	Seconds float64
+	// Bound is set when completion was timed by full reads of the table
+	// rather than by the last object (an upper bound).
+	Bound bool
+	Err   string `json:",omitempty"`
+}
+
+// Change is a series of timed one-backend changes.
+type Change struct {
+	MS     []float64 // file write to kernel, milliseconds
+	Ops    []int     `json:",omitempty"` // operations applied per change (vipd)
+	TookMS []float64 `json:",omitempty"` // the pass's own duration as logged (vipd)
+	// PreMS is the time from the write to the pass's start (the pass's
+	// end as read from the log, less its duration): the watcher's
+	// debounce, the parse and the reload's checks (vipd).
+	PreMS  []float64 `json:",omitempty"`
+	Failed int
+	Err    string `json:",omitempty"`
+}
+
+// Steps are the costs, in milliseconds, of what a reload does at one
+// size, each measured alone in the guest: vipd's watcher waits Debounce
+// after the write, then parses the file; the reload builds the desired
+// state, reads the whole table, plans and applies.
+type Steps struct {
+	Debounce, Parse, Desired, Observe, Plan, Apply float64
+}
+
+func run(o options) *Results {
+	res := &Results{Kernel: kernelRelease(), Qemu: o.qemu, CPUs: numCPU(), MemMiB: memMiB(), Started: time.Now()}
+	for _, sz := range o.sizes {
+		r := &SizeResult{N: sz.N, M: sz.M, Cold: map[string]*Cold{}, Flush: map[string]float64{}, Read: map[int]float64{}}
+		res.Sizes = append(res.Sizes, r)
+		if err := runSize(o, sz, r); err != nil {
+			r.Notes = append(r.Notes, "error: "+err.Error())
+			log.Printf("%s: %v", sz, err)
+		}
+	}
+	res.Duration = time.Since(res.Started).Seconds()
+	return res
+}
+
+// fixtureFiles are the files of one size.
+type fixtureFiles struct {
+	f                           *bench.Fixture
+	dir                         string
+	toml, restore, keepalived   string
+	want                        []string
+	last                        lb.ServiceKey
+	changeSvc, changeBackend    int
+	changeKey                   lb.ServiceKey
+	changeAddr                  netip.AddrPort
+	tomlVariants, kaliveVariant [2][]byte // weight 2, weight 1
+}
+
+func runSize(o options, sz size, r *SizeResult) error {
+	f, err := bench.New(bench.Spec{Services: sz.N, Backends: sz.M})
+	if err != nil {
+		return err
+	}
+	r.Objects = f.Objects()
+	dir := filepath.Join(o.work, sz.String())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	ff := &fixtureFiles{f: f, dir: dir, want: f.Table(), changeSvc: sz.N / 2, changeBackend: sz.M / 2}
+	last := f.Services[len(f.Services)-1]
+	ff.last = lb.ServiceKey{Family: lb.IPv4, Proto: lb.TCP, Addr: last.VIP, Port: last.Port}
+	cs := f.Services[ff.changeSvc]
+	ff.changeKey = lb.ServiceKey{Family: lb.IPv4, Proto: lb.TCP, Addr: cs.VIP, Port: cs.Port}
+	ff.changeAddr = cs.Backends[ff.changeBackend].Addr
+	d := bench.Daemon{StateDir: filepath.Join(dir, "vipd-state"), ControlSocket: filepath.Join(dir, "vipd.sock")}
+	for i, w := range []int{2, 1} {
+		var t, k bytes.Buffer
+		g := f.WithWeight(ff.changeSvc, ff.changeBackend, w)
+		if err := g.WriteTOML(&t, d); err != nil {
+			return err
+		}
+		if err := g.WriteKeepalived(&k); err != nil {
+			return err
+		}
+		ff.tomlVariants[i], ff.kaliveVariant[i] = t.Bytes(), k.Bytes()
+	}
+	ff.toml, ff.restore, ff.keepalived = filepath.Join(dir, "vipd.toml"), filepath.Join(dir, "ipvsadm.rules"), filepath.Join(dir, "keepalived.conf")
+	for path, write := range map[string]func(io.Writer) error{
+		ff.toml:       func(w io.Writer) error { return f.WriteTOML(w, d) },
+		ff.restore:    f.WriteRestore,
+		ff.keepalived: f.WriteKeepalived,
+	} {
+		fh, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := write(fh); err != nil {
+			return err
+		}
+		fh.Close()
+	}
+	log.Printf("%s: %d objects; fixtures in %s", sz, r.Objects, dir)
+	change := slices.Contains(o.changeSizes, sz)
+	for _, tool := range o.tools {
+		waited := quiesce(60 * time.Second)
+		log.Printf("%s: %s (waited %.1fs for idle CPUs)", sz, tool, waited.Seconds())
+		var err error
+		switch tool {
+		case "ipvsadm":
+			err = runIpvsadm(o, ff, r)
+		case "keepalived":
+			err = runKeepalived(o, ff, r, change)
+		case "vipd":
+			err = runVipd(o, ff, r, change, slices.Contains(o.readdSizes, sz))
+		default:
+			err = fmt.Errorf("unknown tool %q", tool)
+		}
+		if err != nil {
+			r.Notes = append(r.Notes, fmt.Sprintf("%s: %v", tool, err))
+			log.Printf("%s: %s: %v", sz, tool, err)
+		}
+	}
+	return nil
+}
+
+// coldTimeout bounds one cold programming run.
+func coldTimeout(objects int) time.Duration {
+	return time.Minute + time.Duration(objects)*5*time.Millisecond
+}
+
+// waitProgrammed waits until the table in a holds the fixture: first the
+// last service with all its backends (cheap, polled), then a full read
+// that must equal the fixture. It returns when the table was complete.
+func waitProgrammed(a *ipvs.IPVS, ff *fixtureFiles, timeout time.Duration, p *proc) (time.Time, bool, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		if time.Now().After(deadline) {
+			return time.Time{}, false, fmt.Errorf("not programmed after %v", timeout)
+		}
+		select {
+		case <-p.done:
+			return time.Time{}, false, fmt.Errorf("exited before the table was complete: %v", p.err)
+		default:
+		}
+		st, err := a.Service(ff.last)
+		if err != nil {
+			return time.Time{}, false, err
+		}
+		if st != nil && len(st.Dests) == ff.f.Spec.Backends {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t := time.Now()
+	got, err := readTable(a)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	if slices.Equal(got, ff.want) {
+		return t, false, nil
+	}
+	log.Printf("the last service is complete but the table is not (%d of %d lines): timing by full reads", len(got), len(ff.want))
+	for time.Now().Before(deadline) {
+		got, err := readTable(a)
+		if err != nil {
+			return time.Time{}, false, err
+		}
+		if slices.Equal(got, ff.want) {
+			return time.Now(), true, nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return time.Time{}, false, fmt.Errorf("table incomplete after %v", timeout)
+}
+
+func readTable(a *ipvs.IPVS) ([]string, error) {
+	svcs, err := a.Services()
+	if err != nil {
+		return nil, err
+	}
+	return bench.SaveLines(svcs), nil
+}
+
+// flush empties a namespace's IPVS table and records how long it took.
+func flush(ns *namespace, tool string, r *SizeResult, ipvsadm string) {
+	t := time.Now()
+	if _, err := ns.run(ipvsadm, "-C"); err != nil {
+		r.Notes = append(r.Notes, fmt.Sprintf("%s: flush: %v", tool, err))
+	}
+	r.Flush[tool] = time.Since(t).Seconds()
+}
+
+func runIpvsadm(o options, ff *fixtureFiles, r *SizeResult) error {
+	ns, err := newNamespace("ipvsadm")
+	if err != nil {
+		return err
+	}
+	defer ns.close()
+	a, err := ipvs.New(ipvs.Options{NetnsPath: ns.path()})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	in, err := os.Open(ff.restore)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	cmd := exec.Command(o.ipvsadm, "-R")
+	var out bytes.Buffer
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = in, &out, &out
+	t0 := time.Now()
+	if err := ns.start(cmd); err != nil {
+		return err
+	}
+	werr := cmd.Wait()
+	t1 := time.Now()
+	c := &Cold{Seconds: t1.Sub(t0).Seconds()}
+	r.Cold["ipvsadm"] = c
+	if werr != nil {
+		c.Err = fmt.Sprintf("%v: %s", werr, out.String())
+	} else if got, err := readTable(a); err != nil || !slices.Equal(got, ff.want) {
+		c.Err = fmt.Sprintf("table differs from the fixture after ipvsadm -R (%d of %d lines, %v)", len(got), len(ff.want), err)
+	}
+	log.Printf("ipvsadm -R: %.2fs %s", c.Seconds, c.Err)
+	flush(ns, "ipvsadm", r, o.ipvsadm)
+	return nil
+}
+
+func runKeepalived(o options, ff *fixtureFiles, r *SizeResult, change bool) error {
+	ns, err := newNamespace("keepalived")
+	if err != nil {
+		return err
+	}
+	defer ns.close()
+	a, err := ipvs.New(ipvs.Options{NetnsPath: ns.path()})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	logf, err := os.Create(filepath.Join(ff.dir, "keepalived.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	// -n: stay in the foreground; -C: the checker (LVS) process only, no
+	// VRRP; -l -D: log details to the console, which is the log file.
+	cmd := exec.Command(o.keepalived, "-n", "-C", "-l", "-D", "-f", ff.keepalived,
+		"-p", filepath.Join(ff.dir, "keepalived.pid"), "-c", filepath.Join(ff.dir, "checkers.pid"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	t0 := time.Now()
+	p, err := startIn(ns, cmd)
+	if err != nil {
+		return err
+	}
+	defer p.kill()
+	t1, bound, err := waitProgrammed(a, ff, coldTimeout(r.Objects), p)
+	c := &Cold{Bound: bound}
+	r.Cold["keepalived"] = c
+	if err != nil {
+		c.Err = err.Error()
+		return err
+	}
+	c.Seconds = t1.Sub(t0).Seconds()
+	log.Printf("keepalived: %.2fs", c.Seconds)
+	if change {
+		r.Reload = timeChanges(o.kreps, o.kreloadTimeout, a, ff, func(i int) (time.Time, error) {
+			t, err := writeAtomic(ff.keepalived, ff.kaliveVariant[i%2])
+			if err == nil {
+				err = cmd.Process.Signal(syscall.SIGHUP)
+			}
+			return t, err
+		}, nil)
+		log.Printf("keepalived reload: %v ms", r.Reload.MS)
+	}
+	p.kill()
+	flush(ns, "keepalived", r, o.ipvsadm)
+	return nil
+}
+
+// timeChanges makes n one-backend changes, alternately to weight 2 and
+// back to 1, each by apply (which returns when the change was made), and
+// times each until the kernel shows it. after, when set, is called after
+// each change has reached the kernel.
+func timeChanges(n int, timeout time.Duration, a *ipvs.IPVS, ff *fixtureFiles, apply func(i int) (time.Time, error), after func(c *Change, t0 time.Time)) *Change {
+	c := &Change{}
+	for i := range n {
+		want := []int{2, 1}[i%2]
+		t0, err := apply(i)
+		if err != nil {
+			c.Err = err.Error()
+			break
+		}
+		t1, err := waitWeight(a, ff, want, timeout)
+		if err != nil {
+			c.Failed++
+			c.Err = err.Error()
+			break
+		}
+		c.MS = append(c.MS, float64(t1.Sub(t0).Microseconds())/1000)
+		if after != nil {
+			after(c, t0)
+		}
+		// The next change must not fall in the same debounce window, and
+		// the previous one's work must be over.
+		time.Sleep(300 * time.Millisecond)
+		quiesce(timeout)
+	}
+	return c
+}
+
+// waitWeight polls the changed service until its backend has weight w.
+func waitWeight(a *ipvs.IPVS, ff *fixtureFiles, w int, timeout time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		st, err := a.Service(ff.changeKey)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if st != nil {
+			if d, ok := st.Dests[ff.changeAddr]; ok && d.Weight == w {
+				return time.Now(), nil
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return time.Time{}, fmt.Errorf("weight %d not in the kernel after %v", w, timeout)
+}
+
+func runVipd(o options, ff *fixtureFiles, r *SizeResult, change, readd bool) error {
+	ns, err := newNamespace("vipd")
+	if err != nil {
+		return err
+	}
+	defer ns.close()
+	a, err := ipvs.New(ipvs.Options{NetnsPath: ns.path()})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	os.RemoveAll(filepath.Join(ff.dir, "vipd-state"))
+	// The fixture's own file: earlier variants may have replaced it.
+	var buf bytes.Buffer
+	if err := ff.f.WriteTOML(&buf, bench.Daemon{StateDir: filepath.Join(ff.dir, "vipd-state"), ControlSocket: filepath.Join(ff.dir, "vipd.sock")}); err != nil {
+		return err
+	}
+	if err := os.WriteFile(ff.toml, buf.Bytes(), 0o644); err != nil {
+		return err
+	}
+
+	p, vl, t0, err := startVipd(o, ns, ff, "vipd.log")
+	if err != nil {
+		return err
+	}
+	defer p.stop(30 * time.Second)
+	t1, bound, err := waitProgrammed(a, ff, coldTimeout(r.Objects), p)
+	c := &Cold{Bound: bound}
+	r.Cold["vipd"] = c
+	if err != nil {
+		c.Err = fmt.Sprintf("%v; vipd errors: %q", err, vl.firstErrors())
+		return err
+	}
+	c.Seconds = t1.Sub(t0).Seconds()
+	if p, ok := vl.next("start", time.Minute); ok {
+		p.At = time.Time{}
+		r.VipdStart = &p
+		if p.Failed > 0 {
+			c.Err = fmt.Sprintf("%d operations failed: %q", p.Failed, vl.firstErrors())
+		}
+		r.StartPhases = phases(vl.start, t0)
+	}
+	if ps, err := readProc(p.pid()); err == nil {
+		r.VipdCPUCold = ps.CPU.Seconds()
+	}
+	log.Printf("vipd: %.2fs (first pass %+v)", c.Seconds, r.VipdStart)
+
+	if change {
+		r.Change = timeChanges(o.reps, 5*time.Minute, a, ff, func(i int) (time.Time, error) {
+			return writeAtomic(ff.toml, ff.tomlVariants[i%2])
+		}, func(ch *Change, t0 time.Time) {
+			p, ok := vl.next("file changed", 5*time.Minute)
+			if !ok {
+				ch.Ops = append(ch.Ops, -1)
+				return
+			}
+			ch.Ops = append(ch.Ops, p.Applied)
+			ch.TookMS = append(ch.TookMS, float64(p.Took.Microseconds())/1000)
+			ch.PreMS = append(ch.PreMS, float64(p.At.Add(-p.Took).Sub(t0).Microseconds())/1000)
+		})
+		log.Printf("vipd change: %v ms, ops %v, took %v ms", r.Change.MS, r.Change.Ops, r.Change.TookMS)
+		r.Steps = measureSteps(a, ff)
+	}
+	if ps, err := readProc(p.pid()); err == nil {
+		r.VipdPeakMiB = float64(ps.HWMKiB) / 1024
+		r.VipdRSSMiB = float64(ps.RSSKiB) / 1024
+		r.VipdCPUAll = ps.CPU.Seconds()
+	}
+	measureReads(ns, a, r)
+	p.stop(30 * time.Second)
+
+	if readd {
+		// The pathology: flush, then the same daemon starts again at once
+		// into the same namespace, with the fixture's own file.
+		if err := os.WriteFile(ff.toml, buf.Bytes(), 0o644); err != nil {
+			return err
+		}
+		flush(ns, "vipd (before re-add)", r, o.ipvsadm)
+		p, vl, t0, err := startVipd(o, ns, ff, "vipd-readd.log")
+		if err != nil {
+			return err
+		}
+		t1, _, err := waitProgrammed(a, ff, 4*coldTimeout(r.Objects), p)
+		if err != nil {
+			r.Notes = append(r.Notes, fmt.Sprintf("vipd re-add after flush: %v; %q", err, vl.firstErrors()))
+		} else {
+			s := t1.Sub(t0).Seconds()
+			r.Readd = &s
+			log.Printf("vipd re-add right after a flush: %.2fs", s)
+		}
+		p.stop(30 * time.Second)
+	}
+	flush(ns, "vipd", r, o.ipvsadm)
+	ns.close()
+	quiesce(time.Minute)
+	r.ColdSteps = measureColdSteps(o, ff)
+	return nil
+}
+
+// phases turns a first pass's timeline into seconds since t0.
+func phases(tl Timeline, t0 time.Time) *Phases {
+	since := func(t time.Time) float64 {
+		if t.IsZero() {
+			return 0
+		}
+		return t.Sub(t0).Seconds()
+	}
+	p := &Phases{Starting: since(tl.Starting), Reconciled: since(tl.Reconciled), Kinds: map[string]KindPhase{}}
+	for k, sp := range tl.Kinds {
+		p.Kinds[k] = KindPhase{N: sp.N, First: since(sp.First), Last: since(sp.Last)}
+		if p.FirstOp == 0 || since(sp.First) < p.FirstOp {
+			p.FirstOp = since(sp.First)
+		}
+	}
+	return p
+}
+
+// startVipd starts `vipd run` in ns with its log read by a vipdLog.
+func startVipd(o options, ns *namespace, ff *fixtureFiles, logName string) (*proc, *vipdLog, time.Time, error) {
+	cmd := exec.Command(o.vipd, "run", "-c", ff.toml, "--log-level", "info")
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, nil, time.Time{}, err
+	}
+	defer pw.Close()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	vl, err := newVipdLog(pr, filepath.Join(ff.dir, logName))
+	if err != nil {
+		return nil, nil, time.Time{}, err
+	}
+	t0 := time.Now()
+	p, err := startIn(ns, cmd)
+	if err != nil {
+		return nil, nil, time.Time{}, err
+	}
+	return p, vl, t0, nil
+}
+
+// measureReads times reading the whole table with 1, 2 and 4 sockets, and
+// one service's query.
+func measureReads(ns *namespace, a *ipvs.IPVS, r *SizeResult) {
+	for _, n := range []int{1, 2, 4} {
+		b, err := ipvs.New(ipvs.Options{NetnsPath: ns.path(), DumpSockets: n})
+		if err != nil {
+			r.Notes = append(r.Notes, err.Error())
+			return
+		}
+		t := time.Now()
+		_, err = b.Services()
+		r.Read[n] = time.Since(t).Seconds()
+		b.Close()
+		if err != nil {
+			r.Notes = append(r.Notes, err.Error())
+		}
+	}
+	k := lb.ServiceKey{}
+	svcs, _ := a.Services()
+	for key := range svcs {
+		k = key
+		break
+	}
+	t := time.Now()
+	for range 100 {
+		a.Service(k)
+	}
+	r.Poll = float64(time.Since(t).Microseconds()) / 100 / 1000
+	log.Printf("reads: %v s by sockets; one service %.2f ms", r.Read, r.Poll)
+}
+
+// measureSteps times the steps of a one-backend reload one by one, with
+// vipd's own packages, in this guest.
+func measureSteps(a *ipvs.IPVS, ff *fixtureFiles) *Steps {
+	s := &Steps{Debounce: 200} // config.WatchOptions' default, which vipd run uses
+	ms := func(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+	t := time.Now()
+	cfg, err := config.Parse(ff.toml, ff.tomlVariants[0])
+	s.Parse = ms(t)
+	if err != nil {
+		return s
+	}
+	t = time.Now()
+	desired := lb.Desired(&cfg.Spec, lb.Host{Dummy: cfg.Daemon.Interface})
+	s.Desired = ms(t)
+	t = time.Now()
+	svcs, err := a.Services()
+	s.Observe = ms(t)
+	if err != nil {
+		return s
+	}
+	observed := lb.NewState()
+	observed.Services = svcs
+	for k := range desired.VIPs {
+		observed.VIPs[k] = struct{}{}
+	}
+	t = time.Now()
+	ops := lb.Plan(desired, observed, lb.PlanOptions{})
+	s.Plan = ms(t)
+	var ipvsOps []lb.Op
+	for _, op := range ops {
+		if op.Kind == lb.OpUpdateDest {
+			ipvsOps = append(ipvsOps, op)
+		}
+	}
+	t = time.Now()
+	errs := a.ApplyBatch(ipvsOps)
+	s.Apply = ms(t)
+	if len(ipvsOps) != 1 || errors.Join(errs...) != nil {
+		log.Printf("steps: planned %d updates (%v), want 1", len(ipvsOps), errors.Join(errs...))
+	}
+	// Back to the file's content.
+	if len(ipvsOps) == 1 {
+		back := ipvsOps[0]
+		back.Dest.Weight = ff.f.Services[ff.changeSvc].Backends[ff.changeBackend].Weight
+		a.ApplyBatch([]lb.Op{back})
+	}
+	log.Printf("steps (ms): %+v", *s)
+	return s
+}
+
+func numCPU() int {
+	data, _ := os.ReadFile("/proc/cpuinfo")
+	return strings.Count(string(data), "processor\t:")
+}
+
+func memMiB() int64 {
+	data, _ := os.ReadFile("/proc/meminfo")
+	for _, l := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemTotal:" {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n / 1024
+		}
+	}
+	return 0
+}
+
+// percentile returns the nearest-rank percentile p of xs.
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	i := int(p/100*float64(len(s))+0.999999) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// measureColdSteps times a cold start's steps one by one in a namespace of
+// its own (see ColdSteps).
+func measureColdSteps(o options, ff *fixtureFiles) *ColdSteps {
+	cs := &ColdSteps{}
+	since := func(t time.Time) float64 { return time.Since(t).Seconds() }
+	data, err := os.ReadFile(ff.toml)
+	if err != nil {
+		log.Printf("cold steps: %v", err)
+		return nil
+	}
+	t := time.Now()
+	cfg, err := config.Parse(ff.toml, data)
+	cs.Parse = since(t)
+	if err != nil {
+		log.Printf("cold steps: %v", err)
+		return cs
+	}
+	t = time.Now()
+	desired := lb.Desired(&cfg.Spec, lb.Host{Dummy: cfg.Daemon.Interface})
+	cs.Desired = since(t)
+	t = time.Now()
+	ops := lb.Plan(desired, lb.NewState(), lb.PlanOptions{})
+	cs.Plan = since(t)
+
+	ns, err := newNamespace("cold-steps")
+	if err != nil {
+		log.Printf("cold steps: %v", err)
+		return cs
+	}
+	defer ns.close()
+	d, err := link.New(link.Options{Interface: cfg.Daemon.Interface, NetnsPath: ns.path()})
+	if err != nil {
+		log.Printf("cold steps: %v", err)
+		return cs
+	}
+	t = time.Now()
+	err = d.Ensure()
+	for _, op := range ops {
+		if op.Kind == lb.OpBindVIP && err == nil {
+			err = d.Bind(op.Addr)
+			cs.VIPs++
+		}
+	}
+	cs.BindVIPs = since(t)
+	d.Close()
+	if err != nil {
+		log.Printf("cold steps: bind: %v", err)
+	}
+
+	a, err := ipvs.New(ipvs.Options{NetnsPath: ns.path()})
+	if err != nil {
+		log.Printf("cold steps: %v", err)
+		return cs
+	}
+	defer a.Close()
+	var failed int
+	t = time.Now()
+	for i := 0; i < len(ops); {
+		j := i
+		for j < len(ops) && ops[j].Kind == ops[i].Kind {
+			j++
+		}
+		if k := ops[i].Kind; k == lb.OpAddService || k == lb.OpAddDest {
+			for x := i; x < j; x += 1024 {
+				for _, err := range a.ApplyBatch(ops[x:min(x+1024, j)]) {
+					if err != nil {
+						failed++
+					}
+				}
+			}
+			cs.IPVSOps += j - i
+		}
+		i = j
+	}
+	cs.ApplyIPVS = since(t)
+	if failed > 0 {
+		log.Printf("cold steps: %d IPVS operations failed", failed)
+	}
+
+	pr, pw, err := os.Pipe()
+	if err == nil {
+		drained := make(chan struct{})
+		go func() { io.Copy(io.Discard, pr); close(drained) }()
+		lg := slog.New(slog.NewTextHandler(pw, nil))
+		t = time.Now()
+		for _, op := range ops {
+			lg.Info("applied", "op", op.Kind.String(), "detail", op.String())
+		}
+		cs.Log = since(t)
+		pw.Close()
+		<-drained
+		pr.Close()
+	}
+	if _, err := ns.run(o.ipvsadm, "-C"); err != nil {
+		log.Printf("cold steps: %v", err)
+	}
+	log.Printf("cold steps (s): %+v", *cs)
+	return cs
+}

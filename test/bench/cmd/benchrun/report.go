@@ -1,0 +1,259 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// The issue's targets (issue 8).
+const (
+	targetColdShare = 0.5   // of keepalived's time at the largest size
+	targetP99MS     = 20.0  // one change, file write to kernel
+	targetReload    = 100.0 // times faster than keepalived's reload
+	targetRSSMiB    = 150.0
+)
+
+func secs(c *Cold) string {
+	switch {
+	case c == nil:
+		return "-"
+	case c.Err != "" && c.Seconds == 0:
+		return "FAILED"
+	case c.Bound:
+		return fmt.Sprintf("<=%.2f", c.Seconds)
+	case c.Err != "":
+		return fmt.Sprintf("%.2f!", c.Seconds)
+	}
+	return fmt.Sprintf("%.2f", c.Seconds)
+}
+
+func ratio(a, b *Cold) string {
+	if a == nil || b == nil || a.Seconds == 0 || b.Seconds == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", a.Seconds/b.Seconds)
+}
+
+func metOrMissed(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "MISSED"
+}
+
+// render formats the results as the benchmark's table.
+func render(res *Results) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "vipd control-plane benchmark (issue 8)\n")
+	fmt.Fprintf(&b, "guest: Linux %s, %s, %d vCPUs, %d MiB; run %s, %.0f s\n", res.Kernel, qemuName(res.Qemu), res.CPUs, res.MemMiB,
+		res.Started.UTC().Format("2006-01-02 15:04 UTC"), res.Duration)
+	fmt.Fprintf(&b, "fixture: N services x M backends, TCP, wrr, NAT, weight 1, 10 services per VIP; each tool programs a fresh network namespace\n")
+
+	b.WriteString("\n1. Cold programming: empty table to every object in the kernel (seconds)\n")
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "size\tobjects\tvipd\tipvsadm -R\tkeepalived\tvipd/ipvsadm\tvipd/keepalived\tvipd first pass (log)\ttarget <= 0.5x keepalived\t")
+	for _, r := range res.Sizes {
+		v, i, k := r.Cold["vipd"], r.Cold["ipvsadm"], r.Cold["keepalived"]
+		first := "-"
+		if r.VipdStart != nil {
+			first = fmt.Sprintf("%d ops, %.2f s", r.VipdStart.Applied, r.VipdStart.Took.Seconds())
+		}
+		target := "-"
+		if v != nil && k != nil && v.Seconds > 0 && k.Seconds > 0 {
+			target = metOrMissed(v.Seconds <= targetColdShare*k.Seconds && v.Err == "")
+		}
+		fmt.Fprintf(w, "%dx%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.N, r.M, r.Objects, secs(v), secs(i), secs(k), ratio(v, i), ratio(v, k), first, target)
+	}
+	w.Flush()
+
+	b.WriteString("\nvipd's cold start by its own log (seconds since the exec; [first, last] operation of each kind)\n")
+	for _, r := range res.Sizes {
+		p := r.StartPhases
+		if p == nil {
+			continue
+		}
+		var kinds []string
+		for k := range p.Kinds {
+			kinds = append(kinds, k)
+		}
+		sort.Slice(kinds, func(i, j int) bool { return p.Kinds[kinds[i]].First < p.Kinds[kinds[j]].First })
+		fmt.Fprintf(&b, "  %dx%d: configuration read and kernel open (\"starting\") %.2f; first operation %.2f;", r.N, r.M, p.Starting, p.FirstOp)
+		for _, k := range kinds {
+			kp := p.Kinds[k]
+			fmt.Fprintf(&b, " %s x%d [%.2f, %.2f];", k, kp.N, kp.First, kp.Last)
+		}
+		fmt.Fprintf(&b, " pass logged done %.2f; kernel complete %.2f\n", p.Reconciled, r.Cold["vipd"].Seconds)
+	}
+	b.WriteString("cold-start steps, each measured alone in the guest with vipd's packages (seconds)\n")
+	w = tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "size\tparse file\tdesired state\tplan\tbind VIPs\tIPVS ops, batched\tlog a line per op\tsum\tvipd measured\t")
+	for _, r := range res.Sizes {
+		c := r.ColdSteps
+		if c == nil {
+			continue
+		}
+		sum := c.Parse + c.Desired + c.Plan + c.BindVIPs + c.ApplyIPVS + c.Log
+		fmt.Fprintf(w, "%dx%d\t%.2f\t%.2f\t%.2f\t%.2f (%d)\t%.2f (%d)\t%.2f\t%.2f\t%s\t\n", r.N, r.M, c.Parse, c.Desired, c.Plan, c.BindVIPs, c.VIPs, c.ApplyIPVS, c.IPVSOps, c.Log, sum, secs(r.Cold["vipd"]))
+	}
+	w.Flush()
+
+	b.WriteString("\n2. One backend's weight changed in the file: rename to the kernel showing it (ms)\n")
+	w = tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "size\tvipd n\tp50\tp99\twrites/change\twrite to pass start p50\tpass p50\tkeepalived SIGHUP n\tp50\tmax\tkeepalived/vipd p50\tp99 < 20 ms\t>= 100x keepalived\t")
+	var p99s []float64
+	for _, r := range res.Sizes {
+		if r.Change == nil && r.Reload == nil {
+			continue
+		}
+		c, k := r.Change, r.Reload
+		row := []string{fmt.Sprintf("%dx%d", r.N, r.M)}
+		vp50, vp99 := 0.0, 0.0
+		if c != nil && len(c.MS) > 0 {
+			vp50, vp99 = percentile(c.MS, 50), percentile(c.MS, 99)
+			p99s = append(p99s, vp99)
+			row = append(row, fmt.Sprint(len(c.MS)), fmt.Sprintf("%.0f", vp50), fmt.Sprintf("%.0f", vp99), opsSummary(c.Ops),
+				fmt.Sprintf("%.0f", percentile(c.PreMS, 50)), fmt.Sprintf("%.0f", percentile(c.TookMS, 50)))
+		} else {
+			row = append(row, "0", "-", "-", "-", "-", "-")
+		}
+		kp50 := 0.0
+		if k != nil && len(k.MS) > 0 {
+			kp50 = percentile(k.MS, 50)
+			row = append(row, fmt.Sprint(len(k.MS)), fmt.Sprintf("%.0f", kp50), fmt.Sprintf("%.0f", slices.Max(k.MS)))
+		} else if k != nil && k.Err != "" {
+			row = append(row, "0", "FAILED", "-")
+		} else {
+			row = append(row, "0", "-", "-")
+		}
+		if vp50 > 0 && kp50 > 0 {
+			row = append(row, fmt.Sprintf("%.1fx", kp50/vp50))
+		} else {
+			row = append(row, "-")
+		}
+		if vp99 > 0 {
+			row = append(row, metOrMissed(vp99 < targetP99MS))
+		} else {
+			row = append(row, "-")
+		}
+		if vp50 > 0 && kp50 > 0 {
+			row = append(row, metOrMissed(kp50/vp50 >= targetReload))
+		} else {
+			row = append(row, "-")
+		}
+		fmt.Fprintln(w, strings.Join(row, "\t")+"\t")
+	}
+	w.Flush()
+	if len(p99s) >= 2 {
+		fmt.Fprintf(&b, "flat from the smallest to the largest size: p99 %.0f ms -> %.0f ms (%.1fx)\n", p99s[0], p99s[len(p99s)-1], p99s[len(p99s)-1]/p99s[0])
+	}
+	b.WriteString("p50/p99 are nearest-rank percentiles of n changes (with n < 100, p99 is the maximum)\n")
+
+	b.WriteString("\n3. vipd's resources (from /proc)\n")
+	for _, r := range res.Sizes {
+		if r.VipdPeakMiB == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "%dx%d: peak RSS %.1f MiB (target < %.0f MiB at 10000x10: %s), RSS at the end %.1f MiB; CPU %.2f s until programmed, %.2f s in all",
+			r.N, r.M, r.VipdPeakMiB, targetRSSMiB, metOrMissed(r.VipdPeakMiB < targetRSSMiB), r.VipdRSSMiB, r.VipdCPUCold, r.VipdCPUAll)
+		if r.Change != nil {
+			fmt.Fprintf(&b, " (%d changes included)", len(r.Change.MS))
+		}
+		b.WriteString("\n")
+	}
+
+	b.WriteString("\n4. Where a one-change reload's time goes (each step measured alone in the guest, ms)\n")
+	w = tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "size\tdebounce\tparse file\tdesired state\tread table\tplan\tapply 1 op\tsum\tmeasured p50\t")
+	for _, r := range res.Sizes {
+		if s := r.Steps; s != nil {
+			sum := s.Debounce + s.Parse + s.Desired + s.Observe + s.Plan + s.Apply
+			p50 := "-"
+			if r.Change != nil && len(r.Change.MS) > 0 {
+				p50 = fmt.Sprintf("%.0f", percentile(r.Change.MS, 50))
+			}
+			fmt.Fprintf(w, "%dx%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%.0f\t%s\t\n", r.N, r.M, s.Debounce, s.Parse, s.Desired, s.Observe, s.Plan, s.Apply, sum, p50)
+		}
+	}
+	w.Flush()
+	b.WriteString("reading the whole table (lb/ipvs Services()), seconds by sockets; one service's query, ms:\n")
+	for _, r := range res.Sizes {
+		if len(r.Read) == 0 {
+			continue
+		}
+		var ks []int
+		for k := range r.Read {
+			ks = append(ks, k)
+		}
+		sort.Ints(ks)
+		fmt.Fprintf(&b, "  %dx%d:", r.N, r.M)
+		for _, k := range ks {
+			fmt.Fprintf(&b, " %d: %.2f s;", k, r.Read[k])
+		}
+		fmt.Fprintf(&b, " one service: %.2f ms\n", r.Poll)
+	}
+
+	b.WriteString("\n5. The kernel's flush-and-re-add pathology, and flush times\n")
+	for _, r := range res.Sizes {
+		if r.Readd != nil && r.Cold["vipd"] != nil {
+			fmt.Fprintf(&b, "%dx%d: vipd cold into a fresh namespace %.2f s; into the same namespace right after ipvsadm -C %.2f s (%.1fx)\n",
+				r.N, r.M, r.Cold["vipd"].Seconds, *r.Readd, *r.Readd/r.Cold["vipd"].Seconds)
+		}
+	}
+	for _, r := range res.Sizes {
+		var parts []string
+		for _, t := range []string{"ipvsadm", "keepalived", "vipd (before re-add)", "vipd"} {
+			if s, ok := r.Flush[t]; ok {
+				parts = append(parts, fmt.Sprintf("%s %.2f s", t, s))
+			}
+		}
+		if len(parts) > 0 {
+			fmt.Fprintf(&b, "%dx%d: ipvsadm -C after %s\n", r.N, r.M, strings.Join(parts, ", "))
+		}
+	}
+	var notes []string
+	for _, r := range res.Sizes {
+		for _, n := range r.Notes {
+			notes = append(notes, fmt.Sprintf("%dx%d: %s", r.N, r.M, n))
+		}
+		for t, c := range r.Cold {
+			if c.Err != "" {
+				notes = append(notes, fmt.Sprintf("%dx%d: %s: %s", r.N, r.M, t, c.Err))
+			}
+		}
+		for name, c := range map[string]*Change{"vipd change": r.Change, "keepalived reload": r.Reload} {
+			if c != nil && c.Err != "" {
+				notes = append(notes, fmt.Sprintf("%dx%d: %s: %s", r.N, r.M, name, c.Err))
+			}
+		}
+	}
+	if len(notes) > 0 {
+		sort.Strings(notes)
+		b.WriteString("\nNotes\n")
+		for _, n := range notes {
+			b.WriteString("  " + n + "\n")
+		}
+	}
+	return b.String()
+}
+
+func qemuName(q string) string {
+	if q == "" {
+		return "qemu (version unknown)"
+	}
+	return q + ", software emulation (TCG)"
+}
+
+// opsSummary shows the operations per change: "1" when all were 1.
+func opsSummary(ops []int) string {
+	if len(ops) == 0 {
+		return "-"
+	}
+	lo, hi := slices.Min(ops), slices.Max(ops)
+	if lo == hi {
+		return fmt.Sprint(lo)
+	}
+	return fmt.Sprintf("%d..%d", lo, hi)
+}

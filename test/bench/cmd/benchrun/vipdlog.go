@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// pass is one reconciliation pass as vipd logs it: a "reconciled" line,
+// with the "applied" lines (one per operation) logged since the previous
+// pass.
+type pass struct {
+	Why     string
+	Applied int // operations applied, counted from the applied lines
+	Logged  int // the applied= field of the reconciled line
+	Failed  int
+	Took    time.Duration
+	At      time.Time // when the driver read the line
+}
+
+// vipdLog reads vipd's log from a pipe, keeps a copy in a file, and
+// reports passes.
+type vipdLog struct {
+	passes chan pass
+	mu     sync.Mutex
+	errors []string
+	done   chan struct{}
+	// start is the timeline of the first pass, by the log's own clock;
+	// it is complete once the first pass is reported.
+	start Timeline
+}
+
+// Timeline is what a first pass did when, by vipd's log: when vipd said
+// it was starting (configuration read, kernel opened), when it logged its
+// first and last operation of each kind, and when the pass ended.
+type Timeline struct {
+	Starting, Reconciled time.Time
+	Kinds                map[string]*Span
+}
+
+// Span is the operations of one kind in a pass.
+type Span struct {
+	N           int
+	First, Last time.Time
+}
+
+func newVipdLog(r io.Reader, copyTo string) (*vipdLog, error) {
+	f, err := os.Create(copyTo)
+	if err != nil {
+		return nil, err
+	}
+	l := &vipdLog{passes: make(chan pass, 1024), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		defer f.Close()
+		w := bufio.NewWriterSize(f, 1<<20)
+		defer w.Flush()
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		applied := 0
+		first := true
+		l.start.Kinds = map[string]*Span{}
+		for sc.Scan() {
+			line := sc.Text()
+			now := time.Now()
+			w.WriteString(line)
+			w.WriteByte('\n')
+			var at time.Time
+			if first {
+				at, _ = time.Parse(time.RFC3339Nano, field(" "+line, "time"))
+			}
+			switch {
+			case strings.Contains(line, " msg=applied "):
+				applied++
+				if first {
+					k := field(line, "op")
+					sp := l.start.Kinds[k]
+					if sp == nil {
+						sp = &Span{First: at}
+						l.start.Kinds[k] = sp
+					}
+					sp.N++
+					sp.Last = at
+				}
+			case first && strings.Contains(line, " msg=starting "):
+				l.start.Starting = at
+			case strings.Contains(line, " msg=reconciled "):
+				if first {
+					l.start.Reconciled = at
+					first = false
+				}
+				p := pass{Why: field(line, "why"), Applied: applied, At: now}
+				p.Logged, _ = strconv.Atoi(field(line, "applied"))
+				p.Failed, _ = strconv.Atoi(field(line, "failed"))
+				p.Took, _ = time.ParseDuration(field(line, "took"))
+				applied = 0
+				w.Flush()
+				select {
+				case l.passes <- p:
+				default:
+				}
+			case strings.Contains(line, "level=ERROR"):
+				l.mu.Lock()
+				if len(l.errors) < 20 {
+					l.errors = append(l.errors, line)
+				}
+				l.mu.Unlock()
+			}
+		}
+	}()
+	return l, nil
+}
+
+// field returns the value of key=value in a logfmt line, unquoted.
+func field(line, key string) string {
+	i := strings.Index(line, " "+key+"=")
+	if i < 0 {
+		return ""
+	}
+	v := line[i+len(key)+2:]
+	if strings.HasPrefix(v, `"`) {
+		if u, err := strconv.QuotedPrefix(v); err == nil {
+			s, _ := strconv.Unquote(u)
+			return s
+		}
+	}
+	v, _, _ = strings.Cut(v, " ")
+	return v
+}
+
+// next waits for the next pass whose reason is why.
+func (l *vipdLog) next(why string, timeout time.Duration) (pass, bool) {
+	deadline := time.After(timeout)
+	for {
+		select {
+		case p := <-l.passes:
+			if p.Why == why {
+				return p, true
+			}
+		case <-deadline:
+			return pass{}, false
+		case <-l.done:
+			return pass{}, false
+		}
+	}
+}
+
+func (l *vipdLog) firstErrors() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.errors...)
+}
