@@ -60,9 +60,12 @@ lint:
 check: lint build
 	@for f in examples/*.toml; do $(BIN)/vipd check $$f || exit 1; done
 
-## bench: Go benchmarks of the planner and the config parser.
+## bench: Go benchmarks of the planner and the config parser, then vipd
+## against ipvsadm -R and keepalived in one guest boot (test/vm/bench.sh;
+## VIPD_BENCH_SIZES etc. size it; ~20-30 minutes). Not part of make test.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config
+	test/vm/bench.sh
 
 PREFIX  ?= /usr
 DESTDIR ?=

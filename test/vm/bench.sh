@@ -17,7 +17,7 @@
 #   VIPD_BENCH_SIZES         sizes NxM [100x10,1000x10,10000x10]
 #   VIPD_BENCH_CHANGE_SIZES  one-backend change at [100x10,10000x10]
 #   VIPD_BENCH_READD_SIZES   vipd re-adding right after a flush at [1000x10]
-#   VIPD_BENCH_REPS          vipd changes per size [15]
+#   VIPD_BENCH_REPS          vipd changes per size [10]
 #   VIPD_BENCH_KREPS         keepalived reloads per size [3]
 #   VIPD_BENCH_TOOLS         [ipvsadm,keepalived,vipd]
 #   VIPD_BENCH_TIMEOUT       whole guest, seconds [3600]
@@ -55,6 +55,8 @@ out=${VIPD_BENCH_OUT:-$REPO_ROOT/bin/bench/bench-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$(dirname "$out")"
 logfile=$out.console.log
 
+load0=$(cut -d' ' -f1 /proc/loadavg)
+others0=$(pgrep -c -x qemu-system-x86_64 || true)
 rc=0
 "$VM_DIR/run.sh" --verbose --mem "${VIPD_BENCH_MEM:-2048}" --timeout "${VIPD_BENCH_TIMEOUT:-3600}" \
 	--log "$logfile" --payload "$payload" "${envs[@]}" -- bash /payload/guest-bench.sh || rc=$?
@@ -70,6 +72,7 @@ if [[ ! -s $out.txt ]]; then
 fi
 {
 	echo "host: $(uname -r), $(nproc) CPUs; $qemu"
+	echo "host load (1 min) $load0 before the boot, $(cut -d' ' -f1 /proc/loadavg) after; other guests running at the start: $others0"
 } >>"$out.txt"
 echo
 cat "$out.txt"

@@ -91,7 +91,7 @@ func main() {
 	flag.StringVar(&changes, "change-sizes", "100x10,10000x10", "sizes at which to time a one-backend change")
 	flag.StringVar(&readd, "readd-sizes", "1000x10", "sizes at which to time vipd re-adding a table right after a flush (the kernel's pathology)")
 	flag.StringVar(&tools, "tools", "ipvsadm,keepalived,vipd", "tools to measure, in this order")
-	flag.IntVar(&o.reps, "reps", 15, "repetitions of vipd's one-backend change")
+	flag.IntVar(&o.reps, "reps", 10, "repetitions of vipd's one-backend change")
 	flag.IntVar(&o.kreps, "kreps", 3, "repetitions of keepalived's reload")
 	flag.DurationVar(&o.kreloadTimeout, "kreload-timeout", 300*time.Second, "give up on a keepalived reload after this long")
 	flag.StringVar(&o.vipd, "vipd", "/payload/vipd", "vipd binary")
@@ -470,7 +470,12 @@ func runKeepalived(o options, ff *fixtureFiles, r *SizeResult, change bool) erro
 // each change has reached the kernel.
 func timeChanges(n int, timeout time.Duration, a *ipvs.IPVS, ff *fixtureFiles, apply func(i int) (time.Time, error), after func(c *Change, t0 time.Time)) *Change {
 	c := &Change{}
+	start := time.Now()
 	for i := range n {
+		if i >= 2 && time.Since(start) > changeBudget {
+			c.Err = fmt.Sprintf("stopped after %d of %d changes: over the %v budget", i, n, changeBudget)
+			break
+		}
 		want := []int{2, 1}[i%2]
 		t0, err := apply(i)
 		if err != nil {
@@ -494,6 +499,10 @@ func timeChanges(n int, timeout time.Duration, a *ipvs.IPVS, ff *fixtureFiles, a
 	}
 	return c
 }
+
+// changeBudget bounds the time one series of changes may take (after two
+// changes), so that a slow reload cannot take the whole run.
+const changeBudget = 8 * time.Minute
 
 // waitWeight polls the changed service until its backend has weight w.
 func waitWeight(a *ipvs.IPVS, ff *fixtureFiles, w int, timeout time.Duration) (time.Time, error) {
