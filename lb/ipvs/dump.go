@@ -13,14 +13,18 @@ import (
 	"github.com/vipd/vipd/lb"
 )
 
-// defaultDumpSockets is how many sockets read destinations at once. IPVS dumps
-// destinations one service at a time, and a socket runs one dump at a
-// time (a second dump request fails with EBUSY until the first is read to
-// its end), so reading 10,000 services is 10,000 request-answer exchanges.
-// Running them on several sockets overlaps each exchange's system calls
-// and decoding with the others' and uses every CPU; the kernel's part
-// runs under one IPVS mutex.
-const defaultDumpSockets = 4
+// defaultDumpSockets is how many sockets read destinations at once by
+// default. IPVS dumps destinations one service at a time, and a socket
+// runs one dump at a time (a second dump request fails with EBUSY until
+// the first is read to its end), so reading 10,000 services is 10,000
+// request-answer exchanges. Several sockets overlap the exchanges' system
+// calls and decoding, but the kernel's part runs under the generic
+// netlink and IPVS mutexes: in the test guest (2 vCPUs, software
+// emulation) 2 and 4 sockets read 10,000 services x 10 backends no faster
+// than one (5.4 s with one, 6.1-6.3 s with 2 or 4; 0.46 s against
+// 0.32 s at 1,000 services), so one is the default and
+// Options.DumpSockets the knob for machines where it pays.
+const defaultDumpSockets = 1
 
 // parallelMin is the number of services below which one socket reads
 // them all: starting goroutines costs more than it saves.
@@ -31,8 +35,10 @@ var errDumpInterrupted = errors.New("dump interrupted")
 
 // Services implements lb.IPVS: it returns every service in the table,
 // vipd's or not, with its destinations and the kernel's counters, from
-// one dump of the services and one dump of destinations per service,
-// spread over several sockets.
+// one dump of the services and one dump of destinations per service (on
+// Options.DumpSockets sockets). Reading 10,000 services of 10 backends
+// takes 5.4 s in the test guest, 0.5 ms a service, nearly all of it the
+// kernel's; reading one service, see Service, 0.4-1.5 ms.
 func (i *IPVS) Services() (map[lb.ServiceKey]*lb.ServiceState, error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()

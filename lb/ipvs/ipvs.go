@@ -5,7 +5,8 @@
 // express a destination's tunnel type, port and checksum flags or its
 // address family. Batches of operations of any kind, and reading the
 // table, use the adapter's own sockets and messages: many requests to a
-// datagram, and several sockets reading destinations at once.
+// datagram, acknowledgements read many to a system call, no allocation
+// per attribute.
 //
 // Everything the adapter writes reads back equal (as the planner compares:
 // ignoring connection counts and the kernel's hashed flag), so a restart
@@ -34,7 +35,7 @@ type Options struct {
 	// such as /run/netns/lb; empty means the caller's.
 	NetnsPath string
 	// DumpSockets is how many sockets read destinations at once when the
-	// table is read; zero means 4.
+	// table is read; zero means one (see defaultDumpSockets).
 	DumpSockets int
 }
 
