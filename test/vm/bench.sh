@@ -56,7 +56,7 @@ mkdir -p "$(dirname "$out")"
 logfile=$out.console.log
 
 load0=$(cut -d' ' -f1 /proc/loadavg)
-others0=$(pgrep -c -x qemu-system-x86_64 || true)
+others0=$(pgrep -c -f '^qemu-system' || true)
 rc=0
 "$VM_DIR/run.sh" --verbose --mem "${VIPD_BENCH_MEM:-2048}" --timeout "${VIPD_BENCH_TIMEOUT:-3600}" \
 	--log "$logfile" --payload "$payload" "${envs[@]}" -- bash /payload/guest-bench.sh || rc=$?
