@@ -54,7 +54,7 @@ func render(res *Results) string {
 
 	b.WriteString("\n1. Cold programming: empty table to every object in the kernel (seconds)\n")
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "size\tobjects\tvipd\tipvsadm -R\tkeepalived\tvipd/ipvsadm\tvipd/keepalived\tvipd first pass (log)\ttarget <= 0.5x keepalived\t")
+	fmt.Fprintln(w, "size\tobjects\tvipd\tipvsadm -R\tkeepalived\tvipd/ipvsadm\tvipd/keepalived\tvipd first pass (log)\ttarget <= 0.5x keepalived\tlb/ipvs batches alone\talone/keepalived\t")
 	for _, r := range res.Sizes {
 		v, i, k := r.Cold["vipd"], r.Cold["ipvsadm"], r.Cold["keepalived"]
 		first := "-"
@@ -65,7 +65,12 @@ func render(res *Results) string {
 		if v != nil && k != nil && v.Seconds > 0 && k.Seconds > 0 {
 			target = metOrMissed(v.Seconds <= targetColdShare*k.Seconds && v.Err == "")
 		}
-		fmt.Fprintf(w, "%dx%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.N, r.M, r.Objects, secs(v), secs(i), secs(k), ratio(v, i), ratio(v, k), first, target)
+		alone, aloneRatio := "-", "-"
+		if c := r.ColdSteps; c != nil && c.ApplyIPVS > 0 {
+			alone = fmt.Sprintf("%.2f", c.ApplyIPVS)
+			aloneRatio = ratio(&Cold{Seconds: c.ApplyIPVS}, k)
+		}
+		fmt.Fprintf(w, "%dx%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.N, r.M, r.Objects, secs(v), secs(i), secs(k), ratio(v, i), ratio(v, k), first, target, alone, aloneRatio)
 	}
 	w.Flush()
 
