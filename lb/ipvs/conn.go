@@ -19,8 +19,8 @@ import (
 // registered with Go's network poller: the kernel answers a request
 // before sendto returns, so a read rarely waits, and a registered socket
 // would wake the poller's thread for every datagram the kernel queues
-// (a quarter of the cost of a destination dump in the test guest). When
-// a read must wait, it waits in poll(2).
+// (about a quarter of a destination dump's cost, measured once in the
+// test guest). When a read must wait, it waits in poll(2).
 type conn struct {
 	fd  int
 	seq uint32
@@ -56,19 +56,20 @@ type message struct {
 	data  []byte // the payload after the netlink header
 }
 
-// Sizes of the receive slots. An acknowledgement with NETLINK_CAP_ACK is
-// 36 bytes. A dump datagram is as large as the largest buffer the socket
-// ever read with (up to 32 KiB), but at least NLMSG_GOODSIZE (a page less
-// the skb's overhead, or 8 KiB less it on larger pages): a page-sized
-// buffer keeps the kernel's dump buffers in its slab caches, where 32 KiB
-// ones come from the page allocator and make a destination dump twice as
-// slow in the test guest.
+// Receive slots: an acknowledgement with NETLINK_CAP_ACK is 36 bytes; a
+// dump reads at most two datagrams per call (its entries, then the end).
 const (
 	ackSlotSize   = 1024
 	ackSlotCount  = 128
 	dumpSlotCount = 2
 )
 
+// dumpSlotSize is the size of a dump's receive slot. The kernel sizes a
+// dump datagram by the largest buffer the socket ever read with (up to
+// 32 KiB), but at least NLMSG_GOODSIZE (a page less the skb's overhead, or
+// 8 KiB less it on larger pages), so a buffer of a page keeps its dump
+// buffers in the slab caches: 32 KiB ones come from the page allocator
+// and made a destination dump twice as slow in the test guest.
 var dumpSlotSize = min(max(os.Getpagesize(), 4096), 8192)
 
 // wantRcvbuf is the receive buffer the adapter asks for: acknowledgements
