@@ -418,6 +418,13 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		return (op.Kind == OpAddDest || op.Kind == OpUpdateDest) && failedSvc[op.Service.Key] ||
 			op.Kind == OpAnnounce && failedBind[op.Addr]
 	}
+	// A large pass (a cold start) logs one line per kind of operation at
+	// info and one per operation only at debug: at a hundred thousand
+	// operations the lines cost more than the operations.
+	each := len(ops) <= LogEachMax
+	debug := !each && r.log.Enabled(ctx, slog.LevelDebug)
+	var kind kindRun
+	defer kind.flush(r.log)
 	finish := func(op Op, err error) {
 		r.remember(op, err)
 		if err != nil {
@@ -431,8 +438,19 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 			return
 		}
 		r.track(op)
-		r.log.Info("applied", "op", op.Kind.String(), "detail", op.String())
+		if each {
+			r.log.Info("applied", "op", op.Kind.String(), "detail", op.String())
+		} else if debug {
+			r.log.Debug("applied", "op", op.Kind.String(), "detail", op.String())
+		}
 		res.Applied = append(res.Applied, op)
+		if !each {
+			if op.Kind != kind.Kind {
+				kind.flush(r.log)
+				kind = kindRun{Kind: op.Kind, Start: time.Now()}
+			}
+			kind.N++
+		}
 	}
 	batcher, _ := k.IPVS.(IPVSBatcher)
 	for i := 0; i < len(ops); {
@@ -500,6 +518,23 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		}
 	}
 	return res
+}
+
+// LogEachMax is the largest pass whose operations are each logged at info.
+const LogEachMax = 64
+
+// kindRun counts the operations of one kind applied in a large pass.
+type kindRun struct {
+	Kind  OpKind
+	N     int
+	Start time.Time
+}
+
+func (k *kindRun) flush(log *slog.Logger) {
+	if k.N > 0 {
+		log.Info("applied", "op", k.Kind.String(), "count", k.N, "took", time.Since(k.Start).Round(time.Microsecond))
+	}
+	k.N = 0
 }
 
 // remember keeps the cached sysctls and rules in step with an operation;

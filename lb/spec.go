@@ -76,6 +76,12 @@ const (
 
 // Desired computes the kernel state spec asks for on host.
 func Desired(spec *Spec, host Host) *State {
+	return desired(spec, host, len(spec.Services) > 0)
+}
+
+// desired is Desired for spec's services, where anyServices says whether
+// the whole configuration has services, which spec may be a part of.
+func desired(spec *Spec, host Host, anyServices bool) *State {
 	s := NewState()
 	anyMasq, anyMasq6, anySNAT := false, false, false
 	// VIPs with an all-ports service are not filtered: the sets match
@@ -142,7 +148,7 @@ func Desired(spec *Spec, host Host) *State {
 			// table's POSTROUTING rules, so the MASQUERADE never matches.
 			s.Sysctls[SysctlVSConntrack] = "1"
 		}
-		if len(spec.Services) > 0 {
+		if anyServices {
 			// Drop connections to deleted real servers at once rather than
 			// letting clients time out, and expire persistence templates
 			// pointing to quiesced (weight 0) real servers.

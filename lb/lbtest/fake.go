@@ -27,6 +27,8 @@ type Kernel struct {
 	fail func(call string) error
 	// calls records every mutating call, in order.
 	calls []string
+	// reads records every read of IPVS, in order.
+	reads []string
 }
 
 // New returns an empty fake kernel.
@@ -71,6 +73,16 @@ func (k *Kernel) Calls() []string {
 	return c
 }
 
+// Reads returns the reads of IPVS made so far ("services" for a whole
+// table, "service KEY" for one service) and forgets them.
+func (k *Kernel) Reads() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	r := k.reads
+	k.reads = nil
+	return r
+}
+
 // Dump returns the kernel state as sorted text.
 func (k *Kernel) Dump() string {
 	k.mu.Lock()
@@ -109,11 +121,24 @@ var (
 func (k *Kernel) Services() (map[lb.ServiceKey]*lb.ServiceState, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.reads = append(k.reads, "services")
 	out := make(map[lb.ServiceKey]*lb.ServiceState, len(k.st.Services))
 	for key, s := range k.st.Services {
 		out[key] = &lb.ServiceState{Service: s.Service, Dests: maps.Clone(s.Dests)}
 	}
 	return out, nil
+}
+
+// Service implements lb.ServiceReader.
+func (k *Kernel) Service(key lb.ServiceKey) (*lb.ServiceState, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.reads = append(k.reads, "service "+key.String())
+	s, ok := k.st.Services[key]
+	if !ok {
+		return nil, nil
+	}
+	return &lb.ServiceState{Service: s.Service, Dests: maps.Clone(s.Dests)}, nil
 }
 
 func (k *Kernel) checkSched(s lb.Service) error {
