@@ -103,4 +103,3 @@ func sameShared(a, b *State) bool {
 		maps.Equal(a.Rules.Entries, b.Rules.Entries) && maps.Equal(a.Sysctls, b.Sysctls) &&
 		sameKeys(a.Owned, b.Owned)
 }
-
