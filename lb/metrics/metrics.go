@@ -295,14 +295,19 @@ func (m *Metrics) ConfigLoaded(generation uint64, spec *lb.Spec) {
 	m.lastReload.Set(unix(m.now()))
 	m.stale.Set(0)
 
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.checked) == 0 {
+		// Nothing to forget: skip the walk over every backend, which a
+		// reload of a large table would otherwise pay.
+		return
+	}
 	keep := map[backendRef]bool{}
 	for _, vs := range spec.Services {
 		for _, b := range vs.Backends {
 			keep[backendRef{vs.Name, b.Addr}] = true
 		}
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	for r := range m.checked {
 		if !keep[r] {
 			m.transitions.DeletePartialMatch(prometheus.Labels{"service": r.service, "backend": r.backend.String()})

@@ -75,15 +75,23 @@ func newVipdLog(r io.Reader, copyTo string) (*vipdLog, error) {
 			}
 			switch {
 			case strings.Contains(line, " msg=applied "):
-				applied++
+				// A large pass logs one line per kind with its count
+				// and duration instead of one per operation.
+				n, first0 := 1, at
+				if c := field(line, "count"); c != "" {
+					n, _ = strconv.Atoi(c)
+					took, _ := time.ParseDuration(field(line, "took"))
+					first0 = at.Add(-took)
+				}
+				applied += n
 				if first {
 					k := field(line, "op")
 					sp := l.start.Kinds[k]
 					if sp == nil {
-						sp = &Span{First: at}
+						sp = &Span{First: first0}
 						l.start.Kinds[k] = sp
 					}
-					sp.N++
+					sp.N += n
 					sp.Last = at
 				}
 			case first && strings.Contains(line, " msg=starting "):
