@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 )
@@ -386,7 +387,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, spec *Spec) (*Result, error)
 func (r *Reconciler) Apply(ctx context.Context, ops []Op) *Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.apply(ctx, ops, nil, nil)
+	return r.apply(ctx, slices.Clone(ops), nil, nil)
 }
 
 func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *State) *Result {
@@ -425,10 +426,14 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 	debug := !each && r.log.Enabled(ctx, slog.LevelDebug)
 	var kind kindRun
 	defer kind.flush(r.log)
-	finish := func(op Op, err error) {
-		r.remember(op, err)
+	// Applied shares ops' array: the operations that succeeded are
+	// moved down over those that did not, so that a cold start's hundred
+	// thousand operations are not copied again.
+	res.Applied = ops[:0]
+	finish := func(op *Op, err error) {
+		r.remember(*op, err)
 		if err != nil {
-			res.Failed = append(res.Failed, &OpError{Op: op, Err: err})
+			res.Failed = append(res.Failed, &OpError{Op: *op, Err: err})
 			switch op.Kind {
 			case OpAddService:
 				failedSvc[op.Service.Key] = true
@@ -437,13 +442,13 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 			}
 			return
 		}
-		r.track(op)
+		r.track(*op)
 		if each {
 			r.log.Info("applied", "op", op.Kind.String(), "detail", op.String())
 		} else if debug {
 			r.log.Debug("applied", "op", op.Kind.String(), "detail", op.String())
 		}
-		res.Applied = append(res.Applied, op)
+		res.Applied = append(res.Applied, *op)
 		if !each {
 			if op.Kind != kind.Kind {
 				kind.flush(r.log)
@@ -458,12 +463,12 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 			res.Skipped = append(res.Skipped, ops[i:]...)
 			break
 		}
-		op := ops[i]
+		op := &ops[i]
 		if batcher == nil || !isIPVSKind(op.Kind) {
-			if skip(op) {
-				res.Skipped = append(res.Skipped, op)
+			if skip(*op) {
+				res.Skipped = append(res.Skipped, *op)
 			} else {
-				finish(op, r.do(op))
+				finish(op, r.do(*op))
 			}
 			i++
 			continue
@@ -471,26 +476,32 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		// A run of IPVS operations of one kind goes to the kernel in
 		// batches; kinds stay apart so that a service that failed to be
 		// added skips its backends, as above.
-		j := i
-		var todo []Op
+		j, skips := i, false
 		for ; j < len(ops) && ops[j].Kind == op.Kind; j++ {
-			if skip(ops[j]) {
-				res.Skipped = append(res.Skipped, ops[j])
-			} else {
-				todo = append(todo, ops[j])
+			skips = skips || skip(ops[j])
+		}
+		todo := ops[i:j]
+		if skips {
+			todo = nil
+			for x := i; x < j; x++ {
+				if skip(ops[x]) {
+					res.Skipped = append(res.Skipped, ops[x])
+				} else {
+					todo = append(todo, ops[x])
+				}
 			}
 		}
 		for len(todo) > 0 {
 			n := min(len(todo), batchSize)
 			errs := batcher.ApplyBatch(todo[:n])
-			for x, op := range todo[:n] {
+			for x := range todo[:n] {
 				var err error
 				if x < len(errs) {
 					err = errs[x]
 				} else {
 					err = errors.New("batch returned no result")
 				}
-				finish(op, err)
+				finish(&todo[x], err)
 			}
 			todo = todo[n:]
 		}
