@@ -226,12 +226,28 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 		}
 	}
 
+	// Services are walked in key order and each one's backends in address
+	// order, which is the order a plan applies them in: a cold start's
+	// hundred thousand operations then need no sorting, and their slices
+	// are allocated once at their final size.
+	var newSvcs, newDests int
 	for key, want := range desired.Services {
+		if _, ok := observed.Services[key]; !ok {
+			newSvcs++
+			newDests += len(want.Dests)
+		}
+	}
+	b[OpAddService] = make([]Op, 0, newSvcs)
+	b[OpAddDest] = make([]Op, 0, newDests)
+	var addrs []netip.AddrPort
+	for _, key := range sortedKeys(desired.Services, ServiceKey.Compare) {
+		want := desired.Services[key]
 		have, ok := observed.Services[key]
 		if !ok {
 			b[OpAddService] = append(b[OpAddService], Op{Kind: OpAddService, Service: want.Service})
-			for _, d := range want.Dests {
-				b[OpAddDest] = append(b[OpAddDest], Op{Kind: OpAddDest, Service: want.Service, Dest: d})
+			addrs = sortedAddrs(addrs[:0], want.Dests)
+			for _, a := range addrs {
+				b[OpAddDest] = append(b[OpAddDest], Op{Kind: OpAddDest, Service: want.Service, Dest: want.Dests[a]})
 			}
 			continue
 		}
@@ -307,7 +323,7 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 }
 
 func appendSorted(dst, ops []Op, idx *[]int32) []Op {
-	if len(ops) < 2 {
+	if len(ops) < 2 || slices.IsSortedFunc(ops, func(a, b Op) int { return compareOps(&a, &b) }) {
 		return append(dst, ops...)
 	}
 	ix := (*idx)[:0]
@@ -319,6 +335,15 @@ func appendSorted(dst, ops []Op, idx *[]int32) []Op {
 		dst = append(dst, ops[i])
 	}
 	*idx = ix
+	return dst
+}
+
+// sortedAddrs appends the keys of dests to dst in order.
+func sortedAddrs(dst []netip.AddrPort, dests map[netip.AddrPort]Destination) []netip.AddrPort {
+	for a := range dests {
+		dst = append(dst, a)
+	}
+	slices.SortFunc(dst, netip.AddrPort.Compare)
 	return dst
 }
 
