@@ -351,3 +351,26 @@ func TestKernelRelease(t *testing.T) {
 		t.Errorf("release %q, want %q", got, want)
 	}
 }
+
+// TestBindAfterRecreate: Bind remembers the interface between calls; when
+// it is deleted and created again (with a new index), the next Bind finds
+// the new one.
+func TestBindAfterRecreate(t *testing.T) {
+	path, h := newNetns(t)
+	l := addVeth(t, h, "vipd0")
+	d := newDummy(t, path, "vipd0")
+	if err := d.Bind(netip.MustParseAddr("192.0.2.10")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkDel(l); err != nil {
+		t.Fatal(err)
+	}
+	l2 := addVeth(t, h, "vipd0")
+	if l2.Attrs().Index == l.Attrs().Index {
+		t.Fatalf("the new interface reuses index %d", l.Attrs().Index)
+	}
+	if err := d.Bind(netip.MustParseAddr("192.0.2.11")); err != nil {
+		t.Fatalf("bind after the interface was recreated: %v", err)
+	}
+	mustVIPs(t, d, "192.0.2.11")
+}
