@@ -458,12 +458,33 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		}
 	}
 	batcher, _ := k.IPVS.(IPVSBatcher)
+	// Many VIP binds (a cold start) run alongside the IPVS operations that
+	// follow them: they use another netlink socket, IPVS does not need a
+	// service's address to be local, and announcements, which do, wait
+	// for them. join finishes them in the main loop.
+	join := func() {}
+	defer func() { join() }()
 	for i := 0; i < len(ops); {
 		if err := ctx.Err(); err != nil {
+			join()
 			res.Skipped = append(res.Skipped, ops[i:]...)
 			break
 		}
 		op := &ops[i]
+		if op.Kind > OpDeleteService {
+			join()
+		}
+		if op.Kind == OpBindVIP && batcher != nil {
+			j := i
+			for j < len(ops) && ops[j].Kind == OpBindVIP {
+				j++
+			}
+			if j-i >= parallelBinds {
+				join = r.bindAsync(slices.Clone(ops[i:j]), finish)
+				i = j
+				continue
+			}
+		}
 		if batcher == nil || !isIPVSKind(op.Kind) {
 			if skip(*op) {
 				res.Skipped = append(res.Skipped, *op)
@@ -529,6 +550,35 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		}
 	}
 	return res
+}
+
+// parallelBinds is the smallest run of VIP binds that apply runs
+// alongside the IPVS operations.
+const parallelBinds = 16
+
+// bindAsync binds the VIPs of ops in the background. The function it
+// returns waits for them and hands each operation and its error to
+// finish, once.
+func (r *Reconciler) bindAsync(ops []Op, finish func(*Op, error)) func() {
+	errs := make([]error, len(ops))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for x := range ops {
+			errs[x] = r.opts.Kernel.VIPs.Bind(ops[x].Addr)
+		}
+	}()
+	var joined bool
+	return func() {
+		if joined {
+			return
+		}
+		joined = true
+		<-done
+		for x := range ops {
+			finish(&ops[x], errs[x])
+		}
+	}
 }
 
 // LogEachMax is the largest pass whose operations are each logged at info.
