@@ -57,6 +57,9 @@ func (n *Notifier) Enabled() bool { return n.addr != nil }
 // half this interval.
 func (n *Notifier) WatchdogInterval() time.Duration { return n.watchdog }
 
+// notifyTimeout bounds the send of one notification.
+const notifyTimeout = time.Second
+
 // Notify sends one message of newline-separated assignments such as
 // "READY=1".
 func (n *Notifier) Notify(assignments ...string) error {
@@ -68,6 +71,9 @@ func (n *Notifier) Notify(assignments ...string) error {
 		return fmt.Errorf("sd_notify: %w", err)
 	}
 	defer conn.Close()
+	// A full socket buffer (a manager that stopped reading) must not
+	// wedge the caller's main loop: give up after a while.
+	conn.SetWriteDeadline(time.Now().Add(notifyTimeout))
 	if _, err := conn.Write([]byte(strings.Join(assignments, "\n"))); err != nil {
 		return fmt.Errorf("sd_notify: %w", err)
 	}
