@@ -28,7 +28,23 @@ type Config struct {
 	// Health holds the health checking of services that have any, by
 	// service name.
 	Health map[string]ServiceHealth
+
+	// src is the text the configuration was parsed from.
+	src []byte
+	// chunks holds the offset in src of each block: 0 for the preamble
+	// (everything before the first [[service]]), then the offset of each
+	// service's [[service]] line, one per service. It is nil when the
+	// configuration was not read block by block (see ParseFrom); such a
+	// configuration cannot be the base of an incremental parse.
+	chunks []int
+	// idx holds the cross-service counts of the configuration that owns
+	// it, shared along a chain of incremental parses.
+	idx *index
 }
+
+// Source returns the text the configuration was parsed from. The caller
+// must not modify it.
+func (c *Config) Source() []byte { return c.src }
 
 // StopMode says what vipd does with the data plane when it stops.
 type StopMode uint8
@@ -169,14 +185,23 @@ func Load(path string) (*Config, error) {
 }
 
 // Parse validates data, naming it file in errors. On failure the error is
-// an Errors listing every problem found.
+// an Errors listing every problem found. The configuration keeps data (see
+// Source): the caller must not modify it afterwards.
 func Parse(file string, data []byte) (*Config, error) {
+	cfg, _, err := ParseFrom(nil, file, data)
+	return cfg, err
+}
+
+// parseWhole decodes and validates data as one document. It is the
+// reference behaviour of Parse, and the path that reports errors with
+// their positions.
+func parseWhole(file string, data []byte) (*Config, error) {
 	var raw rawConfig
 	md, err := toml.NewDecoder(strings.NewReader(string(data))).Decode(&raw)
 	if err != nil {
 		return nil, Errors{decodeError(file, err)}
 	}
-	v := &validator{file: file, pos: indexPositions(data)}
+	v := &validator{file: file, src: data}
 	for _, k := range md.Undecoded() {
 		v.unknownKey(k)
 	}
@@ -186,6 +211,7 @@ func Parse(file string, data []byte) (*Config, error) {
 		return nil, v.errs
 	}
 	cfg.File = file
+	cfg.src = data
 	return cfg, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -133,11 +134,15 @@ backend = [{ address = "10.0.0.3", port = 0 }]
 	}
 }
 
-// TestErrors checks every validation rule: each case lists the complete
+// errorTests cover every validation rule: each case lists the complete
 // error output, so positions and wording are checked too.
-func TestErrors(t *testing.T) {
+var errorTests = func() []struct {
+	name string
+	in   string
+	want []string
+} {
 	const svc = "[[service]]\nvip = \"192.0.2.10\"\nport = 80\n"
-	tests := []struct {
+	return []struct {
 		name string
 		in   string
 		want []string
@@ -264,7 +269,11 @@ func TestErrors(t *testing.T) {
 				`t.toml:9: service "tcp-192.0.2.10-80": backend "[fd00::1]:80": ipv6 backend on an ipv4 service (only tunnel forwarding mixes families)`,
 			}},
 	}
-	for _, tt := range tests {
+}()
+
+// TestErrors checks every validation rule (see errorTests).
+func TestErrors(t *testing.T) {
+	for _, tt := range errorTests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg, err := Parse("t.toml", []byte(tt.in))
 			if err == nil {
@@ -331,8 +340,18 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add([]byte("[[service]]\nvip = \"192.0.2.1\"\nport = 80\nbackend = [{ address = \"10.0.0.1\" },\n{ weight = -1 }]\n"))
 	f.Add([]byte("[a.b]\n[[a.b.c]]\nx = [[1], {y = 2}]\n"))
+	f.Add([]byte("[[service]]\nname = \"a\"\nvip = \"192.0.2.1\"\nport = 80\nbackend = [{ address = \"10.0.0.1\" }]\n\n[[service]]\nname = \"b\"\nvip = \"192.0.2.1\"\nport = 81\nbackend = [{ address = \"10.0.0.2\" }]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		cfg, err := Parse("fuzz.toml", data)
+		cfg, err := Parse("f.toml", data)
+		// The block parser must agree with the whole-file parser, and a
+		// parse from this file with the one of an edit of it (see also
+		// FuzzIncremental).
+		checkParse(t, nil, data, cfg, err)
+		if err == nil {
+			n := len(data)
+			checkParse(t, cfg, slices.Concat(data[:n/2], data[n/4:]), nil, nil)
+			checkParse(t, cfg, slices.Concat(data[:n/3], []byte("1"), data[min(n, n/3+1):]), nil, nil)
+		}
 		if err == nil {
 			if cfg == nil {
 				t.Fatal("nil config without error")
@@ -347,7 +366,9 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-func BenchmarkParse(b *testing.B) {
+// BenchmarkParseBackendTables parses 1,000 services written with a
+// [[service.backend]] table per backend.
+func BenchmarkParseBackendTables(b *testing.B) {
 	var sb strings.Builder
 	for i := range 1000 {
 		sb.WriteString("[[service]]\nvip = \"10.1." + strconv.Itoa(i/250) + "." + strconv.Itoa(i%250+1) + "\"\nport = 80\nscheduler = \"wrr\"\n")
@@ -417,9 +438,11 @@ check = { type = "none" }
 	}
 }
 
-func TestHealthErrors(t *testing.T) {
+// healthErrorTests are health-checking errors, each with the error it
+// must contain.
+var healthErrorTests = func() []struct{ name, in, want string } {
 	const svc = "[[service]]\nname = \"s\"\nvip = \"192.0.2.10\"\nport = 80\nbackend = [{ address = \"10.0.0.1\" }]\n"
-	for _, tt := range []struct{ name, in, want string }{
+	return []struct{ name, in, want string }{
 		{"type", svc + "[service.check]\ntype = \"icmp\"\n", `t.toml:7: service "s": check: type "icmp" must be tcp, http, https, udp, dns, exec or none`},
 		{"options of another kind", svc + "[service.check]\ntype = \"tcp\"\npath = \"/x\"\n", `t.toml:6: service "s": check: http options do not apply to tcp checks`},
 		{"interval", svc + "[service.check]\ntype = \"tcp\"\ninterval = \"1ms\"\n", `t.toml:6: service "s": check: interval 1ms is shorter than 10ms`},
@@ -427,7 +450,11 @@ func TestHealthErrors(t *testing.T) {
 		{"on_failure", svc + "on_failure = \"panic\"\n", `t.toml:6: service "s": on_failure "panic" must be "quiesce" or "remove"`},
 		{"sorry", svc + "sorry = \"nowhere\"\n", `t.toml:6: service "s": sorry: "nowhere" is not an IP address or address:port`},
 		{"exec without command", svc + "[service.check]\ntype = \"exec\"\n", `t.toml:6: service "s": check: exec command is missing`},
-	} {
+	}
+}()
+
+func TestHealthErrors(t *testing.T) {
+	for _, tt := range healthErrorTests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Parse("t.toml", []byte(tt.in))
 			if err == nil || !strings.Contains(err.Error(), tt.want) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	"github.com/vipd/vipd/lb"
@@ -192,8 +193,8 @@ func unjoin(err error) []error {
 
 // serviceHealth validates the health settings of service i.
 func (v *validator) serviceHealth(i int, r *rawService, vs *lb.VirtualService) (ServiceHealth, bool) {
-	path := fmt.Sprintf("service.%d", i)
-	ctx := fmt.Sprintf("service %q", vs.Name)
+	path := "service." + strconv.Itoa(i)
+	ctx := "service " + strconv.Quote(vs.Name)
 	h := ServiceHealth{Checks: map[netip.AddrPort]health.Spec{}}
 	if r.OnFailure != "" {
 		a, err := health.ParseAction(r.OnFailure)

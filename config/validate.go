@@ -1,11 +1,13 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -116,12 +118,24 @@ func (d *duration) parse() (time.Duration, error) {
 
 type validator struct {
 	file string
+	// src is the whole file. Its positions are indexed on the first
+	// error only: a valid file never needs them.
+	src  []byte
 	pos  positions
 	errs Errors
 }
 
+// positions returns the index of src's key positions, building it on the
+// first call.
+func (v *validator) positions() positions {
+	if v.pos == nil {
+		v.pos = indexPositions(v.src)
+	}
+	return v.pos
+}
+
 func (v *validator) errorf(path, ctx, format string, args ...any) {
-	v.errs = append(v.errs, &Error{File: v.file, Line: v.pos.line(path), Ctx: ctx, Msg: fmt.Sprintf(format, args...)})
+	v.errs = append(v.errs, &Error{File: v.file, Line: v.positions().line(path), Ctx: ctx, Msg: fmt.Sprintf(format, args...)})
 }
 
 func (v *validator) sort() {
@@ -130,7 +144,7 @@ func (v *validator) sort() {
 
 func (v *validator) unknownKey(k toml.Key) {
 	key := k.String()
-	lines := v.pos.matching(key)
+	lines := v.positions().matching(key)
 	if len(lines) == 0 {
 		lines = []int{0}
 	}
@@ -384,7 +398,7 @@ func parseVIP(s string) (netip.Addr, error) {
 
 // service validates one [[service]] table.
 func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualService, bool) {
-	path := fmt.Sprintf("service.%d", i)
+	path := "service." + strconv.Itoa(i)
 	before := len(v.errs)
 	vs := lb.VirtualService{Name: r.Name}
 	svc := &vs.Service
@@ -419,7 +433,7 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 	if vs.Name == "" {
 		vs.Name = v.defaultName(r, proto)
 	}
-	ctx := fmt.Sprintf("service %q", vs.Name)
+	ctx := "service " + strconv.Quote(vs.Name)
 
 	fam := lb.IPv4
 	switch r.Family {
@@ -590,7 +604,10 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 	if len(r.Backend) == 0 {
 		v.errorf(path, ctx, "no backends (add [[service.backend]] tables)")
 	}
-	seen := map[netip.AddrPort]int{}
+	seen := make(map[netip.AddrPort]int, len(r.Backend))
+	if len(r.Backend) > 0 {
+		vs.Backends = make([]lb.Destination, 0, len(r.Backend))
+	}
 	for j := range r.Backend {
 		d, ok := v.backend(path, ctx, j, &r.Backend[j], vs, fwd, tun)
 		if !ok {
@@ -669,57 +686,78 @@ func (v *validator) tunnel(path, ctx string, fwd lb.Forward, typ string, port in
 }
 
 func hostPart(s string) string {
-	if ap, err := netip.ParseAddrPort(s); err == nil {
+	if ap, err := parseAddrPort(s); err == nil {
 		return ap.Addr().String()
 	}
 	return s
 }
 
+// errNoPort is parseAddrPort's error for text without a colon.
+var errNoPort = errors.New("no port")
+
+// parseAddrPort is netip.ParseAddrPort, without allocating an error for
+// the common address without a port.
+func parseAddrPort(s string) (netip.AddrPort, error) {
+	if strings.IndexByte(s, ':') < 0 {
+		return netip.AddrPort{}, errNoPort
+	}
+	return netip.ParseAddrPort(s)
+}
+
 // backend validates one [[service.backend]] table.
 func (v *validator) backend(svcPath, svcCtx string, j int, r *rawBackend, vs lb.VirtualService, svcFwd lb.Forward, svcTun lb.Destination) (lb.Destination, bool) {
-	path := fmt.Sprintf("%s.backend.%d", svcPath, j)
 	before := len(v.errs)
-	ctx := fmt.Sprintf("%s: backend %d", svcCtx, j+1)
 	d := lb.Destination{Weight: 1, Forward: svcFwd}
+	// The key path and the context are only needed for errors: build
+	// them then. The context names the backend by number until its
+	// address is known.
+	path := func() string { return svcPath + ".backend." + strconv.Itoa(j) }
+	named := false
+	ctx := func() string {
+		if named {
+			return svcCtx + ": backend " + strconv.Quote(d.Addr.String())
+		}
+		return svcCtx + ": backend " + strconv.Itoa(j+1)
+	}
 	var addr netip.Addr
 	svcPort := vs.Service.Key.Port
 	port := svcPort
 	explicitPort := false
-	if ap, err := netip.ParseAddrPort(r.Address); err == nil {
+	if ap, err := parseAddrPort(r.Address); err == nil {
 		addr, port, explicitPort = ap.Addr(), ap.Port(), true
 	} else if a, err := netip.ParseAddr(r.Address); err == nil {
 		addr = a
 	} else {
 		if r.Address == "" {
-			v.errorf(path, ctx, "address is missing")
+			v.errorf(path(), ctx(), "address is missing")
 		} else {
-			v.errorf(path+".address", ctx, "address %q is not an IP address or address:port", r.Address)
+			v.errorf(path()+".address", ctx(), "address %q is not an IP address or address:port", r.Address)
 		}
 		return d, false
 	}
 	addr = addr.Unmap()
 	if r.Port != nil {
 		if explicitPort {
-			v.errorf(path+".port", fmt.Sprintf("%s: backend %q", svcCtx, r.Address), "port is given twice (address %q has one)", r.Address)
+			v.errorf(path()+".port", fmt.Sprintf("%s: backend %q", svcCtx, r.Address), "port is given twice (address %q has one)", r.Address)
 		}
 		if *r.Port < 0 || *r.Port > 65535 {
-			v.errorf(path+".port", ctx, "port %d is outside 0..65535", *r.Port)
+			v.errorf(path()+".port", ctx(), "port %d is outside 0..65535", *r.Port)
 		} else {
 			port = uint16(*r.Port)
 			explicitPort = true
 		}
 	}
 	d.Addr = netip.AddrPortFrom(addr, port)
-	ctx = fmt.Sprintf("%s: backend %q", svcCtx, d.Addr.String())
+	named = true
 	if addr.Zone() != "" || addr.IsUnspecified() || addr.IsMulticast() {
-		v.errorf(path+".address", ctx, "%s is not a unicast address", addr)
+		v.errorf(path()+".address", ctx(), "%s is not a unicast address", addr)
 	}
 	if r.Weight != nil {
 		switch w := *r.Weight; {
 		case w < 0:
-			v.errorf(path+".weight", ctx, "weight %d is negative", w)
+			v.errorf(path()+".weight", ctx(), "weight %d is negative", w)
 		case w > 65535:
-			v.errorf(path+".weight", ctx, "weight %d is above 65535", w)
+			v.errorf(path()+".weight", ctx(), "weight %d is above 65535", w)
 		default:
 			d.Weight = int(w)
 		}
@@ -727,25 +765,25 @@ func (v *validator) backend(svcPath, svcCtx string, j int, r *rawBackend, vs lb.
 	// The kernel takes thresholds as signed 32-bit values and refuses a
 	// lower threshold above the upper one, also when the upper is 0.
 	if r.UpperThreshold < 0 || r.UpperThreshold > math.MaxInt32 {
-		v.errorf(path+".upper_threshold", ctx, "upper_threshold %d is outside 0..%d", r.UpperThreshold, math.MaxInt32)
+		v.errorf(path()+".upper_threshold", ctx(), "upper_threshold %d is outside 0..%d", r.UpperThreshold, math.MaxInt32)
 	} else {
 		d.Upper = uint32(r.UpperThreshold)
 	}
 	if r.LowerThreshold < 0 || r.LowerThreshold > math.MaxInt32 {
-		v.errorf(path+".lower_threshold", ctx, "lower_threshold %d is outside 0..%d", r.LowerThreshold, math.MaxInt32)
+		v.errorf(path()+".lower_threshold", ctx(), "lower_threshold %d is outside 0..%d", r.LowerThreshold, math.MaxInt32)
 	} else {
 		d.Lower = uint32(r.LowerThreshold)
 	}
 	switch {
 	case d.Lower != 0 && d.Upper == 0:
-		v.errorf(path+".lower_threshold", ctx, "lower_threshold needs upper_threshold (new connections resume below lower once upper was reached)")
+		v.errorf(path()+".lower_threshold", ctx(), "lower_threshold needs upper_threshold (new connections resume below lower once upper was reached)")
 	case d.Lower > d.Upper:
-		v.errorf(path+".lower_threshold", ctx, "lower_threshold %d is above upper_threshold %d", d.Lower, d.Upper)
+		v.errorf(path()+".lower_threshold", ctx(), "lower_threshold %d is above upper_threshold %d", d.Lower, d.Upper)
 	}
 	if r.Forward != "" {
 		f, ok := parseForward(r.Forward)
 		if !ok {
-			v.errorf(path+".forward", ctx, "forward %q must be masq, droute or tunnel", r.Forward)
+			v.errorf(path()+".forward", ctx(), "forward %q must be masq, droute or tunnel", r.Forward)
 		}
 		d.Forward = f
 	}
@@ -760,28 +798,28 @@ func (v *validator) backend(svcPath, svcCtx string, j int, r *rawBackend, vs lb.
 		if svcFwd != lb.Tunnel || r.Tunnel != "" {
 			base = lb.Destination{}
 		}
-		t := v.tunnel(path, ctx, d.Forward, r.Tunnel, r.TunnelPort, r.TunnelChecksum, base)
+		t := v.tunnel(path(), ctx(), d.Forward, r.Tunnel, r.TunnelPort, r.TunnelChecksum, base)
 		d.Tunnel, d.TunnelPort, d.TunnelCsum = t.Tunnel, t.TunnelPort, t.TunnelCsum
 	case r.Tunnel != "" || r.TunnelPort != 0 || r.TunnelChecksum != "":
-		v.errorf(path+".tunnel", ctx, "tunnel settings need forward = \"tunnel\"")
+		v.errorf(path()+".tunnel", ctx(), "tunnel settings need forward = \"tunnel\"")
 	}
 	// Service-wide forwarding errors are reported once, on the service;
 	// a backend is checked again only where it overrides forwarding.
 	if r.Forward != "" && vs.NodePort && d.Forward != lb.Masq {
-		v.errorf(path+".forward", ctx, "a nodeport service forwards with masq, not %s", d.Forward)
+		v.errorf(path()+".forward", ctx(), "a nodeport service forwards with masq, not %s", d.Forward)
 	}
 	if r.Forward != "" && vs.SNAT && d.Forward != lb.Masq {
-		v.errorf(path+".forward", ctx, "snat needs masq forwarding, not %s", d.Forward)
+		v.errorf(path()+".forward", ctx(), "snat needs masq forwarding, not %s", d.Forward)
 	}
 	fam := vs.Service.Key.Family
 	if lb.FamilyOf(addr) != fam && d.Forward != lb.Tunnel {
-		v.errorf(path+".address", ctx, "%s backend on an %s service (only tunnel forwarding mixes families)", lb.FamilyOf(addr), fam)
+		v.errorf(path()+".address", ctx(), "%s backend on an %s service (only tunnel forwarding mixes families)", lb.FamilyOf(addr), fam)
 	}
 	if (d.Forward == lb.DirectRoute || d.Forward == lb.Tunnel) && explicitPort && vs.Service.Key.FWMark == 0 && port != svcPort {
-		v.errorf(path+".port", ctx, "%s forwarding cannot change the port (%d to %d): the backend sees the VIP's packet unchanged", d.Forward, svcPort, port)
+		v.errorf(path()+".port", ctx(), "%s forwarding cannot change the port (%d to %d): the backend sees the VIP's packet unchanged", d.Forward, svcPort, port)
 	}
 	if vs.Service.Key.FWMark == 0 && port == 0 && svcPort != 0 {
-		v.errorf(path+".port", ctx, "port 0 is only valid for fwmark and all-ports services")
+		v.errorf(path()+".port", ctx(), "port 0 is only valid for fwmark and all-ports services")
 	}
 	return d, len(v.errs) == before
 }

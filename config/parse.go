@@ -1,0 +1,694 @@
+package config
+
+import (
+	"bytes"
+	"net/netip"
+	"reflect"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/health"
+)
+
+// Delta says how a Config differs from the base it was parsed from.
+type Delta struct {
+	// Full is true when there is no base or anything outside the
+	// [[service]] blocks changed (the settings of the [daemon] section,
+	// the file name): the caller must treat every service as changed. A
+	// change of the text before the first [[service]] that leaves the
+	// settings as they were (a comment) is not one.
+	Full bool
+	// Otherwise base.Spec.Services[From:OldTo] were replaced by
+	// cfg.Spec.Services[From:NewTo]; every other service (and its Health
+	// entry) is identical and in the same order (cfg.Spec.Services[:From]
+	// equals base's [:From], cfg's [NewTo:] equals base's [OldTo:]). When
+	// Full is true, From is 0, OldTo is the number of base's services and
+	// NewTo the number of cfg's, so that the statement still holds.
+	From, OldTo, NewTo int
+}
+
+// ParseFrom is Parse for a file that may be an edit of the one base was
+// parsed from: it returns exactly what Parse(file, data) returns, and the
+// Delta from base. base may be nil. base is never modified, so the caller
+// may keep it (to roll back, or after a rejected reload).
+//
+// A valid file is read block by block: the text before the first
+// [[service]] line (the preamble, with [daemon]) and each [[service]]
+// array element are decoded and validated on their own, in parallel. With
+// a base, only the blocks that span the bytes that differ from base's
+// source are decoded again, and the others are taken from base; that
+// costs a comparison of the two texts, a copy of base's services and the
+// changed blocks, unless the change of the preamble changes how services
+// are validated (manage_iptables). Whatever this path does not understand (a decode or
+// validation error, a conflict between services, a [[service]] line
+// inside a multi-line string, a table other than the service's inside its
+// block, ...) is left to a parse of the whole file, which reports every
+// error with its line.
+//
+// Configurations parsed from one another share an index of their services'
+// names, keys and VIPs, which belongs to the latest of them: calls of
+// ParseFrom on configurations of one such chain must not run concurrently.
+// The daemon calls it from its main loop only. The configuration keeps
+// data (see Source): the caller must not modify it afterwards.
+func ParseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
+	if base != nil {
+		cfg, d, st := parseDelta(base, file, data)
+		switch st {
+		case deltaDone:
+			return cfg, d, nil
+		case deltaFallback:
+			return parseFallback(base, file, data)
+		}
+	}
+	if cfg := parseBlocks(file, data); cfg != nil {
+		return cfg, fullDelta(base, cfg), nil
+	}
+	return parseFallback(base, file, data)
+}
+
+func parseFallback(base *Config, file string, data []byte) (*Config, Delta, error) {
+	cfg, err := parseWhole(file, data)
+	if err != nil {
+		return nil, Delta{Full: true}, err
+	}
+	return cfg, fullDelta(base, cfg), nil
+}
+
+func fullDelta(base, cfg *Config) Delta {
+	d := Delta{Full: true, NewTo: len(cfg.Spec.Services)}
+	if base != nil {
+		d.OldTo = len(base.Spec.Services)
+	}
+	return d
+}
+
+// block is one validated [[service]] element.
+type block struct {
+	vs lb.VirtualService
+	// health is the service's health checking, nil for none.
+	health *ServiceHealth
+}
+
+// parseBlocks parses data block by block, or returns nil if it cannot.
+func parseBlocks(file string, data []byte) *Config {
+	chunks := appendHeaders([]int{0}, data, 0, len(data))
+	end := len(data)
+	if len(chunks) > 1 {
+		end = chunks[1]
+	}
+	cfg := &Config{File: file, src: data}
+	if !decodePreamble(file, data[:end], cfg) {
+		return nil
+	}
+	n := len(chunks) - 1
+	blocks := make([]block, n)
+	if !decodeBlocks(file, data, chunks[1:], len(data), 0, cfg, blocks) {
+		return nil
+	}
+	idx := &index{}
+	idx.reset()
+	if n > 0 {
+		cfg.Spec.Services = make([]lb.VirtualService, n)
+	}
+	for i := range blocks {
+		cfg.Spec.Services[i] = blocks[i].vs
+		idx.add(&cfg.Spec.Services[i], 1)
+		if h := blocks[i].health; h != nil {
+			if cfg.Health == nil {
+				cfg.Health = map[string]ServiceHealth{}
+			}
+			cfg.Health[blocks[i].vs.Name] = *h
+		}
+	}
+	if idx.bad > 0 {
+		return nil
+	}
+	cfg.chunks = chunks
+	cfg.idx = idx
+	idx.owner = cfg
+	return cfg
+}
+
+type deltaStatus int
+
+const (
+	// deltaDone: the incremental parse succeeded.
+	deltaDone deltaStatus = iota
+	// deltaCold: base cannot help (the preamble changed, ...); parse
+	// block by block from scratch.
+	deltaCold
+	// deltaFallback: the file has a problem; parse it whole for the
+	// errors.
+	deltaFallback
+)
+
+// parseDelta parses data again only where it differs from base's source.
+func parseDelta(base *Config, file string, data []byte) (*Config, Delta, deltaStatus) {
+	nc := len(base.chunks)
+	if nc < 2 || base.File != file {
+		// Without services, any change is in the preamble.
+		return nil, Delta{}, deltaCold
+	}
+	a, b := base.src, data
+	d := len(b) - len(a)
+	k, m := nc, nc // the blocks base.chunks[k:m] are parsed again
+	// The daemon settings, from base unless the preamble changed.
+	settings := base
+	var (
+		starts []int
+		blocks []block
+		decode func() bool // decodes the changed blocks
+	)
+	if p, s := diffRange(a, b); p+s < len(a) || d != 0 {
+		ea := len(a) - s // a[p:ea] became b[p:len(b)-s]
+
+		// Block k is the last whose [[service]] line lies wholly in the
+		// common prefix: blocks before it are unchanged and still end
+		// where block k starts, at the same offset in both texts (loA
+		// and loB).
+		k = sort.SearchInts(base.chunks, p) - 1 // the last block starting before p
+		for k >= 1 && lineEnd(a, base.chunks[k]) >= p {
+			k--
+		}
+		loA, loB := 0, 0
+		if k >= 1 {
+			loA, loB = base.chunks[k], base.chunks[k]
+		} else {
+			// The preamble may have changed: read it again. The blocks
+			// from the first one on can be kept as long as their
+			// validation does not change.
+			h := nextHeader(b, 0, len(b))
+			if h < 0 {
+				return nil, Delta{}, deltaCold
+			}
+			settings = &Config{}
+			if !decodePreamble(file, b[:h], settings) {
+				return nil, Delta{}, deltaFallback
+			}
+			if settings.Daemon.ManageIPTables != base.Daemon.ManageIPTables {
+				return nil, Delta{}, deltaCold
+			}
+			k, loA, loB = 1, base.chunks[1], h
+		}
+		// Block m is the first after k whose [[service]] line, and the
+		// newline before it, lie wholly in the common suffix: it and the
+		// blocks after it are unchanged. nc stands for the end of the
+		// file.
+		m = sort.Search(nc, func(i int) bool { return base.chunks[i] > ea })
+		hiA := len(a)
+		if m < nc {
+			hiA = base.chunks[m]
+		}
+		hiB := hiA + d
+		if hiA < loA || hiB < loB {
+			return nil, Delta{}, deltaCold // cannot happen
+		}
+		starts = appendHeaders(nil, b, loB, hiB)
+		if loB < hiB && (len(starts) == 0 || starts[0] != loB) {
+			return nil, Delta{}, deltaCold // cannot happen: a block starts at loB
+		}
+		blocks = make([]block, len(starts))
+		decode = func() bool { return decodeBlocks(file, b, starts, hiB, k-1, settings, blocks) }
+	}
+	from, oldTo := k-1, m-1
+	newTo := from + len(starts)
+	old := base.Spec.Services[from:oldTo]
+
+	// Copy the services that stay while the changed blocks are decoded:
+	// both take about as long for a large file.
+	var services []lb.VirtualService
+	n := len(base.Spec.Services) - len(old) + len(blocks)
+	spliceCopy := func() {
+		if n > 0 {
+			services = make([]lb.VirtualService, n)
+			copy(services, base.Spec.Services[:from])
+			copy(services[newTo:], base.Spec.Services[oldTo:])
+		}
+	}
+	decoded := true
+	if decode != nil && n >= parallelSpliceMin && runtime.GOMAXPROCS(0) > 1 {
+		var wg sync.WaitGroup
+		wg.Go(func() { decoded = decode() })
+		spliceCopy()
+		wg.Wait()
+	} else {
+		if decode != nil {
+			decoded = decode()
+		}
+		if decoded {
+			spliceCopy()
+		}
+	}
+	if !decoded {
+		return nil, Delta{}, deltaFallback
+	}
+
+	idx := base.idx
+	if idx == nil || idx.owner != base {
+		if idx == nil {
+			idx = &index{}
+		}
+		idx.rebuild(base)
+	}
+	for i := range old {
+		idx.add(&old[i], -1)
+	}
+	for i := range blocks {
+		idx.add(&blocks[i].vs, 1)
+	}
+	if idx.bad > 0 {
+		// Undo, so that the index still describes base.
+		for i := range blocks {
+			idx.add(&blocks[i].vs, -1)
+		}
+		for i := range old {
+			idx.add(&old[i], 1)
+		}
+		return nil, Delta{}, deltaFallback
+	}
+
+	cfg := &Config{File: file, Daemon: settings.Daemon, Spec: settings.Spec, src: b, idx: idx}
+	for i := range blocks {
+		services[from+i] = blocks[i].vs
+	}
+	cfg.Spec.Services = services
+	cfg.Health = spliceHealth(base.Health, old, blocks)
+
+	chunks := make([]int, 0, n+1)
+	chunks = append(chunks, base.chunks[:k]...)
+	chunks = append(chunks, starts...)
+	for _, c := range base.chunks[m:] {
+		chunks = append(chunks, c+d)
+	}
+	cfg.chunks = chunks
+	idx.owner = cfg
+	if settings != base && !sameSettings(settings, base) {
+		return cfg, fullDelta(base, cfg), deltaDone
+	}
+	return cfg, Delta{From: from, OldTo: oldTo, NewTo: newTo}, deltaDone
+}
+
+// sameSettings reports whether a and b have the same settings outside
+// their services.
+func sameSettings(a, b *Config) bool {
+	sa, sb := a.Spec, b.Spec
+	sa.Services, sb.Services = nil, nil
+	return reflect.DeepEqual(a.Daemon, b.Daemon) && reflect.DeepEqual(sa, sb)
+}
+
+// spliceHealth returns h without the entries of the services in old and
+// with those of blocks, copying h only if that changes anything.
+func spliceHealth(h map[string]ServiceHealth, old []lb.VirtualService, blocks []block) map[string]ServiceHealth {
+	touched := false
+	for i := range old {
+		if _, ok := h[old[i].Name]; ok {
+			touched = true
+			break
+		}
+	}
+	for i := range blocks {
+		if blocks[i].health != nil {
+			touched = true
+			break
+		}
+	}
+	if !touched {
+		return h
+	}
+	out := make(map[string]ServiceHealth, len(h)+len(blocks))
+	for name, sh := range h {
+		out[name] = sh
+	}
+	for i := range old {
+		delete(out, old[i].Name)
+	}
+	for i := range blocks {
+		if blocks[i].health != nil {
+			out[blocks[i].vs.Name] = *blocks[i].health
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// decodePreamble decodes and validates the text before the first
+// [[service]] line into cfg's daemon settings. It reports false for
+// anything but a clean [daemon] section.
+func decodePreamble(file string, data []byte, cfg *Config) bool {
+	var raw rawConfig
+	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&raw)
+	if err != nil || len(raw.Service) > 0 || len(md.Undecoded()) > 0 {
+		return false
+	}
+	for _, k := range md.Keys() {
+		// Only [daemon], spelt exactly so: the decoder also matches keys
+		// such as "Service" to fields, which the whole file could spell
+		// both ways.
+		if k[0] != "daemon" {
+			return false
+		}
+	}
+	v := &validator{file: file}
+	v.daemon(&raw.Daemon, cfg)
+	return len(v.errs) == 0
+}
+
+// rawServiceBlock is what one [[service]] block decodes into.
+type rawServiceBlock struct {
+	Service []rawService `toml:"service"`
+}
+
+// decodeBlock decodes and validates the block of service i, with the
+// daemon settings of cfg. It reports false for anything but one valid
+// service and nothing else.
+func decodeBlock(file string, data []byte, i int, cfg *Config) (block, bool) {
+	var m map[string]any
+	if _, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&m); err != nil {
+		return block{}, false
+	}
+	c := converter{ok: true}
+	r := c.serviceBlock(m)
+	if !c.ok {
+		// Something the conversion does not know: let the decoder fill the
+		// raw structure as it does for the whole file.
+		var raw rawServiceBlock
+		md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&raw)
+		if err != nil || len(raw.Service) != 1 || len(md.Undecoded()) > 0 {
+			return block{}, false
+		}
+		for _, k := range md.Keys() {
+			if k[0] != "service" {
+				return block{}, false
+			}
+		}
+		r = &raw.Service[0]
+	}
+	v := &validator{file: file}
+	vs, ok := v.service(i, r, cfg)
+	if !ok {
+		return block{}, false
+	}
+	h, ok := v.serviceHealth(i, r, &vs)
+	if len(v.errs) > 0 {
+		return block{}, false
+	}
+	b := block{vs: vs}
+	if ok && (len(h.Checks) > 0 || h.Policy != (health.Policy{})) {
+		b.health = &h
+	}
+	return b, true
+}
+
+// decodeBlocks decodes the blocks starting at starts (the last one ends
+// at end) into out, in parallel when there are many. The first is
+// service first.
+func decodeBlocks(file string, data []byte, starts []int, end, first int, cfg *Config, out []block) bool {
+	n := len(starts)
+	decode := func(i int) bool {
+		e := end
+		if i+1 < n {
+			e = starts[i+1]
+		}
+		b, ok := decodeBlock(file, data[starts[i]:e], first+i, cfg)
+		out[i] = b
+		return ok
+	}
+	const batch = 16
+	workers := min(runtime.GOMAXPROCS(0), (n+batch-1)/batch)
+	if workers <= 1 {
+		for i := range n {
+			if !decode(i) {
+				return false
+			}
+		}
+		return true
+	}
+	var (
+		next   atomic.Int64
+		failed atomic.Bool
+		wg     sync.WaitGroup
+	)
+	for range workers {
+		wg.Go(func() {
+			for !failed.Load() {
+				lo := int(next.Add(batch)) - batch
+				if lo >= n {
+					return
+				}
+				for i := lo; i < min(lo+batch, n); i++ {
+					if !decode(i) {
+						failed.Store(true)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return !failed.Load()
+}
+
+// appendHeaders appends the offsets of the lines in data[from:to] that
+// start a top-level [[service]] element: "[[service]]", with optional
+// blanks around the name and the brackets, and an optional comment.
+// Such a line inside a multi-line string or array is found too; the block
+// that it ends then fails to decode (the string or array is unterminated).
+func appendHeaders(dst []int, data []byte, from, to int) []int {
+	for from < to {
+		h := nextHeader(data, from, to)
+		if h < 0 {
+			break
+		}
+		dst = append(dst, h)
+		from = lineEnd(data, h)
+	}
+	return dst
+}
+
+// nextHeader returns the offset of the first [[service]] line (see
+// appendHeaders) that starts in data[from:to], or -1.
+func nextHeader(data []byte, from, to int) int {
+	for i := from; i < to; {
+		j := bytes.Index(data[i:to], []byte("[["))
+		if j < 0 {
+			break
+		}
+		j += i
+		if ls, ok := serviceHeader(data, j); ok && ls >= from {
+			return ls
+		}
+		i = j + 2
+	}
+	return -1
+}
+
+// serviceHeader reports whether the "[[" at data[j] starts a [[service]]
+// line, and the offset of that line.
+func serviceHeader(data []byte, j int) (int, bool) {
+	ls := j
+	for ls > 0 && (data[ls-1] == ' ' || data[ls-1] == '\t') {
+		ls--
+	}
+	if ls > 0 && data[ls-1] != '\n' {
+		return 0, false
+	}
+	k := skipBlanks(data, j+2)
+	if !bytes.HasPrefix(data[k:], []byte("service")) {
+		return 0, false
+	}
+	k = skipBlanks(data, k+len("service"))
+	if !bytes.HasPrefix(data[k:], []byte("]]")) {
+		return 0, false
+	}
+	k = skipBlanks(data, k+2)
+	switch {
+	case k == len(data), data[k] == '\n', data[k] == '#':
+	case data[k] == '\r' && k+1 < len(data) && data[k+1] == '\n':
+	default:
+		return 0, false
+	}
+	return ls, true
+}
+
+func skipBlanks(data []byte, k int) int {
+	for k < len(data) && (data[k] == ' ' || data[k] == '\t') {
+		k++
+	}
+	return k
+}
+
+// lineEnd returns the offset of the newline that ends the line at i, or
+// len(data).
+func lineEnd(data []byte, i int) int {
+	if j := bytes.IndexByte(data[i:], '\n'); j >= 0 {
+		return i + j
+	}
+	return len(data)
+}
+
+// The steps by which commonPrefix and commonSuffix narrow down the first
+// difference: large steps compare at memory speed, each later one
+// searches the one step the previous one stopped at.
+var equalSteps = [...]int{64 << 10, 4 << 10, 256, 16, 1}
+
+// parallelSpliceMin is the number of services from which an incremental
+// parse copies the unchanged ones while it decodes the changed ones.
+const parallelSpliceMin = 1000
+
+// parallelDiffMin is the size from which diffRange compares from both ends
+// at once.
+const parallelDiffMin = 1 << 20
+
+// diffRange returns lengths p and s of a common prefix and a common suffix
+// of a and b that do not overlap (p+s <= min(len(a), len(b))), so that
+// a[p:len(a)-s] became b[p:len(b)-s]. For a large text the prefix and the
+// suffix are compared at once, on two processors; they then stop where
+// they meet, and the range may be wider than the smallest one (at most by
+// a step of the comparison), which is still correct.
+func diffRange(a, b []byte) (p, s int) {
+	n := min(len(a), len(b))
+	if n < parallelDiffMin || runtime.GOMAXPROCS(0) < 2 {
+		p = commonPrefix(a, b)
+		return p, commonSuffix(a[p:], b[p:])
+	}
+	// Each side publishes how far it has compared; each stops once the two
+	// cover everything.
+	var pDone, sDone atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() { s = scanEqual(a, b, n, true, &sDone, &pDone) })
+	p = scanEqual(a, b, n, false, &pDone, &sDone)
+	wg.Wait()
+	return p, min(s, n-p)
+}
+
+// scanEqual returns the length of the common prefix (or, with suffix, the
+// common suffix) of a and b within n bytes, or less once it and the other
+// side together cover n. It publishes its progress in done.
+func scanEqual(a, b []byte, n int, suffix bool, done, other *atomic.Int64) int {
+	la, lb := len(a), len(b)
+	eq := func(i, step int) bool {
+		if suffix {
+			return bytes.Equal(a[la-i-step:la-i], b[lb-i-step:lb-i])
+		}
+		return bytes.Equal(a[i:i+step], b[i:i+step])
+	}
+	i := 0
+	for _, step := range equalSteps {
+		for i+step <= n && eq(i, step) {
+			i += step
+			if step == equalSteps[0] {
+				done.Store(int64(i))
+				if i+int(other.Load()) >= n {
+					return i
+				}
+			}
+		}
+	}
+	return i
+}
+
+// commonPrefix returns the length of the longest common prefix of a and b.
+func commonPrefix(a, b []byte) int {
+	var done, other atomic.Int64
+	return scanEqual(a, b, min(len(a), len(b)), false, &done, &other)
+}
+
+// commonSuffix returns the length of the longest common suffix of a and b.
+func commonSuffix(a, b []byte) int {
+	var done, other atomic.Int64
+	return scanEqual(a, b, min(len(a), len(b)), true, &done, &other)
+}
+
+// svcKey identifies a service for the duplicate check: NodePort services
+// are compared among themselves, by protocol, port and family.
+type svcKey struct {
+	key      lb.ServiceKey
+	nodePort bool
+}
+
+// index counts what must be unique among services, so that an incremental
+// parse checks the cross-service rules of validator.config in the time of
+// the blocks it replaces. It describes the services of owner only; the
+// configurations of a chain of incremental parses share it.
+type index struct {
+	owner *Config
+	names map[string]int32
+	keys  map[svcKey]int32
+	// vips counts the services on each VIP by announce (false, true).
+	vips map[netip.Addr][2]int32
+	// bad is the number of names, keys and VIPs in conflict.
+	bad int
+}
+
+func (x *index) reset() {
+	if x.names == nil {
+		x.names = map[string]int32{}
+		x.keys = map[svcKey]int32{}
+		x.vips = map[netip.Addr][2]int32{}
+	} else {
+		clear(x.names)
+		clear(x.keys)
+		clear(x.vips)
+	}
+	x.bad = 0
+	x.owner = nil
+}
+
+// rebuild makes x describe base.
+func (x *index) rebuild(base *Config) {
+	x.reset()
+	for i := range base.Spec.Services {
+		x.add(&base.Spec.Services[i], 1)
+	}
+	x.owner = base
+}
+
+// add counts vs in (d = 1) or out (d = -1).
+func (x *index) add(vs *lb.VirtualService, d int32) {
+	n := x.names[vs.Name]
+	x.bad -= b2i(n > 1)
+	n += d
+	x.bad += b2i(n > 1)
+	if n == 0 {
+		delete(x.names, vs.Name)
+	} else {
+		x.names[vs.Name] = n
+	}
+
+	k := svcKey{vs.Service.Key, vs.NodePort}
+	n = x.keys[k]
+	x.bad -= b2i(n > 1)
+	n += d
+	x.bad += b2i(n > 1)
+	if n == 0 {
+		delete(x.keys, k)
+	} else {
+		x.keys[k] = n
+	}
+
+	if vs.VIP.IsValid() {
+		c := x.vips[vs.VIP]
+		x.bad -= b2i(c[0] > 0 && c[1] > 0)
+		c[b2i(vs.Announce)] += d
+		x.bad += b2i(c[0] > 0 && c[1] > 0)
+		if c == [2]int32{} {
+			delete(x.vips, vs.VIP)
+		} else {
+			x.vips[vs.VIP] = c
+		}
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,64 @@
+package config
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/vipd/vipd/test/bench"
+)
+
+// benchFixture returns the TOML of the benchmark fixture (test/bench) of
+// n services of m backends, and the fixture.
+func benchFixture(tb testing.TB, n, m int) ([]byte, *bench.Fixture) {
+	tb.Helper()
+	f, err := bench.New(bench.Spec{Services: n, Backends: m})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return fixtureTOML(tb, f), f
+}
+
+func fixtureTOML(tb testing.TB, f *bench.Fixture) []byte {
+	tb.Helper()
+	var buf bytes.Buffer
+	if err := f.WriteTOML(&buf, bench.Daemon{}); err != nil {
+		tb.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// BenchmarkParse parses the 10,000 x 10 fixture of `make bench` (5.3 MB)
+// from scratch.
+func BenchmarkParse(b *testing.B) {
+	data, _ := benchFixture(b, 10000, 10)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse("bench.toml", data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseFromOneChange re-parses the 10,000 x 10 fixture after the
+// weight of one backend of the middle service changed.
+func BenchmarkParseFromOneChange(b *testing.B) {
+	data, f := benchFixture(b, 10000, 10)
+	changed := fixtureTOML(b, f.WithWeight(5000, 3, 7))
+	prev, err := Parse("bench.toml", data)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		cfg, d, err := ParseFrom(prev, "bench.toml", changed)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if d.Full || d.From != 5000 || d.OldTo != 5001 || d.NewTo != 5001 {
+			b.Fatalf("delta = %+v", d)
+		}
+		// Alternate, so that every round parses against its owner.
+		prev, changed = cfg, prev.Source()
+	}
+}

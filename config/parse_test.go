@@ -1,0 +1,661 @@
+package config
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/vipd/vipd/lb"
+)
+
+// exported returns c's exported content: what Parse's callers see.
+func exported(c *Config) *Config {
+	if c == nil {
+		return nil
+	}
+	return &Config{File: c.File, Daemon: c.Daemon, Spec: c.Spec, Health: c.Health}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// sameParse reports how got differs from want, both results of parsing the
+// same input, or "" if they are equal.
+func sameParse(got *Config, gotErr error, want *Config, wantErr error) string {
+	if g, w := errString(gotErr), errString(wantErr); g != w {
+		return fmt.Sprintf("error:\n got %q\nwant %q", g, w)
+	}
+	if (got == nil) != (want == nil) {
+		return fmt.Sprintf("config: got %v, want %v", got != nil, want != nil)
+	}
+	if !reflect.DeepEqual(exported(got), exported(want)) {
+		return fmt.Sprintf("config:\n got %+v\nwant %+v", exported(got), exported(want))
+	}
+	if got != nil && !bytes.Equal(got.Source(), want.Source()) {
+		return "source differs"
+	}
+	return ""
+}
+
+// equivalenceInputs returns configurations that exercise the block
+// parser and its fallback to the whole file: the examples, every error
+// case, and texts that the block parser must leave to the whole file.
+func equivalenceInputs(t *testing.T) map[string][]byte {
+	t.Helper()
+	in := map[string][]byte{}
+	files, err := filepath.Glob("../examples/*.toml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("examples: %v %v", files, err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in["example "+filepath.Base(f)] = data
+	}
+	for _, tt := range errorTests {
+		in["error "+tt.name] = []byte(tt.in)
+	}
+	for _, tt := range healthErrorTests {
+		in["health error "+tt.name] = []byte(tt.in)
+	}
+	for n, m := range map[int]int{1: 1, 7: 3, 120: 2} {
+		data, _ := benchFixture(t, n, m)
+		in[fmt.Sprintf("fixture %dx%d", n, m)] = data
+	}
+	const svc = "vip = \"192.0.2.1\"\nport = 80\nbackend = [{ address = \"10.0.0.1\" }]\n"
+	for name, text := range map[string]string{
+		"empty":               "",
+		"comments only":       "# nothing\n\n",
+		"daemon only":         "[daemon]\ninterface = \"lb0\"\n",
+		"blank header":        "[daemon]\n\n  [[ service ]]  # first\n" + svc + "\t[[service]]\t\nname = \"b\"\nvip = \"192.0.2.2\"\nport = 80\nbackend = [{ address = \"10.0.0.1\" }]\n",
+		"crlf":                strings.ReplaceAll("[[service]]\n"+svc+"[[service]]\nname = \"b\"\nvip = \"192.0.2.2\"\nport = 81\nbackend = [{ address = \"10.0.0.2\" }]\n", "\n", "\r\n"),
+		"no final newline":    "[[service]]\n" + strings.TrimSuffix(svc, "\n"),
+		"header at eof":       "[[service]]\n" + svc + "[[service]]",
+		"bom":                 "\ufeff[[service]]\n" + svc,
+		"bom daemon":          "\ufeff[daemon]\nwatch = false\n[[service]]\n" + svc,
+		"quoted header":       "[[\"service\"]]\n" + svc + "[['service']]\nname = \"b\"\nvip = \"192.0.2.2\"\nport = 80\nbackend = [{ address = \"10.0.0.1\" }]\n",
+		"daemon after":        "[[service]]\n" + svc + "[daemon]\ninterface = \"lb1\"\n",
+		"daemon twice":        "[daemon]\nwatch = true\n[[service]]\n" + svc + "[daemon]\ninterface = \"lb1\"\n",
+		"other table after":   "[[service]]\n" + svc + "[other]\nx = 1\n",
+		"service table":       "[service]\n" + svc,
+		"inline services":     "service = [{ vip = \"192.0.2.1\", port = 80, backend = [{ address = \"10.0.0.1\" }] }]\n",
+		"inline then tables":  "service = []\n[[service]]\n" + svc,
+		"backend table first": "[[service.backend]]\naddress = \"10.0.0.1\"\n[[service]]\n" + svc,
+		"header in string":    "[[service]]\n" + svc + "on_failure = \"remove\"\n[service.check]\ntype = \"http\"\nbody = \"\"\"\n[[service]]\n\"\"\"\n",
+		"header in literal":   "[[service]]\n" + svc + "[service.check]\ntype = \"http\"\nbody = '''\n  [[service]] # x\n'''\n",
+		"header in array":     "[[service]]\nvip = \"192.0.2.1\"\nport = 80\nbackend = [\n[[service]]\n]\n",
+		"uppercase key":       "[[service]]\nName = \"x\"\n" + svc,
+		"uppercase table":     "[[Service]]\n" + svc,
+		"dotted keys":         "[[service]]\n" + svc + "check.type = \"http\"\ncheck.headers = {}\n",
+		"empty arrays":        "[daemon]\nuplinks = []\n[[service]]\nnodeport = true\nport = 30080\ninterfaces = []\nscheduler_flags = []\nbackend = [{ address = \"10.0.0.1\" }]\n",
+		"backend tables":      "[[service]]\nvip = \"192.0.2.1\"\nport = 80\n[[service.backend]]\naddress = \"10.0.0.1\"\nweight = 3\n[service.backend.check]\ntype = \"tcp\"\n[[service.backend]]\naddress = \"10.0.0.2\"\n",
+		"health": "[[service]]\nname = \"web\"\nvip = \"192.0.2.10\"\nport = 80\non_failure = \"remove\"\nquorum = 1\nsorry = \"10.0.0.99:8080\"\n" +
+			"[service.check]\ntype = \"http\"\npath = \"/healthz\"\nstatus = \"200-299\"\ninterval = \"1s\"\njitter = 0\nheaders = { Accept = \"x\", \"X-Y\" = \"z\" }\n" +
+			"[[service.backend]]\naddress = \"10.0.0.1\"\n[[service.backend]]\naddress = \"10.0.0.2\"\ncheck = { type = \"tcp\", port = 8081, initial = \"up\", jitter = 0.25 }\n" +
+			"[[service.backend]]\naddress = \"10.0.0.3\"\ncheck = { type = \"none\" }\n",
+		"policy only":      "[[service]]\n" + svc + "on_failure = \"quiesce\"\n",
+		"exec check":       "[[service]]\n" + svc + "check = { type = \"exec\", command = \"/bin/true\", args = [], env = [\"A=1\"] }\n",
+		"wrong type":       "[[service]]\nvip = \"192.0.2.1\"\nport = \"80\"\nbackend = [{ address = \"10.0.0.1\" }]\n",
+		"float port":       "[[service]]\nvip = \"192.0.2.1\"\nport = 80.0\nbackend = [{ address = \"10.0.0.1\" }]\n",
+		"duration int":     "[[service]]\n" + svc + "persistence = 60\n",
+		"duration date":    "[[service]]\n" + svc + "persistence = 1979-05-27\n",
+		"nodeport clash":   "[[service]]\nname = \"a\"\nnodeport = true\nport = 30000\nbackend = [{ address = \"10.0.0.1\" }]\n[[service]]\nname = \"b\"\nnodeport = true\nport = 30000\nprotocol = \"udp\"\nbackend = [{ address = \"10.0.0.2\" }]\n",
+		"fwmark and vip":   "[[service]]\nname = \"f\"\nfwmark = 1\nbackend = [{ address = \"10.0.0.1\" }]\n[[service]]\nname = \"g\"\nfwmark = 1\nfamily = \"ipv6\"\nbackend = [{ address = \"fd00::1\" }]\n",
+		"announce shared":  "[[service]]\n" + svc + "announce = false\n[[service]]\nname = \"b\"\nvip = \"192.0.2.1\"\nport = 81\nannounce = false\nbackend = [{ address = \"10.0.0.1\" }]\n",
+		"snat no iptables": "[daemon]\nmanage_iptables = false\n[[service]]\n" + svc + "snat = false\n",
+	} {
+		in[name] = []byte(text)
+	}
+	return in
+}
+
+// TestParseEquivalence checks that the block parser returns exactly what
+// the whole-file parser does, configurations and errors.
+func TestParseEquivalence(t *testing.T) {
+	for name, data := range equivalenceInputs(t) {
+		t.Run(name, func(t *testing.T) {
+			want, wantErr := parseWhole("t.toml", data)
+			got, d, err := ParseFrom(nil, "t.toml", data)
+			if diff := sameParse(got, err, want, wantErr); diff != "" {
+				t.Fatal(diff)
+			}
+			if err == nil {
+				checkDelta(t, nil, got, d)
+			}
+		})
+	}
+}
+
+// TestParseBlockPath checks that valid files of the usual shapes take the
+// block path (so that a reload can be incremental), and what falls back.
+func TestParseBlockPath(t *testing.T) {
+	in := equivalenceInputs(t)
+	for _, name := range []string{"example demo.toml", "example reference.toml", "example health.toml", "fixture 120x2",
+		"blank header", "crlf", "no final newline", "health", "policy only", "exec check", "dotted keys", "empty arrays",
+		"backend tables", "uppercase key", "empty", "daemon only", "announce shared", "snat no iptables"} {
+		if cfg := parseBlocks("t.toml", in[name]); cfg == nil {
+			t.Errorf("%s: not parsed block by block", name)
+		}
+	}
+	for _, name := range []string{"bom", "quoted header", "daemon after", "header in string", "header in literal", "uppercase table"} {
+		if cfg := parseBlocks("t.toml", in[name]); cfg != nil {
+			t.Errorf("%s: parsed block by block", name)
+		}
+		if _, err := Parse("t.toml", in[name]); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// checkDelta checks d's promises about cfg and base.
+func checkDelta(t *testing.T, base, cfg *Config, d Delta) {
+	t.Helper()
+	var old []lb.VirtualService
+	if base != nil {
+		old = base.Spec.Services
+	}
+	cur := cfg.Spec.Services
+	if d.Full {
+		if d.From != 0 || d.OldTo != len(old) || d.NewTo != len(cur) {
+			t.Fatalf("full delta %+v for %d -> %d services", d, len(old), len(cur))
+		}
+		return
+	}
+	if base == nil {
+		t.Fatalf("delta %+v without a base", d)
+	}
+	if d.From < 0 || d.From > d.OldTo || d.OldTo > len(old) || d.From > d.NewTo || d.NewTo > len(cur) || len(cur)-d.NewTo != len(old)-d.OldTo {
+		t.Fatalf("delta %+v for %d -> %d services", d, len(old), len(cur))
+	}
+	if !reflect.DeepEqual(cur[:d.From], old[:d.From]) || !reflect.DeepEqual(cur[d.NewTo:], old[d.OldTo:]) {
+		t.Fatalf("delta %+v: services outside the range differ", d)
+	}
+	if !reflect.DeepEqual(cfg.Daemon, base.Daemon) || cfg.Spec.StrictARP != base.Spec.StrictARP ||
+		cfg.Spec.ManageSysctls != base.Spec.ManageSysctls || cfg.Spec.Rules != base.Spec.Rules {
+		t.Fatalf("delta %+v: daemon settings differ", d)
+	}
+	for _, vs := range slices.Concat(cur[:d.From], cur[d.NewTo:]) {
+		h1, ok1 := cfg.Health[vs.Name]
+		h2, ok2 := base.Health[vs.Name]
+		if ok1 != ok2 || !reflect.DeepEqual(h1, h2) {
+			t.Fatalf("delta %+v: health of unchanged service %q differs", d, vs.Name)
+		}
+	}
+}
+
+// scenarioService is one service of a generated configuration.
+type scenarioService struct {
+	id        int // stable across edits: it numbers the backends
+	name, vip string
+	port      int
+	weights   []int
+	check     bool // a health check
+	announce  string
+}
+
+type scenario struct {
+	daemon   string
+	services []scenarioService
+}
+
+func (s scenario) text() []byte {
+	var b strings.Builder
+	b.WriteString("# scenario\n")
+	b.WriteString(s.daemon)
+	for _, vs := range s.services {
+		fmt.Fprintf(&b, "\n# service %d\n[[service]]\nname = %q\nvip = %q\nport = %d\n", vs.id, vs.name, vs.vip, vs.port)
+		if vs.announce != "" {
+			fmt.Fprintf(&b, "announce = %s\n", vs.announce)
+		}
+		if vs.check {
+			b.WriteString("on_failure = \"remove\"\ncheck = { type = \"tcp\", interval = \"2s\" }\n")
+		}
+		b.WriteString("backend = [")
+		for j, w := range vs.weights {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "{ address = \"10.%d.%d.%d\", weight = %d }", vs.id/200, vs.id%200, j+1, w)
+		}
+		b.WriteString("]\n")
+	}
+	return []byte(b.String())
+}
+
+func (s scenario) clone() scenario {
+	c := scenario{daemon: s.daemon, services: slices.Clone(s.services)}
+	for i := range c.services {
+		c.services[i].weights = slices.Clone(c.services[i].weights)
+	}
+	return c
+}
+
+func newScenario(n int) scenario {
+	s := scenario{daemon: "[daemon]\ninterface = \"lb0\"\nwatch = true\n"}
+	for i := range n {
+		s.services = append(s.services, scenarioService{
+			id: i, name: fmt.Sprintf("svc%d", i), vip: fmt.Sprintf("192.0.2.%d", i/4+1), port: 80 + i%4,
+			weights: []int{1, 2, 3}, check: i%3 == 0,
+		})
+	}
+	return s
+}
+
+// reparse parses data from prev, compares with the whole-file parser
+// (Parse's reference behaviour), checks the delta and
+// that prev is unchanged, and returns the new configuration (or prev on
+// error).
+func reparse(t *testing.T, prev *Config, data []byte) (*Config, Delta, error) {
+	t.Helper()
+	var before *Config
+	if prev != nil {
+		before = exported(prev)
+		before.Spec.Services = slices.Clone(before.Spec.Services)
+	}
+	got, d, err := ParseFrom(prev, "s.toml", data)
+	want, wantErr := parseWhole("s.toml", data)
+	if diff := sameParse(got, err, want, wantErr); diff != "" {
+		t.Fatal(diff)
+	}
+	if prev != nil {
+		again, _ := Parse("s.toml", prev.Source())
+		if !reflect.DeepEqual(exported(prev), before) || !reflect.DeepEqual(exported(prev), exported(again)) {
+			t.Fatal("the base changed")
+		}
+	}
+	if err != nil {
+		return prev, d, err
+	}
+	checkDelta(t, prev, got, d)
+	return got, d, nil
+}
+
+// TestParseFromScenario edits a configuration step by step and checks
+// every step against a parse from scratch.
+func TestParseFromScenario(t *testing.T) {
+	s := newScenario(40)
+	cfg, _, err := reparse(t, nil, s.text())
+	if err != nil {
+		t.Fatal(err)
+	}
+	type step struct {
+		name string
+		edit func(s *scenario)
+		// span is the largest number of services the delta may replace,
+		// or -1 for a full delta; errs wants a failure.
+		span int
+		errs bool
+	}
+	steps := []step{
+		{"weight", func(s *scenario) { s.services[20].weights[1] = 7 }, 1, false},
+		{"weight width", func(s *scenario) { s.services[20].weights[1] = 12345 }, 1, false},
+		{"add backend", func(s *scenario) { s.services[21].weights = append(s.services[21].weights, 4) }, 1, false},
+		{"remove backend", func(s *scenario) { s.services[21].weights = s.services[21].weights[:1] }, 1, false},
+		{"unchanged", func(s *scenario) {}, 0, false},
+		{"first service", func(s *scenario) { s.services[0].weights[0] = 9 }, 1, false},
+		{"last service", func(s *scenario) { s.services[len(s.services)-1].weights[2] = 9 }, 1, false},
+		{"add health", func(s *scenario) { s.services[1].check = true }, 1, false},
+		{"remove health", func(s *scenario) { s.services[0].check = false }, 1, false},
+		{"add service", func(s *scenario) {
+			s.services = slices.Insert(s.services, 10, scenarioService{id: 1000, name: "new", vip: "198.51.100.1", port: 443, weights: []int{5}})
+		}, 2, false},
+		{"remove service", func(s *scenario) { s.services = slices.Delete(s.services, 30, 31) }, 2, false},
+		{"remove first", func(s *scenario) { s.services = s.services[1:] }, 2, false},
+		{"append service", func(s *scenario) {
+			s.services = append(s.services, scenarioService{id: 1001, name: "tail", vip: "198.51.100.2", port: 80, weights: []int{1}, check: true})
+		}, 2, false},
+		{"remove last", func(s *scenario) { s.services = s.services[:len(s.services)-1] }, 2, false},
+		{"reorder", func(s *scenario) { s.services[5], s.services[6] = s.services[6], s.services[5] }, 3, false}, // and the comment above them
+		{"rename", func(s *scenario) { s.services[7].name = "renamed" }, 1, false},
+		{"daemon", func(s *scenario) { s.daemon = "[daemon]\ninterface = \"lb1\"\nwatch = true\n" }, -1, false},
+		{"daemon comment", func(s *scenario) { s.daemon += "# the same settings\n" }, 0, false},
+		{"daemon and service", func(s *scenario) {
+			s.daemon = "[daemon]\ninterface = \"lb2\"\nwatch = true\n"
+			s.services[3].weights[0] = 3
+		}, -1, false},
+		{"iptables", func(s *scenario) { s.daemon += "manage_iptables = false\n" }, -1, false},
+		{"insert first", func(s *scenario) {
+			s.services = slices.Insert(s.services, 0, scenarioService{id: 1002, name: "front", vip: "198.51.100.3", port: 80, weights: []int{2}})
+		}, 1, false},
+		{"daemon invalid", func(s *scenario) { s.daemon += "garp_count = 1000\n" }, 0, true},
+		{"duplicate name", func(s *scenario) { s.services[12].name = s.services[3].name }, 0, true},
+		{"valid again", func(s *scenario) { s.services[12].weights[0] = 4 }, 1, false},
+		{"duplicate key", func(s *scenario) { s.services[13].vip, s.services[13].port = s.services[2].vip, s.services[2].port }, 0, true},
+		{"announce conflict", func(s *scenario) { s.services[14].announce = "false" }, 0, true},
+		{"valid after conflicts", func(s *scenario) { s.services[15].weights[0] = 8 }, 1, false},
+		{"invalid weight", func(s *scenario) { s.services[16].weights[0] = -1 }, 0, true},
+		{"swap names", func(s *scenario) { s.services[3].name, s.services[4].name = s.services[4].name, s.services[3].name }, 2, false},
+		{"shared vip announce", func(s *scenario) {
+			// Every service on one VIP changes announce in one edit (they
+			// are in a row).
+			for i := range s.services {
+				if s.services[i].vip == "192.0.2.4" {
+					s.services[i].announce = "false"
+				}
+			}
+		}, 4, false},
+		{"everything", func(s *scenario) {
+			for i := range s.services {
+				s.services[i].weights[0]++
+			}
+		}, 1 << 20, false},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			next := s.clone()
+			st.edit(&next)
+			got, d, err := reparse(t, cfg, next.text())
+			if st.errs {
+				if err == nil {
+					t.Fatal("no error")
+				}
+				return // the daemon keeps cfg
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case st.span < 0 && !d.Full:
+				t.Errorf("delta %+v, want a full one", d)
+			case st.span >= 0 && (d.Full || d.OldTo-d.From > st.span || d.NewTo-d.From > st.span):
+				t.Errorf("delta %+v, want at most %d services replaced", d, st.span)
+			}
+			s, cfg = next, got
+		})
+	}
+}
+
+// TestParseFromNotOwner parses B from A, then C from A again (a rejected
+// reload keeps A): A no longer owns the index, which must be rebuilt.
+func TestParseFromNotOwner(t *testing.T) {
+	s := newScenario(12)
+	a, _, err := reparse(t, nil, s.text())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := s.clone()
+	sb.services[5].name = "b-name" // frees "svc5"
+	b, _, err := reparse(t, a, sb.text())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// From A, "svc5" is taken: an index still describing B would miss it.
+	sc := s.clone()
+	sc.services[8].name = "svc5"
+	if _, _, err := reparse(t, a, sc.text()); err == nil || !strings.Contains(err.Error(), "name already used") {
+		t.Fatalf("err = %v, want a duplicate name", err)
+	}
+	sc = s.clone()
+	sc.services[8].name = "b-name"
+	c, d, err := reparse(t, a, sc.text())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Full || d.From != 8 || d.OldTo != 9 || d.NewTo != 9 {
+		t.Fatalf("delta = %+v", d)
+	}
+	// B is not the owner now either; from B, "b-name" is taken.
+	sd := sb.clone()
+	sd.services[9].name = "b-name"
+	if _, _, err := reparse(t, b, sd.text()); err == nil || !strings.Contains(err.Error(), "name already used") {
+		t.Fatalf("err = %v, want a duplicate name", err)
+	}
+	sd = sb.clone()
+	sd.services[9].weights[0] = 5
+	if _, _, err := reparse(t, b, sd.text()); err != nil {
+		t.Fatal(err)
+	}
+	// And C goes on from its own.
+	se := sc.clone()
+	se.services[2].weights[0] = 6
+	if _, _, err := reparse(t, c, se.text()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestParseFromFallbackBase parses from a base that the block parser
+// could not read (it came from the whole-file path).
+func TestParseFromFallbackBase(t *testing.T) {
+	const svc = "vip = \"192.0.2.1\"\nport = 80\nbackend = [{ address = \"10.0.0.1\" }]\n"
+	base, _, err := reparse(t, nil, []byte("[[\"service\"]]\n"+svc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, d, err := reparse(t, base, []byte("[[service]]\n"+svc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Full {
+		t.Fatalf("delta = %+v", d)
+	}
+	if _, d, err := reparse(t, cfg, []byte("[[service]]\n"+strings.Replace(svc, "10.0.0.1", "10.0.0.2", 1))); err != nil || d.Full {
+		t.Fatalf("delta = %+v, %v", d, err)
+	}
+}
+
+// TestParseFromFileName treats a different file name as a full change.
+func TestParseFromFileName(t *testing.T) {
+	data := newScenario(3).text()
+	a, err := Parse("a.toml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, d, err := ParseFrom(a, "b.toml", data)
+	if err != nil || !d.Full || b.File != "b.toml" {
+		t.Fatalf("delta = %+v, file %q, %v", d, b.File, err)
+	}
+}
+
+// checkEdit parses edited from a (if a is valid; nil means no base) with
+// checkParse.
+func checkEdit(t *testing.T, a, edited []byte) {
+	var base *Config
+	if a != nil {
+		if c, err := Parse("f.toml", a); err == nil {
+			base = c
+		}
+	}
+	checkParse(t, base, edited, nil, nil)
+}
+
+// checkParse parses data from base (which may be nil) and checks the
+// result against the whole-file parser, tolerating only the decoder's own
+// nondeterminism (it maps keys that differ in case to one field in random
+// order). If got or gotErr is set, it is the result to check instead.
+func checkParse(t *testing.T, base *Config, data []byte, got *Config, err error) {
+	t.Helper()
+	var before *Config
+	if base != nil {
+		before = exported(base)
+		before.Spec.Services = slices.Clone(before.Spec.Services)
+	}
+	var d Delta
+	switch {
+	case got == nil && err == nil:
+		got, d, err = ParseFrom(base, "f.toml", data)
+	case got != nil:
+		d = fullDelta(base, got)
+	}
+	want, wantErr := parseWhole("f.toml", data)
+	if diff := sameParse(got, err, want, wantErr); diff != "" {
+		// The decoder's map order may pick one of two spellings only one
+		// time in eight: try often.
+		for range 200 {
+			again, againErr := parseWhole("f.toml", data)
+			if sameParse(again, againErr, want, wantErr) != "" {
+				return // Parse itself is not deterministic on this input
+			}
+		}
+		t.Fatalf("ParseFrom(%q): %s", data, diff)
+	}
+	if base != nil && !reflect.DeepEqual(exported(base), before) {
+		t.Fatal("the base changed")
+	}
+	if err == nil {
+		checkDelta(t, base, got, d)
+	}
+}
+
+// FuzzIncremental edits a configuration (deletes del bytes at off and
+// inserts ins) and checks that ParseFrom from the original returns what
+// Parse returns for the edit.
+func FuzzIncremental(f *testing.F) {
+	files, _ := filepath.Glob("../examples/*.toml")
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data, uint(len(data)/2), uint(3), []byte("1"))
+		f.Add(data, uint(len(data)/3), uint(0), []byte("\n[[service]]\nvip = \"192.0.2.99\"\nport = 1\nbackend = [{ address = \"10.9.9.9\" }]\n"))
+	}
+	s := newScenario(6).text()
+	f.Add(s, uint(len(s)/2), uint(1), []byte("\"\"\"\n"))
+	f.Add(s, uint(len(s)/2), uint(40), []byte(""))
+	f.Fuzz(func(t *testing.T, data []byte, off, del uint, ins []byte) {
+		o := int(off % uint(len(data)+1))
+		e := o + int(del%uint(len(data)-o+1))
+		edited := slices.Concat(data[:o], ins, data[e:])
+		checkEdit(t, data, edited)
+	})
+}
+
+// TestParseFromLarge edits a file large enough for the parallel paths
+// (comparing from both ends, copying while decoding).
+func TestParseFromLarge(t *testing.T) {
+	if testing.Short() {
+		t.Skip("large file")
+	}
+	data, f := benchFixture(t, 2500, 10)
+	if len(data) < parallelDiffMin {
+		t.Fatalf("fixture of %d bytes is too small", len(data))
+	}
+	prev, err := Parse("bench.toml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := f.WithWeight(1250, 3, 7)
+	g = g.WithWeight(1251, 0, 100)
+	g.Services[0].Backends = g.Services[0].Backends[:4]
+	g.Services[2499].Backends = append(slices.Clone(g.Services[2499].Backends), g.Services[2499].Backends[0])
+	g.Services[2499].Backends[10].Addr = netip.MustParseAddrPort("192.0.2.200:8080")
+	for _, step := range []struct {
+		data     []byte
+		from, to int
+	}{
+		{fixtureTOML(t, f.WithWeight(1250, 3, 7)), 1250, 1251},
+		{fixtureTOML(t, g), 0, 2500},
+		{data, 0, 2500},
+	} {
+		cfg, d, err := ParseFrom(prev, "bench.toml", step.data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := Parse("bench.toml", step.data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := sameParse(cfg, nil, want, nil); diff != "" {
+			t.Fatal(diff)
+		}
+		checkDelta(t, prev, cfg, d)
+		if d.Full || d.From != step.from || d.OldTo != step.to || d.NewTo != step.to {
+			t.Fatalf("delta = %+v, want %d..%d", d, step.from, step.to)
+		}
+		prev = cfg
+	}
+}
+
+// TestParseFromRandomEdits chains random edits, valid and not, each parsed
+// from the last valid configuration and checked against the whole-file
+// parser.
+func TestParseFromRandomEdits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	s := newScenario(30)
+	cfg, _, err := reparse(t, nil, s.text())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, valid, incremental := 2000, 0, 0
+	for step := range 400 {
+		next := s.clone()
+		for range 1 + rng.IntN(3) {
+			n := len(next.services)
+			i := rng.IntN(n)
+			vs := &next.services[i]
+			switch rng.IntN(11) {
+			case 0:
+				vs.weights[rng.IntN(len(vs.weights))] = rng.IntN(200)
+			case 1:
+				vs.weights = append(vs.weights, 1)
+			case 2:
+				if len(vs.weights) > 1 {
+					vs.weights = vs.weights[:len(vs.weights)-1]
+				}
+			case 3:
+				id++
+				next.services = slices.Insert(next.services, rng.IntN(n+1), scenarioService{
+					id: id, name: fmt.Sprintf("r%d", id), vip: fmt.Sprintf("198.18.%d.%d", id/250, id%250+1), port: 80, weights: []int{1}})
+			case 4:
+				if n > 1 {
+					next.services = slices.Delete(next.services, i, i+1)
+				}
+			case 5:
+				vs.check = !vs.check
+			case 6:
+				vs.name = next.services[rng.IntN(n)].name // often a duplicate
+			case 7:
+				vs.announce = []string{"", "true", "false"}[rng.IntN(3)]
+			case 8:
+				j := rng.IntN(n)
+				next.services[i], next.services[j] = next.services[j], next.services[i]
+			case 9:
+				next.daemon = fmt.Sprintf("[daemon]\ninterface = \"lb%d\"\n", rng.IntN(3))
+			case 10:
+				vs.port = 80 + rng.IntN(4) // maybe another service's key
+			}
+		}
+		text := next.text()
+		if rng.IntN(8) == 0 {
+			// A raw edit: delete a range, or copy one elsewhere.
+			a, b := rng.IntN(len(text)), rng.IntN(len(text))
+			if a > b {
+				a, b = b, a
+			}
+			b = min(b, a+200)
+			if rng.IntN(2) == 0 {
+				text = slices.Concat(text[:a], text[b:])
+			} else {
+				at := rng.IntN(len(text))
+				text = slices.Concat(text[:at], text[a:b], text[at:])
+			}
+		}
+		got, d, err := reparse(t, cfg, text)
+		if err == nil {
+			s, cfg = next, got
+			valid++
+			if !d.Full {
+				incremental++
+			}
+		} else if step%50 == 0 {
+			t.Logf("step %d: %v", step, strings.SplitN(err.Error(), "\n", 2)[0])
+		}
+	}
+	t.Logf("%d valid steps, %d incremental", valid, incremental)
+	if incremental < 100 {
+		t.Errorf("only %d incremental steps", incremental)
+	}
+}
