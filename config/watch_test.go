@@ -16,11 +16,16 @@ func svcConfig(port int) string {
 
 func startWatcher(t *testing.T, path string) *Watcher {
 	t.Helper()
-	_, sum, err := LoadSum(path)
+	return startWatcherOpts(t, WatchOptions{Path: path, Debounce: 30 * time.Millisecond})
+}
+
+func startWatcherOpts(t *testing.T, opts WatchOptions) *Watcher {
+	t.Helper()
+	data, err := os.ReadFile(opts.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := NewWatcher(WatchOptions{Path: path, Debounce: 30 * time.Millisecond}, sum)
+	w, err := NewWatcher(opts, data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,11 +37,16 @@ func startWatcher(t *testing.T, path string) *Watcher {
 
 func next(t *testing.T, w *Watcher) Change {
 	t.Helper()
+	return within(t, w, 5*time.Second)
+}
+
+func within(t *testing.T, w *Watcher, d time.Duration) Change {
+	t.Helper()
 	select {
 	case ch := <-w.Changes():
 		return ch
-	case <-time.After(5 * time.Second):
-		t.Fatal("no change reported")
+	case <-time.After(d):
+		t.Fatalf("no change reported within %v", d)
 	}
 	return Change{}
 }
@@ -50,12 +60,17 @@ func quiet(t *testing.T, w *Watcher) {
 	}
 }
 
+// port parses a change and returns its first service's port.
 func port(t *testing.T, ch Change) int {
 	t.Helper()
 	if ch.Err != nil {
 		t.Fatalf("change has error: %v", ch.Err)
 	}
-	return int(ch.Config.Spec.Services[0].Service.Key.Port)
+	cfg, err := Parse("vipd.toml", ch.Data)
+	if err != nil {
+		t.Fatalf("change does not parse: %v", err)
+	}
+	return int(cfg.Spec.Services[0].Service.Key.Port)
 }
 
 func TestWatchEdits(t *testing.T) {
@@ -98,15 +113,18 @@ func TestWatchEdits(t *testing.T) {
 		t.Fatalf("port = %d, want 82", p)
 	}
 
-	// A broken file is reported once with its position, and the same
-	// bytes written again are not re-reported.
+	// A broken file is reported once, and the same bytes written again
+	// are not re-reported.
 	bad := "[[service]]\nvip = \"192.0.2.1\"\nport = 80\nbackend = [{ address = \"10.0.0.1\", weight = -1 }]\n"
 	if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ch := next(t, w)
-	if ch.Err == nil || !strings.Contains(ch.Err.Error(), "vipd.toml:4:") {
-		t.Fatalf("err = %v, want one at vipd.toml:4", ch.Err)
+	if ch.Err != nil || string(ch.Data) != bad {
+		t.Fatalf("change = %q, %v; want the broken bytes", ch.Data, ch.Err)
+	}
+	if _, err := Parse(path, ch.Data); err == nil || !strings.Contains(err.Error(), "vipd.toml:4:") {
+		t.Fatalf("err = %v, want one at vipd.toml:4", err)
 	}
 	if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
 		t.Fatal(err)
@@ -153,4 +171,61 @@ func TestWatchConfigMap(t *testing.T) {
 	if p := port(t, next(t, w)); p != 90 {
 		t.Fatalf("port = %d, want 90", p)
 	}
+}
+
+// TestWatchRenameIsImmediate checks that a file renamed into place is read
+// at once, not after the debounce that in-place writes wait for.
+func TestWatchRenameIsImmediate(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "vipd.toml")
+	if err := os.WriteFile(path, []byte(svcConfig(80)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w := startWatcherOpts(t, WatchOptions{Path: path, Debounce: 10 * time.Second})
+	tmp := filepath.Join(dir, "vipd.toml.tmp")
+	if err := os.WriteFile(tmp, []byte(svcConfig(81)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	if p := port(t, within(t, w, time.Second)); p != 81 {
+		t.Fatalf("port = %d, want 81", p)
+	}
+	// The same bytes renamed into place again are no change.
+	if err := os.WriteFile(tmp, []byte(svcConfig(81)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	quiet(t, w)
+}
+
+// TestWatchNewEmptyFile checks that a file created empty is read once its
+// writes are done, not at its creation.
+func TestWatchNewEmptyFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "vipd.toml")
+	if err := os.WriteFile(path, []byte(svcConfig(80)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w := startWatcherOpts(t, WatchOptions{Path: path, Debounce: 300 * time.Millisecond})
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the Create is seen while the file is empty
+	cfg := svcConfig(82)
+	f.WriteString(cfg[:10])
+	f.Sync()
+	f.WriteString(cfg[10:])
+	f.Close()
+	if p := port(t, next(t, w)); p != 82 {
+		t.Fatalf("port = %d, want 82", p)
+	}
+	quiet(t, w)
 }
