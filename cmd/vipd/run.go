@@ -1,8 +1,8 @@
 package main
 
 import (
+	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -96,7 +96,6 @@ type daemon struct {
 	n    *systemd.Notifier
 	r    *lb.Reconciler
 	cfg  *config.Config
-	sum  [sha256.Size]byte
 	// failing holds the operations that failed in the last pass of the
 	// running configuration: a reload is not blamed for them.
 	failing map[string]bool
@@ -212,7 +211,11 @@ type reply struct {
 
 func runDaemon(ctx context.Context, opts daemonOptions) error {
 	log := opts.Logger
-	cfg, sum, err := config.LoadSum(opts.Path)
+	data, err := os.ReadFile(opts.Path)
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	cfg, _, err := config.ParseFrom(nil, opts.Path, data)
 	if err != nil {
 		return err
 	}
@@ -234,7 +237,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		ropts.KernelRelease = opts.KernelRelease
 	}
 	d := &daemon{
-		opts: opts, log: log, n: opts.Notifier, cfg: cfg, sum: sum,
+		opts: opts, log: log, n: opts.Notifier, cfg: cfg,
 		r:             lb.NewReconciler(ropts),
 		reqs:          make(chan request),
 		healthChanged: make(chan struct{}, 1),
@@ -269,7 +272,12 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 			}
 		},
 	})
-	d.health = healthView{m: d.hm, adopted: adopted(cfg, k)}
+	d.health = healthView{m: d.hm}
+	if len(cfg.Health) > 0 {
+		// Reading the whole table costs seconds at 10,000 services; only
+		// health checking needs it here.
+		d.health.adopted = adopted(cfg, k)
+	}
 	d.check(cfg)
 	hctx, stopHealth := context.WithCancel(ctx)
 	defer stopHealth()
@@ -287,7 +295,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 
 	var changes <-chan config.Change
 	if cfg.Daemon.Watch {
-		w, err := config.NewWatcher(config.WatchOptions{Path: opts.Path, Logger: log}, sum)
+		w, err := config.NewWatcher(config.WatchOptions{Path: opts.Path, Logger: log}, cfg.Source())
 		if err != nil {
 			return err
 		}
@@ -335,14 +343,14 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 			// systemd restarts vipd (the data plane keeps running).
 			d.notify(d.n.Watchdog())
 		case <-hup:
-			cfg, sum, err := config.LoadSum(d.opts.Path)
-			d.reload(ctx, "sighup", cfg, sum, err, false)
+			data, err := os.ReadFile(d.opts.Path)
+			d.reload(ctx, "sighup", data, err, false)
 		case ch, ok := <-changes:
 			if !ok {
 				changes = nil
 				continue
 			}
-			d.reload(ctx, "file changed", ch.Config, ch.Sum, ch.Err, false)
+			d.reload(ctx, "file changed", ch.Data, ch.Err, false)
 		case req := <-d.reqs:
 			req.reply <- d.handle(ctx, req)
 		case <-resync.C:
@@ -412,40 +420,122 @@ func logResult(log *slog.Logger, why string, res *lb.Result, took time.Duration)
 // errReloadRejected marks a reload refused before touching the kernel.
 var errReloadRejected = errors.New("reload rejected")
 
-// reload applies a new configuration: parsed and validated already (err
-// holds its errors), guarded against mass deletion, applied, and on
-// failure rolled back to the last good configuration when so configured.
-// The returned reply says what happened.
-func (d *daemon) reload(ctx context.Context, why string, cfg *config.Config, sum [sha256.Size]byte, err error, force bool) reply {
-	if err != nil {
-		d.m.ReloadFailed(metrics.ReloadInvalid)
-		d.log.Error("reload rejected; the running configuration keeps serving", "why", why, "config", d.opts.Path, "err", err)
-		d.notify(d.n.Status(d.status("serving (last reload rejected: invalid file)")))
-		return reply{Error: fmt.Sprintf("%v: %v", errReloadRejected, err)}
+// reload applies a new version of the configuration file: data as read
+// (readErr holds a read error), parsed against the running configuration
+// so that only the services whose text changed are parsed again, guarded
+// against mass deletion, applied, and on failure rolled back to the last
+// good configuration when so configured. The returned reply says what
+// happened.
+func (d *daemon) reload(ctx context.Context, why string, data []byte, readErr error, force bool) reply {
+	if readErr != nil {
+		return d.rejectInvalid(why, fmt.Errorf("read config: %w", readErr))
 	}
-	if sum == d.sum && !force {
+	if bytes.Equal(data, d.cfg.Source()) && !force {
 		d.log.Info("configuration unchanged", "why", why)
 		return reply{}
 	}
+	cfg, delta, err := config.ParseFrom(d.cfg, d.opts.Path, data)
+	if err != nil {
+		return d.rejectInvalid(why, err)
+	}
 	d.notify(d.n.Reloading())
 	defer func() { d.notify(d.n.Ready(d.status("serving"))) }()
-	if ex, desc := lb.Removed(&d.cfg.Spec, &cfg.Spec).Exceeds(d.cfg.Daemon.ReloadGuard); ex && !force {
+	if ex, desc := d.removed(cfg, delta).Exceeds(d.cfg.Daemon.ReloadGuard); ex && !force {
 		err := fmt.Errorf("%w: the new configuration %s, more than reload_guard = %v; run \"vipd reload --force\" if that is intended",
 			errReloadRejected, desc, d.cfg.Daemon.ReloadGuard)
 		d.m.ReloadFailed(metrics.ReloadGuard)
 		d.log.Error("reload refused by the guard; the running configuration keeps serving", "why", why, "err", err)
 		return reply{Error: err.Error()}
 	}
-	if restartNeeded(d.cfg, cfg) {
+	if delta.Full && restartNeeded(d.cfg, cfg) {
 		d.log.Warn("daemon settings changed (interface, uplinks, announcement, iptables, state_dir, resync, watch, control socket or metrics); they take effect on restart",
 			"config", d.opts.Path)
 	}
 	d.check(cfg)
-	res := d.reconcile(ctx, why, d.effective(cfg))
+	var res *lb.Result
+	if !force {
+		// A forced reload runs a full pass, which also repairs drift.
+		res = d.reconcileDelta(ctx, why, cfg, delta)
+	}
+	if res == nil {
+		res = d.reconcile(ctx, why, d.effective(cfg))
+	}
 	if res == nil {
 		d.check(d.cfg)
 		return reply{Error: "cannot read the kernel; nothing applied"}
 	}
+	return d.settle(ctx, why, cfg, res)
+}
+
+// rejectInvalid reports a file that cannot be read or parsed; the running
+// configuration stays.
+func (d *daemon) rejectInvalid(why string, err error) reply {
+	d.m.ReloadFailed(metrics.ReloadInvalid)
+	d.log.Error("reload rejected; the running configuration keeps serving", "why", why, "config", d.opts.Path, "err", err)
+	d.notify(d.n.Status(d.status("serving (last reload rejected: invalid file)")))
+	return reply{Error: fmt.Sprintf("%v: %v", errReloadRejected, err)}
+}
+
+// removed counts what cfg removes from the running configuration. For a
+// change confined to some services only those are compared.
+func (d *daemon) removed(cfg *config.Config, delta config.Delta) lb.Removal {
+	if delta.Full {
+		return lb.Removed(&d.cfg.Spec, &cfg.Spec)
+	}
+	r := lb.Removed(&lb.Spec{Services: d.cfg.Spec.Services[delta.From:delta.OldTo]}, &lb.Spec{Services: cfg.Spec.Services[delta.From:delta.NewTo]})
+	r.OfServices = len(d.cfg.Spec.Services)
+	r.OfBackends = 0
+	for i := range d.cfg.Spec.Services {
+		r.OfBackends += len(d.cfg.Spec.Services[i].Backends)
+	}
+	return r
+}
+
+// reconcileDelta applies a change confined to some services with a pass
+// over those services alone (see lb.Reconciler.ReconcileDelta). It returns
+// nil, having done nothing, when the change needs a full pass: the
+// [daemon] section changed, operations of the running configuration are
+// failing (a full pass retries them), a changed service is health
+// checked (its backends depend on the health of all), or the change
+// reaches what services share.
+func (d *daemon) reconcileDelta(ctx context.Context, why string, cfg *config.Config, delta config.Delta) *lb.Result {
+	if delta.Full || len(d.failing) > 0 {
+		return nil
+	}
+	old := d.cfg.Spec.Services[delta.From:delta.OldTo]
+	cur := cfg.Spec.Services[delta.From:delta.NewTo]
+	for _, svcs := range [][]lb.VirtualService{old, cur} {
+		for i := range svcs {
+			if _, ok := d.cfg.Health[svcs[i].Name]; ok {
+				return nil
+			}
+			if _, ok := cfg.Health[svcs[i].Name]; ok {
+				return nil
+			}
+		}
+	}
+	change := lb.Delta{
+		Old: applyDrains(&lb.Spec{Services: old}, d.drained).Services,
+		New: applyDrains(&lb.Spec{Services: cur}, d.drained).Services,
+	}
+	start := time.Now()
+	res, ok, err := d.r.ReconcileDelta(ctx, &cfg.Spec, change)
+	if !ok {
+		return nil
+	}
+	d.m.Pass(why, res, time.Since(start))
+	if err != nil {
+		// The touched services could not be read: a full pass tries
+		// again and reports.
+		d.log.Warn("reading the changed services failed; running a full pass", "why", why, "err", err)
+		return nil
+	}
+	logResult(d.log, why, res, time.Since(start))
+	return res
+}
+
+// settle finishes a reload whose pass ran: it keeps cfg, or rolls back.
+func (d *daemon) settle(ctx context.Context, why string, cfg *config.Config, res *lb.Result) reply {
 	rep := reply{}
 	for _, op := range res.Applied {
 		rep.Applied = append(rep.Applied, op.String())
@@ -469,7 +559,7 @@ func (d *daemon) reload(ctx context.Context, why string, cfg *config.Config, sum
 		}
 		return rep
 	}
-	d.cfg, d.sum = cfg, sum
+	d.cfg = cfg
 	d.remember(res)
 	d.gen++
 	d.m.ConfigLoaded(d.gen, &cfg.Spec)
@@ -483,8 +573,8 @@ func (d *daemon) reload(ctx context.Context, why string, cfg *config.Config, sum
 func (d *daemon) handle(ctx context.Context, req request) reply {
 	switch req.kind {
 	case "reload":
-		cfg, sum, err := config.LoadSum(d.opts.Path)
-		return d.reload(ctx, "control socket", cfg, sum, err, req.force)
+		data, err := os.ReadFile(d.opts.Path)
+		return d.reload(ctx, "control socket", data, err, req.force)
 	case "plan":
 		cfg, err := config.Load(d.opts.Path)
 		if err != nil {

@@ -11,6 +11,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -49,6 +51,7 @@ type harness struct {
 	k      *lbtest.Kernel
 	log    *syncBuffer
 	notify *net.UnixConn
+	notes  chan string
 	done   chan error
 	cancel context.CancelFunc
 }
@@ -111,6 +114,19 @@ func (h *harness) run() {
 		t.Fatal(err)
 	}
 	h.notify = ns
+	// Read every notification as it comes, as systemd does: the
+	// daemon's sends would otherwise fill the socket's queue.
+	h.notes = make(chan string, 1024)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := ns.Read(buf)
+			if err != nil {
+				return
+			}
+			h.notes <- string(buf[:n])
+		}
+	}()
 	t.Setenv("NOTIFY_SOCKET", filepath.Join(h.dir, "notify.sock"))
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
@@ -130,7 +146,9 @@ func (h *harness) run() {
 		select {
 		case <-h.done:
 		case <-time.After(5 * time.Second):
-			t.Error("daemon did not stop")
+			var b strings.Builder
+			pprof.Lookup("goroutine").WriteTo(&b, 1)
+			t.Errorf("daemon did not stop; goroutines:\n%s", b.String())
 		}
 		ns.Close()
 	})
@@ -140,16 +158,15 @@ func (h *harness) run() {
 // expectNotify waits for a notification that starts with prefix.
 func (h *harness) expectNotify(prefix string) string {
 	h.t.Helper()
-	buf := make([]byte, 4096)
-	deadline := time.Now().Add(10 * time.Second)
+	timeout := time.After(10 * time.Second)
 	for {
-		h.notify.SetReadDeadline(deadline)
-		n, err := h.notify.Read(buf)
-		if err != nil {
-			h.t.Fatalf("no %q notification: %v\nlog:\n%s", prefix, err, h.log)
-		}
-		if msg := string(buf[:n]); strings.HasPrefix(msg, prefix) {
-			return msg
+		select {
+		case msg := <-h.notes:
+			if strings.HasPrefix(msg, prefix) {
+				return msg
+			}
+		case <-timeout:
+			h.t.Fatalf("no %q notification\nlog:\n%s", prefix, h.log)
 		}
 	}
 }
@@ -415,4 +432,34 @@ func grepLines(s, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestDaemonReloadDelta: a reload that changes one service's backends
+// reads and writes that service alone; one that adds a VIP runs a full
+// pass, which reads the whole table.
+func TestDaemonReloadDelta(t *testing.T) {
+	h := startDaemon(t, "", twoServices)
+	h.eventually("initial programming", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443") })
+	h.k.Calls()
+	h.k.Reads()
+
+	h.write(h.header("") + strings.Replace(twoServices, `{ address = "10.0.0.4" }`, `{ address = "10.0.0.4", weight = 3 }`, 1))
+	h.eventually("the new weight", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443 masq weight=3") })
+	h.expectNotify("READY=1")
+	if calls := h.k.Calls(); len(calls) != 1 || !strings.HasPrefix(calls[0], "update-dest") {
+		t.Errorf("calls for one weight = %v", calls)
+	}
+	if reads := h.k.Reads(); len(reads) != 1 || reads[0] != "service tcp 192.0.2.11:443" {
+		t.Errorf("reads for one weight = %v; want the changed service alone", reads)
+	}
+
+	h.write(h.header("") + twoServices + "\n[[service]]\nname = \"new\"\nvip = \"192.0.2.12\"\nport = 80\nbackend = [{ address = \"10.0.0.9\" }]\n")
+	h.eventually("the new service", func() bool { return strings.Contains(h.k.Dump(), "192.0.2.12:80") })
+	h.expectNotify("READY=1")
+	if reads := h.k.Reads(); !slices.Contains(reads, "services") {
+		t.Errorf("reads for a new VIP = %v; want a full pass", reads)
+	}
+	if strings.Contains(h.k.Dump(), "weight=3") {
+		t.Errorf("the full pass left weight 3, which the file no longer has:\n%s", h.k.Dump())
+	}
 }
