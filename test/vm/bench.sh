@@ -17,7 +17,7 @@
 #   VIPD_BENCH_SIZES         sizes NxM [100x10,1000x10,10000x10]
 #   VIPD_BENCH_CHANGE_SIZES  one-backend change at [100x10,10000x10]
 #   VIPD_BENCH_READD_SIZES   vipd re-adding right after a flush at [1000x10]
-#   VIPD_BENCH_REPS          vipd changes per size [10]
+#   VIPD_BENCH_REPS          vipd changes per size [100]
 #   VIPD_BENCH_KREPS         keepalived reloads per size [3]
 #   VIPD_BENCH_TOOLS         [ipvsadm,keepalived,vipd]
 #   VIPD_BENCH_TIMEOUT       whole guest, seconds [3600]

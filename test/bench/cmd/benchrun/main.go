@@ -31,8 +31,8 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -91,7 +91,7 @@ func main() {
 	flag.StringVar(&changes, "change-sizes", "100x10,10000x10", "sizes at which to time a one-backend change")
 	flag.StringVar(&readd, "readd-sizes", "1000x10", "sizes at which to time vipd re-adding a table right after a flush (the kernel's pathology)")
 	flag.StringVar(&tools, "tools", "ipvsadm,keepalived,vipd", "tools to measure, in this order")
-	flag.IntVar(&o.reps, "reps", 10, "repetitions of vipd's one-backend change")
+	flag.IntVar(&o.reps, "reps", 100, "repetitions of vipd's one-backend change")
 	flag.IntVar(&o.kreps, "kreps", 3, "repetitions of keepalived's reload")
 	flag.DurationVar(&o.kreloadTimeout, "kreload-timeout", 300*time.Second, "give up on a keepalived reload after this long")
 	flag.StringVar(&o.vipd, "vipd", "/payload/vipd", "vipd binary")
@@ -208,11 +208,14 @@ type Change struct {
 }
 
 // Steps are the costs, in milliseconds, of what a reload does at one
-// size, each measured alone in the guest: vipd's watcher waits Debounce
-// after the write, then parses the file; the reload builds the desired
-// state, reads the whole table, plans and applies.
+// size, each measured alone in the guest: vipd's watcher reads the file
+// as soon as the rename is reported; the daemon parses again only the
+// services whose text changed (config.ParseFrom) and runs a pass over
+// those services alone (lb.Reconciler.ReconcileDelta: the desired state
+// of the change, a read of each changed service, the plan, the
+// operations).
 type Steps struct {
-	Debounce, Parse, Desired, Observe, Plan, Apply float64
+	Read, Parse, Pass float64
 }
 
 func run(o options) *Results {
@@ -694,49 +697,52 @@ func measureReads(ns *namespace, a *ipvs.IPVS, r *SizeResult) {
 // measureSteps times the steps of a one-backend reload one by one, with
 // vipd's own packages, in this guest.
 func measureSteps(a *ipvs.IPVS, ff *fixtureFiles) *Steps {
-	s := &Steps{Debounce: 200} // config.WatchOptions' default, which vipd run uses
+	s := &Steps{}
 	ms := func(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+	// The running configuration is the fixture (weight 1); the change
+	// writes weight 2, as the measured changes do.
+	base, _, err := config.ParseFrom(nil, ff.toml, ff.tomlVariants[1])
+	if err != nil {
+		log.Printf("steps: %v", err)
+		return s
+	}
+	dir, err := os.MkdirTemp("", "steps")
+	if err != nil {
+		return s
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "vipd.toml")
+	if err := os.WriteFile(path, ff.tomlVariants[0], 0o644); err != nil {
+		return s
+	}
 	t := time.Now()
-	cfg, err := config.Parse(ff.toml, ff.tomlVariants[0])
+	data, err := os.ReadFile(path)
+	s.Read = ms(t)
+	if err != nil {
+		return s
+	}
+	t = time.Now()
+	cfg, delta, err := config.ParseFrom(base, ff.toml, data)
 	s.Parse = ms(t)
-	if err != nil {
+	if err != nil || delta.Full {
+		log.Printf("steps: parse: %v, full %v", err, delta.Full)
 		return s
 	}
-	t = time.Now()
-	desired := lb.Desired(&cfg.Spec, lb.Host{Dummy: cfg.Daemon.Interface})
-	s.Desired = ms(t)
-	t = time.Now()
-	svcs, err := a.Services()
-	s.Observe = ms(t)
-	if err != nil {
-		return s
-	}
-	observed := lb.NewState()
-	observed.Services = svcs
-	for k := range desired.VIPs {
-		observed.VIPs[k] = struct{}{}
+	r := lb.NewReconciler(lb.Options{Kernel: lb.Kernel{IPVS: a}, Dummy: cfg.Daemon.Interface})
+	pass := func(from, to *config.Config, oldTo, newTo int) (*lb.Result, bool, error) {
+		return r.ReconcileDelta(context.Background(), &to.Spec, lb.Delta{
+			Old: from.Spec.Services[delta.From:oldTo],
+			New: to.Spec.Services[delta.From:newTo],
+		})
 	}
 	t = time.Now()
-	ops := lb.Plan(desired, observed, lb.PlanOptions{})
-	s.Plan = ms(t)
-	var ipvsOps []lb.Op
-	for _, op := range ops {
-		if op.Kind == lb.OpUpdateDest {
-			ipvsOps = append(ipvsOps, op)
-		}
-	}
-	t = time.Now()
-	errs := a.ApplyBatch(ipvsOps)
-	s.Apply = ms(t)
-	if len(ipvsOps) != 1 || errors.Join(errs...) != nil {
-		log.Printf("steps: planned %d updates (%v), want 1", len(ipvsOps), errors.Join(errs...))
+	res, ok, err := pass(base, cfg, delta.OldTo, delta.NewTo)
+	s.Pass = ms(t)
+	if err != nil || !ok || len(res.Applied) != 1 {
+		log.Printf("steps: delta pass: ok %v, err %v, result %+v; want one operation", ok, err, res)
 	}
 	// Back to the file's content.
-	if len(ipvsOps) == 1 {
-		back := ipvsOps[0]
-		back.Dest.Weight = ff.f.Services[ff.changeSvc].Backends[ff.changeBackend].Weight
-		a.ApplyBatch([]lb.Op{back})
-	}
+	pass(cfg, base, delta.NewTo, delta.OldTo)
 	log.Printf("steps (ms): %+v", *s)
 	return s
 }

@@ -119,8 +119,8 @@ func render(res *Results) string {
 		if c != nil && len(c.MS) > 0 {
 			vp50, vp99 = percentile(c.MS, 50), percentile(c.MS, 99)
 			p99s = append(p99s, vp99)
-			row = append(row, fmt.Sprint(len(c.MS)), fmt.Sprintf("%.0f", vp50), fmt.Sprintf("%.0f", vp99), opsSummary(c.Ops),
-				fmt.Sprintf("%.0f", percentile(c.PreMS, 50)), fmt.Sprintf("%.0f", percentile(c.TookMS, 50)))
+			row = append(row, fmt.Sprint(len(c.MS)), fmt.Sprintf("%.1f", vp50), fmt.Sprintf("%.1f", vp99), opsSummary(c.Ops),
+				fmt.Sprintf("%.1f", percentile(c.PreMS, 50)), fmt.Sprintf("%.1f", percentile(c.TookMS, 50)))
 		} else {
 			row = append(row, "0", "-", "-", "-", "-", "-")
 		}
@@ -152,7 +152,7 @@ func render(res *Results) string {
 	}
 	w.Flush()
 	if len(p99s) >= 2 {
-		fmt.Fprintf(&b, "flat from the smallest to the largest size: p99 %.0f ms -> %.0f ms (%.1fx)\n", p99s[0], p99s[len(p99s)-1], p99s[len(p99s)-1]/p99s[0])
+		fmt.Fprintf(&b, "flat from the smallest to the largest size: p99 %.1f ms -> %.1f ms (%.1fx)\n", p99s[0], p99s[len(p99s)-1], p99s[len(p99s)-1]/p99s[0])
 	}
 	b.WriteString("p50/p99 are nearest-rank percentiles of n changes (with n < 100, p99 is the maximum)\n")
 
@@ -171,15 +171,15 @@ func render(res *Results) string {
 
 	b.WriteString("\n4. Where a one-change reload's time goes (each step measured alone in the guest, ms)\n")
 	w = tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "size\tdebounce\tparse file\tdesired state\tread table\tplan\tapply 1 op\tsum\tmeasured p50\t")
+	fmt.Fprintln(w, "size\tread file\tparse the changed service\tpass over it (read it, plan, apply)\tsum\tmeasured p50\t")
 	for _, r := range res.Sizes {
 		if s := r.Steps; s != nil {
-			sum := s.Debounce + s.Parse + s.Desired + s.Observe + s.Plan + s.Apply
+			sum := s.Read + s.Parse + s.Pass
 			p50 := "-"
 			if r.Change != nil && len(r.Change.MS) > 0 {
-				p50 = fmt.Sprintf("%.0f", percentile(r.Change.MS, 50))
+				p50 = fmt.Sprintf("%.1f", percentile(r.Change.MS, 50))
 			}
-			fmt.Fprintf(w, "%dx%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%.0f\t%s\t\n", r.N, r.M, s.Debounce, s.Parse, s.Desired, s.Observe, s.Plan, s.Apply, sum, p50)
+			fmt.Fprintf(w, "%dx%d\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", r.N, r.M, s.Read, s.Parse, s.Pass, sum, p50)
 		}
 	}
 	w.Flush()
