@@ -42,6 +42,11 @@ type Change struct {
 	Data []byte
 	// Err is a read error; Data is nil then.
 	Err error
+	// Seen is when the watcher started reading the file, right after
+	// the event (or the debounce) that made it look; Read is how long
+	// reading and comparing took.
+	Seen time.Time
+	Read time.Duration
 }
 
 // Watcher reports changes of a configuration file. It watches the file's
@@ -172,6 +177,7 @@ func (w *Watcher) classify(ev fsnotify.Event) eventKind {
 // has yet to be written; check then returns false, and the caller reads
 // it again after the debounce.
 func (w *Watcher) check(ctx context.Context, created bool) bool {
+	seen := time.Now()
 	data, err := os.ReadFile(w.opts.Path)
 	if errors.Is(err, fs.ErrNotExist) {
 		// Mid-rename, or deleted: the running configuration stays. A
@@ -196,6 +202,7 @@ func (w *Watcher) check(ctx context.Context, created bool) bool {
 		ch.Data = data
 		w.last = data
 	}
+	ch.Seen, ch.Read = seen, time.Since(seen)
 	select {
 	case w.out <- ch:
 	case <-ctx.Done():

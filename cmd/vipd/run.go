@@ -343,14 +343,13 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 			// systemd restarts vipd (the data plane keeps running).
 			d.notify(d.n.Watchdog())
 		case <-hup:
-			data, err := os.ReadFile(d.opts.Path)
-			d.reload(ctx, "sighup", data, err, false)
+			d.reload(ctx, readFile("sighup", d.opts.Path), false)
 		case ch, ok := <-changes:
 			if !ok {
 				changes = nil
 				continue
 			}
-			d.reload(ctx, "file changed", ch.Data, ch.Err, false)
+			d.reload(ctx, fileRead{why: "file changed", data: ch.Data, err: ch.Err, seen: ch.Seen, read: ch.Read, compared: true}, false)
 		case req := <-d.reqs:
 			req.reply <- d.handle(ctx, req)
 		case <-resync.C:
@@ -426,18 +425,38 @@ var errReloadRejected = errors.New("reload rejected")
 // against mass deletion, applied, and on failure rolled back to the last
 // good configuration when so configured. The returned reply says what
 // happened.
-func (d *daemon) reload(ctx context.Context, why string, data []byte, readErr error, force bool) reply {
-	if readErr != nil {
-		return d.rejectInvalid(why, fmt.Errorf("read config: %w", readErr))
+func (d *daemon) reload(ctx context.Context, in fileRead, force bool) reply {
+	why := in.why
+	if in.err != nil {
+		return d.rejectInvalid(why, fmt.Errorf("read config: %w", in.err))
 	}
-	if bytes.Equal(data, d.cfg.Source()) && !force {
+	// The watcher already compared the bytes with what it last reported.
+	if !in.compared && bytes.Equal(in.data, d.cfg.Source()) && !force {
 		d.log.Info("configuration unchanged", "why", why)
 		return reply{}
 	}
-	cfg, delta, err := config.ParseFrom(d.cfg, d.opts.Path, data)
+	picked := time.Now()
+	cfg, delta, err := config.ParseFrom(d.cfg, d.opts.Path, in.data)
+	parsed := time.Now()
 	if err != nil {
 		return d.rejectInvalid(why, err)
 	}
+	if !delta.Full && delta.From == delta.OldTo && delta.From == delta.NewTo && !force {
+		// Only comments or blank lines changed (or the bytes are those
+		// of the running configuration again): nothing to do. The new
+		// configuration is the same one; keeping it keeps the parser's
+		// index with the configuration the next reload starts from.
+		d.cfg = cfg
+		d.log.Info("configuration unchanged", "why", why)
+		return reply{}
+	}
+	defer func() {
+		// Where a reload's time went, from the moment the file was read.
+		d.log.Info("reload timing", "why", why, "read", in.read.Round(time.Microsecond),
+			"wait", picked.Sub(in.seen.Add(in.read)).Round(time.Microsecond),
+			"parse", parsed.Sub(picked).Round(time.Microsecond), "apply", time.Since(parsed).Round(time.Microsecond),
+			"total", time.Since(in.seen).Round(time.Microsecond), "services_parsed", delta.NewTo-delta.From, "full", delta.Full)
+	}()
 	d.notify(d.n.Reloading())
 	defer func() { d.notify(d.n.Ready(d.status("serving"))) }()
 	if ex, desc := d.removed(cfg, delta).Exceeds(d.cfg.Daemon.ReloadGuard); ex && !force {
@@ -465,6 +484,25 @@ func (d *daemon) reload(ctx context.Context, why string, data []byte, readErr er
 		return reply{Error: "cannot read the kernel; nothing applied"}
 	}
 	return d.settle(ctx, why, cfg, res)
+}
+
+// fileRead is a read of the configuration file for a reload.
+type fileRead struct {
+	why  string
+	data []byte
+	err  error
+	// seen is when the read started, read how long it took; compared
+	// says that data is known to differ from what was last read.
+	seen     time.Time
+	read     time.Duration
+	compared bool
+}
+
+// readFile reads path for a reload asked for by why.
+func readFile(why, path string) fileRead {
+	start := time.Now()
+	data, err := os.ReadFile(path)
+	return fileRead{why: why, data: data, err: err, seen: start, read: time.Since(start)}
 }
 
 // rejectInvalid reports a file that cannot be read or parsed; the running
@@ -573,8 +611,7 @@ func (d *daemon) settle(ctx context.Context, why string, cfg *config.Config, res
 func (d *daemon) handle(ctx context.Context, req request) reply {
 	switch req.kind {
 	case "reload":
-		data, err := os.ReadFile(d.opts.Path)
-		return d.reload(ctx, "control socket", data, err, req.force)
+		return d.reload(ctx, readFile("control socket", d.opts.Path), req.force)
 	case "plan":
 		cfg, err := config.Load(d.opts.Path)
 		if err != nil {

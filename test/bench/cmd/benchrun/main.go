@@ -202,7 +202,10 @@ type Change struct {
 	// PreMS is the time from the write to the pass's start (the pass's
 	// end as read from the log, less its duration): the watcher's
 	// debounce, the parse and the reload's checks (vipd).
-	PreMS  []float64 `json:",omitempty"`
+	PreMS []float64 `json:",omitempty"`
+	// Timing is vipd's own account of each reload ("reload timing"
+	// lines), in milliseconds by step: read, wait, parse, apply, total.
+	Timing map[string][]float64 `json:",omitempty"`
 	Failed int
 	Err    string `json:",omitempty"`
 }
@@ -584,6 +587,14 @@ func runVipd(o options, ff *fixtureFiles, r *SizeResult, change, readd bool) err
 			ch.Ops = append(ch.Ops, p.Applied)
 			ch.TookMS = append(ch.TookMS, float64(p.Took.Microseconds())/1000)
 			ch.PreMS = append(ch.PreMS, float64(p.At.Add(-p.Took).Sub(t0).Microseconds())/1000)
+			if t, ok := vl.timing(5 * time.Second); ok {
+				if ch.Timing == nil {
+					ch.Timing = map[string][]float64{}
+				}
+				for k, v := range t {
+					ch.Timing[k] = append(ch.Timing[k], v)
+				}
+			}
 		})
 		log.Printf("vipd change: %v ms, ops %v, took %v ms", r.Change.MS, r.Change.Ops, r.Change.TookMS)
 		r.Steps = measureSteps(a, ff)

@@ -155,6 +155,20 @@ func render(res *Results) string {
 		fmt.Fprintf(&b, "flat from the smallest to the largest size: p99 %.1f ms -> %.1f ms (%.1fx)\n", p99s[0], p99s[len(p99s)-1], p99s[len(p99s)-1]/p99s[0])
 	}
 	b.WriteString("p50/p99 are nearest-rank percentiles of n changes (with n < 100, p99 is the maximum)\n")
+	for _, r := range res.Sizes {
+		c := r.Change
+		if c == nil || len(c.Timing) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "vipd's own account of a reload at %dx%d, p50 / p99 ms (from its log):", r.N, r.M)
+		for _, k := range timingFields {
+			if xs := c.Timing[k]; len(xs) > 0 {
+				fmt.Fprintf(&b, " %s %.1f / %.1f;", k, percentile(xs, 50), percentile(xs, 99))
+			}
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("(read: the watcher reads and compares the file; wait: until the main loop takes it; parse: ParseFrom; apply: guard, pass, bookkeeping; total: from the read's start)\n")
 
 	b.WriteString("\n3. vipd's resources (from /proc)\n")
 	for _, r := range res.Sizes {

@@ -26,9 +26,12 @@ type pass struct {
 // reports passes.
 type vipdLog struct {
 	passes chan pass
-	mu     sync.Mutex
-	errors []string
-	done   chan struct{}
+	// timings are the "reload timing" lines: milliseconds by field
+	// (read, wait, parse, apply, total).
+	timings chan map[string]float64
+	mu      sync.Mutex
+	errors  []string
+	done    chan struct{}
 	// start is the timeline of the first pass, by the log's own clock;
 	// it is complete once the first pass is reported.
 	start Timeline
@@ -48,12 +51,26 @@ type Span struct {
 	First, Last time.Time
 }
 
+// timingFields are the fields of vipd's "reload timing" line.
+var timingFields = []string{"read", "wait", "parse", "apply", "total"}
+
+// timing returns the next "reload timing" line's fields, waiting up to
+// timeout.
+func (l *vipdLog) timing(timeout time.Duration) (map[string]float64, bool) {
+	select {
+	case t := <-l.timings:
+		return t, true
+	case <-time.After(timeout):
+		return nil, false
+	}
+}
+
 func newVipdLog(r io.Reader, copyTo string) (*vipdLog, error) {
 	f, err := os.Create(copyTo)
 	if err != nil {
 		return nil, err
 	}
-	l := &vipdLog{passes: make(chan pass, 1024), done: make(chan struct{})}
+	l := &vipdLog{passes: make(chan pass, 1024), timings: make(chan map[string]float64, 1024), done: make(chan struct{})}
 	go func() {
 		defer close(l.done)
 		defer f.Close()
@@ -109,6 +126,17 @@ func newVipdLog(r io.Reader, copyTo string) (*vipdLog, error) {
 				w.Flush()
 				select {
 				case l.passes <- p:
+				default:
+				}
+			case strings.Contains(line, ` msg="reload timing" `):
+				t := map[string]float64{}
+				for _, k := range timingFields {
+					if d, err := time.ParseDuration(field(line, k)); err == nil {
+						t[k] = float64(d.Microseconds()) / 1000
+					}
+				}
+				select {
+				case l.timings <- t:
 				default:
 				}
 			case strings.Contains(line, "level=ERROR"):
