@@ -342,21 +342,33 @@ func spliceHealth(h map[string]ServiceHealth, old []lb.VirtualService, blocks []
 // [[service]] line into cfg's daemon settings. It reports false for
 // anything but a clean [daemon] section.
 func decodePreamble(file string, data []byte, cfg *Config) bool {
-	var raw rawConfig
-	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&raw)
-	if err != nil || len(raw.Service) > 0 || len(md.Undecoded()) > 0 {
-		return false
-	}
-	for _, k := range md.Keys() {
-		// Only [daemon], spelt exactly so: the decoder also matches keys
-		// such as "Service" to fields, which the whole file could spell
-		// both ways.
-		if k[0] != "daemon" {
-			return false
+	var d *rawDaemon
+	if m, ok := decodeFast(data); ok {
+		c := converter{ok: true}
+		if d = c.preamble(m); !c.ok {
+			d = nil
 		}
 	}
+	if d == nil {
+		// Something go-toml or the conversion does not know: let
+		// BurntSushi fill the raw structure as it does for the whole file.
+		var raw rawConfig
+		md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&raw)
+		if err != nil || len(raw.Service) > 0 || len(md.Undecoded()) > 0 {
+			return false
+		}
+		for _, k := range md.Keys() {
+			// Only [daemon], spelt exactly so: the decoder also matches
+			// keys such as "Service" to fields, which the whole file could
+			// spell both ways.
+			if k[0] != "daemon" {
+				return false
+			}
+		}
+		d = &raw.Daemon
+	}
 	v := &validator{file: file}
-	v.daemon(&raw.Daemon, cfg)
+	v.daemon(d, cfg)
 	return len(v.errs) == 0
 }
 
@@ -369,15 +381,16 @@ type rawServiceBlock struct {
 // daemon settings of cfg. It reports false for anything but one valid
 // service and nothing else.
 func decodeBlock(file string, data []byte, i int, cfg *Config) (block, bool) {
-	var m map[string]any
-	if _, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&m); err != nil {
-		return block{}, false
+	var r *rawService
+	if m, ok := decodeFast(data); ok {
+		c := converter{ok: true}
+		if r = c.serviceBlock(m); !c.ok {
+			r = nil
+		}
 	}
-	c := converter{ok: true}
-	r := c.serviceBlock(m)
-	if !c.ok {
-		// Something the conversion does not know: let the decoder fill the
-		// raw structure as it does for the whole file.
+	if r == nil {
+		// Something go-toml or the conversion does not know: let
+		// BurntSushi fill the raw structure as it does for the whole file.
 		var raw rawServiceBlock
 		md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&raw)
 		if err != nil || len(raw.Service) != 1 || len(md.Undecoded()) > 0 {

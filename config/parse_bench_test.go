@@ -42,9 +42,17 @@ func BenchmarkParse(b *testing.B) {
 
 // BenchmarkParseFromOneChange re-parses the 10,000 x 10 fixture after the
 // weight of one backend of the middle service changed.
-func BenchmarkParseFromOneChange(b *testing.B) {
-	data, f := benchFixture(b, 10000, 10)
-	changed := fixtureTOML(b, f.WithWeight(5000, 3, 7))
+func BenchmarkParseFromOneChange(b *testing.B) { benchOneChange(b, 10000) }
+
+// BenchmarkParseFromOneChange100 is BenchmarkParseFromOneChange for 100
+// services: mostly the cost of decoding one block.
+func BenchmarkParseFromOneChange100(b *testing.B) { benchOneChange(b, 100) }
+
+// benchOneChange re-parses the fixture of n services of 10 backends after
+// the weight of one backend of the middle service changed.
+func benchOneChange(b *testing.B, n int) {
+	data, f := benchFixture(b, n, 10)
+	changed := fixtureTOML(b, f.WithWeight(n/2, 3, 7))
 	prev, err := Parse("bench.toml", data)
 	if err != nil {
 		b.Fatal(err)
@@ -55,7 +63,7 @@ func BenchmarkParseFromOneChange(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if d.Full || d.From != 5000 || d.OldTo != 5001 || d.NewTo != 5001 {
+		if d.Full || d.From != n/2 || d.OldTo != n/2+1 || d.NewTo != n/2+1 {
 			b.Fatalf("delta = %+v", d)
 		}
 		// Alternate, so that every round parses against its owner.

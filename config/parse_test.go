@@ -116,6 +116,18 @@ func equivalenceInputs(t *testing.T) map[string][]byte {
 		"fwmark and vip":   "[[service]]\nname = \"f\"\nfwmark = 1\nbackend = [{ address = \"10.0.0.1\" }]\n[[service]]\nname = \"g\"\nfwmark = 1\nfamily = \"ipv6\"\nbackend = [{ address = \"fd00::1\" }]\n",
 		"announce shared":  "[[service]]\n" + svc + "announce = false\n[[service]]\nname = \"b\"\nvip = \"192.0.2.1\"\nport = 81\nannounce = false\nbackend = [{ address = \"10.0.0.1\" }]\n",
 		"snat no iptables": "[daemon]\nmanage_iptables = false\n[[service]]\n" + svc + "snat = false\n",
+		// Invalid TOML that BurntSushi accepts (but the second) and
+		// go-toml rejects: the block parser decodes these blocks with
+		// BurntSushi.
+		"dotted then table":    "[[service]]\n" + svc + "check.type = \"tcp\"\n[service.check]\nport = 81\n",
+		"inline then table":    "[[service]]\n" + svc + "check = { type = \"tcp\" }\n[service.check]\nport = 81\n",
+		"inline then dotted":   "[[service]]\n" + svc + "check = {}\ncheck.type = \"tcp\"\n",
+		"dotted then value":    "[[service]]\n" + svc + "check.type = \"tcp\"\ncheck = { type = \"http\" }\n",
+		"daemon dotted":        "daemon.interface = \"lb2\"\n[daemon]\nwatch = false\n[[service]]\n" + svc,
+		"reload guard int":     "[daemon]\nreload_guard = 1\n[[service]]\n" + svc,
+		"reload guard float":   "[daemon]\nreload_guard = 0.25\nresync_interval = 60\ngarp_refresh = \"10s\"\n[[service]]\n" + svc,
+		"duration float":       "[[service]]\n" + svc + "persistence = 60.0\n",
+		"uppercase daemon key": "[daemon]\nInterface = \"lb3\"\n[[service]]\n" + svc,
 	} {
 		in[name] = []byte(text)
 	}
@@ -145,7 +157,9 @@ func TestParseBlockPath(t *testing.T) {
 	in := equivalenceInputs(t)
 	for _, name := range []string{"example demo.toml", "example reference.toml", "example health.toml", "fixture 120x2",
 		"blank header", "crlf", "no final newline", "health", "policy only", "exec check", "dotted keys", "empty arrays",
-		"backend tables", "uppercase key", "empty", "daemon only", "announce shared", "snat no iptables"} {
+		"backend tables", "uppercase key", "empty", "daemon only", "announce shared", "snat no iptables",
+		"dotted then table", "inline then dotted", "daemon dotted", "reload guard int", "reload guard float",
+		"uppercase daemon key"} {
 		if cfg := parseBlocks("t.toml", in[name]); cfg == nil {
 			t.Errorf("%s: not parsed block by block", name)
 		}
