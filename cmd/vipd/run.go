@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"syscall"
 	"time"
@@ -209,8 +210,19 @@ type reply struct {
 	Error   string           `json:"error,omitempty"`
 }
 
+// defaultMemoryLimit is the Go runtime's soft memory limit for the daemon
+// when GOMEMLIMIT does not set one. The runtime collects garbage sooner as
+// the heap nears it, which keeps a cold start of 10,000 services x 10
+// backends (a plan of 110,000 operations) under 150 MiB resident; it is
+// not a cap: a larger configuration's live heap may exceed it, at the cost
+// of more frequent collection.
+const defaultMemoryLimit = 112 << 20
+
 func runDaemon(ctx context.Context, opts daemonOptions) error {
 	log := opts.Logger
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
 	data, err := os.ReadFile(opts.Path)
 	if err != nil {
 		return fmt.Errorf("read config: %w", err)
