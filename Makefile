@@ -60,11 +60,12 @@ lint:
 check: lint build
 	@for f in examples/*.toml; do $(BIN)/vipd check $$f || exit 1; done
 
-## bench: Go benchmarks of the planner and the config parser, then vipd
-## against ipvsadm -R and keepalived in one guest boot (test/vm/bench.sh;
-## VIPD_BENCH_SIZES etc. size it; ~20-30 minutes). Not part of make test.
+## bench: Go benchmarks of the planner, the config parser and the
+## daemon's reload, then vipd against ipvsadm -R and keepalived in one
+## guest boot (test/vm/bench.sh; VIPD_BENCH_SIZES etc. size it; ~10-20
+## minutes). Not part of make test.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config
+	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config ./cmd/vipd
 	test/vm/bench.sh
 
 PREFIX  ?= /usr
