@@ -598,6 +598,11 @@ func TestVipdReloadUnderLoad(t *testing.T) {
 	if n := strings.Count(d.logSince(), "msg=reconciled why=\"file changed\"") + strings.Count(d.logSince(), "msg=reconciled why=\"control socket\""); n < 50 {
 		t.Errorf("%d reloads applied, want 50", n)
 	}
+	// Changes confined to the service go the incremental way: its block
+	// parsed alone, a pass over it alone (see lb.Reconciler.ReconcileDelta).
+	if n := strings.Count(d.logSince(), "services_parsed=1 full=false"); n < 40 {
+		t.Errorf("%d of 50 reloads parsed one block incrementally, want most:\n%s", n, d.logSince())
+	}
 
 	// kill -9 and restart under load.
 	d.kill()
