@@ -355,6 +355,19 @@ func (r *Reconciler) drainDone(svc ServiceKey, addr netip.AddrPort) bool {
 	return r.opts.DrainTimeout > 0 && now.Sub(start) >= r.opts.DrainTimeout
 }
 
+// DrainingServices returns the keys of the services that have draining
+// backends, sorted.
+func (r *Reconciler) DrainingServices() []ServiceKey {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var keys []ServiceKey
+	for k := range r.draining {
+		keys = append(keys, k.svc)
+	}
+	slices.SortFunc(keys, ServiceKey.Compare)
+	return slices.Compact(keys)
+}
+
 // Draining returns how many backends are draining: at weight 0 after
 // removal, waiting for their connections to end.
 func (r *Reconciler) Draining() int {

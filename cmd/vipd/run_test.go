@@ -463,3 +463,45 @@ func TestDaemonReloadDelta(t *testing.T) {
 		t.Errorf("the full pass left weight 3, which the file no longer has:\n%s", h.k.Dump())
 	}
 }
+
+// TestDaemonDrainPass: a backend removed while it has connections drains;
+// the passes that wait for its connections to end read its service alone,
+// and delete it once they have.
+func TestDaemonDrainPass(t *testing.T) {
+	h := startDaemon(t, "drain = true", twoServices)
+	h.eventually("initial programming", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443") })
+	busy := netip.MustParseAddrPort("10.0.0.4:443")
+	h.k.Edit(func(s *lb.State) {
+		for _, st := range s.Services {
+			if d, ok := st.Dests[busy]; ok {
+				d.ActiveConns = 3
+				st.Dests[busy] = d
+			}
+		}
+	})
+	h.write(h.header("drain = true") + strings.Replace(twoServices, `, { address = "10.0.0.4" }`, ``, 1))
+	h.eventually("the drain", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443 masq weight=0") })
+	h.k.Reads()
+	time.Sleep(2500 * time.Millisecond) // drain passes run every second
+	reads := h.k.Reads()
+	if len(reads) == 0 {
+		t.Error("no drain pass read the kernel")
+	}
+	for _, r := range reads {
+		if r != "service tcp 192.0.2.11:443" {
+			t.Errorf("a drain pass read %q; want the draining service alone", r)
+		}
+	}
+	if !strings.Contains(h.k.Dump(), "10.0.0.4:443") {
+		t.Fatalf("the busy backend went before its connections ended:\n%s", h.k.Dump())
+	}
+	h.k.Edit(func(s *lb.State) {
+		for _, st := range s.Services {
+			if d, ok := st.Dests[busy]; ok {
+				d.ActiveConns = 0
+				st.Dests[busy] = d
+			}
+		}
+	})
+	h.eventually("the deletion", func() bool { return !strings.Contains(h.k.Dump(), "10.0.0.4:443") })
+}
