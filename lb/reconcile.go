@@ -476,7 +476,6 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 	// service's address to be local, and announcements, which do, wait
 	// for them. join finishes them in the main loop.
 	join := func() {}
-	defer func() { join() }()
 	for i := 0; i < len(ops); {
 		if err := ctx.Err(); err != nil {
 			join()
@@ -541,6 +540,7 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		}
 		i = j
 	}
+	join()
 	if k.Ledger != nil && desired != nil {
 		// vipd still owns what it wants, and what it had that is still
 		// there: deletions that failed and services left draining.
@@ -578,7 +578,7 @@ func (r *Reconciler) bindAsync(ops []Op, finish func(*Op, error)) func() {
 	go func() {
 		defer close(done)
 		for x := range ops {
-			errs[x] = r.opts.Kernel.VIPs.Bind(ops[x].Addr)
+			errs[x] = r.do(ops[x])
 		}
 	}()
 	var joined bool

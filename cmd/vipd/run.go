@@ -564,20 +564,27 @@ func (d *daemon) reconcileDelta(ctx context.Context, why string, cfg *config.Con
 			}
 		}
 	}
+	return d.passOver(ctx, why, &cfg.Spec, old, cur)
+}
+
+// passOver runs a pass over the services old became (cur) alone, with the
+// admin drains applied, and logs it. It returns nil when the reconciler
+// declines it or cannot read the services: the caller runs a full pass.
+func (d *daemon) passOver(ctx context.Context, why string, spec *lb.Spec, old, cur []lb.VirtualService) *lb.Result {
 	change := lb.Delta{
 		Old: applyDrains(&lb.Spec{Services: old}, d.drained).Services,
 		New: applyDrains(&lb.Spec{Services: cur}, d.drained).Services,
 	}
 	start := time.Now()
-	res, ok, err := d.r.ReconcileDelta(ctx, &cfg.Spec, change)
+	res, ok, err := d.r.ReconcileDelta(ctx, spec, change)
 	if !ok {
 		return nil
 	}
 	d.m.Pass(why, res, time.Since(start))
 	if err != nil {
-		// The touched services could not be read: a full pass tries
-		// again and reports.
-		d.log.Warn("reading the changed services failed; running a full pass", "why", why, "err", err)
+		// The services could not be read: a full pass tries again and
+		// reports.
+		d.log.Warn("reading the services failed; running a full pass", "why", why, "err", err)
 		return nil
 	}
 	logResult(d.log, why, res, time.Since(start))
@@ -604,15 +611,10 @@ func (d *daemon) drainPass(ctx context.Context) {
 				delete(keys, vs.Service.Key)
 			}
 		}
+		// Draining services that the configuration no longer has
+		// (drain_services) leave keys behind: they need a full pass.
 		if len(keys) == 0 && len(svcs) > 0 {
-			// Draining services that the configuration no longer has
-			// (drain_services) leave keys behind: they need a full pass.
-			svcs = applyDrains(&lb.Spec{Services: svcs}, d.drained).Services
-			start := time.Now()
-			res, ok, err := d.r.ReconcileDelta(ctx, &d.cfg.Spec, lb.Delta{Old: svcs, New: svcs})
-			if ok && err == nil {
-				d.m.Pass("drain", res, time.Since(start))
-				logResult(d.log, "drain", res, time.Since(start))
+			if res := d.passOver(ctx, "drain", &d.cfg.Spec, svcs, svcs); res != nil {
 				for _, f := range res.Failed {
 					if d.failing == nil {
 						d.failing = map[string]bool{}
