@@ -4,9 +4,12 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -19,8 +22,11 @@ import (
 
 // Config is a validated configuration.
 type Config struct {
-	// File is the path the configuration was read from.
+	// File is the path the configuration was read from: the main file.
 	File string
+	// Include holds the include patterns of the main file, made absolute
+	// or relative to the directory of File as the main file's path is.
+	Include []string
 	// Daemon holds the daemon-wide settings.
 	Daemon Daemon
 	// Spec is what vipd programs into the kernel.
@@ -29,22 +35,103 @@ type Config struct {
 	// service name.
 	Health map[string]ServiceHealth
 
-	// src is the text the configuration was parsed from.
+	// parts are the files the configuration was read from: the main file,
+	// then the included files in include order. Each file's services are
+	// a contiguous run of Spec.Services, in file order.
+	parts []part
+	// idx holds the cross-service counts of the configuration that owns
+	// it, shared along a chain of incremental parses.
+	idx *index
+	// pred is the configuration this one was parsed from by an edit that
+	// kept the number of services: their services differ in
+	// [predFrom, predTo) only. Once pred is retired, the next edit of
+	// this configuration takes pred's service array instead of copying
+	// every service (see Retire).
+	pred             *Config
+	predFrom, predTo int
+	retired          bool
+	// nb is the number of backends plus one; 0 when not counted yet.
+	nb int
+}
+
+// Retire says that c will not be used again, by anyone: a later ParseFrom
+// of the configuration parsed from c may then reuse c's memory. The daemon
+// retires its running configuration when a new one replaces it.
+func (c *Config) Retire() { c.retired = true }
+
+// Backends returns the number of backends of all services.
+func (c *Config) Backends() int {
+	if c.nb == 0 {
+		n := 0
+		for i := range c.Spec.Services {
+			n += len(c.Spec.Services[i].Backends)
+		}
+		c.nb = n + 1
+	}
+	return c.nb - 1
+}
+
+// part is one file of a configuration.
+type part struct {
+	file string
+	// src is the text the file was parsed from.
 	src []byte
 	// chunks holds the offset in src of each block: 0 for the preamble
 	// (everything before the first [[service]]), then the offset of each
 	// service's [[service]] line, one per service. It is nil when the
-	// configuration was not read block by block (see ParseFrom); such a
-	// configuration cannot be the base of an incremental parse.
+	// file was not read block by block (see ParseFrom); such a file cannot
+	// be the base of an incremental parse.
 	chunks []int
-	// idx holds the cross-service counts of the configuration that owns
-	// it, shared along a chain of incremental parses.
-	idx *index
+	// first is the index in Spec.Services of the file's first service.
+	first int
+	// rank is the index of the include pattern that matched the file; -1
+	// for the main file.
+	rank int
 }
 
-// Source returns the text the configuration was parsed from. The caller
-// must not modify it.
-func (c *Config) Source() []byte { return c.src }
+// Text is the content of one file of a configuration.
+type Text struct {
+	File string
+	Data []byte
+}
+
+// Source returns the text the main file was parsed from. The caller must
+// not modify it.
+func (c *Config) Source() []byte {
+	if len(c.parts) == 0 {
+		return nil
+	}
+	return c.parts[0].src
+}
+
+// Texts returns the files the configuration was read from, the main file
+// first, then the included files in order. The caller must not modify
+// their data.
+func (c *Config) Texts() []Text {
+	out := make([]Text, len(c.parts))
+	for i, p := range c.parts {
+		out[i] = Text{File: p.file, Data: p.src}
+	}
+	return out
+}
+
+// partEnd returns the index in Spec.Services after part i's services.
+func (c *Config) partEnd(i int) int {
+	if i+1 < len(c.parts) {
+		return c.parts[i+1].first
+	}
+	return len(c.Spec.Services)
+}
+
+// partOf returns the index of the part read from file, or -1.
+func (c *Config) partOf(file string) int {
+	for i := range c.parts {
+		if c.parts[i].file == file {
+			return i
+		}
+	}
+	return -1
+}
 
 // StopMode says what vipd does with the data plane when it stops.
 type StopMode uint8
@@ -164,7 +251,8 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
-// Errors are all the problems found in one file, in file order.
+// Errors are all the problems found in a configuration: file by file, the
+// main file first, each file's in line order.
 type Errors []*Error
 
 func (es Errors) Error() string {
@@ -175,7 +263,8 @@ func (es Errors) Error() string {
 	return strings.Join(s, "\n")
 }
 
-// Load reads and validates the configuration file at path.
+// Load reads and validates the configuration file at path, and the files
+// it includes.
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -184,35 +273,146 @@ func Load(path string) (*Config, error) {
 	return Parse(path, data)
 }
 
-// Parse validates data, naming it file in errors. On failure the error is
-// an Errors listing every problem found. The configuration keeps data (see
-// Source): the caller must not modify it afterwards.
+// Parse validates data, naming it file in errors, and reads the files it
+// includes. On failure the error is an Errors listing every problem found.
+// The configuration keeps data (see Source): the caller must not modify it
+// afterwards.
 func Parse(file string, data []byte) (*Config, error) {
 	cfg, _, err := ParseFrom(nil, file, data)
 	return cfg, err
 }
 
-// parseWhole decodes and validates data as one document. It is the
-// reference behaviour of Parse, and the path that reports errors with
-// their positions.
-func parseWhole(file string, data []byte) (*Config, error) {
+// parseWhole decodes and validates each file of a configuration as one
+// document: main, then the included files that included returns once the
+// main file's include patterns are known. It is the reference behaviour
+// of Parse, and the path that reports errors with their positions.
+func parseWhole(main Text, included func(cfg *Config) ([]includedText, error)) (*Config, error) {
 	var raw rawConfig
-	md, err := toml.NewDecoder(strings.NewReader(string(data))).Decode(&raw)
+	md, err := toml.NewDecoder(bytes.NewReader(main.Data)).Decode(&raw)
 	if err != nil {
-		return nil, Errors{decodeError(file, err)}
+		return nil, Errors{decodeError(main.File, err)}
 	}
-	v := &validator{file: file, src: data}
+	v := &validator{file: main.File, src: main.Data}
 	for _, k := range md.Undecoded() {
 		v.unknownKey(k)
 	}
-	cfg := v.config(&raw)
-	if len(v.errs) > 0 {
-		v.sort()
-		return nil, v.errs
+	x := newCross()
+	cfg := v.config(&raw, x)
+	v.sort()
+	errs := v.errs
+	cfg.File = main.File
+	cfg.parts = []part{{file: main.File, src: main.Data, rank: -1}}
+	if len(cfg.Include) == len(raw.Include) && len(cfg.Include) > 0 {
+		incl, err := included(cfg)
+		if err != nil {
+			errs = append(errs, includeError(main, err))
+		}
+		for _, t := range incl {
+			cfg.parts = append(cfg.parts, part{file: t.File, src: t.Data, first: len(cfg.Spec.Services), rank: t.rank})
+			errs = append(errs, parseIncludedWhole(main.File, t.Text, cfg, x)...)
+		}
 	}
-	cfg.File = file
-	cfg.src = data
+	if len(errs) > 0 {
+		return nil, errs
+	}
 	return cfg, nil
+}
+
+// parseIncludedWhole decodes and validates an included file as one
+// document, appending its services to cfg, and returns its errors.
+func parseIncludedWhole(mainFile string, t Text, cfg *Config, x *cross) Errors {
+	var raw rawConfig
+	md, err := toml.NewDecoder(bytes.NewReader(t.Data)).Decode(&raw)
+	if err != nil {
+		return Errors{decodeError(t.File, err)}
+	}
+	v := &validator{file: t.File, src: t.Data}
+	for _, k := range md.Undecoded() {
+		v.unknownKey(k)
+	}
+	for _, k := range []string{"daemon", "include"} {
+		if md.IsDefined(k) {
+			v.errorf(k, "", "%s belongs in the main file %s: an included file holds [[service]] tables only", k, mainFile)
+		}
+	}
+	v.services(raw.Service, cfg, x)
+	v.sort()
+	return v.errs
+}
+
+// includeError reports a failure to read the files that main includes, at
+// the line of its include key.
+func includeError(main Text, err error) *Error {
+	v := &validator{file: main.File, src: main.Data}
+	return &Error{File: main.File, Line: v.positions().line("include"), Msg: err.Error()}
+}
+
+// includedText is the content of an included file and the index of the
+// include pattern that matched it.
+type includedText struct {
+	Text
+	rank int
+}
+
+// readIncluded reads the files that match patterns, pattern by pattern and
+// each pattern's matches in lexical order. A file is read once, for the
+// first pattern that matches it; the main file is never included. A glob
+// that matches nothing is no error (an empty services.d is normal); a
+// pattern without wildcards names a file that must exist.
+func readIncluded(mainFile string, patterns []string) ([]includedText, error) {
+	seen := map[string]bool{filepath.Clean(mainFile): true}
+	var out []includedText
+	for r, p := range patterns {
+		matches, err := filepath.Glob(p)
+		if err != nil {
+			return nil, fmt.Errorf("include %q: %w", p, err)
+		}
+		if len(matches) == 0 && !hasMeta(p) {
+			return nil, fmt.Errorf("include %q: %w", p, fs.ErrNotExist)
+		}
+		for _, m := range matches {
+			m = filepath.Clean(m)
+			if seen[m] {
+				continue
+			}
+			seen[m] = true
+			data, err := os.ReadFile(m)
+			if err != nil {
+				return nil, fmt.Errorf("read included file: %w", err)
+			}
+			out = append(out, includedText{Text{File: m, Data: data}, r})
+		}
+	}
+	return out, nil
+}
+
+// included returns c's included files.
+func (c *Config) included() []includedText {
+	out := make([]includedText, 0, len(c.parts))
+	for _, p := range c.parts[min(1, len(c.parts)):] {
+		out = append(out, includedText{Text{File: p.file, Data: p.src}, p.rank})
+	}
+	return out
+}
+
+// rankOf returns the index of the first of c's include patterns that
+// matches file, or -1 when none does or file is the main file.
+func (c *Config) rankOf(file string) int {
+	if file == c.File {
+		return -1
+	}
+	for r, p := range c.Include {
+		if ok, _ := filepath.Match(p, file); ok {
+			return r
+		}
+	}
+	return -1
+}
+
+// Includes reports whether file is one of c's included files or matches
+// one of its include patterns.
+func (c *Config) Includes(file string) bool {
+	return c.rankOf(filepath.Clean(file)) >= 0
 }
 
 func decodeError(file string, err error) *Error {

@@ -37,10 +37,18 @@ func decodeFast(data []byte) (map[string]any, bool) {
 }
 
 // preamble converts the decoding of the text before the first
-// [[service]]: nothing, or a [daemon] table.
-func (c *converter) preamble(m map[string]any) *rawDaemon {
-	r := &rawDaemon{}
+// [[service]]: nothing, include patterns, a [daemon] table.
+func (c *converter) preamble(m map[string]any) *rawConfig {
+	raw := &rawConfig{}
+	r := &raw.Daemon
 	for k, v := range m {
+		if k == "include" {
+			raw.Include = c.strs(v)
+			if !c.ok {
+				return nil
+			}
+			continue
+		}
 		if k != "daemon" {
 			c.fail()
 			return nil
@@ -108,7 +116,7 @@ func (c *converter) preamble(m map[string]any) *rawDaemon {
 			}
 		}
 	}
-	return r
+	return raw
 }
 
 // converter converts decoded values; ok turns false at the first value it

@@ -24,8 +24,12 @@ type ServiceHealth struct {
 // Targets returns the health-check targets of every service, for
 // health.Manager.Update.
 func (c *Config) Targets() []health.Target {
+	if len(c.Health) == 0 {
+		return nil
+	}
 	var out []health.Target
-	for _, vs := range c.Spec.Services {
+	for i := range c.Spec.Services {
+		vs := &c.Spec.Services[i]
 		h, ok := c.Health[vs.Name]
 		if !ok {
 			continue

@@ -2,9 +2,13 @@ package config
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -32,47 +36,161 @@ type Delta struct {
 	From, OldTo, NewTo int
 }
 
-// ParseFrom is Parse for a file that may be an edit of the one base was
-// parsed from: it returns exactly what Parse(file, data) returns, and the
-// Delta from base. base may be nil. base is never modified, so the caller
+// ParseFrom is Parse for a file that may be an edit of one that base was
+// parsed from: it returns exactly what Parse returns for the files of base
+// with file's text replaced by data, and the Delta from base. base may be
+// nil; file is then the main file. base is never modified, so the caller
 // may keep it (to roll back, or after a rejected reload).
+//
+// file is base's main file (base.File), one of its included files, or a
+// new file that matches one of its include patterns (see Includes); the
+// other files are taken from base as they were. When the main file's
+// include patterns change (or without base) the included files are read
+// from disk again.
 //
 // A valid file is read block by block: the text before the first
 // [[service]] line (the preamble, with [daemon]) and each [[service]]
 // array element are decoded and validated on their own, in parallel. With
 // a base, only the blocks that span the bytes that differ from base's
-// source are decoded again, and the others are taken from base; that
-// costs a comparison of the two texts, a copy of base's services and the
-// changed blocks, unless the change of the preamble changes how services
-// are validated (manage_iptables). Whatever this path does not understand (a decode or
-// validation error, a conflict between services, a [[service]] line
-// inside a multi-line string, a table other than the service's inside its
-// block, ...) is left to a parse of the whole file, which reports every
-// error with its line.
+// text of the file are decoded again, and the others are taken from base;
+// that costs a comparison of the two texts, a copy of base's services and
+// the changed blocks, unless the change of the preamble changes how
+// services are validated (manage_iptables). Whatever this path does not
+// understand (a decode or validation error, a conflict between services, a
+// [[service]] line inside a multi-line string, a table other than the
+// service's inside its block, ...) is left to a parse of every file whole,
+// which reports every error with its file and line.
 //
 // Configurations parsed from one another share an index of their services'
 // names, keys and VIPs, which belongs to the latest of them: calls of
 // ParseFrom on configurations of one such chain must not run concurrently.
 // The daemon calls it from its main loop only. The configuration keeps
-// data (see Source): the caller must not modify it afterwards.
+// data (see Texts): the caller must not modify it afterwards.
 func ParseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
-	if base != nil {
-		cfg, d, st := parseDelta(base, file, data)
-		switch st {
-		case deltaDone:
-			return cfg, d, nil
-		case deltaFallback:
-			return parseFallback(base, file, data)
+	if base == nil || file == base.File {
+		return parseMain(base, file, data)
+	}
+	file = filepath.Clean(file)
+	pi := base.partOf(file)
+	if pi < 0 {
+		rank := base.rankOf(file)
+		if rank < 0 {
+			return nil, Delta{Full: true}, Errors{{File: file, Msg: fmt.Sprintf("not part of the configuration: no include pattern of %s matches it", base.File)}}
 		}
+		return replacePart(base, partPos(base.parts, rank, file), true, &includedText{Text{File: file, Data: data}, rank})
 	}
-	if cfg := parseBlocks(file, data); cfg != nil {
-		return cfg, fullDelta(base, cfg), nil
+	cfg, d, st := parseDelta(base, pi, file, data)
+	switch st {
+	case deltaDone:
+		return cfg, d, nil
+	case deltaFallback:
+		return parseFallback(base, &Text{File: file, Data: data}, "")
 	}
-	return parseFallback(base, file, data)
+	return replacePart(base, pi, false, &includedText{Text{File: file, Data: data}, base.parts[pi].rank})
 }
 
-func parseFallback(base *Config, file string, data []byte) (*Config, Delta, error) {
-	cfg, err := parseWhole(file, data)
+// ParseRemoved returns the configuration base becomes without the
+// included file file, which was deleted, and the Delta from base. A file
+// that is not one of base's included files changes nothing.
+func ParseRemoved(base *Config, file string) (*Config, Delta, error) {
+	file = filepath.Clean(file)
+	pi := base.partOf(file)
+	if pi < 0 {
+		return base, Delta{}, nil
+	}
+	if pi == 0 {
+		return nil, Delta{Full: true}, Errors{{File: file, Msg: "the main configuration file was removed"}}
+	}
+	return replacePart(base, pi, false, nil)
+}
+
+// Reload reads base's main file and every file it includes again, and
+// returns the configuration they make and its Delta from base: the
+// changes of several files count as a full change.
+func Reload(base *Config) (*Config, Delta, error) {
+	data, err := os.ReadFile(base.File)
+	if err != nil {
+		return nil, Delta{Full: true}, fmt.Errorf("read config: %w", err)
+	}
+	cfg := base
+	var delta Delta
+	changed := 0
+	step := func(c *Config, d Delta, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Full || d.From != d.OldTo || d.From != d.NewTo {
+			changed++
+			delta = d
+		}
+		cfg = c
+		return nil
+	}
+	if !bytes.Equal(data, base.Source()) {
+		if err := step(ParseFrom(base, base.File, data)); err != nil {
+			return nil, Delta{Full: true}, err
+		}
+	}
+	incl, err := readIncluded(cfg.File, cfg.Include)
+	if err != nil {
+		return nil, Delta{Full: true}, Errors{includeError(Text{File: cfg.File, Data: cfg.Source()}, err)}
+	}
+	found := map[string]bool{}
+	for _, t := range incl {
+		found[t.File] = true
+		if pi := cfg.partOf(t.File); pi >= 0 && bytes.Equal(cfg.parts[pi].src, t.Data) {
+			continue
+		}
+		if err := step(ParseFrom(cfg, t.File, t.Data)); err != nil {
+			return nil, Delta{Full: true}, err
+		}
+	}
+	for _, t := range cfg.included() {
+		if !found[t.File] {
+			if err := step(ParseRemoved(cfg, t.File)); err != nil {
+				return nil, Delta{Full: true}, err
+			}
+		}
+	}
+	if changed > 1 {
+		delta = fullDelta(base, cfg)
+	}
+	return cfg, delta, nil
+}
+
+// parseFallback parses the files of base whole, with t in place of the
+// file of the same name (or added), or without the file named gone, for
+// the errors; or, when a file is valid in a way the block parser does not
+// take, for the configuration.
+func parseFallback(base *Config, t *Text, gone string) (*Config, Delta, error) {
+	main := Text{}
+	if base != nil {
+		main = Text{File: base.File, Data: base.Source()}
+	}
+	if t != nil && (base == nil || t.File == base.File) {
+		main = *t
+	}
+	included := func(cfg *Config) ([]includedText, error) {
+		if base == nil || !slices.Equal(cfg.Include, base.Include) {
+			return readIncluded(cfg.File, cfg.Include)
+		}
+		incl := base.included()
+		if gone != "" {
+			incl = slices.DeleteFunc(incl, func(x includedText) bool { return x.File == gone })
+		}
+		if t != nil && t.File != base.File {
+			i := slices.IndexFunc(incl, func(x includedText) bool { return x.File == t.File })
+			if i >= 0 {
+				incl[i].Data = t.Data
+			} else {
+				rank := base.rankOf(t.File)
+				j := partPos(base.parts, rank, t.File) - 1 // parts hold the main file first
+				incl = slices.Insert(incl, max(j, 0), includedText{*t, rank})
+			}
+		}
+		return incl, nil
+	}
+	cfg, err := parseWhole(main, included)
 	if err != nil {
 		return nil, Delta{Full: true}, err
 	}
@@ -87,6 +205,17 @@ func fullDelta(base, cfg *Config) Delta {
 	return d
 }
 
+// partPos returns where a part read from file, matched by include
+// pattern rank, goes among parts: after the main file, by rank, then by
+// name.
+func partPos(parts []part, rank int, file string) int {
+	i := 1
+	for i < len(parts) && (parts[i].rank < rank || parts[i].rank == rank && parts[i].file < file) {
+		i++
+	}
+	return i
+}
+
 // block is one validated [[service]] element.
 type block struct {
 	vs lb.VirtualService
@@ -94,44 +223,158 @@ type block struct {
 	health *ServiceHealth
 }
 
-// parseBlocks parses data block by block, or returns nil if it cannot.
-func parseBlocks(file string, data []byte) *Config {
+// parseMain parses the main file whole, block by block. The included files
+// are base's when the include patterns are the same (and so are their
+// services, unless the settings that validate them changed), or else read
+// from disk.
+func parseMain(base *Config, file string, data []byte) (*Config, Delta, error) {
+	if base != nil {
+		cfg, d, st := parseDelta(base, 0, file, data)
+		switch st {
+		case deltaDone:
+			return cfg, d, nil
+		case deltaFallback:
+			return parseFallback(base, &Text{File: file, Data: data}, "")
+		}
+	}
 	chunks := appendHeaders([]int{0}, data, 0, len(data))
 	end := len(data)
 	if len(chunks) > 1 {
 		end = chunks[1]
 	}
-	cfg := &Config{File: file, src: data}
-	if !decodePreamble(file, data[:end], cfg) {
-		return nil
+	settings := &Config{}
+	if !decodePreamble(file, data[:end], settings) {
+		return parseFallback(base, &Text{File: file, Data: data}, "")
 	}
 	n := len(chunks) - 1
 	blocks := make([]block, n)
-	if !decodeBlocks(file, data, chunks[1:], len(data), 0, cfg, blocks) {
-		return nil
+	if !decodeBlocks(file, data, chunks[1:], len(data), 0, settings, blocks) {
+		return parseFallback(base, &Text{File: file, Data: data}, "")
 	}
-	idx := &index{}
-	idx.reset()
-	if n > 0 {
-		cfg.Spec.Services = make([]lb.VirtualService, n)
-	}
-	for i := range blocks {
-		cfg.Spec.Services[i] = blocks[i].vs
-		idx.add(&cfg.Spec.Services[i], 1)
-		if h := blocks[i].health; h != nil {
-			if cfg.Health == nil {
-				cfg.Health = map[string]ServiceHealth{}
+	parts := []part{{file: file, src: data, chunks: chunks, rank: -1}}
+	same := base != nil && slices.Equal(settings.Include, base.Include)
+	reuse := same && settings.Daemon.ManageIPTables == base.Daemon.ManageIPTables
+	var kept []lb.VirtualService // base's services of the included files
+	if reuse {
+		mainEnd := base.partEnd(0)
+		kept = base.Spec.Services[mainEnd:]
+		for _, q := range base.parts[1:] {
+			q.first += n - mainEnd
+			parts = append(parts, q)
+		}
+	} else {
+		var incl []includedText
+		if same {
+			incl = base.included()
+		} else if len(settings.Include) > 0 {
+			var err error
+			if incl, err = readIncluded(file, settings.Include); err != nil {
+				return nil, Delta{Full: true}, Errors{includeError(Text{File: file, Data: data}, err)}
 			}
-			cfg.Health[blocks[i].vs.Name] = *h
+		}
+		for _, t := range incl {
+			ch, bl, ok := parsePart(t.Text, settings)
+			if !ok {
+				return parseFallback(base, &Text{File: file, Data: data}, "")
+			}
+			parts = append(parts, part{file: t.File, src: t.Data, chunks: ch, first: len(blocks), rank: t.rank})
+			blocks = append(blocks, bl...)
 		}
 	}
-	if idx.bad > 0 {
-		return nil
+	cfg := &Config{File: file, Include: settings.Include, Daemon: settings.Daemon, Spec: settings.Spec, parts: parts}
+	if total := len(blocks) + len(kept); total > 0 {
+		cfg.Spec.Services = make([]lb.VirtualService, total)
 	}
-	cfg.chunks = chunks
+	copy(cfg.Spec.Services[len(blocks):], kept)
+	idx := &index{}
+	idx.reset()
+	for i := range blocks {
+		cfg.Spec.Services[i] = blocks[i].vs
+	}
+	for i := range cfg.Spec.Services {
+		idx.add(&cfg.Spec.Services[i], 1)
+	}
+	if idx.bad > 0 {
+		return parseFallback(base, &Text{File: file, Data: data}, "")
+	}
+	if reuse {
+		cfg.Health = spliceHealth(base.Health, base.Spec.Services[:base.partEnd(0)], blocks)
+	} else {
+		for i := range blocks {
+			if h := blocks[i].health; h != nil {
+				if cfg.Health == nil {
+					cfg.Health = map[string]ServiceHealth{}
+				}
+				cfg.Health[blocks[i].vs.Name] = *h
+			}
+		}
+	}
 	cfg.idx = idx
 	idx.owner = cfg
-	return cfg
+	if reuse && sameSettings(settings, base) {
+		return cfg, Delta{OldTo: base.partEnd(0), NewTo: n}, nil
+	}
+	return cfg, fullDelta(base, cfg), nil
+}
+
+// parsePart decodes an included file block by block with the daemon
+// settings of settings. It reports false for anything but [[service]]
+// blocks that are each valid.
+func parsePart(t Text, settings *Config) ([]int, []block, bool) {
+	chunks := appendHeaders([]int{0}, t.Data, 0, len(t.Data))
+	end := len(t.Data)
+	if len(chunks) > 1 {
+		end = chunks[1]
+	}
+	if !emptyPreamble(t.Data[:end]) {
+		return nil, nil, false
+	}
+	blocks := make([]block, len(chunks)-1)
+	if !decodeBlocks(t.File, t.Data, chunks[1:], len(t.Data), 0, settings, blocks) {
+		return nil, nil, false
+	}
+	return chunks, blocks, true
+}
+
+// emptyPreamble reports whether the text before an included file's first
+// [[service]] holds nothing but blanks and comments.
+func emptyPreamble(data []byte) bool {
+	m, ok := decodeFast(data)
+	return ok && len(m) == 0
+}
+
+// replacePart returns base with its part pi replaced by t, parsed whole
+// block by block: inserted before part pi with insert, removed when t is
+// nil.
+func replacePart(base *Config, pi int, insert bool, t *includedText) (*Config, Delta, error) {
+	e := edit{pi: pi, insert: insert, settings: base}
+	if insert {
+		e.from = len(base.Spec.Services)
+		if pi < len(base.parts) {
+			e.from = base.parts[pi].first
+		}
+		e.oldTo = e.from
+	} else {
+		e.from, e.oldTo = base.parts[pi].first, base.partEnd(pi)
+	}
+	gone := ""
+	var ft *Text
+	if t != nil {
+		ch, bl, ok := parsePart(t.Text, base)
+		if !ok {
+			return parseFallback(base, &t.Text, "")
+		}
+		e.p = &part{file: t.File, src: t.Data, chunks: ch, first: e.from, rank: t.rank}
+		e.blocks = bl
+		ft = &t.Text
+	} else {
+		gone = base.parts[pi].file
+	}
+	cfg, st := splice(base, e)
+	if st != deltaDone {
+		return parseFallback(base, ft, gone)
+	}
+	return cfg, Delta{From: e.from, OldTo: e.oldTo, NewTo: e.from + len(e.blocks)}, nil
 }
 
 type deltaStatus int
@@ -147,16 +390,18 @@ const (
 	deltaFallback
 )
 
-// parseDelta parses data again only where it differs from base's source.
-func parseDelta(base *Config, file string, data []byte) (*Config, Delta, deltaStatus) {
-	nc := len(base.chunks)
-	if nc < 2 || base.File != file {
+// parseDelta parses data, the new text of base's part pi, again only
+// where it differs from the part's text.
+func parseDelta(base *Config, pi int, file string, data []byte) (*Config, Delta, deltaStatus) {
+	bp := &base.parts[pi]
+	nc := len(bp.chunks)
+	if nc < 2 || bp.file != file {
 		// Without services, any change is in the preamble.
 		return nil, Delta{}, deltaCold
 	}
-	a, b := base.src, data
+	a, b := bp.src, data
 	d := len(b) - len(a)
-	k, m := nc, nc // the blocks base.chunks[k:m] are parsed again
+	k, m := nc, nc // the blocks bp.chunks[k:m] are parsed again
 	// The daemon settings, from base unless the preamble changed.
 	settings := base
 	var (
@@ -171,13 +416,13 @@ func parseDelta(base *Config, file string, data []byte) (*Config, Delta, deltaSt
 		// common prefix: blocks before it are unchanged and still end
 		// where block k starts, at the same offset in both texts (loA
 		// and loB).
-		k = sort.SearchInts(base.chunks, p) - 1 // the last block starting before p
-		for k >= 1 && lineEnd(a, base.chunks[k]) >= p {
+		k = sort.SearchInts(bp.chunks, p) - 1 // the last block starting before p
+		for k >= 1 && lineEnd(a, bp.chunks[k]) >= p {
 			k--
 		}
 		loA, loB := 0, 0
 		if k >= 1 {
-			loA, loB = base.chunks[k], base.chunks[k]
+			loA, loB = bp.chunks[k], bp.chunks[k]
 		} else {
 			// The preamble may have changed: read it again. The blocks
 			// from the first one on can be kept as long as their
@@ -186,23 +431,27 @@ func parseDelta(base *Config, file string, data []byte) (*Config, Delta, deltaSt
 			if h < 0 {
 				return nil, Delta{}, deltaCold
 			}
-			settings = &Config{}
-			if !decodePreamble(file, b[:h], settings) {
+			if pi == 0 {
+				settings = &Config{}
+				if !decodePreamble(file, b[:h], settings) {
+					return nil, Delta{}, deltaFallback
+				}
+				if settings.Daemon.ManageIPTables != base.Daemon.ManageIPTables || !slices.Equal(settings.Include, base.Include) {
+					return nil, Delta{}, deltaCold
+				}
+			} else if !emptyPreamble(b[:h]) {
 				return nil, Delta{}, deltaFallback
 			}
-			if settings.Daemon.ManageIPTables != base.Daemon.ManageIPTables {
-				return nil, Delta{}, deltaCold
-			}
-			k, loA, loB = 1, base.chunks[1], h
+			k, loA, loB = 1, bp.chunks[1], h
 		}
 		// Block m is the first after k whose [[service]] line, and the
 		// newline before it, lie wholly in the common suffix: it and the
 		// blocks after it are unchanged. nc stands for the end of the
 		// file.
-		m = sort.Search(nc, func(i int) bool { return base.chunks[i] > ea })
+		m = sort.Search(nc, func(i int) bool { return bp.chunks[i] > ea })
 		hiA := len(a)
 		if m < nc {
-			hiA = base.chunks[m]
+			hiA = bp.chunks[m]
 		}
 		hiB := hiA + d
 		if hiA < loA || hiB < loB {
@@ -215,37 +464,89 @@ func parseDelta(base *Config, file string, data []byte) (*Config, Delta, deltaSt
 		blocks = make([]block, len(starts))
 		decode = func() bool { return decodeBlocks(file, b, starts, hiB, k-1, settings, blocks) }
 	}
-	from, oldTo := k-1, m-1
-	newTo := from + len(starts)
-	old := base.Spec.Services[from:oldTo]
+	chunks := make([]int, 0, nc-(m-k)+len(starts))
+	chunks = append(chunks, bp.chunks[:k]...)
+	chunks = append(chunks, starts...)
+	for _, c := range bp.chunks[m:] {
+		chunks = append(chunks, c+d)
+	}
+	e := edit{
+		pi: pi, p: &part{file: bp.file, src: b, chunks: chunks, first: bp.first, rank: bp.rank},
+		from: bp.first + k - 1, oldTo: bp.first + m - 1,
+		blocks: blocks, decode: decode, settings: settings,
+	}
+	cfg, st := splice(base, e)
+	if st != deltaDone {
+		return nil, Delta{}, st
+	}
+	if settings != base && !sameSettings(settings, base) {
+		return cfg, fullDelta(base, cfg), deltaDone
+	}
+	return cfg, Delta{From: e.from, OldTo: e.oldTo, NewTo: e.from + len(blocks)}, deltaDone
+}
+
+// edit is a change of one file of a configuration: its services
+// [from, oldTo) become blocks and its part becomes p (inserted before part
+// pi with insert; part pi is removed when p is nil).
+type edit struct {
+	pi     int
+	insert bool
+	p      *part
+	// from and oldTo index the replaced services in base.Spec.Services.
+	from, oldTo int
+	blocks      []block
+	// decode, if not nil, fills blocks; it runs while the services that
+	// stay are copied.
+	decode func() bool
+	// settings holds the daemon settings of the result.
+	settings *Config
+}
+
+// splice applies e to base.
+//
+// An edit that keeps the number of services, of a configuration that is
+// the latest of its chain and was itself made by such an edit of a
+// configuration since retired (the daemon's running configuration, made
+// from the one it replaced), takes the retired configuration's service
+// array: it differs from base's only where base's edit was, so bringing
+// it up to date and writing e's services costs the two edits, not a copy
+// of every service.
+func splice(base *Config, e edit) (*Config, deltaStatus) {
+	old := base.Spec.Services[e.from:e.oldTo]
+	newTo := e.from + len(e.blocks)
+	var reuse []lb.VirtualService
+	if p := base.pred; p != nil && p.retired && base.idx != nil && base.idx.owner == base &&
+		len(e.blocks) == len(old) && len(p.Spec.Services) == len(base.Spec.Services) {
+		reuse = p.Spec.Services
+	}
 
 	// Copy the services that stay while the changed blocks are decoded:
 	// both take about as long for a large file.
 	var services []lb.VirtualService
-	n := len(base.Spec.Services) - len(old) + len(blocks)
+	n := len(base.Spec.Services) - len(old) + len(e.blocks)
 	spliceCopy := func() {
-		if n > 0 {
+		if n > 0 && reuse == nil {
 			services = make([]lb.VirtualService, n)
-			copy(services, base.Spec.Services[:from])
-			copy(services[newTo:], base.Spec.Services[oldTo:])
+			copy(services, base.Spec.Services[:e.from])
+			copy(services[newTo:], base.Spec.Services[e.oldTo:])
 		}
 	}
 	decoded := true
-	if decode != nil && n >= parallelSpliceMin && runtime.GOMAXPROCS(0) > 1 {
+	if e.decode != nil && n >= parallelSpliceMin && reuse == nil && runtime.GOMAXPROCS(0) > 1 {
 		var wg sync.WaitGroup
-		wg.Go(func() { decoded = decode() })
+		wg.Go(func() { decoded = e.decode() })
 		spliceCopy()
 		wg.Wait()
 	} else {
-		if decode != nil {
-			decoded = decode()
+		if e.decode != nil {
+			decoded = e.decode()
 		}
 		if decoded {
 			spliceCopy()
 		}
 	}
 	if !decoded {
-		return nil, Delta{}, deltaFallback
+		return nil, deltaFallback
 	}
 
 	idx := base.idx
@@ -258,39 +559,66 @@ func parseDelta(base *Config, file string, data []byte) (*Config, Delta, deltaSt
 	for i := range old {
 		idx.add(&old[i], -1)
 	}
-	for i := range blocks {
-		idx.add(&blocks[i].vs, 1)
+	for i := range e.blocks {
+		idx.add(&e.blocks[i].vs, 1)
 	}
 	if idx.bad > 0 {
 		// Undo, so that the index still describes base.
-		for i := range blocks {
-			idx.add(&blocks[i].vs, -1)
+		for i := range e.blocks {
+			idx.add(&e.blocks[i].vs, -1)
 		}
 		for i := range old {
 			idx.add(&old[i], 1)
 		}
-		return nil, Delta{}, deltaFallback
+		return nil, deltaFallback
 	}
 
-	cfg := &Config{File: file, Daemon: settings.Daemon, Spec: settings.Spec, src: b, idx: idx}
-	for i := range blocks {
-		services[from+i] = blocks[i].vs
+	s := e.settings
+	cfg := &Config{File: base.File, Include: s.Include, Daemon: s.Daemon, Spec: s.Spec, idx: idx}
+	if reuse != nil {
+		// Only now that the edit cannot fail: the array then stays as
+		// it was for the next attempt.
+		copy(reuse[base.predFrom:base.predTo], base.Spec.Services[base.predFrom:base.predTo])
+		services = reuse
+		base.pred.Spec.Services = nil // it is cfg's now
+	}
+	// base's predecessor is never reused from base again: its array is
+	// cfg's, or base is no longer the latest of its chain.
+	base.pred = nil
+	if len(e.blocks) == len(old) {
+		cfg.pred, cfg.predFrom, cfg.predTo = base, e.from, e.oldTo
+	}
+	for i := range e.blocks {
+		services[e.from+i] = e.blocks[i].vs
+	}
+	if base.nb > 0 {
+		cfg.nb = base.nb
+		for i := range old {
+			cfg.nb -= len(old[i].Backends)
+		}
+		for i := range e.blocks {
+			cfg.nb += len(e.blocks[i].vs.Backends)
+		}
 	}
 	cfg.Spec.Services = services
-	cfg.Health = spliceHealth(base.Health, old, blocks)
+	cfg.Health = spliceHealth(base.Health, old, e.blocks)
 
-	chunks := make([]int, 0, n+1)
-	chunks = append(chunks, base.chunks[:k]...)
-	chunks = append(chunks, starts...)
-	for _, c := range base.chunks[m:] {
-		chunks = append(chunks, c+d)
+	parts := make([]part, 0, len(base.parts)+1)
+	parts = append(parts, base.parts[:e.pi]...)
+	if e.p != nil {
+		parts = append(parts, *e.p)
 	}
-	cfg.chunks = chunks
+	rest := base.parts[e.pi:]
+	if !e.insert {
+		rest = rest[1:]
+	}
+	for _, q := range rest {
+		q.first += newTo - e.oldTo
+		parts = append(parts, q)
+	}
+	cfg.parts = parts
 	idx.owner = cfg
-	if settings != base && !sameSettings(settings, base) {
-		return cfg, fullDelta(base, cfg), deltaDone
-	}
-	return cfg, Delta{From: from, OldTo: oldTo, NewTo: newTo}, deltaDone
+	return cfg, deltaDone
 }
 
 // sameSettings reports whether a and b have the same settings outside
@@ -298,7 +626,7 @@ func parseDelta(base *Config, file string, data []byte) (*Config, Delta, deltaSt
 func sameSettings(a, b *Config) bool {
 	sa, sb := a.Spec, b.Spec
 	sa.Services, sb.Services = nil, nil
-	return reflect.DeepEqual(a.Daemon, b.Daemon) && reflect.DeepEqual(sa, sb)
+	return reflect.DeepEqual(a.Daemon, b.Daemon) && reflect.DeepEqual(sa, sb) && slices.Equal(a.Include, b.Include)
 }
 
 // spliceHealth returns h without the entries of the services in old and
@@ -339,17 +667,17 @@ func spliceHealth(h map[string]ServiceHealth, old []lb.VirtualService, blocks []
 }
 
 // decodePreamble decodes and validates the text before the first
-// [[service]] line into cfg's daemon settings. It reports false for
-// anything but a clean [daemon] section.
+// [[service]] line into cfg's daemon settings and include patterns. It
+// reports false for anything but a clean include key and [daemon] section.
 func decodePreamble(file string, data []byte, cfg *Config) bool {
-	var d *rawDaemon
+	var pre *rawConfig
 	if m, ok := decodeFast(data); ok {
 		c := converter{ok: true}
-		if d = c.preamble(m); !c.ok {
-			d = nil
+		if pre = c.preamble(m); !c.ok {
+			pre = nil
 		}
 	}
-	if d == nil {
+	if pre == nil {
 		// Something go-toml or the conversion does not know: let
 		// BurntSushi fill the raw structure as it does for the whole file.
 		var raw rawConfig
@@ -358,17 +686,18 @@ func decodePreamble(file string, data []byte, cfg *Config) bool {
 			return false
 		}
 		for _, k := range md.Keys() {
-			// Only [daemon], spelt exactly so: the decoder also matches
-			// keys such as "Service" to fields, which the whole file could
-			// spell both ways.
-			if k[0] != "daemon" {
+			// Only [daemon] and include, spelt exactly so: the decoder
+			// also matches keys such as "Service" to fields, which the
+			// whole file could spell both ways.
+			if k[0] != "daemon" && k[0] != "include" {
 				return false
 			}
 		}
-		d = &raw.Daemon
+		pre = &raw
 	}
 	v := &validator{file: file}
-	v.daemon(d, cfg)
+	v.daemon(&pre.Daemon, cfg)
+	cfg.Include = v.include(pre.Include)
 	return len(v.errs) == 0
 }
 

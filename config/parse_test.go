@@ -20,7 +20,15 @@ func exported(c *Config) *Config {
 	if c == nil {
 		return nil
 	}
-	return &Config{File: c.File, Daemon: c.Daemon, Spec: c.Spec, Health: c.Health}
+	return &Config{File: c.File, Include: c.Include, Daemon: c.Daemon, Spec: c.Spec, Health: c.Health}
+}
+
+// parseWholeFile is the reference parse of the main file data, reading
+// its included files from disk.
+func parseWholeFile(file string, data []byte) (*Config, error) {
+	return parseWhole(Text{File: file, Data: data}, func(cfg *Config) ([]includedText, error) {
+		return readIncluded(cfg.File, cfg.Include)
+	})
 }
 
 func errString(err error) string {
@@ -139,7 +147,7 @@ func equivalenceInputs(t *testing.T) map[string][]byte {
 func TestParseEquivalence(t *testing.T) {
 	for name, data := range equivalenceInputs(t) {
 		t.Run(name, func(t *testing.T) {
-			want, wantErr := parseWhole("t.toml", data)
+			want, wantErr := parseWholeFile("t.toml", data)
 			got, d, err := ParseFrom(nil, "t.toml", data)
 			if diff := sameParse(got, err, want, wantErr); diff != "" {
 				t.Fatal(diff)
@@ -160,18 +168,24 @@ func TestParseBlockPath(t *testing.T) {
 		"backend tables", "uppercase key", "empty", "daemon only", "announce shared", "snat no iptables",
 		"dotted then table", "inline then dotted", "daemon dotted", "reload guard int", "reload guard float",
 		"uppercase daemon key"} {
-		if cfg := parseBlocks("t.toml", in[name]); cfg == nil {
+		if !blockParsed(in[name]) {
 			t.Errorf("%s: not parsed block by block", name)
 		}
 	}
 	for _, name := range []string{"bom", "quoted header", "daemon after", "header in string", "header in literal", "uppercase table"} {
-		if cfg := parseBlocks("t.toml", in[name]); cfg != nil {
+		if blockParsed(in[name]) {
 			t.Errorf("%s: parsed block by block", name)
 		}
 		if _, err := Parse("t.toml", in[name]); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
+}
+
+// blockParsed reports whether data parses block by block.
+func blockParsed(data []byte) bool {
+	cfg, err := Parse("t.toml", data)
+	return err == nil && cfg.parts[0].chunks != nil
 }
 
 // checkDelta checks d's promises about cfg and base.
@@ -194,7 +208,10 @@ func checkDelta(t *testing.T, base, cfg *Config, d Delta) {
 	if d.From < 0 || d.From > d.OldTo || d.OldTo > len(old) || d.From > d.NewTo || d.NewTo > len(cur) || len(cur)-d.NewTo != len(old)-d.OldTo {
 		t.Fatalf("delta %+v for %d -> %d services", d, len(old), len(cur))
 	}
-	if !reflect.DeepEqual(cur[:d.From], old[:d.From]) || !reflect.DeepEqual(cur[d.NewTo:], old[d.OldTo:]) {
+	same := func(a, b []lb.VirtualService) bool {
+		return slices.EqualFunc(a, b, func(x, y lb.VirtualService) bool { return reflect.DeepEqual(x, y) })
+	}
+	if !same(cur[:d.From], old[:d.From]) || !same(cur[d.NewTo:], old[d.OldTo:]) {
 		t.Fatalf("delta %+v: services outside the range differ", d)
 	}
 	if !reflect.DeepEqual(cfg.Daemon, base.Daemon) || cfg.Spec.StrictARP != base.Spec.StrictARP ||
@@ -280,7 +297,7 @@ func reparse(t *testing.T, prev *Config, data []byte) (*Config, Delta, error) {
 		before.Spec.Services = slices.Clone(before.Spec.Services)
 	}
 	got, d, err := ParseFrom(prev, "s.toml", data)
-	want, wantErr := parseWhole("s.toml", data)
+	want, wantErr := parseWholeFile("s.toml", data)
 	if diff := sameParse(got, err, want, wantErr); diff != "" {
 		t.Fatal(diff)
 	}
@@ -452,7 +469,9 @@ func TestParseFromFallbackBase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !d.Full {
+	// The main file is read again whole; the settings are the same, so
+	// only its services count as changed.
+	if d.Full || d.From != 0 || d.OldTo != 1 || d.NewTo != 1 {
 		t.Fatalf("delta = %+v", d)
 	}
 	if _, d, err := reparse(t, cfg, []byte("[[service]]\n"+strings.Replace(svc, "10.0.0.1", "10.0.0.2", 1))); err != nil || d.Full {
@@ -460,16 +479,17 @@ func TestParseFromFallbackBase(t *testing.T) {
 	}
 }
 
-// TestParseFromFileName treats a different file name as a full change.
+// TestParseFromFileName refuses a file that is neither the main file nor
+// matched by an include pattern.
 func TestParseFromFileName(t *testing.T) {
 	data := newScenario(3).text()
 	a, err := Parse("a.toml", data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, d, err := ParseFrom(a, "b.toml", data)
-	if err != nil || !d.Full || b.File != "b.toml" {
-		t.Fatalf("delta = %+v, file %q, %v", d, b.File, err)
+	b, _, err := ParseFrom(a, "b.toml", data)
+	if b != nil || err == nil || err.Error() != "b.toml: not part of the configuration: no include pattern of a.toml matches it" {
+		t.Fatalf("got %v, %v", b, err)
 	}
 }
 
@@ -503,12 +523,12 @@ func checkParse(t *testing.T, base *Config, data []byte, got *Config, err error)
 	case got != nil:
 		d = fullDelta(base, got)
 	}
-	want, wantErr := parseWhole("f.toml", data)
+	want, wantErr := parseWholeFile("f.toml", data)
 	if diff := sameParse(got, err, want, wantErr); diff != "" {
 		// The decoder's map order may pick one of two spellings only one
 		// time in eight: try often.
 		for range 200 {
-			again, againErr := parseWhole("f.toml", data)
+			again, againErr := parseWholeFile("f.toml", data)
 			if sameParse(again, againErr, want, wantErr) != "" {
 				return // Parse itself is not deterministic on this input
 			}
@@ -671,5 +691,58 @@ func TestParseFromRandomEdits(t *testing.T) {
 	t.Logf("%d valid steps, %d incremental", valid, incremental)
 	if incremental < 100 {
 		t.Errorf("only %d incremental steps", incremental)
+	}
+}
+
+// TestParseFromRetired edits a configuration as the daemon does, retiring
+// each configuration once the next replaces it: edits that keep the
+// number of services reuse the retired configuration's service array
+// instead of copying every service, and every result is still the whole
+// parse's, with the running configuration untouched. Rejected edits and
+// edits that add or remove services are mixed in.
+func TestParseFromRetired(t *testing.T) {
+	s := newScenario(40)
+	cur, _, err := reparse(t, nil, s.text())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	reused := 0
+	for step := range 300 {
+		next := s.clone()
+		bad := false
+		switch op := rng.IntN(10); {
+		case op < 7:
+			vs := &next.services[rng.IntN(len(next.services))]
+			vs.weights[rng.IntN(len(vs.weights))] = rng.IntN(50)
+		case op == 7:
+			i := rng.IntN(len(next.services))
+			next.services[i].name = next.services[(i+1+rng.IntN(len(next.services)-1))%len(next.services)].name
+			bad = true
+		case op == 8 && len(next.services) > 20:
+			next.services = slices.Delete(next.services, 3, 4)
+		default:
+			id := 1000 + step
+			next.services = append(next.services, scenarioService{id: id, name: fmt.Sprintf("x%d", id), vip: "198.51.100.1", port: id, weights: []int{1}})
+		}
+		var spare []lb.VirtualService
+		if p := cur.pred; p != nil && p.retired {
+			spare = p.Spec.Services
+		}
+		got, _, err := reparse(t, cur, next.text())
+		if bad != (err != nil) {
+			t.Fatalf("step %d: err %v, want one: %v", step, err, bad)
+		}
+		if err != nil {
+			continue // the daemon keeps running cur
+		}
+		if spare != nil && len(got.Spec.Services) > 0 && &spare[0] == &got.Spec.Services[0] {
+			reused++
+		}
+		cur.Retire()
+		cur, s = got, next
+	}
+	if reused < 100 {
+		t.Fatalf("the retired array was reused %d times in 300 edits", reused)
 	}
 }

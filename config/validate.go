@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 // errors carry positions.
 
 type rawConfig struct {
+	Include []string     `toml:"include"`
 	Daemon  rawDaemon    `toml:"daemon"`
 	Service []rawService `toml:"service"`
 }
@@ -173,43 +175,76 @@ func validIfName(s string) error {
 	return nil
 }
 
-func (v *validator) config(raw *rawConfig) *Config {
+func (v *validator) config(raw *rawConfig, x *cross) *Config {
 	cfg := &Config{}
 	v.daemon(&raw.Daemon, cfg)
-	names := map[string]int{}
-	keys := map[lb.ServiceKey]string{}
-	nodePorts := map[string]string{}
-	announce := map[netip.Addr]bool{}
-	for i := range raw.Service {
-		vs, ok := v.service(i, &raw.Service[i], cfg)
+	cfg.Include = v.include(raw.Include)
+	v.services(raw.Service, cfg, x)
+	return cfg
+}
+
+// cross holds what must be unique among the services of all the files of
+// a configuration, for validator.services.
+type cross struct {
+	names     map[string]svcRef
+	keys      map[lb.ServiceKey]string
+	nodePorts map[string]string
+	announce  map[netip.Addr]bool
+}
+
+// svcRef names a service by its file and its index in the file.
+type svcRef struct {
+	file string
+	i    int
+}
+
+func newCross() *cross {
+	return &cross{
+		names:     map[string]svcRef{},
+		keys:      map[lb.ServiceKey]string{},
+		nodePorts: map[string]string{},
+		announce:  map[netip.Addr]bool{},
+	}
+}
+
+// services validates the [[service]] tables of v's file with cfg's daemon
+// settings and appends them to cfg, checking them against the services
+// already in x.
+func (v *validator) services(raw []rawService, cfg *Config, x *cross) {
+	for i := range raw {
+		vs, ok := v.service(i, &raw[i], cfg)
 		if !ok {
 			continue
 		}
 		path := fmt.Sprintf("service.%d", i)
 		ctx := fmt.Sprintf("service %q", vs.Name)
-		if prev, dup := names[vs.Name]; dup {
-			v.errorf(path+".name", ctx, "name already used by service %d", prev+1)
+		if prev, dup := x.names[vs.Name]; dup {
+			if prev.file == v.file {
+				v.errorf(path+".name", ctx, "name already used by service %d", prev.i+1)
+			} else {
+				v.errorf(path+".name", ctx, "name already used by service %d of %s", prev.i+1, prev.file)
+			}
 		}
-		names[vs.Name] = i
+		x.names[vs.Name] = svcRef{v.file, i}
 		if vs.NodePort {
 			k := fmt.Sprintf("%s/%d/%s", vs.Service.Key.Proto, vs.Service.Key.Port, vs.Service.Key.Family)
-			if prev, dup := nodePorts[k]; dup {
+			if prev, dup := x.nodePorts[k]; dup {
 				v.errorf(path+".port", ctx, "nodeport %s %d is also used by service %q", vs.Service.Key.Proto, vs.Service.Key.Port, prev)
 			}
-			nodePorts[k] = vs.Name
+			x.nodePorts[k] = vs.Name
 		} else {
-			if prev, dup := keys[vs.Service.Key]; dup {
+			if prev, dup := x.keys[vs.Service.Key]; dup {
 				v.errorf(path, ctx, "%s is also used by service %q", vs.Service.Key, prev)
 			}
-			keys[vs.Service.Key] = vs.Name
+			x.keys[vs.Service.Key] = vs.Name
 		}
 		if vs.VIP.IsValid() {
-			if prev, seen := announce[vs.VIP]; seen && prev != vs.Announce {
+			if prev, seen := x.announce[vs.VIP]; seen && prev != vs.Announce {
 				v.errorf(path+".announce", ctx, "announce = %t conflicts with another service on VIP %s", vs.Announce, vs.VIP)
 			}
-			announce[vs.VIP] = vs.Announce
+			x.announce[vs.VIP] = vs.Announce
 		}
-		if h, ok := v.serviceHealth(i, &raw.Service[i], &vs); ok && (len(h.Checks) > 0 || h.Policy != (health.Policy{})) {
+		if h, ok := v.serviceHealth(i, &raw[i], &vs); ok && (len(h.Checks) > 0 || h.Policy != (health.Policy{})) {
 			if cfg.Health == nil {
 				cfg.Health = map[string]ServiceHealth{}
 			}
@@ -219,8 +254,38 @@ func (v *validator) config(raw *rawConfig) *Config {
 	}
 	// A NodePort service would collide with a VIP service on a host
 	// address; that is only known at run time, where the kernel refuses.
-	return cfg
 }
+
+// include validates the main file's include patterns and returns them
+// resolved: a relative pattern is relative to the main file's directory.
+func (v *validator) include(patterns []string) []string {
+	var out []string
+	for _, p := range patterns {
+		if p == "" {
+			v.errorf("include", "", "include: empty pattern")
+			continue
+		}
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(filepath.Dir(v.file), p)
+		}
+		p = filepath.Clean(p)
+		if _, err := filepath.Match(p, ""); err != nil {
+			v.errorf("include", "", "include: %q: %v", p, err)
+			continue
+		}
+		if hasMeta(filepath.Dir(p)) {
+			// The watcher watches each pattern's directory: it must be
+			// one directory.
+			v.errorf("include", "", "include: %q: only the file name may hold wildcards (*, ?, [)", p)
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// hasMeta reports whether path holds glob metacharacters.
+func hasMeta(path string) bool { return strings.ContainsAny(path, `*?[\`) }
 
 func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 	out := Daemon{

@@ -25,7 +25,15 @@ func startWatcherOpts(t *testing.T, opts WatchOptions) *Watcher {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := NewWatcher(opts, data)
+	current := []Text{{File: opts.Path, Data: data}}
+	incl, err := readIncluded(opts.Path, opts.Include)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range incl {
+		current = append(current, f.Text)
+	}
+	w, err := NewWatcher(opts, current)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,6 +234,142 @@ func TestWatchNewEmptyFile(t *testing.T) {
 	f.Close()
 	if p := port(t, next(t, w)); p != 82 {
 		t.Fatalf("port = %d, want 82", p)
+	}
+	quiet(t, w)
+}
+
+// includeTree writes a main file that includes d/*.toml, and d/a.toml
+// with one service on port 80.
+func includeTree(t *testing.T) (dir, main string) {
+	t.Helper()
+	dir = t.TempDir()
+	main = filepath.Join(dir, "vipd.toml")
+	writeFile(t, main, "include = [\"d/*.toml\"]\n")
+	writeFile(t, filepath.Join(dir, "d", "a.toml"), svcConfig(80))
+	return dir, main
+}
+
+// TestWatchIncluded reports each included file on its own: renamed into
+// place at once, written in place after the debounce, created, removed;
+// other files in the directory change nothing.
+func TestWatchIncluded(t *testing.T) {
+	dir, main := includeTree(t)
+	a := filepath.Join(dir, "d", "a.toml")
+	w := startWatcherOpts(t, WatchOptions{Path: main, Include: []string{filepath.Join(dir, "d", "*.toml")}, Debounce: 300 * time.Millisecond})
+
+	// Not matched by the pattern.
+	writeFile(t, filepath.Join(dir, "d", "a.toml.tmp"), svcConfig(81))
+	quiet(t, w)
+
+	// Renamed into place: read at once, well before the debounce.
+	if err := os.Rename(filepath.Join(dir, "d", "a.toml.tmp"), a); err != nil {
+		t.Fatal(err)
+	}
+	ch := within(t, w, 200*time.Millisecond)
+	if ch.File != a || port(t, ch) != 81 {
+		t.Fatalf("change = %+v", ch)
+	}
+
+	// Written in place, in two steps: one change.
+	f, err := os.OpenFile(a, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := svcConfig(82)
+	f.WriteString(cfg[:10])
+	f.Sync()
+	f.WriteString(cfg[10:])
+	f.Close()
+	if ch := next(t, w); ch.File != a || port(t, ch) != 82 {
+		t.Fatalf("change = %+v", ch)
+	}
+	quiet(t, w)
+
+	// A new file.
+	b := filepath.Join(dir, "d", "b.toml")
+	writeFile(t, b, svcConfig(90))
+	if ch := next(t, w); ch.File != b || port(t, ch) != 90 {
+		t.Fatalf("change = %+v", ch)
+	}
+
+	// A removed file.
+	if err := os.Remove(b); err != nil {
+		t.Fatal(err)
+	}
+	if ch := next(t, w); ch.File != b || !ch.Removed || ch.Data != nil {
+		t.Fatalf("change = %+v", ch)
+	}
+	quiet(t, w)
+
+	// The main file is still watched.
+	writeFile(t, main+".tmp", "# main\ninclude = [\"d/*.toml\"]\n")
+	if err := os.Rename(main+".tmp", main); err != nil {
+		t.Fatal(err)
+	}
+	if ch := next(t, w); ch.File != main || !strings.HasPrefix(string(ch.Data), "# main") {
+		t.Fatalf("change = %+v", ch)
+	}
+}
+
+// TestWatchIncludedStart compares every file once when the watch starts:
+// a change made between the caller's read and the watch is reported, and
+// so is a file removed meanwhile.
+func TestWatchIncludedStart(t *testing.T) {
+	dir, main := includeTree(t)
+	a := filepath.Join(dir, "d", "a.toml")
+	old := filepath.Join(dir, "d", "old.toml")
+	current := []Text{
+		{File: main, Data: []byte("include = [\"d/*.toml\"]\n")},
+		{File: a, Data: []byte(svcConfig(79))},
+		{File: old, Data: []byte(svcConfig(70))},
+	}
+	w, err := NewWatcher(WatchOptions{Path: main, Include: []string{filepath.Join(dir, "d", "*.toml")}}, current)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go w.Run(ctx)
+	if ch := next(t, w); ch.File != a || port(t, ch) != 80 {
+		t.Fatalf("change = %+v", ch)
+	}
+	if ch := next(t, w); ch.File != old || !ch.Removed {
+		t.Fatalf("change = %+v", ch)
+	}
+	quiet(t, w)
+}
+
+// TestWatchIncludedConfigMap swaps the "..data" symlink of a directory of
+// included files mounted from a ConfigMap: every file is compared, and
+// the changed ones reported.
+func TestWatchIncludedConfigMap(t *testing.T) {
+	dir := t.TempDir()
+	main := filepath.Join(dir, "vipd.toml")
+	writeFile(t, main, "include = [\"d/*.toml\"]\n")
+	d := filepath.Join(dir, "d")
+	mk := func(name string, pa, pb int) {
+		writeFile(t, filepath.Join(d, name, "a.toml"), svcConfig(pa))
+		writeFile(t, filepath.Join(d, name, "b.toml"), svcConfig(pb))
+	}
+	mk("..v1", 80, 90)
+	if err := os.Symlink("..v1", filepath.Join(d, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"a.toml", "b.toml"} {
+		if err := os.Symlink("..data/"+f, filepath.Join(d, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := startWatcherOpts(t, WatchOptions{Path: main, Include: []string{filepath.Join(d, "*.toml")}, Debounce: 10 * time.Second})
+	mk("..v2", 80, 91)
+	if err := os.Symlink("..v2", filepath.Join(d, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(d, "..data_tmp"), filepath.Join(d, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if ch := within(t, w, time.Second); ch.File != filepath.Join(d, "b.toml") || port(t, ch) != 91 {
+		t.Fatalf("change = %+v", ch)
 	}
 	quiet(t, w)
 }
