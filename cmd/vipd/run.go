@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -223,11 +222,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(defaultMemoryLimit)
 	}
-	data, err := os.ReadFile(opts.Path)
-	if err != nil {
-		return fmt.Errorf("read config: %w", err)
-	}
-	cfg, _, err := config.ParseFrom(nil, opts.Path, data)
+	cfg, err := config.Load(opts.Path)
 	if err != nil {
 		return err
 	}
@@ -305,16 +300,37 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	}
 	defer stopMetrics()
 
-	var changes <-chan config.Change
-	if cfg.Daemon.Watch {
-		w, err := config.NewWatcher(config.WatchOptions{Path: opts.Path, Logger: log}, cfg.Source())
+	var (
+		changes   <-chan config.Change
+		watched   []string // the include patterns being watched
+		stopWatch = func() {}
+	)
+	defer func() { stopWatch() }()
+	// watch (re)starts the watcher for the running configuration's files;
+	// a reload that changes the include patterns starts it again.
+	watch := func() error {
+		stopWatch()
+		w, err := config.NewWatcher(config.WatchOptions{Path: opts.Path, Include: d.cfg.Include, Logger: log}, d.cfg.Texts())
 		if err != nil {
 			return err
 		}
 		wctx, cancel := context.WithCancel(ctx)
-		defer cancel()
 		go w.Run(wctx)
-		changes = w.Changes()
+		changes, watched, stopWatch = w.Changes(), d.cfg.Include, cancel
+		return nil
+	}
+	rewatch := func() {
+		if changes != nil && !slices.Equal(watched, d.cfg.Include) {
+			if err := watch(); err != nil {
+				d.log.Error("the include patterns changed and their files cannot be watched; SIGHUP reloads them", "err", err)
+				changes, stopWatch = nil, func() {}
+			}
+		}
+	}
+	if cfg.Daemon.Watch {
+		if err := watch(); err != nil {
+			return err
+		}
 	}
 	stopControl, err := d.serveControl(ctx)
 	if err != nil {
@@ -355,15 +371,18 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 			// systemd restarts vipd (the data plane keeps running).
 			d.notify(d.n.Watchdog())
 		case <-hup:
-			d.reload(ctx, readFile("sighup", d.opts.Path), false)
+			d.reload(ctx, readAll("sighup"), false)
+			rewatch()
 		case ch, ok := <-changes:
 			if !ok {
 				changes = nil
 				continue
 			}
-			d.reload(ctx, fileRead{why: "file changed", data: ch.Data, err: ch.Err, seen: ch.Seen, read: ch.Read, compared: true}, false)
+			d.reload(ctx, fileRead{why: "file changed", file: ch.File, data: ch.Data, removed: ch.Removed, err: ch.Err, seen: ch.Seen, read: ch.Read}, false)
+			rewatch()
 		case req := <-d.reqs:
 			req.reply <- d.handle(ctx, req)
+			rewatch()
 		case <-resync.C:
 			// Sysctls and rules are re-read only here: other passes
 			// trust what vipd last wrote, which keeps reloads cheap.
@@ -381,11 +400,7 @@ func (d *daemon) notify(err error) {
 
 // status is the one-line status systemd shows.
 func (d *daemon) status(state string) string {
-	backends := 0
-	for _, s := range d.cfg.Spec.Services {
-		backends += len(s.Backends)
-	}
-	return fmt.Sprintf("%s %d services, %d backends; %d operations failing", state, len(d.cfg.Spec.Services), backends, len(d.failing))
+	return fmt.Sprintf("%s %d services, %d backends; %d operations failing", state, len(d.cfg.Spec.Services), d.cfg.Backends(), len(d.failing))
 }
 
 // reconcile runs one pass for spec and logs its outcome. A nil result
@@ -442,13 +457,20 @@ func (d *daemon) reload(ctx context.Context, in fileRead, force bool) reply {
 	if in.err != nil {
 		return d.rejectInvalid(why, fmt.Errorf("read config: %w", in.err))
 	}
-	// The watcher already compared the bytes with what it last reported.
-	if !in.compared && bytes.Equal(in.data, d.cfg.Source()) && !force {
-		d.log.Info("configuration unchanged", "why", why)
-		return reply{}
-	}
 	picked := time.Now()
-	cfg, delta, err := config.ParseFrom(d.cfg, d.opts.Path, in.data)
+	var (
+		cfg   *config.Config
+		delta config.Delta
+		err   error
+	)
+	switch {
+	case in.all:
+		cfg, delta, err = config.Reload(d.cfg)
+	case in.removed:
+		cfg, delta, err = config.ParseRemoved(d.cfg, in.file)
+	default:
+		cfg, delta, err = config.ParseFrom(d.cfg, in.file, in.data)
+	}
 	parsed := time.Now()
 	if err != nil {
 		return d.rejectInvalid(why, err)
@@ -458,13 +480,13 @@ func (d *daemon) reload(ctx context.Context, in fileRead, force bool) reply {
 		// of the running configuration again): nothing to do. The new
 		// configuration is the same one; keeping it keeps the parser's
 		// index with the configuration the next reload starts from.
-		d.cfg = cfg
-		d.log.Info("configuration unchanged", "why", why)
+		d.replace(cfg)
+		d.log.Info("configuration unchanged", "why", why, "file", in.name())
 		return reply{}
 	}
 	defer func() {
 		// Where a reload's time went, from the moment the file was read.
-		d.log.Info("reload timing", "why", why, "read", in.read.Round(time.Microsecond),
+		d.log.Info("reload timing", "why", why, "file", in.name(), "read", in.read.Round(time.Microsecond),
 			"wait", picked.Sub(in.seen.Add(in.read)).Round(time.Microsecond),
 			"parse", parsed.Sub(picked).Round(time.Microsecond), "apply", time.Since(parsed).Round(time.Microsecond),
 			"total", time.Since(in.seen).Round(time.Microsecond), "services_parsed", delta.NewTo-delta.From, "full", delta.Full)
@@ -498,30 +520,40 @@ func (d *daemon) reload(ctx context.Context, in fileRead, force bool) reply {
 	return d.settle(ctx, why, cfg, res)
 }
 
-// fileRead is a read of the configuration file for a reload.
+// fileRead is what a reload reads: one file of the configuration as the
+// watcher read it, or (all) every file, read by the reload itself.
 type fileRead struct {
-	why  string
-	data []byte
-	err  error
-	// seen is when the read started, read how long it took; compared
-	// says that data is known to differ from what was last read.
-	seen     time.Time
-	read     time.Duration
-	compared bool
+	why string
+	// file is the file read, data its bytes, err the read's error;
+	// removed says that file, an included file, is gone.
+	file    string
+	data    []byte
+	err     error
+	removed bool
+	all     bool
+	// seen is when the read started, read how long it took.
+	seen time.Time
+	read time.Duration
 }
 
-// readFile reads path for a reload asked for by why.
-func readFile(why, path string) fileRead {
-	start := time.Now()
-	data, err := os.ReadFile(path)
-	return fileRead{why: why, data: data, err: err, seen: start, read: time.Since(start)}
+// readAll asks a reload, for why, to read every file of the configuration.
+func readAll(why string) fileRead {
+	return fileRead{why: why, all: true, seen: time.Now()}
+}
+
+// name names what was read, for the log.
+func (in fileRead) name() string {
+	if in.all {
+		return "all"
+	}
+	return in.file
 }
 
 // rejectInvalid reports a file that cannot be read or parsed; the running
 // configuration stays.
 func (d *daemon) rejectInvalid(why string, err error) reply {
 	d.m.ReloadFailed(metrics.ReloadInvalid)
-	d.log.Error("reload rejected; the running configuration keeps serving", "why", why, "config", d.opts.Path, "err", err)
+	d.log.Error("reload rejected; the running configuration keeps serving", "why", why, "err", err)
 	d.notify(d.n.Status(d.status("serving (last reload rejected: invalid file)")))
 	return reply{Error: fmt.Sprintf("%v: %v", errReloadRejected, err)}
 }
@@ -534,10 +566,7 @@ func (d *daemon) removed(cfg *config.Config, delta config.Delta) lb.Removal {
 	}
 	r := lb.Removed(&lb.Spec{Services: d.cfg.Spec.Services[delta.From:delta.OldTo]}, &lb.Spec{Services: cfg.Spec.Services[delta.From:delta.NewTo]})
 	r.OfServices = len(d.cfg.Spec.Services)
-	r.OfBackends = 0
-	for i := range d.cfg.Spec.Services {
-		r.OfBackends += len(d.cfg.Spec.Services[i].Backends)
-	}
+	r.OfBackends = d.cfg.Backends()
 	return r
 }
 
@@ -628,6 +657,16 @@ func (d *daemon) drainPass(ctx context.Context) {
 	d.remember(d.reconcile(ctx, "drain", d.effective(d.cfg)))
 }
 
+// replace makes cfg the running configuration and retires the one it
+// replaces, whose memory the next reload may then reuse: nothing holds on
+// to a configuration but d.cfg.
+func (d *daemon) replace(cfg *config.Config) {
+	if cfg != d.cfg {
+		d.cfg.Retire()
+		d.cfg = cfg
+	}
+}
+
 // settle finishes a reload whose pass ran: it keeps cfg, or rolls back.
 func (d *daemon) settle(ctx context.Context, why string, cfg *config.Config, res *lb.Result) reply {
 	rep := reply{}
@@ -653,7 +692,7 @@ func (d *daemon) settle(ctx context.Context, why string, cfg *config.Config, res
 		}
 		return rep
 	}
-	d.cfg = cfg
+	d.replace(cfg)
 	d.remember(res)
 	d.gen++
 	d.m.ConfigLoaded(d.gen, &cfg.Spec)
@@ -667,7 +706,7 @@ func (d *daemon) settle(ctx context.Context, why string, cfg *config.Config, res
 func (d *daemon) handle(ctx context.Context, req request) reply {
 	switch req.kind {
 	case "reload":
-		return d.reload(ctx, readFile("control socket", d.opts.Path), req.force)
+		return d.reload(ctx, readAll("control socket"), req.force)
 	case "plan":
 		cfg, err := config.Load(d.opts.Path)
 		if err != nil {

@@ -505,3 +505,91 @@ func TestDaemonDrainPass(t *testing.T) {
 	})
 	h.eventually("the deletion", func() bool { return !strings.Contains(h.k.Dump(), "10.0.0.4:443") })
 }
+
+// writeAt renames data into place at path, as operators are told to.
+func writeAt(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(filepath.Dir(path), ".tmp")
+	if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDaemonInclude runs a configuration whose services are in included
+// files: a change of one file is read, parsed and applied alone (one
+// kernel call, one service read); a new file adds its services; a broken
+// file is rejected naming itself while everything keeps running; a
+// removed file takes its services away; a change of the include patterns
+// starts watching the new directory.
+func TestDaemonInclude(t *testing.T) {
+	dir := t.TempDir()
+	h := newHarness(t, dir, lbtest.New())
+	web := filepath.Join(dir, "services.d", "web.toml")
+	api := filepath.Join(dir, "services.d", "api.toml")
+	parts := strings.SplitAfter(twoServices, "\n\n")
+	writeAt(t, web, parts[0])
+	writeAt(t, api, parts[1])
+	main := "include = [\"services.d/*.toml\"]\n" + h.header("reload_guard = 1.0")
+	h.write(main)
+	h.run()
+	h.eventually("initial programming", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443") })
+	h.k.Calls()
+	h.k.Reads()
+
+	writeAt(t, api, strings.Replace(parts[1], `{ address = "10.0.0.4" }`, `{ address = "10.0.0.4", weight = 3 }`, 1))
+	h.eventually("the new weight", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443 masq weight=3") })
+	h.expectNotify("READY=1")
+	if calls := h.k.Calls(); len(calls) != 1 || !strings.HasPrefix(calls[0], "update-dest") {
+		t.Errorf("calls for one weight = %v", calls)
+	}
+	if reads := h.k.Reads(); len(reads) != 1 || reads[0] != "service tcp 192.0.2.11:443" {
+		t.Errorf("reads for one weight = %v; want the changed service alone", reads)
+	}
+	h.eventually("the reload timing", h.logHas("file="+api))
+	if !strings.Contains(h.log.String(), "services_parsed=1 full=false") {
+		t.Errorf("the reload was not incremental:\n%s", h.log)
+	}
+
+	// A new file on an existing VIP.
+	extra := filepath.Join(dir, "services.d", "extra.toml")
+	writeAt(t, extra, "[[service]]\nname = \"alt\"\nvip = \"192.0.2.10\"\nport = 8080\nbackend = [{ address = \"10.0.0.7\" }]\n")
+	h.eventually("the new file's service", func() bool { return strings.Contains(h.k.Dump(), "192.0.2.10:8080") })
+
+	// A broken file: rejected, naming it, nothing touched.
+	good := h.k.Dump()
+	writeAt(t, web, "[[service]]\nname = \"web\"\nvip = \"192.0.2.10\"\nport = 80\nbackend = [{ address = \"10.0.0.1\", weight = -1 }]\n")
+	h.eventually("the rejection", h.logHas(web+`:5: service \"web\": backend \"10.0.0.1:80\": weight -1 is negative`))
+	if got := h.k.Dump(); got != good {
+		t.Errorf("a rejected file changed the kernel:\n%s\nwant\n%s", got, good)
+	}
+	// Another file still reloads, with the broken one's last good text.
+	writeAt(t, extra, "[[service]]\nname = \"alt\"\nvip = \"192.0.2.10\"\nport = 8081\nbackend = [{ address = \"10.0.0.7\" }]\n")
+	h.eventually("the other file", func() bool { return strings.Contains(h.k.Dump(), "192.0.2.10:8081") })
+	if !strings.Contains(h.k.Dump(), "10.0.0.1:80") {
+		t.Errorf("the broken file's services went away:\n%s", h.k.Dump())
+	}
+
+	// A removed file takes its services with it.
+	if err := os.Remove(extra); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the removal", func() bool { return !strings.Contains(h.k.Dump(), "192.0.2.10:8081") })
+
+	// The broken file fixed.
+	writeAt(t, web, parts[0])
+	h.eventually("the fix", h.logHas("file="+web))
+
+	// New patterns: the new directory is read and then watched.
+	more := filepath.Join(dir, "more.d", "m.toml")
+	writeAt(t, more, "[[service]]\nname = \"more\"\nvip = \"192.0.2.20\"\nport = 80\nbackend = [{ address = \"10.0.0.8\" }]\n")
+	h.write("include = [\"services.d/*.toml\", \"more.d/*.toml\"]\n" + h.header("reload_guard = 1.0"))
+	h.eventually("the new pattern's file", func() bool { return strings.Contains(h.k.Dump(), "192.0.2.20:80") })
+	writeAt(t, more, "[[service]]\nname = \"more\"\nvip = \"192.0.2.20\"\nport = 81\nbackend = [{ address = \"10.0.0.8\" }]\n")
+	h.eventually("a change in the new directory", func() bool { return strings.Contains(h.k.Dump(), "192.0.2.20:81") })
+}
