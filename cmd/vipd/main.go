@@ -56,8 +56,9 @@ func newCheckCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "check FILE",
 		Short: "Validate a configuration file",
-		Long: `Check reads FILE and reports every problem in it, each with the file,
-line and key. It exits 0 when the file is valid.`,
+		Long: `Check reads FILE, and the files it includes, and reports every
+problem in them, each with the file, line and key. It exits 0 when the
+configuration is valid.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := config.Load(args[0])
@@ -65,7 +66,11 @@ line and key. It exits 0 when the file is valid.`,
 				fmt.Fprintln(cmd.ErrOrStderr(), err)
 				return exitError(1)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok, %d services\n", cfg.File, len(cfg.Spec.Services))
+			if n := len(cfg.Texts()); n > 1 {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok, %d services in %d files\n", cfg.File, len(cfg.Spec.Services), n)
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok, %d services\n", cfg.File, len(cfg.Spec.Services))
+			}
 			return nil
 		},
 	}

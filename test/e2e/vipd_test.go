@@ -621,6 +621,84 @@ func TestVipdReloadUnderLoad(t *testing.T) {
 	l.finish(t, "reloads, restart, bad files")
 }
 
+// TestVipdInclude: services kept in included files, under load. A change
+// of one file is read, parsed and applied alone (its own file named in
+// the reload's log, one block parsed); a new file adds its service and a
+// removed one takes it away; a broken file is rejected naming itself,
+// and vipd check counts the files. The long-lived connections on the
+// other file's service never break.
+func TestVipdInclude(t *testing.T) {
+	tp := NewTopo(t, "nat 3")
+	d := newDaemon(t)
+	be := tp.BackendIPs
+	dir := filepath.Join(d.dir, "services.d")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	put := func(name, text string) {
+		t.Helper()
+		tmp := filepath.Join(dir, "."+name+".tmp")
+		if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	api := func(i int) string {
+		// Port 81 forwards to the backends' port 80.
+		return service("api", tp.VIP, 81, `scheduler = "wrr"`,
+			fmt.Sprintf("{address = \"%s:80\"\nweight = %d}", be[0], 1+i%5), fmt.Sprintf("{address = \"%s:80\"\nweight = %d}", be[1], 1+(i+2)%5))
+	}
+	put("web.toml", service("web", tp.VIP, 80, `scheduler = "rr"`, be...))
+	put("api.toml", api(0))
+	d.write("include = [\"services.d/*.toml\"]\n" + d.header(tp.LBIf, ""))
+	mustContain(t, "vipd check", Run(t, vipdBin(), "check", d.path), "ok, 2 services in 3 files")
+	d.start()
+	// wrr 1:3 over two whole rounds.
+	if h := tp.Hit(t, url(tp, 81), 8, false); h.Errors != 0 || h.Counts[tp.Backends[0]] != 2 || h.Counts[tp.Backends[1]] != 6 {
+		t.Fatalf("wrr 1:3 over 8 requests on the included file's service: %+v", h)
+	}
+	l := startLoad(t, tp, 80, 6, 100*time.Millisecond)
+	time.Sleep(time.Second)
+
+	apiFile := filepath.Join(dir, "api.toml")
+	for i := 1; i <= 20; i++ {
+		put("api.toml", api(i))
+		want := regexp.MustCompile(fmt.Sprintf(`-> %s:80\s+Masq\s+%d\s`, regexp.QuoteMeta(be[0]), 1+i%5))
+		Eventually(t, 30*time.Second, 20*time.Millisecond, func() bool {
+			return want.MatchString(Run(t, "ipvsadm", "-Ln", "-t", tp.VIP+":81"))
+		}, "change %d not in the kernel: %s", i, want)
+	}
+	if n := strings.Count(d.logSince(), "file="+apiFile); n < 20 {
+		t.Errorf("%d reloads named %s, want 20:\n%s", n, apiFile, d.logSince())
+	}
+	if n := strings.Count(d.logSince(), "services_parsed=1 full=false"); n < 20 {
+		t.Errorf("%d of 20 reloads parsed one block incrementally:\n%s", n, d.logSince())
+	}
+
+	// A new file, then its removal.
+	put("extra.toml", service("extra", tp.VIP, 82, "", be[2]))
+	Eventually(t, 30*time.Second, 50*time.Millisecond, func() bool {
+		return strings.Contains(Run(t, "ipvsadm", "-Ln"), tp.VIP+":82")
+	}, "the new file's service is not in the kernel")
+	if err := os.Remove(filepath.Join(dir, "extra.toml")); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 30*time.Second, 50*time.Millisecond, func() bool {
+		return !strings.Contains(Run(t, "ipvsadm", "-Ln"), tp.VIP+":82")
+	}, "the removed file's service is still in the kernel")
+
+	// A broken file: rejected, naming itself; the kernel keeps the last
+	// good configuration.
+	put("api.toml", api(21)+"colour = 1\n")
+	d.waitLog(apiFile + ":")
+	mustContain(t, "vipd log", d.logSince(), "reload rejected", `unknown key \"service.backend.colour\"`)
+	mustContain(t, "ipvsadm -Ln", Run(t, "ipvsadm", "-Ln"), tp.VIP+":81", tp.VIP+":80")
+	time.Sleep(time.Second)
+	l.finish(t, "included files changed, added, removed, broken")
+}
+
 // TestVipdTunnel: tunnel forwarding with each encapsulation the kernel
 // offers; the backends decapsulate and answer the client directly.
 func TestVipdTunnel(t *testing.T) {
