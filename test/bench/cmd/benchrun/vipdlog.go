@@ -183,13 +183,14 @@ func field(line, key string) string {
 	return v
 }
 
-// next waits for the next pass whose reason is why.
+// next waits for the next pass whose reason is why, or for the next pass
+// when why is empty.
 func (l *vipdLog) next(why string, timeout time.Duration) (pass, bool) {
 	deadline := time.After(timeout)
 	for {
 		select {
 		case p := <-l.passes:
-			if p.Why == why {
+			if why == "" || p.Why == why {
 				return p, true
 			}
 		case <-deadline:
