@@ -2,6 +2,9 @@
 // (test/vm/bench.sh, `make bench`): N services of M backends each, as an
 // equivalent vipd configuration, ipvsadm restore file and keepalived.conf,
 // so that vipd, `ipvsadm -R` and keepalived program the same IPVS table.
+// vipd's configuration comes in two layouts: one file (WriteTOML), or a
+// main file that includes the services from files of 100 services each
+// (WriteSplit).
 //
 // Every service is TCP, weighted round robin, NAT (masquerading), with
 // backends of weight 1 on port 8080; services share VIPs, PortsPerVIP
@@ -11,9 +14,12 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 )
@@ -126,16 +132,29 @@ type Daemon struct {
 	StateDir, ControlSocket string
 }
 
-// WriteTOML writes f as a vipd configuration. The daemon manages no
-// iptables rules and announces nothing (keepalived's virtual_server and
-// ipvsadm do neither), exports no metrics, and re-reads the kernel only
-// hourly, so that a benchmark times what it changes.
+// WriteTOML writes f as a vipd configuration in one file: the preamble
+// (a comment and the [daemon] table), then every service. The daemon
+// manages no iptables rules and announces nothing (keepalived's
+// virtual_server and ipvsadm do neither), exports no metrics, and re-reads
+// the kernel only hourly, so that a benchmark times what it changes.
 func (f *Fixture) WriteTOML(w io.Writer, d Daemon) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
+	f.writePreamble(bw, d, "")
+	f.writeServices(bw, 0, len(f.Services))
+	return bw.Flush()
+}
+
+// writePreamble writes the comment and the [daemon] table that begin a
+// vipd configuration, with include, when not empty, as a top-level key
+// before the table.
+func (f *Fixture) writePreamble(bw *bufio.Writer, d Daemon, include string) {
 	if d.Interface == "" {
 		d.Interface = "vipd0"
 	}
 	fmt.Fprintf(bw, "# vipd benchmark fixture: %d services x %d backends\n", f.Spec.Services, f.Spec.Backends)
+	if include != "" {
+		fmt.Fprintf(bw, "include = [%q]\n", include)
+	}
 	fmt.Fprintf(bw, "[daemon]\ninterface = %q\nuplinks = []\nmanage_iptables = false\nmetrics_listen = \"\"\nresync_interval = \"1h\"\nwatch = true\n", d.Interface)
 	if d.StateDir != "" {
 		fmt.Fprintf(bw, "state_dir = %q\n", d.StateDir)
@@ -143,7 +162,12 @@ func (f *Fixture) WriteTOML(w io.Writer, d Daemon) error {
 	if d.ControlSocket != "" {
 		fmt.Fprintf(bw, "control_socket = %q\n", d.ControlSocket)
 	}
-	for _, s := range f.Services {
+}
+
+// writeServices writes services [from, to) as [[service]] blocks, each
+// after a blank line.
+func (f *Fixture) writeServices(bw *bufio.Writer, from, to int) {
+	for _, s := range f.Services[from:to] {
 		fmt.Fprintf(bw, "\n[[service]]\nname = %q\nvip = %q\nport = %d\nscheduler = %q\nbackend = [", s.Name, s.VIP, s.Port, f.Spec.Scheduler)
 		for j, b := range s.Backends {
 			if j > 0 {
@@ -157,7 +181,98 @@ func (f *Fixture) WriteTOML(w io.Writer, d Daemon) error {
 		}
 		bw.WriteString("]\n")
 	}
+}
+
+// The split layout: the main file holds the preamble with an include line,
+// and the services go to files of IncludeDir beside it, PerFile to a file,
+// so that the file a one-backend change rewrites is the same size however
+// many services there are.
+const (
+	// IncludeDir is the directory of the split layout's service files,
+	// relative to the main file's.
+	IncludeDir = "services.d"
+	// PerFile is the split layout's default number of services per file.
+	PerFile = 100
+)
+
+// Part is one service file of the split layout: its name relative to the
+// main file's directory, and the services it holds, Services[From:To].
+type Part struct {
+	Name     string
+	From, To int
+}
+
+// Parts divides f's services into files of perFile services each (zero
+// means PerFile; the last may hold fewer), named IncludeDir/NNNN.toml from
+// 0000 on, with as many digits as the last number needs (at least four),
+// so that the files' lexical order, in which vipd includes them, is the
+// services' order.
+func (f *Fixture) Parts(perFile int) []Part {
+	if perFile < 1 {
+		perFile = PerFile
+	}
+	n := (len(f.Services) + perFile - 1) / perFile
+	width := max(4, len(fmt.Sprint(n-1)))
+	parts := make([]Part, n)
+	for i := range parts {
+		parts[i] = Part{
+			Name: fmt.Sprintf("%s/%0*d.toml", IncludeDir, width, i),
+			From: i * perFile,
+			To:   min((i+1)*perFile, len(f.Services)),
+		}
+	}
+	return parts
+}
+
+// WriteMain writes the split layout's main file: WriteTOML's preamble with
+// the line include = ["services.d/*.toml"] before the [daemon] table, and
+// no services.
+func (f *Fixture) WriteMain(w io.Writer, d Daemon) error {
+	bw := bufio.NewWriter(w)
+	f.writePreamble(bw, d, IncludeDir+"/*.toml")
 	return bw.Flush()
+}
+
+// WriteServices writes the services of part p, byte for byte as WriteTOML
+// writes them: the content of p's file. The files' contents in order are
+// thus WriteTOML's text after its preamble.
+func (f *Fixture) WriteServices(w io.Writer, p Part) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	f.writeServices(bw, p.From, p.To)
+	return bw.Flush()
+}
+
+// WriteSplit writes f in the split layout into dir: dir/vipd.toml (see
+// WriteMain) and the files of Parts(perFile), in a dir/services.d made
+// anew (files left from another fixture would be included too). It
+// returns the parts.
+func (f *Fixture) WriteSplit(dir string, d Daemon, perFile int) ([]Part, error) {
+	parts := f.Parts(perFile)
+	sub := filepath.Join(dir, IncludeDir)
+	if err := os.RemoveAll(sub); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	for _, p := range parts {
+		b.Reset()
+		if err := f.WriteServices(&b, p); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, p.Name), b.Bytes(), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	b.Reset()
+	if err := f.WriteMain(&b, d); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "vipd.toml"), b.Bytes(), 0o644); err != nil {
+		return nil, err
+	}
+	return parts, nil
 }
 
 // WriteRestore writes f as input for `ipvsadm -R`: one line per service

@@ -273,3 +273,163 @@ func TestKeepalivedAccepts(t *testing.T) {
 		t.Errorf("keepalived -t accepted a misspelt keyword:\n%s", out)
 	}
 }
+
+// TestSplitLayout: the split layout's files hold, in the lexical order in
+// which vipd includes them, exactly the single file's services, byte for
+// byte; the main file is the single file's preamble with the include line
+// before the [daemon] table; each file is [[service]] blocks alone.
+func TestSplitLayout(t *testing.T) {
+	d := Daemon{StateDir: "/tmp/vipd-bench", ControlSocket: "/tmp/vipd-bench/vipd.sock"}
+	for _, c := range []struct {
+		spec    Spec
+		perFile int
+		files   int
+		last    string
+	}{
+		{Spec{Services: 1, Backends: 1}, 0, 1, "services.d/0000.toml"},
+		{Spec{Services: 250, Backends: 3}, 100, 3, "services.d/0002.toml"},
+		{Spec{Services: 25, Backends: 2}, 1, 25, "services.d/0024.toml"},
+		{Spec{Services: 10000, Backends: 10}, 0, 100, "services.d/0099.toml"},
+	} {
+		t.Run(fmt.Sprintf("%dx%d/%d", c.spec.Services, c.spec.Backends, c.perFile), func(t *testing.T) {
+			f, err := New(c.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			// A file left from a larger fixture must not survive.
+			if err := os.MkdirAll(filepath.Join(dir, IncludeDir), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, IncludeDir, "9999.toml"), []byte("# stale\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			parts, err := f.WriteSplit(dir, d, c.perFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(parts) != c.files || parts[len(parts)-1].Name != c.last {
+				t.Fatalf("%d files, the last %q; want %d, %q", len(parts), parts[len(parts)-1].Name, c.files, c.last)
+			}
+			perFile := c.perFile
+			if perFile == 0 {
+				perFile = PerFile
+			}
+			files, err := filepath.Glob(filepath.Join(dir, IncludeDir, "*.toml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(files) != len(parts) {
+				t.Fatalf("%d files in %s, want %d", len(files), IncludeDir, len(parts))
+			}
+			var services []byte
+			for i, p := range parts {
+				if want := (Part{Name: p.Name, From: i * perFile, To: min((i+1)*perFile, c.spec.Services)}); p != want {
+					t.Fatalf("part %d is %+v, want %+v", i, p, want)
+				}
+				if files[i] != filepath.Join(dir, p.Name) {
+					t.Fatalf("file %d in lexical order is %s, want %s", i, files[i], p.Name)
+				}
+				data, err := os.ReadFile(files[i])
+				if err != nil {
+					t.Fatal(err)
+				}
+				services = append(services, data...)
+			}
+			main, err := os.ReadFile(filepath.Join(dir, "vipd.toml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			header, rest, _ := bytes.Cut(main, []byte("\n"))
+			include, daemon, _ := bytes.Cut(rest, []byte("\n"))
+			if string(include) != `include = ["services.d/*.toml"]` || !bytes.HasPrefix(daemon, []byte("[daemon]\n")) {
+				t.Fatalf("main file:\n%s\nwant the include line after the comment, then [daemon]", main)
+			}
+			preamble := slices.Concat(header, []byte("\n"), daemon)
+			var single bytes.Buffer
+			if err := f.WriteTOML(&single, d); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(slices.Concat(preamble, services), single.Bytes()) {
+				t.Errorf("the main file without its include line, then the included files, differ from the single file")
+			}
+			// Each file is [[service]] blocks alone: after the preamble,
+			// vipd's parser finds exactly its services.
+			for _, p := range parts {
+				data, err := os.ReadFile(filepath.Join(dir, p.Name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if bytes.Contains(bytes.ReplaceAll(data, []byte("[[service]]"), nil), []byte("\n[")) {
+					t.Fatalf("%s holds a table other than [[service]]", p.Name)
+				}
+				cfg, err := config.Parse(p.Name, slices.Concat(preamble, data))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var names []string
+				for _, s := range cfg.Spec.Services {
+					names = append(names, s.Name)
+				}
+				var want []string
+				for _, s := range f.Services[p.From:p.To] {
+					want = append(want, s.Name)
+				}
+				if !slices.Equal(names, want) {
+					t.Fatalf("%s: services %v, want %v", p.Name, names, want)
+				}
+			}
+		})
+	}
+}
+
+// TestSplitChangeIsOneFile: the one-backend change rewrites one file of
+// the split layout, and that file is about the same size at 100 and at
+// 10,000 services.
+func TestSplitChangeIsOneFile(t *testing.T) {
+	var sizes []int
+	for _, n := range []int{100, 10000} {
+		f, err := New(Spec{Services: n, Backends: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := f.WithWeight(n/2, 5, 2)
+		var changed []string
+		for _, p := range f.Parts(0) {
+			var a, b bytes.Buffer
+			if err := f.WriteServices(&a, p); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.WriteServices(&b, p); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(a.Bytes(), b.Bytes()) {
+				changed = append(changed, p.Name)
+				sizes = append(sizes, b.Len())
+			}
+		}
+		want := fmt.Sprintf("services.d/%04d.toml", n/2/PerFile)
+		if len(changed) != 1 || changed[0] != want {
+			t.Fatalf("%d services: the change rewrites %v, want [%s]", n, changed, want)
+		}
+	}
+	if lo, hi := slices.Min(sizes), slices.Max(sizes); float64(hi) > 1.05*float64(lo) {
+		t.Errorf("the changed file is %d bytes at 100 services and %d at 10,000: want within 5%%", sizes[0], sizes[1])
+	}
+}
+
+// TestPartNames: file numbers get a fifth digit when they need one, so
+// that lexical order stays numeric order.
+func TestPartNames(t *testing.T) {
+	f, err := New(Spec{Services: 10001, Backends: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := f.Parts(1)
+	if len(parts) != 10001 || parts[0].Name != "services.d/00000.toml" || parts[10000].Name != "services.d/10000.toml" {
+		t.Fatalf("%d parts, first %q, last %q", len(parts), parts[0].Name, parts[len(parts)-1].Name)
+	}
+	if !slices.IsSortedFunc(parts, func(a, b Part) int { return strings.Compare(a.Name, b.Name) }) {
+		t.Error("names not in lexical order")
+	}
+}

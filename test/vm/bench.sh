@@ -20,6 +20,10 @@
 #   VIPD_BENCH_REPS          vipd changes per size [100]
 #   VIPD_BENCH_KREPS         keepalived reloads per size [3]
 #   VIPD_BENCH_TOOLS         [ipvsadm,keepalived,vipd]
+#   VIPD_BENCH_LAYOUTS       vipd's configuration layouts for the change, the
+#                            first also for the cold start [single,split];
+#                            split needs a vipd with `include`
+#   VIPD_BENCH_PER_FILE      services per file of the split layout [100]
 #   VIPD_BENCH_TIMEOUT       whole guest, seconds [3600]
 #   VIPD_BENCH_MEM           guest memory, MiB [2048]
 #   VIPD_BENCH_OUT           output path without extension
@@ -48,7 +52,8 @@ echo "$qemu" >"$payload/qemu-version"
 log "built vipd and benchrun in $(elapsed "$t0") s"
 
 envs=()
-for v in VIPD_BENCH_SIZES VIPD_BENCH_CHANGE_SIZES VIPD_BENCH_READD_SIZES VIPD_BENCH_REPS VIPD_BENCH_KREPS VIPD_BENCH_TOOLS; do
+for v in VIPD_BENCH_SIZES VIPD_BENCH_CHANGE_SIZES VIPD_BENCH_READD_SIZES VIPD_BENCH_REPS VIPD_BENCH_KREPS VIPD_BENCH_TOOLS \
+	VIPD_BENCH_LAYOUTS VIPD_BENCH_PER_FILE; do
 	[[ -z ${!v:-} ]] || envs+=(--env "$v=${!v}")
 done
 out=${VIPD_BENCH_OUT:-$REPO_ROOT/bin/bench/bench-$(date +%Y%m%d-%H%M%S)}

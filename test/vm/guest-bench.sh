@@ -11,6 +11,10 @@
 #   VIPD_BENCH_REPS          repetitions of vipd's change
 #   VIPD_BENCH_KREPS         repetitions of keepalived's reload
 #   VIPD_BENCH_TOOLS         tools to measure, in order
+#   VIPD_BENCH_LAYOUTS       vipd's configuration layouts (single, split)
+#   VIPD_BENCH_PER_FILE      services per file of the split layout
+# vipd's change is timed by a kretprobe through tracefs (benchrun mounts
+# it and fails when kprobe events are missing).
 set -u
 keepalived=$(command -v keepalived || true)
 if [[ -z $keepalived ]]; then
@@ -28,4 +32,6 @@ args=(
 [[ -z ${VIPD_BENCH_REPS:-} ]] || args+=(-reps "$VIPD_BENCH_REPS")
 [[ -z ${VIPD_BENCH_KREPS:-} ]] || args+=(-kreps "$VIPD_BENCH_KREPS")
 [[ -z ${VIPD_BENCH_TOOLS:-} ]] || args+=(-tools "$VIPD_BENCH_TOOLS")
+[[ -z ${VIPD_BENCH_LAYOUTS:-} ]] || args+=(-layouts "$VIPD_BENCH_LAYOUTS")
+[[ -z ${VIPD_BENCH_PER_FILE:-} ]] || args+=(-per-file "$VIPD_BENCH_PER_FILE")
 exec /payload/benchrun "${args[@]}"

@@ -6,9 +6,12 @@
 //     `ipvsadm -R`, keepalived and vipd, each in a network namespace of its
 //     own (a fresh IPVS table: see flush below);
 //  2. vipd: one backend's weight changed in the file, from the file's
-//     rename to the kernel showing the new weight, and the operations vipd
-//     applied for it (its log has one "applied" line per operation);
-//  3. keepalived: the same change applied by SIGHUP;
+//     rename to the kernel's return from vipd's IPVS set command (a
+//     kretprobe: see kprobe.go), and the operations vipd applied for it
+//     (its log has one "applied" line per operation), in each layout of
+//     vipd's configuration: one file, or a main file including the
+//     services from files of 100 services each (the change rewrites one);
+//  3. keepalived: the same change applied by SIGHUP, polled every 5 ms;
 //  4. vipd's peak RSS and CPU time;
 //
 // and, to explain them, how long reading the table takes with 1, 2 and 4
@@ -59,11 +62,15 @@ import (
 type options struct {
 	sizes, changeSizes, readdSizes []size
 	tools                          []string
-	reps, kreps                    int
-	kreloadTimeout                 time.Duration
-	vipd, keepalived, ipvsadm      string
-	work                           string
-	qemu                           string
+	// layouts are vipd's configuration layouts, "single" and "split", in
+	// order: the first is the one vipd starts cold with.
+	layouts                   []string
+	perFile                   int
+	reps, kreps               int
+	kreloadTimeout            time.Duration
+	vipd, keepalived, ipvsadm string
+	work                      string
+	qemu                      string
 }
 
 type size struct{ N, M int }
@@ -84,13 +91,27 @@ func parseSizes(s string) ([]size, error) {
 	return out, nil
 }
 
+// parseLayouts parses the -layouts flag.
+func parseLayouts(s string) ([]string, error) {
+	var out []string
+	for _, l := range strings.Split(s, ",") {
+		if l != "single" && l != "split" || slices.Contains(out, l) {
+			return nil, fmt.Errorf("-layouts %q: want single and/or split, once each", s)
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
 func main() {
 	var o options
-	var sizes, changes, readd, tools string
+	var sizes, changes, readd, tools, layouts string
 	flag.StringVar(&sizes, "sizes", "100x10,1000x10,10000x10", "sizes NxM to program cold")
 	flag.StringVar(&changes, "change-sizes", "100x10,10000x10", "sizes at which to time a one-backend change")
 	flag.StringVar(&readd, "readd-sizes", "1000x10", "sizes at which to time vipd re-adding a table right after a flush (the kernel's pathology)")
 	flag.StringVar(&tools, "tools", "ipvsadm,keepalived,vipd", "tools to measure, in this order")
+	flag.StringVar(&layouts, "layouts", "single,split", "vipd's configuration layouts in which to time the change, in this order (the first is the cold start's): single (one file), split (vipd.toml includes "+bench.IncludeDir+"/*.toml)")
+	flag.IntVar(&o.perFile, "per-file", bench.PerFile, "services per file of the split layout")
 	flag.IntVar(&o.reps, "reps", 100, "repetitions of vipd's one-backend change")
 	flag.IntVar(&o.kreps, "kreps", 3, "repetitions of keepalived's reload")
 	flag.DurationVar(&o.kreloadTimeout, "kreload-timeout", 300*time.Second, "give up on a keepalived reload after this long")
@@ -110,6 +131,12 @@ func main() {
 		}
 	}
 	o.tools = strings.Split(tools, ",")
+	if o.layouts, err = parseLayouts(layouts); err != nil {
+		log.Fatal(err)
+	}
+	if o.perFile < 1 {
+		log.Fatalf("-per-file %d: want at least 1", o.perFile)
+	}
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	log.SetPrefix("bench: ")
 	res := run(o)
@@ -126,7 +153,14 @@ type Results struct {
 	MemMiB   int64
 	Started  time.Time
 	Duration float64
-	Sizes    []*SizeResult
+	// Layouts are vipd's configuration layouts measured, in order;
+	// PerFile is the split layout's services per file.
+	Layouts []string
+	PerFile int
+	// ChangeMethod and ReloadMethod say how vipd's change and
+	// keepalived's reload were timed.
+	ChangeMethod, ReloadMethod string
+	Sizes                      []*SizeResult
 }
 
 // SizeResult holds the figures of one size.
@@ -142,9 +176,10 @@ type SizeResult struct {
 	VipdPeakMiB float64
 	VipdRSSMiB  float64
 	VipdCPUAll  float64
-	// Change is vipd's one-backend change, Reload keepalived's.
-	Change *Change
-	Reload *Change
+	// Changes are vipd's one-backend changes by layout, Reload
+	// keepalived's.
+	Changes map[string]*Change
+	Reload  *Change
 	// Readd is vipd's cold start right after a flush of the same
 	// namespace (the kernel's flush pathology), in seconds.
 	Readd *float64
@@ -154,8 +189,8 @@ type SizeResult struct {
 	// Service() query in milliseconds.
 	Read map[int]float64
 	Poll float64
-	// Steps are the costs of a reload's steps, and ColdSteps of a cold
-	// start's, measured here one by one.
+	// Steps are the costs of a reload's steps in the single layout, and
+	// ColdSteps of a cold start's, measured here one by one.
 	Steps     *Steps
 	ColdSteps *ColdSteps
 	Notes     []string
@@ -196,16 +231,34 @@ type Cold struct {
 
 // Change is a series of timed one-backend changes.
 type Change struct {
-	MS     []float64 // file write to kernel, milliseconds
-	Ops    []int     `json:",omitempty"` // operations applied per change (vipd)
-	TookMS []float64 `json:",omitempty"` // the pass's own duration as logged (vipd)
+	// Layout is vipd's configuration layout; File the file the change
+	// rewrites (relative to the configuration's directory) and FileBytes
+	// its size (vipd).
+	Layout    string `json:",omitempty"`
+	File      string `json:",omitempty"`
+	FileBytes int    `json:",omitempty"`
+	// StartOps is what vipd's start applied to the table left by its run
+	// in the previous layout: 0 when the two describe the same table and
+	// the previous series ended on the fixture's weight (vipd).
+	StartOps *int      `json:",omitempty"`
+	MS       []float64 // file write to kernel, milliseconds
+	Ops      []int     `json:",omitempty"` // operations applied per change (vipd)
+	TookMS   []float64 `json:",omitempty"` // the pass's own duration as logged (vipd)
 	// PreMS is the time from the write to the pass's start (the pass's
 	// end as read from the log, less its duration): the watcher's
 	// debounce, the parse and the reload's checks (vipd).
 	PreMS []float64 `json:",omitempty"`
 	// Timing is vipd's own account of each reload ("reload timing"
-	// lines), in milliseconds by step: read, wait, parse, apply, total.
+	// lines), in milliseconds by step: read, wait, parse, apply, total;
+	// Parsed the services each parsed, Full how many parsed the whole
+	// configuration, and Files how many named each file (vipd).
 	Timing map[string][]float64 `json:",omitempty"`
+	Parsed []int                `json:",omitempty"`
+	Full   int                  `json:",omitempty"`
+	Files  map[string]int       `json:",omitempty"`
+	// Stray counts events of the probe that were not the first set
+	// command after a change's rename (vipd).
+	Stray  int `json:",omitempty"`
 	Failed int
 	Err    string `json:",omitempty"`
 }
@@ -221,12 +274,31 @@ type Steps struct {
 	Read, Parse, Pass float64
 }
 
+// pollInterval is how often keepalived's reload is polled: it takes
+// 0.15-13 s, and each query takes the IPVS mutex.
+const pollInterval = 5 * time.Millisecond
+
 func run(o options) *Results {
-	res := &Results{Kernel: kernelRelease(), Qemu: o.qemu, CPUs: numCPU(), MemMiB: memMiB(), Started: time.Now()}
+	res := &Results{Kernel: kernelRelease(), Qemu: o.qemu, CPUs: numCPU(), MemMiB: memMiB(), Started: time.Now(),
+		Layouts: o.layouts, PerFile: o.perFile, ChangeMethod: setMethod,
+		ReloadMethod: fmt.Sprintf("from CLOCK_MONOTONIC right before the rename (the SIGHUP follows it) to a query of the service showing the new weight, polled every %v", pollInterval)}
+	var tr *setTracer
+	if len(o.changeSizes) > 0 && slices.Contains(o.tools, "vipd") {
+		var err error
+		if tr, err = newSetTracer(commOf(o.vipd)); err != nil {
+			log.Fatalf("vipd's change is timed by a kretprobe through tracefs, and it cannot be set up: %v", err)
+		}
+		defer func() {
+			if err := tr.close(); err != nil {
+				log.Printf("tearing the kretprobe down: %v", err)
+			}
+		}()
+		log.Printf("kretprobe %s/%s on %s ready (comm %q, trace_clock mono)", probeGroup, probeEvent, probeFunc, commOf(o.vipd))
+	}
 	for _, sz := range o.sizes {
-		r := &SizeResult{N: sz.N, M: sz.M, Cold: map[string]*Cold{}, Flush: map[string]float64{}, Read: map[int]float64{}}
+		r := &SizeResult{N: sz.N, M: sz.M, Cold: map[string]*Cold{}, Changes: map[string]*Change{}, Flush: map[string]float64{}, Read: map[int]float64{}}
 		res.Sizes = append(res.Sizes, r)
-		if err := runSize(o, sz, r); err != nil {
+		if err := runSize(o, sz, r, tr); err != nil {
 			r.Notes = append(r.Notes, "error: "+err.Error())
 			log.Printf("%s: %v", sz, err)
 		}
@@ -237,18 +309,93 @@ func run(o options) *Results {
 
 // fixtureFiles are the files of one size.
 type fixtureFiles struct {
-	f                           *bench.Fixture
-	dir                         string
-	toml, restore, keepalived   string
-	want                        []string
-	last                        lb.ServiceKey
-	changeSvc, changeBackend    int
-	changeKey                   lb.ServiceKey
-	changeAddr                  netip.AddrPort
-	tomlVariants, kaliveVariant [2][]byte // weight 2, weight 1
+	f                        *bench.Fixture
+	dir                      string
+	restore, keepalived      string
+	want                     []string
+	last                     lb.ServiceKey
+	changeSvc, changeBackend int
+	changeKey                lb.ServiceKey
+	changeAddr               netip.AddrPort
+	kaliveVariant            [2][]byte // weight 2, weight 1
+	// layouts are vipd's configuration by layout; "single" is always
+	// there (the cold-start steps read it).
+	layouts map[string]*layoutFiles
 }
 
-func runSize(o options, sz size, r *SizeResult) error {
+// layoutFiles are vipd's configuration of one size in one layout.
+type layoutFiles struct {
+	name string // "single" or "split"
+	dir  string
+	// main is the file vipd runs with, changed the file the change
+	// rewrites, and variants its content with weight 2 and weight 1.
+	main, changed string
+	variants      [2][]byte
+	// write writes the fixture's own files (weight 1).
+	write func() error
+}
+
+// rel returns path relative to the layout's directory when it is inside.
+func (lf *layoutFiles) rel(path string) string {
+	if r, err := filepath.Rel(lf.dir, path); err == nil && !strings.HasPrefix(r, "..") {
+		return r
+	}
+	return path
+}
+
+// newLayouts prepares vipd's configuration of f in each layout wanted
+// (and the single one) in subdirectories of ff.dir, and writes it.
+func newLayouts(o options, ff *fixtureFiles, d bench.Daemon) error {
+	f := ff.f
+	single := &layoutFiles{name: "single", dir: filepath.Join(ff.dir, "single")}
+	single.main = filepath.Join(single.dir, "vipd.toml")
+	single.changed = single.main
+	single.write = func() error {
+		var b bytes.Buffer
+		if err := f.WriteTOML(&b, d); err != nil {
+			return err
+		}
+		return os.WriteFile(single.main, b.Bytes(), 0o644)
+	}
+	for i, w := range []int{2, 1} {
+		var b bytes.Buffer
+		if err := f.WithWeight(ff.changeSvc, ff.changeBackend, w).WriteTOML(&b, d); err != nil {
+			return err
+		}
+		single.variants[i] = b.Bytes()
+	}
+	ff.layouts = map[string]*layoutFiles{"single": single}
+	if slices.Contains(o.layouts, "split") {
+		split := &layoutFiles{name: "split", dir: filepath.Join(ff.dir, "split")}
+		split.main = filepath.Join(split.dir, "vipd.toml")
+		parts := f.Parts(o.perFile)
+		part := parts[ff.changeSvc/o.perFile]
+		split.changed = filepath.Join(split.dir, part.Name)
+		split.write = func() error {
+			_, err := f.WriteSplit(split.dir, d, o.perFile)
+			return err
+		}
+		for i, w := range []int{2, 1} {
+			var b bytes.Buffer
+			if err := f.WithWeight(ff.changeSvc, ff.changeBackend, w).WriteServices(&b, part); err != nil {
+				return err
+			}
+			split.variants[i] = b.Bytes()
+		}
+		ff.layouts["split"] = split
+	}
+	for _, lf := range ff.layouts {
+		if err := os.MkdirAll(lf.dir, 0o755); err != nil {
+			return err
+		}
+		if err := lf.write(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func runSize(o options, sz size, r *SizeResult, tr *setTracer) error {
 	f, err := bench.New(bench.Spec{Services: sz.N, Backends: sz.M})
 	if err != nil {
 		return err
@@ -264,21 +411,21 @@ func runSize(o options, sz size, r *SizeResult) error {
 	cs := f.Services[ff.changeSvc]
 	ff.changeKey = lb.ServiceKey{Family: lb.IPv4, Proto: lb.TCP, Addr: cs.VIP, Port: cs.Port}
 	ff.changeAddr = cs.Backends[ff.changeBackend].Addr
+	// Both layouts share the daemon's state and socket: vipd started on
+	// another layout adopts the table its previous run left.
 	d := bench.Daemon{StateDir: filepath.Join(dir, "vipd-state"), ControlSocket: filepath.Join(dir, "vipd.sock")}
-	for i, w := range []int{2, 1} {
-		var t, k bytes.Buffer
-		g := f.WithWeight(ff.changeSvc, ff.changeBackend, w)
-		if err := g.WriteTOML(&t, d); err != nil {
-			return err
-		}
-		if err := g.WriteKeepalived(&k); err != nil {
-			return err
-		}
-		ff.tomlVariants[i], ff.kaliveVariant[i] = t.Bytes(), k.Bytes()
+	if err := newLayouts(o, ff, d); err != nil {
+		return err
 	}
-	ff.toml, ff.restore, ff.keepalived = filepath.Join(dir, "vipd.toml"), filepath.Join(dir, "ipvsadm.rules"), filepath.Join(dir, "keepalived.conf")
+	for i, w := range []int{2, 1} {
+		var k bytes.Buffer
+		if err := f.WithWeight(ff.changeSvc, ff.changeBackend, w).WriteKeepalived(&k); err != nil {
+			return err
+		}
+		ff.kaliveVariant[i] = k.Bytes()
+	}
+	ff.restore, ff.keepalived = filepath.Join(dir, "ipvsadm.rules"), filepath.Join(dir, "keepalived.conf")
 	for path, write := range map[string]func(io.Writer) error{
-		ff.toml:       func(w io.Writer) error { return f.WriteTOML(w, d) },
 		ff.restore:    f.WriteRestore,
 		ff.keepalived: f.WriteKeepalived,
 	} {
@@ -303,7 +450,7 @@ func runSize(o options, sz size, r *SizeResult) error {
 		case "keepalived":
 			err = runKeepalived(o, ff, r, change)
 		case "vipd":
-			err = runVipd(o, ff, r, change, slices.Contains(o.readdSizes, sz))
+			err = runVipd(o, ff, r, tr, change, slices.Contains(o.readdSizes, sz))
 		default:
 			err = fmt.Errorf("unknown tool %q", tool)
 		}
@@ -456,12 +603,14 @@ func runKeepalived(o options, ff *fixtureFiles, r *SizeResult, change bool) erro
 	c.Seconds = t1.Sub(t0).Seconds()
 	log.Printf("keepalived: %.2fs", c.Seconds)
 	if change {
-		r.Reload = timeChanges(o.kreps, o.kreloadTimeout, a, ff, func(i int) (time.Time, error) {
+		r.Reload = timeChanges(o.kreps, o.kreloadTimeout, func(i int) (int64, error) {
 			t, err := writeAtomic(ff.keepalived, ff.kaliveVariant[i%2])
 			if err == nil {
 				err = cmd.Process.Signal(syscall.SIGHUP)
 			}
 			return t, err
+		}, func(w int, _ int64, timeout time.Duration) (int64, error) {
+			return pollWeight(a, ff, w, timeout)
 		}, nil)
 		log.Printf("keepalived reload: %v ms", r.Reload.MS)
 	}
@@ -471,10 +620,12 @@ func runKeepalived(o options, ff *fixtureFiles, r *SizeResult, change bool) erro
 }
 
 // timeChanges makes n one-backend changes, alternately to weight 2 and
-// back to 1, each by apply (which returns when the change was made), and
-// times each until the kernel shows it. after, when set, is called after
-// each change has reached the kernel.
-func timeChanges(n int, timeout time.Duration, a *ipvs.IPVS, ff *fixtureFiles, apply func(i int) (time.Time, error), after func(c *Change, t0 time.Time)) *Change {
+// back to 1, each by apply (which returns when the change was made, by
+// CLOCK_MONOTONIC in nanoseconds), and times each by wait, which returns
+// when the kernel had weight w (by the same clock) or an error, which
+// ends the series. after, when set, is called after each change has
+// reached the kernel.
+func timeChanges(n int, timeout time.Duration, apply func(i int) (int64, error), wait func(w int, t0 int64, timeout time.Duration) (int64, error), after func(c *Change, t0 int64)) *Change {
 	c := &Change{}
 	start := time.Now()
 	for i := range n {
@@ -488,13 +639,13 @@ func timeChanges(n int, timeout time.Duration, a *ipvs.IPVS, ff *fixtureFiles, a
 			c.Err = err.Error()
 			break
 		}
-		t1, err := waitWeight(a, ff, want, timeout)
+		t1, err := wait(want, t0, timeout)
 		if err != nil {
 			c.Failed++
 			c.Err = err.Error()
 			break
 		}
-		c.MS = append(c.MS, float64(t1.Sub(t0).Microseconds())/1000)
+		c.MS = append(c.MS, float64(t1-t0)/1e6)
 		if after != nil {
 			after(c, t0)
 		}
@@ -510,25 +661,26 @@ func timeChanges(n int, timeout time.Duration, a *ipvs.IPVS, ff *fixtureFiles, a
 // changes), so that a slow reload cannot take the whole run.
 const changeBudget = 8 * time.Minute
 
-// waitWeight polls the changed service until its backend has weight w.
-func waitWeight(a *ipvs.IPVS, ff *fixtureFiles, w int, timeout time.Duration) (time.Time, error) {
+// pollWeight polls the changed service every pollInterval until its
+// backend has weight w, and returns when it saw it (CLOCK_MONOTONIC, ns).
+func pollWeight(a *ipvs.IPVS, ff *fixtureFiles, w int, timeout time.Duration) (int64, error) {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		st, err := a.Service(ff.changeKey)
 		if err != nil {
-			return time.Time{}, err
+			return 0, err
 		}
 		if st != nil {
 			if d, ok := st.Dests[ff.changeAddr]; ok && d.Weight == w {
-				return time.Now(), nil
+				return monoNow(), nil
 			}
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(pollInterval)
 	}
-	return time.Time{}, fmt.Errorf("weight %d not in the kernel after %v", w, timeout)
+	return 0, fmt.Errorf("weight %d not in the kernel after %v", w, timeout)
 }
 
-func runVipd(o options, ff *fixtureFiles, r *SizeResult, change, readd bool) error {
+func runVipd(o options, ff *fixtureFiles, r *SizeResult, tr *setTracer, change, readd bool) error {
 	ns, err := newNamespace("vipd")
 	if err != nil {
 		return err
@@ -540,16 +692,13 @@ func runVipd(o options, ff *fixtureFiles, r *SizeResult, change, readd bool) err
 	}
 	defer a.Close()
 	os.RemoveAll(filepath.Join(ff.dir, "vipd-state"))
-	// The fixture's own file: earlier variants may have replaced it.
-	var buf bytes.Buffer
-	if err := ff.f.WriteTOML(&buf, bench.Daemon{StateDir: filepath.Join(ff.dir, "vipd-state"), ControlSocket: filepath.Join(ff.dir, "vipd.sock")}); err != nil {
-		return err
-	}
-	if err := os.WriteFile(ff.toml, buf.Bytes(), 0o644); err != nil {
+	// The fixture's own files: earlier variants may have replaced them.
+	first := ff.layouts[o.layouts[0]]
+	if err := first.write(); err != nil {
 		return err
 	}
 
-	p, vl, t0, err := startVipd(o, ns, ff, "vipd.log")
+	p, vl, t0, err := startVipd(o, ns, first.main, filepath.Join(ff.dir, "vipd.log"))
 	if err != nil {
 		return err
 	}
@@ -563,7 +712,6 @@ func runVipd(o options, ff *fixtureFiles, r *SizeResult, change, readd bool) err
 	}
 	c.Seconds = t1.Sub(t0).Seconds()
 	if p, ok := vl.next("start", time.Minute); ok {
-		p.At = time.Time{}
 		r.VipdStart = &p
 		if p.Failed > 0 {
 			c.Err = fmt.Sprintf("%d operations failed: %q", p.Failed, vl.firstErrors())
@@ -573,31 +721,13 @@ func runVipd(o options, ff *fixtureFiles, r *SizeResult, change, readd bool) err
 	if ps, err := readProc(p.pid()); err == nil {
 		r.VipdCPUCold = ps.CPU.Seconds()
 	}
-	log.Printf("vipd: %.2fs (first pass %+v)", c.Seconds, r.VipdStart)
+	log.Printf("vipd (%s layout): %.2fs (first pass %+v)", first.name, c.Seconds, r.VipdStart)
 
 	if change {
-		r.Change = timeChanges(o.reps, 5*time.Minute, a, ff, func(i int) (time.Time, error) {
-			return writeAtomic(ff.toml, ff.tomlVariants[i%2])
-		}, func(ch *Change, t0 time.Time) {
-			p, ok := vl.next("file changed", 5*time.Minute)
-			if !ok {
-				ch.Ops = append(ch.Ops, -1)
-				return
-			}
-			ch.Ops = append(ch.Ops, p.Applied)
-			ch.TookMS = append(ch.TookMS, float64(p.Took.Microseconds())/1000)
-			ch.PreMS = append(ch.PreMS, float64(p.At.Add(-p.Took).Sub(t0).Microseconds())/1000)
-			if t, ok := vl.timing(5 * time.Second); ok {
-				if ch.Timing == nil {
-					ch.Timing = map[string][]float64{}
-				}
-				for k, v := range t {
-					ch.Timing[k] = append(ch.Timing[k], v)
-				}
-			}
-		})
-		log.Printf("vipd change: %v ms, ops %v, took %v ms", r.Change.MS, r.Change.Ops, r.Change.TookMS)
-		r.Steps = measureSteps(a, ff)
+		r.Changes[first.name] = vipdChanges(o, a, ff, first, vl, tr)
+		if first.name == "single" {
+			r.Steps = measureSteps(a, ff)
+		}
 	}
 	if ps, err := readProc(p.pid()); err == nil {
 		r.VipdPeakMiB = float64(ps.HWMKiB) / 1024
@@ -607,14 +737,24 @@ func runVipd(o options, ff *fixtureFiles, r *SizeResult, change, readd bool) err
 	measureReads(ns, a, r)
 	p.stop(30 * time.Second)
 
+	if change {
+		for _, name := range o.layouts[1:] {
+			lf := ff.layouts[name]
+			r.Changes[name] = vipdRestarted(o, ns, a, ff, lf, r.Objects, tr)
+			if name == "single" {
+				r.Steps = measureSteps(a, ff)
+			}
+		}
+	}
+
 	if readd {
 		// The pathology: flush, then the same daemon starts again at once
-		// into the same namespace, with the fixture's own file.
-		if err := os.WriteFile(ff.toml, buf.Bytes(), 0o644); err != nil {
+		// into the same namespace, with the fixture's own files.
+		if err := first.write(); err != nil {
 			return err
 		}
 		flush(ns, "vipd (before re-add)", r, o.ipvsadm)
-		p, vl, t0, err := startVipd(o, ns, ff, "vipd-readd.log")
+		p, vl, t0, err := startVipd(o, ns, first.main, filepath.Join(ff.dir, "vipd-readd.log"))
 		if err != nil {
 			return err
 		}
@@ -635,6 +775,92 @@ func runVipd(o options, ff *fixtureFiles, r *SizeResult, change, readd bool) err
 	return nil
 }
 
+// vipdRestarted starts vipd again, with the configuration in layout lf,
+// on the table its run in the first layout left; checks that after its
+// start the table is still the fixture's; and times the changes in lf.
+func vipdRestarted(o options, ns *namespace, a *ipvs.IPVS, ff *fixtureFiles, lf *layoutFiles, objects int, tr *setTracer) *Change {
+	fail := func(err error) *Change {
+		log.Printf("vipd (%s layout): %v", lf.name, err)
+		return &Change{Layout: lf.name, File: lf.rel(lf.changed), FileBytes: len(lf.variants[0]), Err: err.Error()}
+	}
+	if err := lf.write(); err != nil {
+		return fail(err)
+	}
+	p, vl, _, err := startVipd(o, ns, lf.main, filepath.Join(ff.dir, "vipd-"+lf.name+".log"))
+	if err != nil {
+		return fail(err)
+	}
+	defer p.stop(30 * time.Second)
+	start, ok := vl.next("start", coldTimeout(objects))
+	if !ok {
+		select {
+		case <-p.done:
+			return fail(fmt.Errorf("vipd exited at its start (%v): %q", p.err, vl.tail()))
+		default:
+			return fail(fmt.Errorf("vipd did not log its start pass: %q", vl.tail()))
+		}
+	}
+	if got, err := readTable(a); err != nil || !slices.Equal(got, ff.want) {
+		return fail(fmt.Errorf("after vipd's start the table differs from the fixture (%d of %d lines, %v)", len(got), len(ff.want), err))
+	}
+	log.Printf("vipd (%s layout): started on the table left by the %s layout, %d operations", lf.name, o.layouts[0], start.Applied)
+	c := vipdChanges(o, a, ff, lf, vl, tr)
+	c.StartOps = &start.Applied
+	return c
+}
+
+// vipdChanges times o.reps one-backend changes of vipd's configuration
+// in layout lf, each by the kernel's timestamp of vipd's set command,
+// with vipd's log's account of each.
+func vipdChanges(o options, a *ipvs.IPVS, ff *fixtureFiles, lf *layoutFiles, vl *vipdLog, tr *setTracer) *Change {
+	if err := tr.enable(true); err != nil {
+		return &Change{Layout: lf.name, Err: err.Error()}
+	}
+	stray := 0
+	c := timeChanges(o.reps, 5*time.Minute, func(i int) (int64, error) {
+		stray += tr.drain()
+		return writeAtomic(lf.changed, lf.variants[i%2])
+	}, func(w int, t0 int64, timeout time.Duration) (int64, error) {
+		t, skipped, err := tr.waitSet(a, ff, w, t0, timeout)
+		stray += skipped
+		return t, err
+	}, func(ch *Change, t0 int64) {
+		// The change's pass is the next one, whatever reason vipd gives
+		// ("file changed" for one file): nothing else makes passes here
+		// (no health checks, an hourly resync, no drains), and the change
+		// is already in the kernel.
+		p, ok := vl.next("", 30*time.Second)
+		if !ok {
+			ch.Ops = append(ch.Ops, -1)
+			return
+		}
+		ch.Ops = append(ch.Ops, p.Applied)
+		ch.TookMS = append(ch.TookMS, float64(p.Took.Microseconds())/1000)
+		ch.PreMS = append(ch.PreMS, float64(p.At-p.Took.Nanoseconds()-t0)/1e6)
+		if t, ok := vl.timing(5 * time.Second); ok {
+			if ch.Timing == nil {
+				ch.Timing, ch.Files = map[string][]float64{}, map[string]int{}
+			}
+			for k, v := range t.MS {
+				ch.Timing[k] = append(ch.Timing[k], v)
+			}
+			ch.Parsed = append(ch.Parsed, t.Parsed)
+			if t.Full {
+				ch.Full++
+			}
+			if t.File != "" {
+				ch.Files[lf.rel(t.File)]++
+			}
+		}
+	})
+	if err := tr.enable(false); err != nil && c.Err == "" {
+		c.Err = err.Error()
+	}
+	c.Layout, c.File, c.FileBytes, c.Stray = lf.name, lf.rel(lf.changed), len(lf.variants[0]), stray
+	log.Printf("vipd change (%s layout): %v ms, ops %v, took %v ms", lf.name, c.MS, c.Ops, c.TookMS)
+	return c
+}
+
 // phases turns a first pass's timeline into seconds since t0.
 func phases(tl Timeline, t0 time.Time) *Phases {
 	since := func(t time.Time) float64 {
@@ -653,16 +879,17 @@ func phases(tl Timeline, t0 time.Time) *Phases {
 	return p
 }
 
-// startVipd starts `vipd run` in ns with its log read by a vipdLog.
-func startVipd(o options, ns *namespace, ff *fixtureFiles, logName string) (*proc, *vipdLog, time.Time, error) {
-	cmd := exec.Command(o.vipd, "run", "-c", ff.toml, "--log-level", "info")
+// startVipd starts `vipd run -c config` in ns with its log read by a
+// vipdLog that keeps a copy in logPath.
+func startVipd(o options, ns *namespace, config, logPath string) (*proc, *vipdLog, time.Time, error) {
+	cmd := exec.Command(o.vipd, "run", "-c", config, "--log-level", "info")
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return nil, nil, time.Time{}, err
 	}
 	defer pw.Close()
 	cmd.Stdout, cmd.Stderr = pw, pw
-	vl, err := newVipdLog(pr, filepath.Join(ff.dir, logName))
+	vl, err := newVipdLog(pr, logPath)
 	if err != nil {
 		return nil, nil, time.Time{}, err
 	}
@@ -705,14 +932,15 @@ func measureReads(ns *namespace, a *ipvs.IPVS, r *SizeResult) {
 	log.Printf("reads: %v s by sockets; one service %.2f ms", r.Read, r.Poll)
 }
 
-// measureSteps times the steps of a one-backend reload one by one, with
-// vipd's own packages, in this guest.
+// measureSteps times the steps of a one-backend reload of the single
+// layout one by one, with vipd's own packages, in this guest.
 func measureSteps(a *ipvs.IPVS, ff *fixtureFiles) *Steps {
 	s := &Steps{}
 	ms := func(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
 	// The running configuration is the fixture (weight 1); the change
 	// writes weight 2, as the measured changes do.
-	base, _, err := config.ParseFrom(nil, ff.toml, ff.tomlVariants[1])
+	single := ff.layouts["single"]
+	base, _, err := config.ParseFrom(nil, single.main, single.variants[1])
 	if err != nil {
 		log.Printf("steps: %v", err)
 		return s
@@ -723,7 +951,7 @@ func measureSteps(a *ipvs.IPVS, ff *fixtureFiles) *Steps {
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "vipd.toml")
-	if err := os.WriteFile(path, ff.tomlVariants[0], 0o644); err != nil {
+	if err := os.WriteFile(path, single.variants[0], 0o644); err != nil {
 		return s
 	}
 	t := time.Now()
@@ -733,7 +961,7 @@ func measureSteps(a *ipvs.IPVS, ff *fixtureFiles) *Steps {
 		return s
 	}
 	t = time.Now()
-	cfg, delta, err := config.ParseFrom(base, ff.toml, data)
+	cfg, delta, err := config.ParseFrom(base, single.main, data)
 	s.Parse = ms(t)
 	if err != nil || delta.Full {
 		log.Printf("steps: parse: %v, full %v", err, delta.Full)
@@ -790,13 +1018,14 @@ func percentile(xs []float64, p float64) float64 {
 func measureColdSteps(o options, ff *fixtureFiles) *ColdSteps {
 	cs := &ColdSteps{}
 	since := func(t time.Time) float64 { return time.Since(t).Seconds() }
-	data, err := os.ReadFile(ff.toml)
+	path := ff.layouts["single"].main
+	data, err := os.ReadFile(path)
 	if err != nil {
 		log.Printf("cold steps: %v", err)
 		return nil
 	}
 	t := time.Now()
-	cfg, err := config.Parse(ff.toml, data)
+	cfg, err := config.Parse(path, data)
 	cs.Parse = since(t)
 	if err != nil {
 		log.Printf("cold steps: %v", err)

@@ -247,16 +247,17 @@ func (p *proc) kill() {
 }
 
 // writeAtomic writes data to path through a new file renamed over it, as
-// editors and configuration managers do; it returns the time of the
-// rename, the moment the new content is in place.
-func writeAtomic(path string, data []byte) (time.Time, error) {
+// editors and configuration managers do; it returns CLOCK_MONOTONIC, in
+// nanoseconds, read right before the rename, the moment the new content
+// is put in place.
+func writeAtomic(path string, data []byte) (int64, error) {
 	tmp := path + ".new"
 	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return time.Time{}, err
+		return 0, err
 	}
-	t := time.Now()
+	t := monoNow()
 	if err := os.Rename(tmp, path); err != nil {
-		return time.Time{}, err
+		return 0, err
 	}
 	return t, nil
 }

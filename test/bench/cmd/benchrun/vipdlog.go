@@ -19,19 +19,21 @@ type pass struct {
 	Logged  int // the applied= field of the reconciled line
 	Failed  int
 	Took    time.Duration
-	At      time.Time // when the driver read the line
+	// At is when the driver read the line, CLOCK_MONOTONIC in ns.
+	At int64 `json:"-"`
 }
 
 // vipdLog reads vipd's log from a pipe, keeps a copy in a file, and
 // reports passes.
 type vipdLog struct {
 	passes chan pass
-	// timings are the "reload timing" lines: milliseconds by field
-	// (read, wait, parse, apply, total).
-	timings chan map[string]float64
+	// timings are the "reload timing" lines.
+	timings chan reloadTiming
 	mu      sync.Mutex
 	errors  []string
-	done    chan struct{}
+	// last are the last lines read, for a daemon that exits.
+	last []string
+	done chan struct{}
 	// start is the timeline of the first pass, by the log's own clock;
 	// it is complete once the first pass is reported.
 	start Timeline
@@ -51,17 +53,26 @@ type Span struct {
 	First, Last time.Time
 }
 
-// timingFields are the fields of vipd's "reload timing" line.
+// timingFields are the durations of vipd's "reload timing" line.
 var timingFields = []string{"read", "wait", "parse", "apply", "total"}
 
-// timing returns the next "reload timing" line's fields, waiting up to
-// timeout.
-func (l *vipdLog) timing(timeout time.Duration) (map[string]float64, bool) {
+// reloadTiming is one "reload timing" line: milliseconds by duration
+// field, the file read (when vipd names one: with included files, the one
+// that changed), the services parsed, and whether the parse was full.
+type reloadTiming struct {
+	MS     map[string]float64
+	File   string
+	Parsed int
+	Full   bool
+}
+
+// timing returns the next "reload timing" line, waiting up to timeout.
+func (l *vipdLog) timing(timeout time.Duration) (reloadTiming, bool) {
 	select {
 	case t := <-l.timings:
 		return t, true
 	case <-time.After(timeout):
-		return nil, false
+		return reloadTiming{}, false
 	}
 }
 
@@ -70,7 +81,7 @@ func newVipdLog(r io.Reader, copyTo string) (*vipdLog, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &vipdLog{passes: make(chan pass, 1024), timings: make(chan map[string]float64, 1024), done: make(chan struct{})}
+	l := &vipdLog{passes: make(chan pass, 1024), timings: make(chan reloadTiming, 1024), done: make(chan struct{})}
 	go func() {
 		defer close(l.done)
 		defer f.Close()
@@ -83,9 +94,12 @@ func newVipdLog(r io.Reader, copyTo string) (*vipdLog, error) {
 		l.start.Kinds = map[string]*Span{}
 		for sc.Scan() {
 			line := sc.Text()
-			now := time.Now()
+			now := monoNow()
 			w.WriteString(line)
 			w.WriteByte('\n')
+			l.mu.Lock()
+			l.last = append(l.last[max(len(l.last)-4, 0):], line)
+			l.mu.Unlock()
 			var at time.Time
 			if first {
 				at, _ = time.Parse(time.RFC3339Nano, field(" "+line, "time"))
@@ -129,10 +143,11 @@ func newVipdLog(r io.Reader, copyTo string) (*vipdLog, error) {
 				default:
 				}
 			case strings.Contains(line, ` msg="reload timing" `):
-				t := map[string]float64{}
+				t := reloadTiming{MS: map[string]float64{}, File: field(line, "file"), Full: field(line, "full") == "true"}
+				t.Parsed, _ = strconv.Atoi(field(line, "services_parsed"))
 				for _, k := range timingFields {
 					if d, err := time.ParseDuration(field(line, k)); err == nil {
-						t[k] = float64(d.Microseconds()) / 1000
+						t.MS[k] = float64(d.Microseconds()) / 1000
 					}
 				}
 				select {
@@ -168,13 +183,14 @@ func field(line, key string) string {
 	return v
 }
 
-// next waits for the next pass whose reason is why.
+// next waits for the next pass whose reason is why, or for the next pass
+// when why is empty.
 func (l *vipdLog) next(why string, timeout time.Duration) (pass, bool) {
 	deadline := time.After(timeout)
 	for {
 		select {
 		case p := <-l.passes:
-			if p.Why == why {
+			if why == "" || p.Why == why {
 				return p, true
 			}
 		case <-deadline:
@@ -183,6 +199,13 @@ func (l *vipdLog) next(why string, timeout time.Duration) (pass, bool) {
 			return pass{}, false
 		}
 	}
+}
+
+// tail returns the last lines read (up to five).
+func (l *vipdLog) tail() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.last...)
 }
 
 func (l *vipdLog) firstErrors() []string {
