@@ -104,6 +104,12 @@ func parseLayouts(s string) ([]string, error) {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == floorFlag {
+		if err := floorChild(os.Args[2:]); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	var o options
 	var sizes, changes, readd, tools, layouts string
 	flag.StringVar(&sizes, "sizes", "100x10,1000x10,10000x10", "sizes NxM to program cold")
@@ -179,7 +185,9 @@ type SizeResult struct {
 	// Changes are vipd's one-backend changes by layout, Reload
 	// keepalived's.
 	Changes map[string]*Change
-	Reload  *Change
+	// Floor is the floor daemon's one-backend changes (see floorChild).
+	Floor  *Change `json:",omitempty"`
+	Reload *Change
 	// Readd is vipd's cold start right after a flush of the same
 	// namespace (the kernel's flush pathology), in seconds.
 	Readd *float64
@@ -736,6 +744,12 @@ func runVipd(o options, ff *fixtureFiles, r *SizeResult, tr *setTracer, change, 
 	}
 	measureReads(ns, a, r)
 	p.stop(30 * time.Second)
+	if change {
+		// The floor, on the same service, in the same namespace, with vipd
+		// stopped: an even number of changes leaves the fixture's weight
+		// for the layouts that follow.
+		r.Floor = measureFloor(o.reps, ns, a, ff, tr)
+	}
 
 	if change {
 		for _, name := range o.layouts[1:] {

@@ -60,3 +60,25 @@ func TestRenderLayouts(t *testing.T) {
 		t.Errorf("flat judged for the split layout with one size measured:\n%s", out)
 	}
 }
+
+// TestRenderFloor: the floor's line gives its percentiles, judges it
+// against the p99 target and divides vipd's by it, layout by layout.
+func TestRenderFloor(t *testing.T) {
+	res := &Results{Layouts: []string{"single", "split"}, PerFile: 100}
+	res.Sizes = append(res.Sizes, &SizeResult{N: 100, M: 10, Changes: map[string]*Change{
+		"single": {Layout: "single", MS: []float64{10, 10, 30}},
+		"split":  {Layout: "split", MS: []float64{8, 8, 24}},
+	}, Floor: &Change{Layout: "floor", MS: []float64{2, 2, 6}}})
+	res.Sizes = append(res.Sizes, &SizeResult{N: 10000, M: 10, Floor: &Change{Err: "the floor daemon did not start"}})
+	var b strings.Builder
+	renderChanges(&b, res)
+	out := b.String()
+	for _, want := range []string{
+		"n=3: p50 2.0 / p99 6.0 ms, p99 < 20 ms: met; vipd single / floor: p50 5.0x, p99 5.0x; vipd split / floor: p50 4.0x, p99 4.0x\n",
+		"floor at 10000x10: FAILED: the floor daemon did not start\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+}
