@@ -354,36 +354,64 @@ type includedText struct {
 	rank int
 }
 
-// readIncluded reads the files that match patterns, pattern by pattern and
-// each pattern's matches in lexical order. A file is read once, for the
-// first pattern that matches it; the main file is never included. A glob
-// that matches nothing is no error (an empty services.d is normal); a
-// pattern without wildcards names a file that must exist.
+// readIncluded reads the files that match patterns (see globIncluded).
 func readIncluded(mainFile string, patterns []string) ([]includedText, error) {
-	seen := map[string]bool{filepath.Clean(mainFile): true}
-	var out []includedText
-	for r, p := range patterns {
-		matches, err := filepath.Glob(p)
-		if err != nil {
-			return nil, fmt.Errorf("include %q: %w", p, err)
-		}
-		if len(matches) == 0 && !hasMeta(p) {
-			return nil, fmt.Errorf("include %q: %w", p, fs.ErrNotExist)
-		}
-		for _, m := range matches {
-			m = filepath.Clean(m)
-			if seen[m] {
-				continue
-			}
-			seen[m] = true
-			data, err := os.ReadFile(m)
-			if err != nil {
-				return nil, fmt.Errorf("read included file: %w", err)
-			}
-			out = append(out, includedText{Text{File: m, Data: data}, r})
+	out, err := globIncluded(mainFile, patterns)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		if out[i].Data, err = os.ReadFile(out[i].File); err != nil {
+			return nil, fmt.Errorf("read included file: %w", err)
 		}
 	}
 	return out, nil
+}
+
+// globIncluded lists, without reading them, the files that match
+// patterns, pattern by pattern and each pattern's matches in lexical
+// order. A file is listed once, for the first pattern that matches it;
+// the main file is never included. A glob that matches nothing is no
+// error (an empty services.d is normal); a pattern without wildcards names
+// a file that must exist. On error it still returns every match it found.
+func globIncluded(mainFile string, patterns []string) ([]includedText, error) {
+	seen := map[string]bool{filepath.Clean(mainFile): true}
+	var (
+		out  []includedText
+		errs []error
+	)
+	for r, p := range patterns {
+		matches, err := filepath.Glob(p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("include %q: %w", p, err))
+			continue
+		}
+		if len(matches) == 0 && !hasMeta(p) {
+			errs = append(errs, fmt.Errorf("include %q: %w", p, fs.ErrNotExist))
+		}
+		for _, m := range matches {
+			m = filepath.Clean(m)
+			if !seen[m] {
+				seen[m] = true
+				out = append(out, includedText{Text{File: m}, r})
+			}
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// includeRank returns the index of the first of patterns that matches
+// file, or -1 when none does or file is the main file.
+func includeRank(mainFile string, patterns []string, file string) int {
+	if file == mainFile {
+		return -1
+	}
+	for r, p := range patterns {
+		if ok, _ := filepath.Match(p, file); ok {
+			return r
+		}
+	}
+	return -1
 }
 
 // included returns c's included files.
@@ -397,23 +425,7 @@ func (c *Config) included() []includedText {
 
 // rankOf returns the index of the first of c's include patterns that
 // matches file, or -1 when none does or file is the main file.
-func (c *Config) rankOf(file string) int {
-	if file == c.File {
-		return -1
-	}
-	for r, p := range c.Include {
-		if ok, _ := filepath.Match(p, file); ok {
-			return r
-		}
-	}
-	return -1
-}
-
-// Includes reports whether file is one of c's included files or matches
-// one of its include patterns.
-func (c *Config) Includes(file string) bool {
-	return c.rankOf(filepath.Clean(file)) >= 0
-}
+func (c *Config) rankOf(file string) int { return includeRank(c.File, c.Include, file) }
 
 func decodeError(file string, err error) *Error {
 	var pe toml.ParseError

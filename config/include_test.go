@@ -111,8 +111,8 @@ func TestInclude(t *testing.T) {
 	if want := []string{"vipd.toml", "conf.d/a.toml", "conf.d/b.toml", "last.toml"}; !slices.Equal(files, want) {
 		t.Fatalf("files = %q, want %q", files, want)
 	}
-	if !cfg.Includes(filepath.Join(dir, "conf.d", "new.toml")) || cfg.Includes(filepath.Join(dir, "conf.d", "x.txt")) || cfg.Includes(main) {
-		t.Fatal("Includes is wrong")
+	if cfg.rankOf(filepath.Join(dir, "conf.d", "new.toml")) < 0 || cfg.rankOf(filepath.Join(dir, "conf.d", "x.txt")) >= 0 || cfg.rankOf(main) >= 0 {
+		t.Fatal("rankOf is wrong")
 	}
 	// The block path took every file.
 	for _, p := range cfg.parts {

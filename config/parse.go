@@ -131,6 +131,10 @@ func Reload(base *Config) (*Config, Delta, error) {
 			return nil, Delta{Full: true}, err
 		}
 	}
+	if !slices.Equal(cfg.Include, base.Include) {
+		// ParseFrom has just read the files of the new patterns.
+		return cfg, fullDelta(base, cfg), nil
+	}
 	incl, err := readIncluded(cfg.File, cfg.Include)
 	if err != nil {
 		return nil, Delta{Full: true}, Errors{includeError(Text{File: cfg.File, Data: cfg.Source()}, err)}

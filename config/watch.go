@@ -248,15 +248,7 @@ func (w *Watcher) classify(ev fsnotify.Event) (string, eventKind) {
 // included reports whether file is an included file: one matched by an
 // include pattern, other than the main file.
 func (w *Watcher) included(file string) bool {
-	if file == w.opts.Path {
-		return false
-	}
-	for _, p := range w.opts.Include {
-		if ok, _ := filepath.Match(p, file); ok {
-			return true
-		}
-	}
-	return false
+	return includeRank(w.opts.Path, w.opts.Include, file) >= 0
 }
 
 // rescan reads every file of the configuration, as Parse would find them,
@@ -273,18 +265,12 @@ func (w *Watcher) rescan(ctx context.Context, created bool) bool {
 	}
 	check(w.opts.Path)
 	found := map[string]bool{w.opts.Path: true}
-	for _, p := range w.opts.Include {
-		matches, err := filepath.Glob(p)
-		if err != nil {
-			continue // the configuration's patterns are valid
-		}
-		for _, m := range matches {
-			m = filepath.Clean(m)
-			if !found[m] {
-				found[m] = true
-				check(m)
-			}
-		}
+	// A missing file named without wildcards is one that is gone: its
+	// check below reports it.
+	matches, _ := globIncluded(w.opts.Path, w.opts.Include)
+	for _, m := range matches {
+		found[m.File] = true
+		check(m.File)
 	}
 	var gone []string
 	for f := range w.last {

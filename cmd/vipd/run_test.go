@@ -182,6 +182,18 @@ func (h *harness) eventually(what string, cond func() bool) {
 	}
 }
 
+// expectOneWeight checks that a weight change of the api service took
+// one kernel call and read that service alone.
+func (h *harness) expectOneWeight() {
+	h.t.Helper()
+	if calls := h.k.Calls(); len(calls) != 1 || !strings.HasPrefix(calls[0], "update-dest") {
+		h.t.Errorf("calls for one weight = %v", calls)
+	}
+	if reads := h.k.Reads(); len(reads) != 1 || reads[0] != "service tcp 192.0.2.11:443" {
+		h.t.Errorf("reads for one weight = %v; want the changed service alone", reads)
+	}
+}
+
 func (h *harness) logHas(s string) func() bool {
 	return func() bool { return strings.Contains(h.log.String(), s) }
 }
@@ -446,12 +458,7 @@ func TestDaemonReloadDelta(t *testing.T) {
 	h.write(h.header("") + strings.Replace(twoServices, `{ address = "10.0.0.4" }`, `{ address = "10.0.0.4", weight = 3 }`, 1))
 	h.eventually("the new weight", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443 masq weight=3") })
 	h.expectNotify("READY=1")
-	if calls := h.k.Calls(); len(calls) != 1 || !strings.HasPrefix(calls[0], "update-dest") {
-		t.Errorf("calls for one weight = %v", calls)
-	}
-	if reads := h.k.Reads(); len(reads) != 1 || reads[0] != "service tcp 192.0.2.11:443" {
-		t.Errorf("reads for one weight = %v; want the changed service alone", reads)
-	}
+	h.expectOneWeight()
 
 	h.write(h.header("") + twoServices + "\n[[service]]\nname = \"new\"\nvip = \"192.0.2.12\"\nport = 80\nbackend = [{ address = \"10.0.0.9\" }]\n")
 	h.eventually("the new service", func() bool { return strings.Contains(h.k.Dump(), "192.0.2.12:80") })
@@ -545,12 +552,7 @@ func TestDaemonInclude(t *testing.T) {
 	writeAt(t, api, strings.Replace(parts[1], `{ address = "10.0.0.4" }`, `{ address = "10.0.0.4", weight = 3 }`, 1))
 	h.eventually("the new weight", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443 masq weight=3") })
 	h.expectNotify("READY=1")
-	if calls := h.k.Calls(); len(calls) != 1 || !strings.HasPrefix(calls[0], "update-dest") {
-		t.Errorf("calls for one weight = %v", calls)
-	}
-	if reads := h.k.Reads(); len(reads) != 1 || reads[0] != "service tcp 192.0.2.11:443" {
-		t.Errorf("reads for one weight = %v; want the changed service alone", reads)
-	}
+	h.expectOneWeight()
 	h.eventually("the reload timing", h.logHas("file="+api))
 	if !strings.Contains(h.log.String(), "services_parsed=1 full=false") {
 		t.Errorf("the reload was not incremental:\n%s", h.log)

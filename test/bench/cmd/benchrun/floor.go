@@ -121,7 +121,6 @@ func measureFloor(n int, ns *namespace, a *ipvs.IPVS, ff *fixtureFiles, tr *setT
 	if err != nil {
 		return fail(err)
 	}
-	cmd.ExtraFiles = nil
 	if err := cmd.Start(); err != nil {
 		return fail(err)
 	}
