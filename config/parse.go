@@ -43,7 +43,7 @@ type Delta struct {
 // may keep it (to roll back, or after a rejected reload).
 //
 // file is base's main file (base.File), one of its included files, or a
-// new file that matches one of its include patterns (see Includes); the
+// new file that matches one of its include patterns (see Config.Include); the
 // other files are taken from base as they were. When the main file's
 // include patterns change (or without base) the included files are read
 // from disk again.
