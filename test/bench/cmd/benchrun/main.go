@@ -153,12 +153,14 @@ func main() {
 
 // Results are everything one run measured.
 type Results struct {
-	Kernel   string
-	Qemu     string
-	CPUs     int
-	MemMiB   int64
-	Started  time.Time
-	Duration float64
+	Kernel string
+	// Clocksource is the guest kernel's clock source (tsc, hpet...).
+	Clocksource string
+	Qemu        string
+	CPUs        int
+	MemMiB      int64
+	Started     time.Time
+	Duration    float64
 	// Layouts are vipd's configuration layouts measured, in order;
 	// PerFile is the split layout's services per file.
 	Layouts []string
@@ -287,7 +289,7 @@ type Steps struct {
 const pollInterval = 5 * time.Millisecond
 
 func run(o options) *Results {
-	res := &Results{Kernel: kernelRelease(), Qemu: o.qemu, CPUs: numCPU(), MemMiB: memMiB(), Started: time.Now(),
+	res := &Results{Kernel: kernelRelease(), Clocksource: clocksource(), Qemu: o.qemu, CPUs: numCPU(), MemMiB: memMiB(), Started: time.Now(),
 		Layouts: o.layouts, PerFile: o.perFile, ChangeMethod: setMethod,
 		ReloadMethod: fmt.Sprintf("from CLOCK_MONOTONIC right before the rename (the SIGHUP follows it) to a query of the service showing the new weight, polled every %v", pollInterval)}
 	var tr *setTracer

@@ -50,7 +50,7 @@ func metOrMissed(ok bool) string {
 func render(res *Results) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "vipd control-plane benchmark (issue 8)\n")
-	fmt.Fprintf(&b, "guest: Linux %s, %s, %d vCPUs, %d MiB; run %s, %.0f s\n", res.Kernel, qemuName(res.Qemu), res.CPUs, res.MemMiB,
+	fmt.Fprintf(&b, "guest: Linux %s (clocksource %s), %s, %d vCPUs, %d MiB; run %s, %.0f s\n", res.Kernel, orUnknown(res.Clocksource), qemuName(res.Qemu), res.CPUs, res.MemMiB,
 		res.Started.UTC().Format("2006-01-02 15:04 UTC"), res.Duration)
 	fmt.Fprintf(&b, "fixture: N services x M backends, TCP, wrr, NAT, weight 1, 10 services per VIP; each tool programs a fresh network namespace\n")
 
@@ -318,6 +318,15 @@ func renderChanges(b *strings.Builder, res *Results) {
 				fmt.Fprintf(b, "; vipd %s / floor: p50 %.1fx, p99 %.1fx", l, percentile(c.MS, 50)/fp50, percentile(c.MS, 99)/fp99)
 			}
 		}
+		// The tail as a multiple of the median: equal multiples say that
+		// vipd's tail is the guest's jitter over its longer path, not a
+		// stall of its own.
+		fmt.Fprintf(b, "; p99/p50: floor %.1fx", fp99/fp50)
+		for _, l := range res.Layouts {
+			if c := r.Changes[l]; c != nil && len(c.MS) > 0 {
+				fmt.Fprintf(b, ", vipd %s %.1fx", l, percentile(c.MS, 99)/percentile(c.MS, 50))
+			}
+		}
 		if f.Err != "" {
 			fmt.Fprintf(b, " (%s)", f.Err)
 		}
@@ -354,4 +363,12 @@ func renderChanges(b *strings.Builder, res *Results) {
 		}
 	}
 	b.WriteString("(read: the watcher reads and compares the file; wait: until the main loop takes it; parse: ParseFrom; apply: guard, pass, bookkeeping; total: from the read's start)\n")
+}
+
+// orUnknown returns s, or "unknown" when it is empty.
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }

@@ -74,7 +74,7 @@ func TestRenderFloor(t *testing.T) {
 	renderChanges(&b, res)
 	out := b.String()
 	for _, want := range []string{
-		"n=3: p50 2.0 / p99 6.0 ms, p99 < 20 ms: met; vipd single / floor: p50 5.0x, p99 5.0x; vipd split / floor: p50 4.0x, p99 4.0x\n",
+		"n=3: p50 2.0 / p99 6.0 ms, p99 < 20 ms: met; vipd single / floor: p50 5.0x, p99 5.0x; vipd split / floor: p50 4.0x, p99 4.0x; p99/p50: floor 3.0x, vipd single 3.0x, vipd split 3.0x\n",
 		"floor at 10000x10: FAILED: the floor daemon did not start\n",
 	} {
 		if !strings.Contains(out, want) {
