@@ -26,17 +26,13 @@ func TestRenderLayouts(t *testing.T) {
 	var b strings.Builder
 	renderChanges(&b, res)
 	out := b.String()
-	for _, want := range []string{
+	expectAll(t, out,
 		"vipd: probe\n",
 		"100x10  single",
 		"services.d/0000.toml (51.0 KB)",
 		"flat, single layout (the largest size's p99 at most 1.5x the smallest's): p99 13.0 ms at 100x10 -> 90.0 ms at 10000x10 (6.9x; p50 6.9x): MISSED",
 		"vipd restarted on the table the single layout left, which it adopted with 0 operations",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("no %q in:\n%s", want, out)
-		}
-	}
+	)
 	for _, l := range strings.Split(out, "\n") {
 		f := strings.Fields(l)
 		switch {
@@ -73,10 +69,16 @@ func TestRenderFloor(t *testing.T) {
 	var b strings.Builder
 	renderChanges(&b, res)
 	out := b.String()
-	for _, want := range []string{
+	expectAll(t, out,
 		"n=3: p50 2.0 / p99 6.0 ms, p99 < 20 ms: met; vipd single / floor: p50 5.0x, p99 5.0x; vipd split / floor: p50 4.0x, p99 4.0x; p99/p50: floor 3.0x, vipd single 3.0x, vipd split 3.0x\n",
 		"floor at 10000x10: FAILED: the floor daemon did not start\n",
-	} {
+	)
+}
+
+// expectAll fails t for each of wants that out does not contain.
+func expectAll(t *testing.T, out string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in:\n%s", want, out)
 		}
