@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -299,5 +300,56 @@ func TestServicesParallel(t *testing.T) {
 			t.Errorf("%d sockets: %s", n, d)
 		}
 		t.Logf("%d sockets: %d services read in %v", n, len(got), took.Round(time.Millisecond))
+	}
+}
+
+// TestServiceKernel: Service, which sends the service's query and the
+// dump of its destinations in one datagram, reads each service as the
+// whole-table read does: services of every kind, one with 600
+// destinations (an answer of several datagrams), one with none, and a
+// missing key.
+func TestServiceKernel(t *testing.T) {
+	tb := newTable(t)
+	all := bulk(60, 3)
+	big := entry{svc: svc(tcp4("10.200.0.1", 443), "wrr")}
+	for i := range 600 {
+		d := dest(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 201, byte(i >> 8), byte(i)}), 443).String(), lb.Masq)
+		d.Weight = 1 + i%5
+		big.dests = append(big.dests, d)
+	}
+	all = append(all, big, entry{svc: svc(tcp4("10.200.0.2", 443), "rr")})
+	noErrors(t, "write", batched(tb, opsOf(all)))
+	whole, err := tb.Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := map[lb.ServiceKey]*lb.ServiceState{}
+	for _, e := range all {
+		st, err := tb.Service(e.svc.Key)
+		if err != nil || st == nil {
+			t.Fatalf("Service(%s): %+v, %v", e.svc.Key, st, err)
+		}
+		one[e.svc.Key] = st
+	}
+	if len(whole) < len(all) {
+		t.Fatalf("the whole-table read found %d services, want at least %d", len(whole), len(all))
+	}
+	for _, d := range diff(wantState(all), one) {
+		t.Errorf("one by one: %s", d)
+	}
+	for k, st := range one {
+		if w := whole[k]; w == nil || !maps.Equal(w.Dests, st.Dests) || w.Service != st.Service {
+			t.Errorf("%s: one by one %+v, the whole table %+v", k, st, w)
+		}
+	}
+	if got := len(one[big.svc.Key].Dests); got != 600 {
+		t.Errorf("the large service: %d destinations, want 600", got)
+	}
+	if none, err := tb.Service(tcp4("10.200.0.99", 443)); none != nil || err != nil {
+		t.Errorf("a missing key: %+v, %v", none, err)
+	}
+	// The socket is clean for the next request.
+	if st, err := tb.Service(big.svc.Key); err != nil || st == nil || len(st.Dests) != 600 {
+		t.Errorf("again: %v, %v", st != nil, err)
 	}
 }

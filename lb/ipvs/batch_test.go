@@ -220,6 +220,60 @@ func TestBatchApplies(t *testing.T) {
 	}
 }
 
+// TestServiceOneExchange: Service sends the service's query and the dump
+// of its destinations in one datagram, reads both answers, and reports a
+// missing service as nil; a dump the kernel marks interrupted is read
+// again alone.
+func TestServiceOneExchange(t *testing.T) {
+	i, tab, conns := fakeIPVS(t, 1, 256)
+	a := svc(tcp4("192.0.2.1", 80), "wrr")
+	d1, d2 := dest("10.0.0.1:80", lb.Masq), dest("10.0.0.2:80", lb.Masq)
+	d2.Weight = 7
+	for n, err := range i.ApplyBatch([]lb.Op{addSvc(a), addDest(a, d1), addDest(a, d2)}) {
+		if err != nil {
+			t.Fatalf("op %d: %v", n, err)
+		}
+	}
+	c := conns[0]
+	check := func(what string, wantSends int) *lb.ServiceState {
+		t.Helper()
+		before := len(c.sends)
+		st, err := i.Service(a.Key)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got := len(c.sends) - before; got != wantSends {
+			t.Errorf("%s: %d datagrams sent, want %d", what, got, wantSends)
+		}
+		if reqs := requests(t, c.sends[before]); len(reqs) != 2 {
+			t.Errorf("%s: the first datagram holds %d requests, want the query and the dump", what, len(reqs))
+		}
+		if len(c.queue) != 0 {
+			t.Errorf("%s: %d datagrams of the answers left unread", what, len(c.queue))
+		}
+		return st
+	}
+	st := check("existing service", 1)
+	if st == nil || st.Scheduler != "wrr" || len(st.Dests) != 2 || st.Dests[d2.Addr].Weight != 7 || st.Stats.Conns != 1 {
+		t.Errorf("Service: %+v", st)
+	}
+	tab.interrupt = 1
+	if st := check("interrupted dump", 2); st == nil || len(st.Dests) != 2 {
+		t.Errorf("Service after an interrupted dump: %+v", st)
+	}
+	before := len(c.sends)
+	if none, err := i.Service(tcp4("192.0.2.99", 80)); none != nil || err != nil {
+		t.Errorf("Service of a missing key: %+v, %v", none, err)
+	}
+	if len(c.sends)-before != 1 || len(c.queue) != 0 {
+		t.Errorf("missing service: %d datagrams sent, %d answers unread; want 1 and 0", len(c.sends)-before, len(c.queue))
+	}
+	// The next request reads its own answer, not a leftover.
+	if st := check("again", 1); st == nil || len(st.Dests) != 2 {
+		t.Errorf("Service again: %+v", st)
+	}
+}
+
 // TestBatchPartialFailure: one bad operation in the middle of a batch
 // fails alone, with the one-at-a-time wording; the rest apply.
 func TestBatchPartialFailure(t *testing.T) {

@@ -171,64 +171,83 @@ func dump(t transport, family uint16, cmd uint8, attrs []rawAttr, fn func(data [
 // ends the dump with that error, once the kernel's answer is read to its
 // end (so that the socket can run the next dump).
 func dumpInto(t transport, family uint16, cmd uint8, req *[]byte, attrs []rawAttr, fn func(data []byte) error) error {
-	seq := t.nextSeq()
-	*req = appendRequest((*req)[:0], family, unix.NLM_F_DUMP, seq, cmd, attrs...)
+	d := dumpAnswer{seq: t.nextSeq(), family: family, fn: fn}
+	*req = appendRequest((*req)[:0], family, unix.NLM_F_DUMP, d.seq, cmd, attrs...)
 	if err := t.send(*req); err != nil {
 		return fmt.Errorf("send to the kernel: %w", err)
 	}
-	var (
-		done, interrupted bool
-		ferr              error
-	)
-	for !done {
-		err := t.recv(true, func(m message) error {
-			if m.seq != seq || done {
-				return nil // stale: an answer to an earlier request
-			}
-			if m.flags&unix.NLM_F_DUMP_INTR != 0 {
-				interrupted = true
-			}
-			switch m.typ {
-			case unix.NLMSG_DONE:
-				done = true
-				if ok, err := ackError(m.data); ok && err != nil && ferr == nil {
-					ferr = err
-				}
-			case unix.NLMSG_ERROR:
-				done = true
-				ok, err := ackError(m.data)
-				switch {
-				case !ok:
-					err = errors.New("short error message from the kernel")
-				case err == nil:
-					err = errors.New("dump acknowledged without an answer")
-				}
-				if ferr == nil {
-					ferr = err
-				}
-			case family:
-				if ferr == nil {
-					ferr = fn(m.data)
-				}
-			}
-			return nil
-		})
-		if err != nil {
+	for !d.done {
+		if err := t.recv(true, func(m message) error { d.take(m); return nil }); err != nil {
 			return fmt.Errorf("receive from the kernel: %w", err)
 		}
 	}
-	if ferr != nil {
-		return ferr
+	return d.result()
+}
+
+// dumpAnswer reads the answer to one dump request, message by message.
+type dumpAnswer struct {
+	seq    uint32
+	family uint16
+	// fn is called with the payload of each message of the answer.
+	fn func(data []byte) error
+	// done says the answer ended; interrupted that the kernel's state
+	// changed during the dump; err is the first error of the kernel or
+	// of fn.
+	done, interrupted bool
+	err               error
+}
+
+// take reads m if it belongs to the answer.
+func (d *dumpAnswer) take(m message) {
+	if m.seq != d.seq || d.done {
+		return // stale: an answer to an earlier request
 	}
-	if interrupted {
+	if m.flags&unix.NLM_F_DUMP_INTR != 0 {
+		d.interrupted = true
+	}
+	switch m.typ {
+	case unix.NLMSG_DONE:
+		d.done = true
+		if ok, err := ackError(m.data); ok && err != nil && d.err == nil {
+			d.err = err
+		}
+	case unix.NLMSG_ERROR:
+		d.done = true
+		ok, err := ackError(m.data)
+		switch {
+		case !ok:
+			err = errors.New("short error message from the kernel")
+		case err == nil:
+			err = errors.New("dump acknowledged without an answer")
+		}
+		if d.err == nil {
+			d.err = err
+		}
+	case d.family:
+		if d.err == nil {
+			d.err = d.fn(m.data)
+		}
+	}
+}
+
+// result is the dump's outcome once done: its first error, or
+// errDumpInterrupted.
+func (d *dumpAnswer) result() error {
+	if d.err != nil {
+		return d.err
+	}
+	if d.interrupted {
 		return errDumpInterrupted
 	}
 	return nil
 }
 
 // Service returns one service with its destinations and counters, or nil
-// when the table has no service with that key. It costs two exchanges
-// with the kernel whatever the size of the table.
+// when the table has no service with that key. It costs one exchange with
+// the kernel whatever the size of the table: the service's query and the
+// dump of its destinations go in one datagram, and the kernel answers
+// both (a reload's pass over one changed service waits for this before it
+// writes, so a second round trip is latency on every reload).
 func (i *IPVS) Service(key lb.ServiceKey) (*lb.ServiceState, error) {
 	k, err := toKernelKey(key)
 	if err != nil {
@@ -240,62 +259,82 @@ func (i *IPVS) Service(key lb.ServiceKey) (*lb.ServiceState, error) {
 		return nil, fmt.Errorf("get service %s: %w", key, errClosed)
 	}
 	c := i.conns[0]
-	ms, stats, err := getService(c, i.family, k)
+	st := &lb.ServiceState{Dests: map[netip.AddrPort]lb.Destination{}}
+	ms, stats, dumpErr, err := queryService(c, i.family, k, st)
 	if errors.Is(err, unix.ESRCH) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get service %s: %w", key, err)
 	}
-	s, err := fromKernelService(ms)
-	if err != nil {
+	if st.Service, err = fromKernelService(ms); err != nil {
 		return nil, fmt.Errorf("get service %s: read service %s: %w", key, describe(ms), err)
 	}
-	st := &lb.ServiceState{Service: s, Stats: stats, Dests: map[netip.AddrPort]lb.Destination{}}
-	if _, err := readServiceDests(c, i.family, k, nil, st); err != nil {
-		return nil, fmt.Errorf("list destinations of service %s: %w", key, err)
+	st.Stats = stats
+	if errors.Is(dumpErr, errDumpInterrupted) {
+		// The table changed under the dump: read the destinations
+		// again, alone, as a whole-table read does.
+		_, dumpErr = readServiceDests(c, i.family, k, nil, st)
+	}
+	if dumpErr != nil {
+		return nil, fmt.Errorf("list destinations of service %s: %w", key, dumpErr)
 	}
 	return st, nil
 }
 
-// getService asks the kernel for the service k.
-func getService(t transport, family uint16, k kernelKey) (*mobyipvs.Service, lb.Stats, error) {
+// queryService sends the query of service k and the dump of its
+// destinations in one datagram and reads both answers: the service and
+// its counters or the query's error (ESRCH: no such service), and the
+// dump's outcome, whose destinations it puts in st.Dests. The kernel runs
+// the requests of a datagram in order; the dump of a missing service is
+// empty.
+func queryService(t transport, family uint16, k kernelKey, st *lb.ServiceState) (ms *mobyipvs.Service, stats lb.Stats, dumpErr, err error) {
 	seq := t.nextSeq()
-	if err := t.send(appendRequest(nil, family, 0, seq, cmdGetService, keyAttr(k))); err != nil {
-		return nil, lb.Stats{}, fmt.Errorf("send to the kernel: %w", err)
+	req := appendRequest(nil, family, 0, seq, cmdGetService, keyAttr(k))
+	dests := dumpAnswer{seq: t.nextSeq(), family: family, fn: func(data []byte) error {
+		kd, err := parseDestMsg(data, k.family)
+		if err != nil {
+			return fmt.Errorf("parse destination: %w", err)
+		}
+		d := fromKernelDest(kd)
+		st.Dests[d.Addr] = d
+		return nil
+	}}
+	req = appendRequest(req, family, unix.NLM_F_DUMP, dests.seq, cmdGetDest, keyAttr(k))
+	if err := t.send(req); err != nil {
+		return nil, lb.Stats{}, nil, fmt.Errorf("send to the kernel: %w", err)
 	}
-	var (
-		ms    *mobyipvs.Service
-		stats lb.Stats
-		ferr  error
-		done  bool
-	)
-	for !done {
-		err := t.recv(true, func(m message) error {
-			if m.seq != seq || done {
+	done := false
+	for !done || !dests.done {
+		rerr := t.recv(true, func(m message) error {
+			if m.seq != seq {
+				dests.take(m)
+				return nil
+			}
+			if done {
 				return nil
 			}
 			switch m.typ {
 			case unix.NLMSG_ERROR:
 				done = true
-				ok, err := ackError(m.data)
+				ok, aerr := ackError(m.data)
 				switch {
 				case !ok:
-					ferr = errors.New("short error message from the kernel")
-				case err == nil:
-					ferr = errors.New("acknowledged without an answer")
+					err = errors.New("short error message from the kernel")
+				case aerr == nil:
+					err = errors.New("acknowledged without an answer")
 				default:
-					ferr = err
+					err = aerr
 				}
 			case family:
 				done = true
-				ms, stats, ferr = parseServiceMsg(m.data)
+				ms, stats, err = parseServiceMsg(m.data)
 			}
 			return nil
 		})
-		if err != nil {
-			return nil, lb.Stats{}, fmt.Errorf("receive from the kernel: %w", err)
+		if rerr != nil {
+			return nil, lb.Stats{}, nil, fmt.Errorf("receive from the kernel: %w", rerr)
 		}
 	}
-	return ms, stats, ferr
+	return ms, stats, dests.result(), err
 }

@@ -23,6 +23,10 @@ type fakeTable struct {
 	// fail makes requests fail: it is asked for each request, by its
 	// command and the text of its service and destination keys.
 	fail func(cmd uint8, svc, dest string) unix.Errno
+	// interrupt marks this many of the next dumps of destinations
+	// interrupted (NLM_F_DUMP_INTR), as the kernel does when the table
+	// changes during a dump.
+	interrupt int
 }
 
 type fakeService struct {
@@ -180,7 +184,12 @@ func (c *fakeConn) handle(p []byte, seq uint32, isDump bool) unix.Errno {
 				c.queue = append(c.queue, d)
 			}
 		}
-		c.queue = append(c.queue, fakeMsg(unix.NLMSG_DONE, unix.NLM_F_MULTI, seq, make([]byte, 4)))
+		flags := uint16(unix.NLM_F_MULTI)
+		if t.interrupt > 0 {
+			t.interrupt--
+			flags |= unix.NLM_F_DUMP_INTR
+		}
+		c.queue = append(c.queue, fakeMsg(unix.NLMSG_DONE, flags, seq, make([]byte, 4)))
 		return 0
 	case cmdNewService:
 		if s != nil {
