@@ -184,6 +184,10 @@ func TestIncludeErrors(t *testing.T) {
 		name: "a bad pattern",
 		main: "include = [\"d/[.toml\"]\n",
 		want: "D/vipd.toml:1: include: \"D/d/[.toml\": syntax error in pattern",
+	}, {
+		name: "a missing directory, watched",
+		main: "# services\ninclude = [\"d/*.toml\", \"nodir/*.toml\"]\n",
+		want: "D/vipd.toml:2: include: \"D/nodir/*.toml\": directory D/nodir does not exist, and with watch = true vipd watches it for files: create it, or set watch = false",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -200,6 +204,31 @@ func TestIncludeErrors(t *testing.T) {
 				t.Fatalf("error:\n got %v\nwant %s", err, want)
 			}
 		})
+	}
+}
+
+// TestIncludeMissingDirUnwatched: without watching, a pattern's missing
+// directory is a glob that matches nothing, as an empty one is.
+func TestIncludeMissingDirUnwatched(t *testing.T) {
+	dir := t.TempDir()
+	main := filepath.Join(dir, "vipd.toml")
+	writeFile(t, main, "include = [\"nodir/*.toml\"]\n[daemon]\nwatch = false\n")
+	cfg, err := Load(main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Include) != 1 || len(cfg.Spec.Services) != 0 {
+		t.Errorf("include %q, %d services", cfg.Include, len(cfg.Spec.Services))
+	}
+	// The same file watched is refused, by the whole parse and by the
+	// incremental one from the unwatched configuration.
+	watched := []byte("include = [\"nodir/*.toml\"]\n[daemon]\nwatch = true\n")
+	if _, _, err := ParseFrom(cfg, main, watched); err == nil || !strings.Contains(err.Error(), "nodir does not exist") {
+		t.Errorf("ParseFrom: %v", err)
+	}
+	writeFile(t, main, string(watched))
+	if _, err := Load(main); err == nil || !strings.Contains(err.Error(), "nodir does not exist") {
+		t.Errorf("Load: %v", err)
 	}
 }
 

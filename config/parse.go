@@ -701,7 +701,7 @@ func decodePreamble(file string, data []byte, cfg *Config) bool {
 	}
 	v := &validator{file: file}
 	v.daemon(&pre.Daemon, cfg)
-	cfg.Include = v.include(pre.Include)
+	cfg.Include = v.include(pre.Include, cfg.Daemon.Watch)
 	return len(v.errs) == 0
 }
 

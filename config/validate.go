@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -178,7 +179,7 @@ func validIfName(s string) error {
 func (v *validator) config(raw *rawConfig, x *cross) *Config {
 	cfg := &Config{}
 	v.daemon(&raw.Daemon, cfg)
-	cfg.Include = v.include(raw.Include)
+	cfg.Include = v.include(raw.Include, cfg.Daemon.Watch)
 	v.services(raw.Service, cfg, x)
 	return cfg
 }
@@ -258,7 +259,12 @@ func (v *validator) services(raw []rawService, cfg *Config, x *cross) {
 
 // include validates the main file's include patterns and returns them
 // resolved: a relative pattern is relative to the main file's directory.
-func (v *validator) include(patterns []string) []string {
+// With watch (the daemon watches the files) a wildcard pattern's
+// directory must exist: the watcher watches it for new files and cannot
+// watch what is not there. Without this a daemon would refuse to start
+// on a configuration that "vipd check" passed, and a reload that names a
+// missing directory would stop the watching of every file.
+func (v *validator) include(patterns []string, watch bool) []string {
 	var out []string
 	for _, p := range patterns {
 		if p == "" {
@@ -278,6 +284,12 @@ func (v *validator) include(patterns []string) []string {
 			// one directory.
 			v.errorf("include", "", "include: %q: only the file name may hold wildcards (*, ?, [)", p)
 			continue
+		}
+		if watch && hasMeta(filepath.Base(p)) {
+			if fi, err := os.Stat(filepath.Dir(p)); err != nil || !fi.IsDir() {
+				v.errorf("include", "", "include: %q: directory %s does not exist, and with watch = true vipd watches it for files: create it, or set watch = false", p, filepath.Dir(p))
+				continue
+			}
 		}
 		out = append(out, p)
 	}

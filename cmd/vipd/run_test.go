@@ -594,4 +594,15 @@ func TestDaemonInclude(t *testing.T) {
 	h.eventually("the new pattern's file", func() bool { return strings.Contains(h.k.Dump(), "192.0.2.20:80") })
 	writeAt(t, more, "[[service]]\nname = \"more\"\nvip = \"192.0.2.20\"\nport = 81\nbackend = [{ address = \"10.0.0.8\" }]\n")
 	h.eventually("a change in the new directory", func() bool { return strings.Contains(h.k.Dump(), "192.0.2.20:81") })
+
+	// A pattern whose directory is missing: the reload is refused, naming
+	// the line, and every file is still watched.
+	good = h.k.Dump()
+	h.write("include = [\"services.d/*.toml\", \"more.d/*.toml\", \"typo.d/*.toml\"]\n" + h.header("reload_guard = 1.0"))
+	h.eventually("the refusal", h.logHas(`vipd.toml:1: include: \"`+filepath.Join(dir, "typo.d")+`/*.toml\": directory `+filepath.Join(dir, "typo.d")+` does not exist`))
+	if got := h.k.Dump(); got != good {
+		t.Errorf("a refused include changed the kernel:\n%s\nwant\n%s", got, good)
+	}
+	writeAt(t, more, "[[service]]\nname = \"more\"\nvip = \"192.0.2.20\"\nport = 82\nbackend = [{ address = \"10.0.0.8\" }]\n")
+	h.eventually("a change after the refusal", func() bool { return strings.Contains(h.k.Dump(), "192.0.2.20:82") })
 }
