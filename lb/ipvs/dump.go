@@ -213,21 +213,27 @@ func (d *dumpAnswer) take(m message) {
 		}
 	case unix.NLMSG_ERROR:
 		d.done = true
-		ok, err := ackError(m.data)
-		switch {
-		case !ok:
-			err = errors.New("short error message from the kernel")
-		case err == nil:
-			err = errors.New("dump acknowledged without an answer")
-		}
 		if d.err == nil {
-			d.err = err
+			d.err = unanswered(m.data)
 		}
 	case d.family:
 		if d.err == nil {
 			d.err = d.fn(m.data)
 		}
 	}
+}
+
+// unanswered is what an NLMSG_ERROR message that came instead of an
+// answer reports: the kernel's error, or what is wrong with the message.
+func unanswered(data []byte) error {
+	ok, err := ackError(data)
+	switch {
+	case !ok:
+		return errors.New("short error message from the kernel")
+	case err == nil:
+		return errors.New("acknowledged without an answer")
+	}
+	return err
 }
 
 // result is the dump's outcome once done: its first error, or
@@ -318,15 +324,7 @@ func queryService(t transport, family uint16, k kernelKey, st *lb.ServiceState) 
 			switch m.typ {
 			case unix.NLMSG_ERROR:
 				done = true
-				ok, aerr := ackError(m.data)
-				switch {
-				case !ok:
-					err = errors.New("short error message from the kernel")
-				case aerr == nil:
-					err = errors.New("acknowledged without an answer")
-				default:
-					err = aerr
-				}
+				err = unanswered(m.data)
 			case family:
 				done = true
 				ms, stats, err = parseServiceMsg(m.data)
