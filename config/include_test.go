@@ -188,6 +188,11 @@ func TestIncludeErrors(t *testing.T) {
 		name: "a missing directory, watched",
 		main: "# services\ninclude = [\"d/*.toml\", \"nodir/*.toml\"]\n",
 		want: "D/vipd.toml:2: include: \"D/nodir/*.toml\": directory D/nodir does not exist, and with watch = true vipd watches it for files: create it, or set watch = false",
+	}, {
+		name:  "a file where the directory should be, watched",
+		main:  "include = [\"d/a.toml/*.toml\"]\n",
+		files: map[string]string{"d/a.toml": svc("a", "192.0.2.1")},
+		want:  "D/vipd.toml:1: include: \"D/d/a.toml/*.toml\": D/d/a.toml is not a directory",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

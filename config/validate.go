@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"net"
 	"net/netip"
@@ -286,8 +287,17 @@ func (v *validator) include(patterns []string, watch bool) []string {
 			continue
 		}
 		if watch && hasMeta(filepath.Base(p)) {
-			if fi, err := os.Stat(filepath.Dir(p)); err != nil || !fi.IsDir() {
-				v.errorf("include", "", "include: %q: directory %s does not exist, and with watch = true vipd watches it for files: create it, or set watch = false", p, filepath.Dir(p))
+			dir := filepath.Dir(p)
+			fi, err := os.Stat(dir)
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
+				v.errorf("include", "", "include: %q: directory %s does not exist, and with watch = true vipd watches it for files: create it, or set watch = false", p, dir)
+				continue
+			case err != nil:
+				v.errorf("include", "", "include: %q: %v", p, err)
+				continue
+			case !fi.IsDir():
+				v.errorf("include", "", "include: %q: %s is not a directory", p, dir)
 				continue
 			}
 		}
