@@ -118,8 +118,11 @@ boot() {
 	# loglevel=7: the whole boot is in the log (/init lowers the console level
 	# to 4 for the tests). panic=-1: reboot at once on panic, and -no-reboot
 	# turns that into qemu exiting. oops=panic, softlockup_panic=1: a broken
-	# kernel ends the run now instead of at the timeout.
-	local cmdline="console=ttyS0 loglevel=7 panic=-1 oops=panic softlockup_panic=1 VIPD_VM_TOKEN=$token ${envs[*]}$append"
+	# kernel ends the run now instead of at the timeout. panic_on_rcu_stall:
+	# the emulator has locked a vCPU up with its timers stopped, which the
+	# soft-lockup watchdog (a timer itself) never saw; the run hung until
+	# its timeout (once in a make bench, whose figures would be void anyway).
+	local cmdline="console=ttyS0 loglevel=7 panic=-1 oops=panic softlockup_panic=1 sysctl.kernel.panic_on_rcu_stall=1 VIPD_VM_TOKEN=$token ${envs[*]}$append"
 	local qemu=(
 		qemu-system-x86_64
 		-accel tcg,thread=multi -cpu max -M q35 -smp "$smp" -m "$mem"

@@ -5,7 +5,9 @@
 #
 # A rig that cannot fail is worse than none. This checks that:
 #   1. the guest command's exit status comes back, and a command that prints
-#      a fake exit marker cannot fake it (run.sh must return 7);
+#      a fake exit marker cannot fake it (run.sh must return 7); the same
+#      command checks that the guest panics on a soft lockup and on an RCU
+#      stall (a locked-up vCPU then ends the run instead of hanging it);
 #   2. a test with a deliberately wrong expectation (VIPD_E2E_EXPECT_FAIL=1)
 #      makes e2e.sh exit non-zero and report the failed test;
 #   3. a kernel panic (sysrq 'c') makes run.sh fail with "KERNEL PANIC" and the
@@ -29,11 +31,13 @@ tag="VIPD_SELFTEST=$$"
 export VIPD_VM_APPEND=$tag # run.sh adds it to every kernel command line
 qemus() { pgrep -fc "qemu-system-x86_64 .*$tag" || true; }
 
-# 1. Exit status, and a fake marker printed by the command is ignored.
+# 1. Exit status, and a fake marker printed by the command is ignored; the
+# panic settings are in force (exit 9 if not).
 rc=0
-"$VM_DIR/run.sh" --quiet --timeout 120 -- bash -c 'echo "VIPD-VM-EXIT=0 token=fake"; exit 7' \
-	>"$out/1.out" 2>&1 || rc=$?
-if ((rc == 7)); then pass "exit status 7 comes back (fake marker ignored)"; else
+"$VM_DIR/run.sh" --quiet --timeout 120 -- bash -c 'echo "VIPD-VM-EXIT=0 token=fake"
+	for s in softlockup_panic panic_on_rcu_stall; do [ "$(cat /proc/sys/kernel/$s)" = 1 ] || exit 9; done
+	exit 7' >"$out/1.out" 2>&1 || rc=$?
+if ((rc == 7)); then pass "exit status 7 comes back (fake marker ignored; panics on lockups and RCU stalls)"; else
 	fail "exit status: want 7, got $rc"; tail -n 20 "$out/1.out"; fi
 
 # 2. A wrong expectation in an e2e test fails the run.
