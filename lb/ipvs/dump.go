@@ -135,17 +135,23 @@ func readServiceDests(t transport, family uint16, k kernelKey, req []byte, st *l
 	attrs := []rawAttr{keyAttr(k)}
 	err := retryDump(func() error {
 		clear(st.Dests)
-		return dumpInto(t, family, cmdGetDest, &req, attrs, func(data []byte) error {
-			kd, err := parseDestMsg(data, k.family)
-			if err != nil {
-				return fmt.Errorf("parse destination: %w", err)
-			}
-			d := fromKernelDest(kd)
-			st.Dests[d.Addr] = d
-			return nil
-		})
+		return dumpInto(t, family, cmdGetDest, &req, attrs, destsInto(st, k.family))
 	})
 	return req, err
+}
+
+// destsInto returns a dump's message reader that puts each destination
+// of a service of family fam into st.Dests.
+func destsInto(st *lb.ServiceState, fam uint16) func(data []byte) error {
+	return func(data []byte) error {
+		kd, err := parseDestMsg(data, fam)
+		if err != nil {
+			return fmt.Errorf("parse destination: %w", err)
+		}
+		d := fromKernelDest(kd)
+		st.Dests[d.Addr] = d
+		return nil
+	}
 }
 
 // retryDump runs f again, up to 5 times in all, while the kernel says
@@ -298,15 +304,7 @@ func (i *IPVS) Service(key lb.ServiceKey) (*lb.ServiceState, error) {
 func queryService(t transport, family uint16, k kernelKey, st *lb.ServiceState) (ms *mobyipvs.Service, stats lb.Stats, dumpErr, err error) {
 	seq := t.nextSeq()
 	req := appendRequest(nil, family, 0, seq, cmdGetService, keyAttr(k))
-	dests := dumpAnswer{seq: t.nextSeq(), family: family, fn: func(data []byte) error {
-		kd, err := parseDestMsg(data, k.family)
-		if err != nil {
-			return fmt.Errorf("parse destination: %w", err)
-		}
-		d := fromKernelDest(kd)
-		st.Dests[d.Addr] = d
-		return nil
-	}}
+	dests := dumpAnswer{seq: t.nextSeq(), family: family, fn: destsInto(st, k.family)}
 	req = appendRequest(req, family, unix.NLM_F_DUMP, dests.seq, cmdGetDest, keyAttr(k))
 	if err := t.send(req); err != nil {
 		return nil, lb.Stats{}, nil, fmt.Errorf("send to the kernel: %w", err)
