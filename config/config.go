@@ -182,6 +182,10 @@ type Daemon struct {
 	DrainServices bool
 	// DrainTimeout bounds a drain; zero waits for the last connection.
 	DrainTimeout time.Duration
+	// DrainGrace is how long a removed TCP or SCTP backend stays at
+	// weight 0 before it is deleted while the kernel still lists
+	// connections to it that are not established (see lb.PlanOptions).
+	DrainGrace time.Duration
 	// GARP says how VIPs are announced.
 	GARP GARP
 	// Watch reloads the file when it changes (SIGHUP always does).
@@ -227,6 +231,14 @@ const (
 	DefaultScheduler     = "wlc"
 	DefaultSNATMark      = 0x4000000
 )
+
+// DefaultDrainGrace is drain_grace's default. A handshake in flight when a
+// backend leaves completes within one round trip, or after the backend
+// retransmits its SYN-ACK when the first one was lost: Linux retransmits
+// after 1 s (the initial RTO of RFC 6298). Two seconds cover that with a
+// second to spare on a loaded host. (A client's retransmitted SYN needs no
+// cover: IPVS schedules it anew, away from a backend at weight 0.)
+const DefaultDrainGrace = 2 * time.Second
 
 // Error is one problem in a configuration file.
 type Error struct {

@@ -59,6 +59,7 @@ strict_arp = false
 on_stop = "clean"
 resync_interval = 10
 drain_timeout = "1m30s"
+drain_grace = "3s"
 manage_iptables = false
 
 [[service]]
@@ -104,7 +105,7 @@ backend = [{ address = "10.0.0.3", port = 0 }]
 		t.Fatal(err)
 	}
 	d := cfg.Daemon
-	if d.Interface != "lb0" || d.StrictARP || d.OnStop != StopClean || d.ResyncInterval != 10*time.Second || d.DrainTimeout != 90*time.Second {
+	if d.Interface != "lb0" || d.StrictARP || d.OnStop != StopClean || d.ResyncInterval != 10*time.Second || d.DrainTimeout != 90*time.Second || d.DrainGrace != 3*time.Second {
 		t.Errorf("daemon = %+v", d)
 	}
 	if cfg.Spec.Rules.Enabled {
@@ -249,7 +250,7 @@ var errorTests = func() []struct {
 			[]string{`t.toml:5: service "tcp-192.0.2.10-80": backend 1: address "backend1" is not an IP address or address:port`}},
 		{"backend port twice", svc + "backend = [{ address = \"10.0.0.1:80\", port = 80 }]\n",
 			[]string{`t.toml:4: service "tcp-192.0.2.10-80": backend "10.0.0.1:80": port is given twice (address "10.0.0.1:80" has one)`}},
-		{"daemon values", "[daemon]\ninterface = \"this-name-is-too-long\"\nuplinks = [\"vipd0\"]\non_stop = \"flush\"\nresync_interval = \"10ms\"\nsnat_mark = 0\nmetrics_listen = \"9100\"\ncontrol_socket = \"vipd.sock\"\ngarp_count = 1000\ngarp_refresh = \"x\"\n",
+		{"daemon values", "[daemon]\ninterface = \"this-name-is-too-long\"\nuplinks = [\"vipd0\"]\non_stop = \"flush\"\nresync_interval = \"10ms\"\nsnat_mark = 0\nmetrics_listen = \"9100\"\ncontrol_socket = \"vipd.sock\"\ngarp_count = 1000\ngarp_refresh = \"x\"\ndrain_grace = \"11m\"\n",
 			[]string{
 				`t.toml:2: daemon: interface: "this-name-is-too-long" is not a valid interface name`,
 				`t.toml:4: daemon: on_stop "flush" must be "keep" or "clean"`,
@@ -259,6 +260,7 @@ var errorTests = func() []struct {
 				`t.toml:8: daemon: control_socket "vipd.sock" must be an absolute path`,
 				`t.toml:9: daemon: garp_count 1000 is outside 0..100`,
 				`t.toml:10: daemon: garp_refresh: "x" is not a duration (like "30s" or "5m")`,
+				`t.toml:11: daemon: drain_grace 11m0s is above 10m`,
 			}},
 		{"uplink is dummy", "[daemon]\nuplinks = [\"vipd0\"]\n",
 			[]string{`t.toml:2: daemon: uplinks: "vipd0" is vipd's dummy interface; announce on a real uplink`}},

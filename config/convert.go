@@ -90,6 +90,8 @@ func (c *converter) preamble(m map[string]any) *rawConfig {
 				r.DrainServices = c.boolp(v)
 			case "drain_timeout":
 				r.DrainTimeout = c.duration(v)
+			case "drain_grace":
+				r.DrainGrace = c.duration(v)
 			case "garp_count":
 				r.GARPCount = c.intp(v)
 			case "garp_interval":

@@ -46,6 +46,7 @@ type rawDaemon struct {
 	Drain          *bool     `toml:"drain"`
 	DrainServices  *bool     `toml:"drain_services"`
 	DrainTimeout   *duration `toml:"drain_timeout"`
+	DrainGrace     *duration `toml:"drain_grace"`
 	GARPCount      *int64    `toml:"garp_count"`
 	GARPInterval   *duration `toml:"garp_interval"`
 	GARPRefresh    *duration `toml:"garp_refresh"`
@@ -321,6 +322,7 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 		ResyncInterval: 30 * time.Second,
 		Drain:          true,
 		DrainTimeout:   5 * time.Minute,
+		DrainGrace:     DefaultDrainGrace,
 		GARP:           GARP{Count: 3, Interval: time.Second},
 		Watch:          true,
 		ReloadGuard:    0.5,
@@ -390,6 +392,10 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 		v.errorf("daemon.resync_interval", ctx, "resync_interval %s is below 1s", out.ResyncInterval)
 	}
 	out.DrainTimeout = v.duration(d.DrainTimeout, out.DrainTimeout, "daemon.drain_timeout", ctx, "drain_timeout")
+	out.DrainGrace = v.duration(d.DrainGrace, out.DrainGrace, "daemon.drain_grace", ctx, "drain_grace")
+	if d.DrainGrace != nil && out.DrainGrace > 10*time.Minute {
+		v.errorf("daemon.drain_grace", ctx, "drain_grace %s is above 10m", out.DrainGrace)
+	}
 	if d.GARPCount != nil {
 		if *d.GARPCount < 0 || *d.GARPCount > 100 {
 			v.errorf("daemon.garp_count", ctx, "garp_count %d is outside 0..100", *d.GARPCount)

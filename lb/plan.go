@@ -2,8 +2,10 @@ package lb
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // OpKind is the kind of one planned operation. Kinds are declared in the
@@ -140,7 +142,7 @@ func (op Op) String() string {
 	case OpUpdateDest:
 		return fmt.Sprintf("update backend %s -> %s (was %s)", k, op.Dest, op.was().Dest)
 	case OpDrainDest:
-		return fmt.Sprintf("drain backend %s -> %s (weight %d -> 0, %d active)", k, op.Dest.Addr, op.was().Dest.Weight, op.was().Dest.ActiveConns)
+		return fmt.Sprintf("drain backend %s -> %s (weight %d -> 0, %d active, %d inactive)", k, op.Dest.Addr, op.was().Dest.Weight, op.was().Dest.ActiveConns, op.was().Dest.InactiveConns)
 	case OpDeleteDest:
 		return fmt.Sprintf("delete backend %s -> %s", k, op.Dest.Addr)
 	}
@@ -148,27 +150,87 @@ func (op Op) String() string {
 }
 
 // PlanOptions tune how Plan removes backends.
+//
+// A TCP or SCTP backend never leaves in the pass that takes it out of
+// rotation: IPVS counts a connection whose handshake is still in flight as
+// inactive, and once its destination is deleted the connection's next
+// packet reaches the local stack, which resets it. So a leaving backend
+// first goes to weight 0 (no new connection is scheduled to it; a
+// retransmitted SYN is scheduled elsewhere), and a later pass deletes it
+// once the kernel lists no connection to it at all, or once it has been at
+// weight 0 for Grace with no active connection (connections still closing
+// are counted as inactive for minutes, and a reset after a close costs the
+// client nothing). UDP backends have no handshake and go at once: the next
+// datagram of a flow to a deleted backend is scheduled again.
 type PlanOptions struct {
-	// Drain makes a removed backend that has active connections go to
-	// weight 0 first; it is deleted once it has none or DrainDone reports
-	// true. Without Drain, or when idle, a removed backend is deleted.
+	// Drain makes a leaving backend wait for its active (established)
+	// connections to end, up to DrainTimeout. Without Drain, a leaving
+	// backend is deleted after the grace whatever its connections.
 	Drain bool
-	// DrainDone reports whether a draining backend's drain time is up.
-	// Nil means never: only an idle backend is deleted.
-	DrainDone func(ServiceKey, netip.AddrPort) bool
-	// DrainServices makes a removed service whose backends have active
-	// connections drain them (weight 0) and stay, with its VIP, until
-	// they are idle or DrainDone reports true for the service (asked with
-	// the zero address); otherwise a removed service is deleted at once.
+	// DrainTimeout bounds the wait for active connections; zero waits for
+	// the last one.
+	DrainTimeout time.Duration
+	// Grace is how long a leaving TCP or SCTP backend stays at weight 0
+	// before it is deleted while the kernel still counts connections to
+	// it that are not established.
+	Grace time.Duration
+	// Leaving reports how long a backend has been leaving, at weight 0;
+	// the first call for a backend starts its clock and returns zero.
+	// Nil means every leaving backend has just started.
+	Leaving func(ServiceKey, netip.AddrPort) time.Duration
+	// DrainServices makes a removed TCP or SCTP service leave like its
+	// backends: at weight 0 first, with its VIP, until its backends may
+	// go. Without it a removed service is deleted at once.
 	DrainServices bool
 }
 
-// drained reports whether a removed service may go: none of its backends
-// has active connections, or its drain time is up.
-func drained(key ServiceKey, s *ServiceState, opts PlanOptions) bool {
+// leaving returns how long (svc, addr) has been leaving.
+func (opts PlanOptions) leaving(svc ServiceKey, addr netip.AddrPort) time.Duration {
+	if opts.Leaving == nil {
+		return 0
+	}
+	return opts.Leaving(svc, addr)
+}
+
+// mayGo reports whether a backend at weight 0 that has been leaving for age
+// may be deleted.
+func (opts PlanOptions) mayGo(d Destination, age time.Duration) bool {
+	if opts.Drain && opts.DrainTimeout > 0 && age >= opts.DrainTimeout {
+		return true
+	}
+	if opts.Drain && d.ActiveConns > 0 {
+		return false
+	}
+	return d.InactiveConns == 0 && d.ActiveConns == 0 || age >= opts.Grace
+}
+
+// waits reports whether backends of services of protocol p leave by
+// weight 0 first.
+func waits(p Proto) bool { return p != UDP }
+
+// drainOp takes d of svc out of rotation: weight 0.
+func drainOp(svc Service, d Destination) Op {
+	drained := d.Settings()
+	drained.Weight = 0
+	return Op{Kind: OpDrainDest, Service: svc, Dest: drained, Was: &Was{Dest: d}}
+}
+
+// serviceMayGo reports whether a removed service that drains may be
+// deleted: all its backends are at weight 0 and may go (see mayGo), the
+// service's age being that of its youngest leaving backend.
+func serviceMayGo(key ServiceKey, s *ServiceState, opts PlanOptions) bool {
 	for _, d := range s.Dests {
-		if d.ActiveConns > 0 {
-			return opts.DrainDone != nil && opts.DrainDone(key, netip.AddrPort{})
+		if d.Weight != 0 {
+			return false
+		}
+	}
+	age := time.Duration(math.MaxInt64)
+	for addr := range s.Dests {
+		age = min(age, opts.leaving(key, addr))
+	}
+	for _, d := range s.Dests {
+		if !opts.mayGo(d, age) {
+			return false
 		}
 	}
 	return true
@@ -286,32 +348,27 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 			if _, ok := want.Dests[addr]; ok {
 				continue
 			}
-			// An idle backend goes at once. UDP never counts active
-			// connections, so UDP backends never wait: expire_nodest_conn
-			// moves their flows on the next packet.
 			switch {
-			case !opts.Drain || hd.ActiveConns == 0 || opts.DrainDone != nil && opts.DrainDone(key, addr):
+			case !waits(key.Proto):
 				b[OpDeleteDest] = append(b[OpDeleteDest], Op{Kind: OpDeleteDest, Service: want.Service, Dest: hd})
 			case hd.Weight != 0:
-				drained := hd.Settings()
-				drained.Weight = 0
-				b[OpDrainDest] = append(b[OpDrainDest], Op{Kind: OpDrainDest, Service: want.Service, Dest: drained, Was: &Was{Dest: hd}})
+				b[OpDrainDest] = append(b[OpDrainDest], drainOp(want.Service, hd))
+			case opts.mayGo(hd, opts.leaving(key, addr)):
+				b[OpDeleteDest] = append(b[OpDeleteDest], Op{Kind: OpDeleteDest, Service: want.Service, Dest: hd})
 			}
 		}
 	}
-	// Removed services go at once, or with DrainServices first drain like
+	// Removed services go at once, or with DrainServices leave like
 	// removed backends; their VIPs (and announcements) stay until then.
 	keepVIP := map[netip.Addr]bool{}
 	for key, have := range observed.Services {
 		if _, ok := desired.Services[key]; ok || !observed.Owns(key) {
 			continue
 		}
-		if opts.DrainServices && !drained(key, have, opts) {
+		if opts.DrainServices && waits(key.Proto) && !serviceMayGo(key, have, opts) {
 			for _, hd := range have.Dests {
 				if hd.Weight != 0 {
-					d := hd.Settings()
-					d.Weight = 0
-					b[OpDrainDest] = append(b[OpDrainDest], Op{Kind: OpDrainDest, Service: have.Service, Dest: d, Was: &Was{Dest: hd}})
+					b[OpDrainDest] = append(b[OpDrainDest], drainOp(have.Service, hd))
 				}
 			}
 			if key.FWMark == 0 {

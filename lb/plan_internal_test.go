@@ -35,7 +35,9 @@ func TestPlanBigSameAsSmall(t *testing.T) {
 				have.Dests[a] = d
 				break
 			}
-			extra := Destination{Addr: netip.AddrPortFrom(addr(3, byte(i), 1), 8080), Weight: 1}
+			// Half the extra backends are already at weight 0: they are deleted;
+			// the others are drained first.
+			extra := Destination{Addr: netip.AddrPortFrom(addr(3, byte(i), 1), 8080), Weight: i % 2}
 			have.Dests[extra.Addr] = extra
 			observed.Services[key] = have
 			observed.VIPs[vip] = struct{}{}

@@ -106,10 +106,14 @@ type Options struct {
 	// KernelRelease and Dummy describe the host (see Host).
 	KernelRelease string
 	Dummy         string
-	// Drain removes backends by weight 0 first (see PlanOptions).
+	// Drain makes removed backends wait for their established
+	// connections (see PlanOptions).
 	Drain bool
 	// DrainTimeout bounds a drain; zero waits for the last connection.
 	DrainTimeout time.Duration
+	// Grace is how long a removed TCP or SCTP backend stays at weight 0
+	// while the kernel still lists connections to it (see PlanOptions).
+	Grace time.Duration
 	// DrainServices drains removed services too (see PlanOptions).
 	DrainServices bool
 	// Now is the clock; nil means time.Now.
@@ -339,20 +343,27 @@ func (r *Reconciler) Plan(ctx context.Context, spec *Spec) ([]Op, error) {
 }
 
 func (r *Reconciler) planOptions() PlanOptions {
-	return PlanOptions{Drain: r.opts.Drain, DrainDone: r.drainDone, DrainServices: r.opts.DrainServices}
+	return PlanOptions{
+		Drain:         r.opts.Drain,
+		DrainTimeout:  r.opts.DrainTimeout,
+		Grace:         r.opts.Grace,
+		Leaving:       r.leaving,
+		DrainServices: r.opts.DrainServices,
+	}
 }
 
-// drainDone reports whether a draining backend's time is up, starting its
-// clock the first time it is asked (after a restart, say).
-func (r *Reconciler) drainDone(svc ServiceKey, addr netip.AddrPort) bool {
+// leaving returns how long a backend has been leaving, starting its clock
+// the first time it is asked (after a restart, say); a backend's clock
+// also starts when vipd sets its weight to 0 (see track).
+func (r *Reconciler) leaving(svc ServiceKey, addr netip.AddrPort) time.Duration {
 	k := drainKey{svc, addr}
 	now := r.opts.Now()
 	start, ok := r.draining[k]
 	if !ok {
 		r.draining[k] = now
-		start = now
+		return 0
 	}
-	return r.opts.DrainTimeout > 0 && now.Sub(start) >= r.opts.DrainTimeout
+	return now.Sub(start)
 }
 
 // DrainingServices returns the keys of the services that have draining

@@ -125,6 +125,20 @@ protocol = "udp"
 backend = [{ address = "10.0.0.53" }]
 `
 
+// setConns sets the connection counts of backend addr of the port 80
+// service.
+func setConns(k *lbtest.Kernel, addr string, active, inactive uint32) {
+	k.Edit(func(s *lb.State) {
+		for key, svc := range s.Services {
+			if key.Port == 80 {
+				d := svc.Dests[netip.MustParseAddrPort(addr)]
+				d.ActiveConns, d.InactiveConns = active, inactive
+				svc.Dests[d.Addr] = d
+			}
+		}
+	})
+}
+
 func foreign(k *lbtest.Kernel) {
 	k.Edit(func(s *lb.State) {
 		key := lb.ServiceKey{Family: lb.IPv4, Proto: lb.TCP, Addr: netip.MustParseAddr("198.51.100.7"), Port: 443}
@@ -140,6 +154,11 @@ func foreign(k *lbtest.Kernel) {
 }
 
 func TestScenarios(t *testing.T) {
+	// The grace scenario's clock; its steps move it on.
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	wait := func(d time.Duration) func(*lbtest.Kernel) { return func(*lbtest.Kernel) { now = now.Add(d) } }
+	removed := strings.Replace(base, `, { address = "10.0.0.2" }]`, `]`, 1)
 	tests := []struct {
 		name  string
 		opts  lb.Options
@@ -181,6 +200,17 @@ func TestScenarios(t *testing.T) {
 				})
 			}},
 			{"re-add the backend", base, nil},
+		}},
+		{"grace", lb.Options{Drain: true, DrainTimeout: time.Minute, Grace: 2 * time.Second, Now: clock}, []step{
+			{"two backends", base, nil},
+			{"remove an idle backend: out of rotation, not deleted", removed, nil},
+			{"no connection at all: deleted", removed, wait(time.Second)},
+			{"re-add it", base, nil},
+			{"remove it while a handshake is in flight: out of rotation", removed, func(k *lbtest.Kernel) {
+				setConns(k, "10.0.0.2:80", 0, 1)
+			}},
+			{"a second later, still not established: it stays", removed, wait(time.Second)},
+			{"the grace is over: deleted", removed, wait(time.Second)},
 		}},
 		{"drain-services", lb.Options{Drain: true, DrainServices: true, DrainTimeout: time.Minute}, []step{
 			{"two services", base, nil},

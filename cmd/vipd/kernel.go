@@ -101,6 +101,7 @@ func reconcilerOptions(cfg *config.Config, k lb.Kernel, log *slog.Logger) lb.Opt
 		Dummy:         cfg.Daemon.Interface,
 		Drain:         cfg.Daemon.Drain,
 		DrainTimeout:  cfg.Daemon.DrainTimeout,
+		Grace:         cfg.Daemon.DrainGrace,
 		DrainServices: cfg.Daemon.DrainServices,
 	}
 }

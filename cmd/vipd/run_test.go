@@ -250,6 +250,12 @@ func TestDaemonReloadPath(t *testing.T) {
 	if strings.Contains(h.k.Dump(), "192.0.2.11") {
 		t.Fatalf("forced reload left the api service:\n%s", h.k.Dump())
 	}
+	// The removed backend left rotation in that pass; a drain pass a
+	// second later deletes it, idle.
+	if !strings.Contains(h.k.Dump(), "10.0.0.5:80 masq weight=0") {
+		t.Fatalf("forced reload did not take 10.0.0.5 out of rotation first:\n%s", h.k.Dump())
+	}
+	h.eventually("the removed backend's deletion", func() bool { return !strings.Contains(h.k.Dump(), "10.0.0.5:80") })
 	good = h.k.Dump()
 
 	// A reload whose kernel operations fail is rolled back.

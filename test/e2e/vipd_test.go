@@ -437,14 +437,34 @@ type load struct {
 	shortOK  int
 	shortErr []string
 	last     map[int]string // backend of each long-lived client's last answer
+	opts     loadOptions
+	start    time.Time
+	took     time.Duration // from start to finish
 	stop     chan struct{}
 	wg       sync.WaitGroup
 }
 
 func startLoad(t *testing.T, tp *Topo, port, long int, every time.Duration) *load {
-	l := &load{stop: make(chan struct{}), last: map[int]string{}}
+	return startLoadWith(t, tp, loadOptions{Port: port, Long: long, LongEvery: every, Short: 1, ShortEvery: every / 4})
+}
+
+// loadOptions shape a load.
+type loadOptions struct {
+	Port int
+	// Long clients each send a request every LongEvery.
+	Long      int
+	LongEvery time.Duration
+	// Short workers each send a request on a new connection every
+	// ShortEvery.
+	Short      int
+	ShortEvery time.Duration
+}
+
+func startLoadWith(t *testing.T, tp *Topo, o loadOptions) *load {
+	l := &load{opts: o, stop: make(chan struct{}), last: map[int]string{}, start: time.Now()}
 	dial := dialIn(t, tp.ClientNS)
-	addr := HostPort(tp.VIP, port)
+	addr := HostPort(tp.VIP, o.Port)
+	port, long, every := o.Port, o.Long, o.LongEvery
 	for i := 0; i < long; i++ {
 		// A long-lived client speaks HTTP/1.1 on one TCP connection it
 		// dials once: any error on it is a broken connection.
@@ -495,29 +515,34 @@ func startLoad(t *testing.T, tp *Topo, port, long int, every time.Duration) *loa
 	}
 	short := &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}, Timeout: 5 * time.Second}
 	target := url(tp, port)
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		l.loop(every/4, func() bool {
-			resp, err := short.Get(target)
-			if err == nil {
-				_, err = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if err == nil && resp.StatusCode != 200 {
-					err = fmt.Errorf("status %d", resp.StatusCode)
-				}
-			}
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			if err != nil {
-				l.shortErr = append(l.shortErr, time.Now().Format("15:04:05.000 ")+err.Error())
-				return true
-			}
-			l.shortOK++
-			return true
-		})
-	}()
+	for range o.Short {
+		l.wg.Add(1)
+		go l.shortLoop(short, target, o.ShortEvery)
+	}
 	return l
+}
+
+// shortLoop sends a request on a new connection every interval.
+func (l *load) shortLoop(short *http.Client, target string, every time.Duration) {
+	defer l.wg.Done()
+	l.loop(every, func() bool {
+		resp, err := short.Get(target)
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if err == nil && resp.StatusCode != 200 {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if err != nil {
+			l.shortErr = append(l.shortErr, time.Now().Format("15:04:05.000 ")+err.Error())
+			return true
+		}
+		l.shortOK++
+		return true
+	})
 }
 
 // loop calls f every interval until the load stops or f returns false.
@@ -541,11 +566,12 @@ func (l *load) finish(t *testing.T, what string) {
 	t.Helper()
 	close(l.stop)
 	l.wg.Wait()
+	l.took = time.Since(l.start)
 	t.Logf("%s: %d long-lived and %d short requests", what, l.longOK, l.shortOK)
 	if len(l.longErrs)+len(l.shortErr) > 0 {
 		t.Errorf("%s: %d long-lived failures %q, %d short failures %q", what, len(l.longErrs), first(l.longErrs), len(l.shortErr), first(l.shortErr))
 	}
-	if l.longOK == 0 || l.shortOK == 0 {
+	if l.opts.Long > 0 && l.longOK == 0 || l.opts.Short > 0 && l.shortOK == 0 {
 		t.Errorf("%s: no traffic went through (%d long, %d short)", what, l.longOK, l.shortOK)
 	}
 }
