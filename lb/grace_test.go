@@ -1,6 +1,7 @@
 package lb_test
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/lbtest"
 )
 
 // TestPlanGrace: a TCP or SCTP backend that leaves (removed from the
@@ -138,4 +140,50 @@ func kinds(ops []lb.Op) string {
 		names = append(names, op.Kind.String())
 	}
 	return strings.Join(names, " ")
+}
+
+// TestReconcilerForgetsLeaving: a leaving backend's clock stops when it is
+// no longer leaving: deleted by hand, or wanted again as it is, so that
+// the daemon's once-a-second drain passes stop.
+func TestReconcilerForgetsLeaving(t *testing.T) {
+	k := lbtest.New()
+	r := lb.NewReconciler(lb.Options{Kernel: k.Interface(), Dummy: "vipd0", Drain: true, Grace: time.Second})
+	pass := func(src string) {
+		t.Helper()
+		if res, err := r.Reconcile(context.Background(), &mustParse(t, src).Spec); err != nil || len(res.Failed) > 0 {
+			t.Fatalf("pass: %v %v", err, res.Failed)
+		}
+	}
+	removed := strings.Replace(base, `, { address = "10.0.0.2" }]`, `]`, 1)
+	pass(base)
+	setConns(k, "10.0.0.2:80", 4, 0)
+	pass(removed)
+	if n := r.Draining(); n != 1 {
+		t.Fatalf("%d backends leaving, want 1", n)
+	}
+	k.Edit(func(s *lb.State) {
+		for key, svc := range s.Services {
+			if key.Port == 80 {
+				delete(svc.Dests, netip.MustParseAddrPort("10.0.0.2:80"))
+			}
+		}
+	})
+	pass(removed)
+	if n := r.Draining(); n != 0 {
+		t.Errorf("%d backends leaving after it was deleted by hand, want 0", n)
+	}
+
+	// Wanted again at weight 0, as the kernel has it: no operation, and
+	// it is not leaving.
+	weight0 := strings.Replace(base, `{ address = "10.0.0.2" }]`, `{ address = "10.0.0.2", weight = 0 }]`, 1)
+	pass(weight0)
+	setConns(k, "10.0.0.2:80", 4, 0)
+	pass(removed)
+	if n := r.Draining(); n != 1 {
+		t.Fatalf("%d backends leaving, want 1", n)
+	}
+	pass(weight0)
+	if n := r.Draining(); n != 0 {
+		t.Errorf("%d backends leaving after it was wanted again, want 0", n)
+	}
 }

@@ -402,8 +402,28 @@ func (r *Reconciler) Reconcile(ctx context.Context, spec *Spec) (*Result, error)
 	if err != nil {
 		return nil, err
 	}
+	r.forget(desired, observed)
 	ops := Plan(desired, observed, r.planOptions())
 	return r.apply(ctx, ops, desired, observed), nil
+}
+
+// forget stops the clocks of backends that are no longer leaving: gone
+// from the kernel (deleted by hand, say) or wanted again as they are.
+func (r *Reconciler) forget(desired, observed *State) {
+	for k := range r.draining {
+		have, ok := observed.Services[k.svc]
+		if ok {
+			_, ok = have.Dests[k.addr]
+		}
+		if want, wanted := desired.Services[k.svc]; wanted {
+			if _, kept := want.Dests[k.addr]; kept {
+				ok = false
+			}
+		}
+		if !ok {
+			delete(r.draining, k)
+		}
+	}
 }
 
 // Apply applies ops in order, continuing past failures. It is exported for
