@@ -141,6 +141,15 @@ type Reconciler struct {
 	rules   *Rules
 }
 
+// SetRemoval makes the passes that follow remove backends and services as
+// opts' Drain, DrainTimeout, Grace and DrainServices say (a reload that
+// changes them); opts' other fields are ignored.
+func (r *Reconciler) SetRemoval(opts Options) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.opts.Drain, r.opts.DrainTimeout, r.opts.Grace, r.opts.DrainServices = opts.Drain, opts.DrainTimeout, opts.Grace, opts.DrainServices
+}
+
 // Refresh makes the next pass read sysctls and rules from the kernel
 // again instead of trusting what vipd last wrote.
 func (r *Reconciler) Refresh() {

@@ -94,11 +94,15 @@ func reconcilerOptions(cfg *config.Config, k lb.Kernel, log *slog.Logger) lb.Opt
 	if err != nil {
 		log.Warn("cannot read the kernel release; conn_reuse_mode will be 0", "err", err)
 	}
+	opts := removalOptions(cfg)
+	opts.Kernel, opts.Logger, opts.KernelRelease, opts.Dummy = k, log, release, cfg.Daemon.Interface
+	return opts
+}
+
+// removalOptions returns the reconciler options that say how cfg removes
+// backends and services (see lb.Reconciler.SetRemoval).
+func removalOptions(cfg *config.Config) lb.Options {
 	return lb.Options{
-		Kernel:        k,
-		Logger:        log,
-		KernelRelease: release,
-		Dummy:         cfg.Daemon.Interface,
 		Drain:         cfg.Daemon.Drain,
 		DrainTimeout:  cfg.Daemon.DrainTimeout,
 		Grace:         cfg.Daemon.DrainGrace,

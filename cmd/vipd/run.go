@@ -664,6 +664,7 @@ func (d *daemon) replace(cfg *config.Config) {
 	if cfg != d.cfg {
 		d.cfg.Retire()
 		d.cfg = cfg
+		d.r.SetRemoval(removalOptions(cfg))
 	}
 }
 
