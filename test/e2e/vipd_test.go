@@ -464,8 +464,7 @@ func startLoadWith(t *testing.T, tp *Topo, o loadOptions) *load {
 	l := &load{opts: o, stop: make(chan struct{}), last: map[int]string{}, start: time.Now()}
 	dial := dialIn(t, tp.ClientNS)
 	addr := HostPort(tp.VIP, o.Port)
-	port, long, every := o.Port, o.Long, o.LongEvery
-	for i := 0; i < long; i++ {
+	for i := 0; i < o.Long; i++ {
 		// A long-lived client speaks HTTP/1.1 on one TCP connection it
 		// dials once: any error on it is a broken connection.
 		c, err := dial(context.Background(), "tcp", addr)
@@ -495,7 +494,7 @@ func startLoadWith(t *testing.T, tp *Topo, o loadOptions) *load {
 				}
 				return resp.Header.Get("X-Backend"), nil
 			}
-			l.loop(every, func() bool {
+			l.loop(o.LongEvery, func() bool {
 				backend, err := get()
 				l.mu.Lock()
 				defer l.mu.Unlock()
@@ -513,27 +512,57 @@ func startLoadWith(t *testing.T, tp *Topo, o loadOptions) *load {
 			})
 		}(i, c)
 	}
-	short := &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}, Timeout: 5 * time.Second}
-	target := url(tp, port)
+	ns, err := netns.GetFromName(tp.ClientNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
 	for range o.Short {
 		l.wg.Add(1)
-		go l.shortLoop(short, target, o.ShortEvery)
+		go l.shortLoop(ns, addr, o.ShortEvery)
 	}
 	return l
 }
 
-// shortLoop sends a request on a new connection every interval.
-func (l *load) shortLoop(short *http.Client, target string, every time.Duration) {
+// shortLoop sends a request on a new connection every interval, from a
+// thread that it moves into network namespace ns once (a thread per
+// connection would cost more than the request in the emulated guest).
+func (l *load) shortLoop(ns netns.NsHandle, addr string, every time.Duration) {
 	defer l.wg.Done()
-	l.loop(every, func() bool {
-		resp, err := short.Get(target)
-		if err == nil {
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if err == nil && resp.StatusCode != 200 {
-				err = fmt.Errorf("status %d", resp.StatusCode)
-			}
+	// The thread is left in ns and dies with this goroutine (no
+	// UnlockOSThread), so no other goroutine runs there.
+	runtime.LockOSThread()
+	if err := netns.Set(ns); err != nil {
+		l.mu.Lock()
+		l.shortErr = append(l.shortErr, "enter the client namespace: "+err.Error())
+		l.mu.Unlock()
+		return
+	}
+	get := func() error {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return err
 		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: vip\r\nConnection: close\r\n\r\n"); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			return err
+		}
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	}
+	l.loop(every, func() bool {
+		err := get()
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if err != nil {
