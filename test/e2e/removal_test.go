@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -73,19 +74,24 @@ func removalUnderLoad(t *testing.T, via string) {
 	// that they stay on the kept backends and it can leave each time.
 	d.write(cfg(false))
 	d.start()
-	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 20, LongEvery: 200 * time.Millisecond, Short: 8, ShortEvery: 100 * time.Millisecond})
+	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 20, LongEvery: 200 * time.Millisecond, Short: 12, ShortEvery: 100 * time.Millisecond})
 	time.Sleep(time.Second)
 	start := time.Now()
+	var took []time.Duration // from each removal to the backend's deletion
 	for i := 1; i <= cycles; i++ {
 		apply(true)
 		waitWeight(1, "added back", i)
 		// New connections reach it, and some are still being set up
 		// when it leaves.
 		time.Sleep(400 * time.Millisecond)
+		removed := time.Now()
 		apply(false)
 		waitWeight(-1, "left the table", i)
+		took = append(took, time.Since(removed))
 	}
-	t.Logf("%s: %d removals in %v", via, cycles, time.Since(start).Round(time.Millisecond))
+	slices.Sort(took)
+	t.Logf("%s: %d removals in %v; removal to deletion min %v, median %v, max %v", via, cycles, time.Since(start).Round(time.Millisecond),
+		took[0].Round(time.Millisecond), took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
 
 	// Every removal took the backend out of rotation in one pass and
 	// deleted it in a later one.
