@@ -156,7 +156,7 @@ func TestReconcilerForgetsLeaving(t *testing.T) {
 	}
 	removed := strings.Replace(base, `, { address = "10.0.0.2" }]`, `]`, 1)
 	pass(base)
-	setConns(k, "10.0.0.2:80", 4, 0)
+	setPort80Conns(k, "10.0.0.2:80", 4, 0)
 	pass(removed)
 	if n := r.Draining(); n != 1 {
 		t.Fatalf("%d backends leaving, want 1", n)
@@ -177,7 +177,7 @@ func TestReconcilerForgetsLeaving(t *testing.T) {
 	// it is not leaving.
 	weight0 := strings.Replace(base, `{ address = "10.0.0.2" }]`, `{ address = "10.0.0.2", weight = 0 }]`, 1)
 	pass(weight0)
-	setConns(k, "10.0.0.2:80", 4, 0)
+	setPort80Conns(k, "10.0.0.2:80", 4, 0)
 	pass(removed)
 	if n := r.Draining(); n != 1 {
 		t.Fatalf("%d backends leaving, want 1", n)

@@ -125,9 +125,9 @@ protocol = "udp"
 backend = [{ address = "10.0.0.53" }]
 `
 
-// setConns sets the connection counts of backend addr of the port 80
+// setPort80Conns sets the connection counts of backend addr of the port 80
 // service.
-func setConns(k *lbtest.Kernel, addr string, active, inactive uint32) {
+func setPort80Conns(k *lbtest.Kernel, addr string, active, inactive uint32) {
 	k.Edit(func(s *lb.State) {
 		for key, svc := range s.Services {
 			if key.Port == 80 {
@@ -207,7 +207,7 @@ func TestScenarios(t *testing.T) {
 			{"no connection at all: deleted", removed, wait(time.Second)},
 			{"re-add it", base, nil},
 			{"remove it while a handshake is in flight: out of rotation", removed, func(k *lbtest.Kernel) {
-				setConns(k, "10.0.0.2:80", 0, 1)
+				setPort80Conns(k, "10.0.0.2:80", 0, 1)
 			}},
 			{"a second later, still not established: it stays", removed, wait(time.Second)},
 			{"the grace is over: deleted", removed, wait(time.Second)},
