@@ -52,12 +52,13 @@ type Spec struct {
 	// up check down.
 	Rise int
 	Fall int
-	// Initial is the state before the first probe. Down (the default)
-	// sends no traffic to a backend before it has answered once, so a
-	// cold start never programs dead servers; Up keeps traffic flowing
-	// until a probe fails. Either way the first probe decides at once:
-	// a check in its initial state changes state on its first result if
-	// that result disagrees, and needs Rise or Fall results after that.
+	// Initial is the state before the first probe of a new target (an
+	// edited check keeps the state it has). Down (the default) sends no
+	// traffic to a backend before it has answered once, so a cold start
+	// never programs dead servers; Up keeps traffic flowing until a probe
+	// fails. Either way the first probe decides at once: a check in its
+	// initial state changes state on its first result if that result
+	// disagrees, and needs Rise or Fall results after that.
 	Initial State
 	// Jitter spreads probes: each interval is Interval times a random
 	// factor in [1-Jitter, 1+Jitter]. Zero means DefaultJitter; a
@@ -254,20 +255,74 @@ func NewProber(spec Spec, target netip.AddrPort) (Prober, error) {
 	return nil, fmt.Errorf("unknown check type %s", s.Kind)
 }
 
+// A check's identity has three parts, which decide what an Update does
+// with the check's state:
+//
+//   - Its target (targetKey): the kind of check and where its probes go,
+//     the probed address and the socket options that pick the path (mark,
+//     device, source). A result is a fact about one target; a check of a
+//     new target knows nothing and starts from its initial state.
+//   - Its question: what it asks the target, the options of its kind
+//     (an http check's method, path, host, headers, expected status and
+//     body; a udp check's payload; a dns check's query; an exec check's
+//     command).
+//   - Its timing: interval, timeout, rise, fall, jitter and initial
+//     state, which say how often and how patiently it asks.
+//
+// Targets with the same three parts share one check. A check whose
+// question or timing changes keeps the state of its target: the backend
+// stays up (or down) and the next probe, with the new settings, carries
+// on from there. Changing the question is treated as an edit rather than a
+// new target because the operator edits the check of a server whose
+// health is known: an outage on every edit of a path or an expected
+// status is the failure this avoids, and a wrong new question is caught
+// by the next fall probes, as a server breaking would be. The consecutive
+// counts start again when the question changes, since a streak of
+// answers to another question is not one of answers to this one.
+
+// targetKey identifies where and how a check probes.
+type targetKey struct {
+	kind   Kind
+	addr   netip.AddrPort
+	mark   uint32
+	device string
+	source netip.Addr
+}
+
+// timingKey is a Spec's timing, after defaults.
+type timingKey struct {
+	interval, timeout time.Duration
+	rise, fall        int
+	jitter            float64
+	initial           State
+}
+
 // checkKey identifies a check: targets with equal keys share one check,
 // run once for every service and backend that asks for it.
 type checkKey struct {
-	target netip.AddrPort
-	spec   [sha256.Size]byte // of the Spec with defaults, without Addr and Port
+	target   targetKey
+	question [sha256.Size]byte // of the kind's options, after defaults
+	timing   timingKey
 }
 
+// keyOf returns the key of the check spec describes against target, the
+// address Spec.Target resolved.
 func keyOf(spec Spec, target netip.AddrPort) checkKey {
 	spec = spec.WithDefaults()
-	spec.Addr, spec.Port = netip.Addr{}, 0
-	b, err := json.Marshal(spec)
+	b, err := json.Marshal(struct {
+		HTTP HTTPOptions
+		UDP  UDPOptions
+		DNS  DNSOptions
+		Exec ExecOptions
+	}{spec.HTTP, spec.UDP, spec.DNS, spec.Exec})
 	if err != nil {
-		// A Spec holds only plain data; Marshal cannot fail on it.
+		// The options hold only plain data; Marshal cannot fail on them.
 		panic(fmt.Sprintf("health: encode spec: %v", err))
 	}
-	return checkKey{target: target, spec: sha256.Sum256(b)}
+	return checkKey{
+		target:   targetKey{kind: spec.Kind, addr: target, mark: spec.Dial.Mark, device: spec.Dial.Device, source: spec.Dial.Source},
+		question: sha256.Sum256(b),
+		timing: timingKey{interval: spec.Interval, timeout: spec.Timeout, rise: spec.Rise, fall: spec.Fall,
+			jitter: spec.Jitter, initial: spec.Initial},
+	}
 }
