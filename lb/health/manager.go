@@ -1,6 +1,7 @@
 package health
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
@@ -17,6 +18,7 @@ import (
 const (
 	DefaultMaxInFlight = 1024
 	DefaultStartSpread = time.Second
+	DefaultRetain      = time.Minute
 )
 
 // Target asks for one check of one backend of one service. A backend may
@@ -69,6 +71,11 @@ type Options struct {
 	NewProber func(spec Spec, target netip.AddrPort) (Prober, error)
 	// Seed seeds the jitter; zero means a random seed.
 	Seed uint64
+	// Retain is how long the state of a check that an Update removed is
+	// kept for a later Update that asks for its target again, as the
+	// Update that undoes a failed reload does; zero means DefaultRetain,
+	// a negative value keeps nothing.
+	Retain time.Duration
 }
 
 // Manager runs health checks: Update says which, Run runs them, and
@@ -77,10 +84,22 @@ type Options struct {
 //
 // Checks are shared: targets with the same probed address and the same
 // Spec (after defaults) are one check, probed once per interval whatever
-// number of services and backends use it. A check whose Spec is
-// unchanged by an Update keeps its state and schedule, so health survives
-// configuration reloads; a changed Spec is a new check that starts from
-// its initial state.
+// number of services and backends use it.
+//
+// Health is a property of what is probed, so it survives Updates that do
+// not change a check's target: its kind, probed address and dial options
+// (mark, device, source). A check whose Spec is unchanged keeps its state
+// and schedule. A check whose other settings change, its timing or what
+// it asks (an http path, an expected status, a command), takes over the
+// state and schedule of the check it replaces, and its next probe uses
+// the new settings; the consecutive counts toward rise and fall carry
+// over too, unless what it asks changed. A new check takes over from a
+// check of the same target that asks the same question under other
+// timing, or else from one that its backend used before the Update; only
+// a check with neither, a new target, starts from its initial state. The
+// checks an Update removes are remembered for Options.Retain, so an
+// Update that brings them back (undoing a reload whose pass failed)
+// finds their state too.
 //
 // One goroutine schedules all checks from a heap ordered by due time and
 // hands each due check to a pool of at most MaxInFlight workers, which
@@ -99,6 +118,8 @@ type Manager struct {
 	mu        sync.Mutex
 	rng       *rand.Rand
 	checks    map[checkKey]*check
+	seq       uint64   // creation number of the next check
+	retired   []*check // checks Updates removed, oldest first
 	queue     checkHeap
 	backends  map[ref]*backend
 	byService map[string][]netip.AddrPort
@@ -120,9 +141,13 @@ const (
 // serves.
 type check struct {
 	timing
+	key    checkKey
+	seq    uint64 // creation order, for deterministic choices
 	target netip.AddrPort
 	prober Prober
 	refs   []ref
+	// retiredAt is when an Update removed the check; zero while live.
+	retiredAt time.Time
 
 	m       machine
 	next    time.Time // due time of the next (or running) probe
@@ -181,6 +206,9 @@ func NewManager(opts Options) *Manager {
 	if opts.NewProber == nil {
 		opts.NewProber = NewProber
 	}
+	if opts.Retain == 0 {
+		opts.Retain = DefaultRetain
+	}
 	seed := opts.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -205,19 +233,25 @@ type wanted struct {
 	target netip.AddrPort
 	refs   []ref
 	prober Prober
+	// broken says that prober fails with the error of an invalid spec
+	// or of a prober that could not be built.
+	broken bool
 }
 
-// Update replaces the set of targets. New checks start in their initial
-// state with their first probe spread over Options.StartSpread; checks no
-// target asks for any more stop; unchanged checks carry on. A backend
-// whose combined state changes because of the update (a new, still down
-// check, or a removed failing one) is reported as a transition.
+// Update replaces the set of targets. Unchanged checks carry on; checks
+// no target asks for any more stop. A new check takes over the state and
+// schedule of its predecessor, a check of the same target it replaces
+// (see predecessor); without one it starts in its initial state with its
+// first probe spread over Options.StartSpread. A backend whose combined
+// state changes because of the update (a new, still down check, or a
+// removed failing one) is reported as a transition.
 //
 // A target whose Spec is invalid, or whose prober cannot be built (an
 // unreadable CA file, say), becomes a check that always fails with that
-// error, so a broken check never passes a backend; Update returns all
-// such errors joined. Validate specs when loading the configuration to
-// reject them before they get here.
+// error and starts from its initial state whatever it replaces, so a
+// broken check never passes a backend that was not already up; Update
+// returns all such errors joined. Validate specs when loading the
+// configuration to reject them before they get here.
 func (m *Manager) Update(targets []Target) error {
 	m.updateMu.Lock()
 	defer m.updateMu.Unlock()
@@ -240,7 +274,7 @@ func (m *Manager) Update(targets []Target) error {
 			if err := t.Spec.Validate(); err != nil {
 				err = fmt.Errorf("service %s backend %s: %s check of %s: %w", t.Service, t.Backend, spec.Kind, target, err)
 				errs = append(errs, err)
-				w.prober = failing(err)
+				w.prober, w.broken = failing(err), true
 			}
 		}
 		if !slices.Contains(w.refs, r) {
@@ -276,18 +310,31 @@ func (m *Manager) Update(targets []Target) error {
 			err = fmt.Errorf("service %s backend %s: %s check of %s: %w", r.service, r.backend, w.spec.Kind, w.target, err)
 			errs = append(errs, err)
 			p = failing(err)
+			w.broken = true
 		}
 		w.prober = p
 	}
 
 	m.mu.Lock()
 	now := m.clock.Now()
+	m.prune(now)
+	// Find the predecessors while the checks they may be are all there.
+	preds := map[checkKey]*check{}
+	var byTarget map[targetKey][]*check
+	for _, key := range fresh {
+		if want[key].broken {
+			continue
+		}
+		if byTarget == nil {
+			byTarget = m.byTarget()
+		}
+		if p := m.predecessor(key, want[key].refs, refKeys, byTarget[key.target]); p != nil {
+			preds[key] = p
+		}
+	}
 	for key, c := range m.checks {
 		if _, ok := want[key]; !ok {
-			c.stopped = true
-			if c.index >= 0 {
-				heap.Remove(&m.queue, c.index)
-			}
+			m.drop(c, now)
 			delete(m.checks, key)
 		}
 	}
@@ -295,14 +342,28 @@ func (m *Manager) Update(targets []Target) error {
 		w := want[key]
 		c, ok := m.checks[key]
 		if !ok {
-			c = &check{timing: timingOf(w.spec), target: w.target, prober: w.prober, index: -1}
-			c.m = newMachine(w.spec.Initial, now)
-			c.next = now.Add(m.startDelay(c.interval))
+			c = &check{timing: timingOf(w.spec), key: key, seq: m.seq, target: w.target, prober: w.prober, index: -1}
+			m.seq++
+			if p := preds[key]; p != nil {
+				m.inherit(c, p, now)
+			} else {
+				c.m = newMachine(w.spec.Initial, now)
+				c.next = now.Add(m.startDelay(c.interval))
+			}
 			m.checks[key] = c
 			heap.Push(&m.queue, c)
 		}
 		c.refs = w.refs
 	}
+	// A removed check whose state a new one took over has no more use.
+	m.retired = slices.DeleteFunc(m.retired, func(c *check) bool {
+		for _, p := range preds {
+			if p == c {
+				return true
+			}
+		}
+		return false
+	})
 	backends := make(map[ref]*backend, len(refKeys))
 	byService := map[string][]netip.AddrPort{}
 	for _, r := range refOrder {
@@ -327,6 +388,106 @@ func (m *Manager) Update(targets []Target) error {
 	m.mu.Unlock()
 	m.poke()
 	return errors.Join(errs...)
+}
+
+// drop stops c, which an Update removed, and remembers it for
+// Options.Retain. Called with mu held.
+func (m *Manager) drop(c *check, now time.Time) {
+	c.stopped = true
+	if c.index >= 0 {
+		heap.Remove(&m.queue, c.index)
+	}
+	if m.opts.Retain > 0 {
+		c.retiredAt = now
+		m.retired = append(m.retired, c)
+	}
+}
+
+// prune forgets the removed checks older than Options.Retain. Called with
+// mu held.
+func (m *Manager) prune(now time.Time) {
+	m.retired = slices.DeleteFunc(m.retired, func(c *check) bool {
+		return now.Sub(c.retiredAt) > m.opts.Retain
+	})
+}
+
+// byTarget indexes the live checks by target, oldest first. Called with
+// mu held.
+func (m *Manager) byTarget() map[targetKey][]*check {
+	out := map[targetKey][]*check{}
+	for _, c := range m.checks {
+		out[c.key.target] = append(out[c.key.target], c)
+	}
+	for _, cs := range out {
+		slices.SortFunc(cs, func(a, b *check) int { return cmp.Compare(a.seq, b.seq) })
+	}
+	return out
+}
+
+// predecessor returns the check whose state a new check with key, asked
+// for by refs, takes over, or nil if it has none and starts from its
+// initial state. Called with mu held, before the Update removes any
+// check; live are the live checks of key's target, oldest first, and
+// refKeys the keys each backend asks for in the Update.
+//
+// A predecessor probes the same target, and either asks the same question
+// (it differs in timing alone, and its result answers the new check's
+// question: a shared check that one service re-timed, or a rollback to
+// the settings of a check still running), or served one of refs, which no
+// longer asks for it (the check of that backend was edited). The first
+// kind comes first, being the better answer; live checks come before
+// removed ones, whose state is older; among live checks the oldest comes
+// first, among removed ones the last removed. A check a backend keeps is
+// no predecessor of another it gains: a second check of a backend is a
+// new question, not an edit.
+func (m *Manager) predecessor(key checkKey, refs []ref, refKeys map[ref][]checkKey, live []*check) *check {
+	same := func(c *check) bool { return c.key.question == key.question }
+	served := func(c *check) bool {
+		for _, r := range refs {
+			if slices.Contains(c.refs, r) && !slices.Contains(refKeys[r], c.key) {
+				return true
+			}
+		}
+		return false
+	}
+	retired := func(yield func(*check) bool) {
+		for _, c := range slices.Backward(m.retired) {
+			if c.key.target == key.target && !yield(c) {
+				return
+			}
+		}
+	}
+	for _, cs := range []func(func(*check) bool){slices.Values(live), retired} {
+		var edited *check
+		for c := range cs {
+			if same(c) {
+				return c
+			}
+			if edited == nil && served(c) {
+				edited = c
+			}
+		}
+		if edited != nil {
+			return edited
+		}
+	}
+	return nil
+}
+
+// inherit gives c, a new check, the state of its predecessor p: its state
+// and counts (the consecutive ones only if c asks the same question) and
+// its schedule. A probe that p's schedule would have run already, or
+// only after c's interval, is rescheduled within Options.StartSpread, as
+// a new check's first is. Called with mu held.
+func (m *Manager) inherit(c, p *check, now time.Time) {
+	c.m = p.m
+	if c.key.question != p.key.question {
+		c.m.successes, c.m.failures = 0, 0
+	}
+	c.next = p.next
+	if c.next.Before(now) || c.next.After(now.Add(c.interval)) {
+		c.next = now.Add(m.startDelay(c.interval))
+	}
 }
 
 // failing returns a prober that always fails with err.
