@@ -299,3 +299,55 @@ func TestDaemonHealthSurvivesUnreadableKernel(t *testing.T) {
 	h.expectNoWeightChange("after the kernel came back")
 	h.expectHealthKept("after the kernel came back", before)
 }
+
+// TestDaemonRollbackKeepsQuorumState runs a reload that raises a
+// service's quorum above its healthy backends, so that it would fail open,
+// and fails, so that it is rolled back: the running configuration's
+// quorum decision, which its hysteresis depends on, is what it was, and
+// the failed backends stay out of rotation.
+func TestDaemonRollbackKeepsQuorumState(t *testing.T) {
+	var srv [4]*checkServer
+	for i := range srv {
+		srv[i] = newCheckServer(t)
+	}
+	srv[3].fail.Store(true)
+	services := func(quorum int) string {
+		var b strings.Builder
+		fmt.Fprintf(&b, "[[service]]\nname = \"web\"\nvip = \"192.0.2.10\"\nport = 80\nquorum = %d\nquorum_hysteresis = 2\n", quorum)
+		for i, s := range srv {
+			fmt.Fprintf(&b, "[[service.backend]]\naddress = \"10.0.0.%d\"\n[service.backend.check]\ntype = \"http\"\naddress = \"127.0.0.1\"\nport = %s\n%s", i+1, s.port(), baseCheck)
+		}
+		return b.String()
+	}
+	h := newHarness(t, t.TempDir(), lbtest.New())
+	h.write(h.header("") + services(1))
+	h.run()
+	// Three of four up: quorum 1 plus hysteresis 2 is met.
+	h.eventually("three backends up and one out", func() bool {
+		d := h.k.Dump()
+		return strings.Contains(d, "10.0.0.3:80 masq weight=1") && strings.Contains(d, "10.0.0.4:80 masq weight=0")
+	})
+	// One more fails: two are up, above the quorum.
+	srv[2].fail.Store(true)
+	h.eventually("two backends up and two out", func() bool {
+		d := h.k.Dump()
+		return strings.Contains(d, "10.0.0.1:80 masq weight=1") && strings.Contains(d, "10.0.0.2:80 masq weight=1") &&
+			strings.Contains(d, "10.0.0.3:80 masq weight=0") && strings.Contains(d, "10.0.0.4:80 masq weight=0")
+	})
+	good := h.k.Dump()
+	h.k.FailWith(func(call string) error {
+		if strings.HasPrefix(call, "add-dest tcp 192.0.2.12:80") {
+			return errors.New("boom")
+		}
+		return nil
+	})
+	h.write(h.header("") + services(4) + "\n[[service]]\nname = \"new\"\nvip = \"192.0.2.12\"\nport = 80\nbackend = [{ address = \"10.0.0.9\" }]\n")
+	h.expectNotify("RELOADING=1")
+	h.expectNotify("READY=1")
+	if !strings.Contains(h.log.String(), "rolling back") {
+		t.Fatalf("the reload was not rolled back:\n%s", h.log)
+	}
+	if got := h.k.Dump(); got != good {
+		t.Errorf("the rollback left\n%s\nwant\n%s", got, good)
+	}
+}
