@@ -1,7 +1,7 @@
 package health
 
 import (
-	"cmp"
+	"bytes"
 	"container/heap"
 	"context"
 	"errors"
@@ -115,11 +115,12 @@ type Manager struct {
 
 	updateMu sync.Mutex // serializes Update
 
-	mu        sync.Mutex
-	rng       *rand.Rand
-	checks    map[checkKey]*check
-	seq       uint64   // creation number of the next check
-	retired   []*check // checks Updates removed, oldest first
+	mu     sync.Mutex
+	rng    *rand.Rand
+	checks map[checkKey]*check
+	// removed holds the checks Updates removed in the last Retain, by
+	// target, oldest first.
+	removed   map[targetKey][]removedCheck
 	queue     checkHeap
 	backends  map[ref]*backend
 	byService map[string][]netip.AddrPort
@@ -141,19 +142,25 @@ const (
 // serves.
 type check struct {
 	timing
-	key    checkKey
-	seq    uint64 // creation order, for deterministic choices
+	id     checkID
 	target netip.AddrPort
 	prober Prober
 	refs   []ref
-	// retiredAt is when an Update removed the check; zero while live.
-	retiredAt time.Time
 
 	m       machine
 	next    time.Time // due time of the next (or running) probe
 	index   int       // position in the queue, -1 when not queued
 	stopped bool
 }
+
+// removedCheck is a check an Update removed at a time.
+type removedCheck struct {
+	*check
+	at time.Time
+}
+
+// targetKey returns c's target.
+func (c *check) targetKey() targetKey { return targetKey{addr: c.target, path: c.id.path} }
 
 // timing is what the scheduler and the state machine need of a Spec,
 // kept instead of the whole Spec to keep checks small.
@@ -222,6 +229,7 @@ func NewManager(opts Options) *Manager {
 		evs:       make(chan struct{}, 1),
 		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		checks:    map[checkKey]*check{},
+		removed:   map[targetKey][]removedCheck{},
 		backends:  map[ref]*backend{},
 		byService: map[string][]netip.AddrPort{},
 	}
@@ -233,9 +241,12 @@ type wanted struct {
 	target netip.AddrPort
 	refs   []ref
 	prober Prober
+	id     checkID
 	// broken says that prober fails with the error of an invalid spec
 	// or of a prober that could not be built.
 	broken bool
+	// pred is the check whose state a new check takes over.
+	pred *check
 }
 
 // Update replaces the set of targets. Unchanged checks carry on; checks
@@ -264,11 +275,11 @@ func (m *Manager) Update(targets []Target) error {
 	for _, t := range targets {
 		spec := t.Spec.WithDefaults()
 		target := spec.Target(t.Backend)
-		key := keyOf(spec, target)
+		key, id := keyOf(spec, target)
 		r := ref{t.Service, t.Backend}
 		w, ok := want[key]
 		if !ok {
-			w = &wanted{spec: spec, target: target}
+			w = &wanted{spec: spec, target: target, id: id}
 			want[key] = w
 			order = append(order, key)
 			if err := t.Spec.Validate(); err != nil {
@@ -319,22 +330,29 @@ func (m *Manager) Update(targets []Target) error {
 	now := m.clock.Now()
 	m.prune(now)
 	// Find the predecessors while the checks they may be are all there.
-	preds := map[checkKey]*check{}
-	var byTarget map[targetKey][]*check
+	// A removed check whose state a new one takes over has no more use;
+	// the others are remembered.
+	live := m.byAddr(fresh)
+	taken := map[*check]bool{}
 	for _, key := range fresh {
-		if want[key].broken {
+		w := want[key]
+		if w.broken {
 			continue
 		}
-		if byTarget == nil {
-			byTarget = m.byTarget()
+		t := targetKey{addr: key.target, path: w.id.path}
+		if w.pred = m.predecessor(t, w.id, w.refs, refKeys, live[key.target]); w.pred != nil {
+			taken[w.pred] = true
 		}
-		if p := m.predecessor(key, want[key].refs, refKeys, byTarget[key.target]); p != nil {
-			preds[key] = p
-		}
+	}
+	for c := range taken {
+		m.forget(c)
 	}
 	for key, c := range m.checks {
 		if _, ok := want[key]; !ok {
-			m.drop(c, now)
+			m.stop(c)
+			if !taken[c] {
+				m.retain(c, now)
+			}
 			delete(m.checks, key)
 		}
 	}
@@ -342,10 +360,9 @@ func (m *Manager) Update(targets []Target) error {
 		w := want[key]
 		c, ok := m.checks[key]
 		if !ok {
-			c = &check{timing: timingOf(w.spec), key: key, seq: m.seq, target: w.target, prober: w.prober, index: -1}
-			m.seq++
-			if p := preds[key]; p != nil {
-				m.inherit(c, p, now)
+			c = &check{timing: timingOf(w.spec), id: w.id, target: w.target, prober: w.prober, index: -1}
+			if w.pred != nil {
+				m.inherit(c, w.pred, now)
 			} else {
 				c.m = newMachine(w.spec.Initial, now)
 				c.next = now.Add(m.startDelay(c.interval))
@@ -355,15 +372,6 @@ func (m *Manager) Update(targets []Target) error {
 		}
 		c.refs = w.refs
 	}
-	// A removed check whose state a new one took over has no more use.
-	m.retired = slices.DeleteFunc(m.retired, func(c *check) bool {
-		for _, p := range preds {
-			if p == c {
-				return true
-			}
-		}
-		return false
-	})
 	backends := make(map[ref]*backend, len(refKeys))
 	byService := map[string][]netip.AddrPort{}
 	for _, r := range refOrder {
@@ -390,45 +398,86 @@ func (m *Manager) Update(targets []Target) error {
 	return errors.Join(errs...)
 }
 
-// drop stops c, which an Update removed, and remembers it for
-// Options.Retain. Called with mu held.
-func (m *Manager) drop(c *check, now time.Time) {
+// stop takes c, which an Update removed, off the schedule; a probe of it
+// that is running is not recorded. Called with mu held.
+func (m *Manager) stop(c *check) {
 	c.stopped = true
 	if c.index >= 0 {
 		heap.Remove(&m.queue, c.index)
 	}
+}
+
+// retain remembers c, which an Update removed at now, for
+// Options.Retain. Called with mu held.
+func (m *Manager) retain(c *check, now time.Time) {
 	if m.opts.Retain > 0 {
-		c.retiredAt = now
-		m.retired = append(m.retired, c)
+		t := c.targetKey()
+		m.removed[t] = append(m.removed[t], removedCheck{c, now})
+	}
+}
+
+// forget drops c from the removed checks remembered, if it is one. Called
+// with mu held.
+func (m *Manager) forget(c *check) {
+	t := c.targetKey()
+	cs, ok := m.removed[t]
+	if !ok {
+		return
+	}
+	cs = slices.DeleteFunc(cs, func(r removedCheck) bool { return r.check == c })
+	if len(cs) == 0 {
+		delete(m.removed, t)
+	} else {
+		m.removed[t] = cs
 	}
 }
 
 // prune forgets the removed checks older than Options.Retain. Called with
 // mu held.
 func (m *Manager) prune(now time.Time) {
-	m.retired = slices.DeleteFunc(m.retired, func(c *check) bool {
-		return now.Sub(c.retiredAt) > m.opts.Retain
-	})
+	for t, cs := range m.removed {
+		cs = slices.DeleteFunc(cs, func(r removedCheck) bool { return now.Sub(r.at) > m.opts.Retain })
+		if len(cs) == 0 {
+			delete(m.removed, t)
+		} else {
+			m.removed[t] = cs
+		}
+	}
 }
 
-// byTarget indexes the live checks by target, oldest first. Called with
-// mu held.
-func (m *Manager) byTarget() map[targetKey][]*check {
-	out := map[targetKey][]*check{}
-	for _, c := range m.checks {
-		out[c.key.target] = append(out[c.key.target], c)
+// byAddr returns the live checks that probe the addresses of fresh keys,
+// by address, in the order of their keys: the candidates to be their
+// predecessors. Called with mu held.
+func (m *Manager) byAddr(fresh []checkKey) map[netip.AddrPort][]*check {
+	if len(fresh) == 0 {
+		return nil
 	}
-	for _, cs := range out {
-		slices.SortFunc(cs, func(a, b *check) int { return cmp.Compare(a.seq, b.seq) })
+	keys := make(map[netip.AddrPort][]checkKey, len(fresh))
+	for _, key := range fresh {
+		keys[key.target] = nil
+	}
+	for key := range m.checks {
+		if ks, ok := keys[key.target]; ok {
+			keys[key.target] = append(ks, key)
+		}
+	}
+	out := make(map[netip.AddrPort][]*check, len(keys))
+	for addr, ks := range keys {
+		slices.SortFunc(ks, func(a, b checkKey) int { return bytes.Compare(a.spec[:], b.spec[:]) })
+		cs := make([]*check, len(ks))
+		for i, k := range ks {
+			cs[i] = m.checks[k]
+		}
+		out[addr] = cs
 	}
 	return out
 }
 
-// predecessor returns the check whose state a new check with key, asked
+// predecessor returns the check whose state a new check with id, asked
 // for by refs, takes over, or nil if it has none and starts from its
 // initial state. Called with mu held, before the Update removes any
-// check; live are the live checks of key's target, oldest first, and
-// refKeys the keys each backend asks for in the Update.
+// check; live are the live checks of the new check's address, in a fixed
+// order, and refKeys the keys each backend asks for in the Update.
 //
 // A predecessor probes the same target, and either asks the same question
 // (it differs in timing alone, and its result answers the new check's
@@ -436,42 +485,55 @@ func (m *Manager) byTarget() map[targetKey][]*check {
 // the settings of a check still running), or served one of refs, which no
 // longer asks for it (the check of that backend was edited). The first
 // kind comes first, being the better answer; live checks come before
-// removed ones, whose state is older; among live checks the oldest comes
-// first, among removed ones the last removed. A check a backend keeps is
-// no predecessor of another it gains: a second check of a backend is a
-// new question, not an edit.
-func (m *Manager) predecessor(key checkKey, refs []ref, refKeys map[ref][]checkKey, live []*check) *check {
-	same := func(c *check) bool { return c.key.question == key.question }
-	served := func(c *check) bool {
-		for _, r := range refs {
-			if slices.Contains(c.refs, r) && !slices.Contains(refKeys[r], c.key) {
-				return true
-			}
+// removed ones, whose state is older; among removed ones the last removed
+// comes first. A check a backend keeps is no predecessor of another it
+// gains: a second check of a backend is a new question, not an edit.
+func (m *Manager) predecessor(t targetKey, id checkID, refs []ref, refKeys map[ref][]checkKey, live []*check) *check {
+	var edited *check
+	for _, c := range live {
+		if c.id.path != t.path {
+			continue
 		}
-		return false
-	}
-	retired := func(yield func(*check) bool) {
-		for _, c := range slices.Backward(m.retired) {
-			if c.key.target == key.target && !yield(c) {
-				return
-			}
+		if c.id.question == id.question {
+			return c
+		}
+		if edited == nil && m.served(c, refs, refKeys) {
+			edited = c
 		}
 	}
-	for _, cs := range []func(func(*check) bool){slices.Values(live), retired} {
-		var edited *check
-		for c := range cs {
-			if same(c) {
-				return c
-			}
-			if edited == nil && served(c) {
-				edited = c
-			}
+	if edited != nil {
+		return edited
+	}
+	for _, r := range slices.Backward(m.removed[t]) {
+		if r.id.question == id.question {
+			return r.check
 		}
-		if edited != nil {
-			return edited
+		if edited == nil && m.served(r.check, refs, refKeys) {
+			edited = r.check
 		}
 	}
-	return nil
+	return edited
+}
+
+// served reports whether c served one of refs and no longer does: whether
+// that backend's check was edited away from c. Called with mu held.
+func (m *Manager) served(c *check, refs []ref, refKeys map[ref][]checkKey) bool {
+	for _, r := range refs {
+		if !slices.Contains(c.refs, r) {
+			continue
+		}
+		keeps := false
+		for _, k := range refKeys[r] {
+			if m.checks[k] == c {
+				keeps = true
+				break
+			}
+		}
+		if !keeps {
+			return true
+		}
+	}
+	return false
 }
 
 // inherit gives c, a new check, the state of its predecessor p: its state
@@ -481,7 +543,7 @@ func (m *Manager) predecessor(key checkKey, refs []ref, refKeys map[ref][]checkK
 // a new check's first is. Called with mu held.
 func (m *Manager) inherit(c, p *check, now time.Time) {
 	c.m = p.m
-	if c.key.question != p.key.question {
+	if c.id.question != p.id.question {
 		c.m.successes, c.m.failures = 0, 0
 	}
 	c.next = p.next

@@ -93,24 +93,30 @@ func TestSpecDefaultsAndTarget(t *testing.T) {
 	}
 }
 
+// keyOnly returns the key of keyOf(spec, target).
+func keyOnly(spec Spec, target netip.AddrPort) checkKey {
+	k, _ := keyOf(spec, target)
+	return k
+}
+
 func TestCheckKey(t *testing.T) {
 	a := netip.MustParseAddrPort("127.0.0.1:80")
 	implicit := Spec{Kind: KindHTTP}
 	explicit := Spec{Kind: KindHTTP, Interval: DefaultInterval, Timeout: DefaultTimeout, Rise: DefaultRise, Fall: DefaultFall,
 		HTTP: HTTPOptions{Method: "GET", Path: "/", Status: []StatusRange{{200, 399}}}}
-	if keyOf(implicit, a) != keyOf(explicit, a) {
+	if keyOnly(implicit, a) != keyOnly(explicit, a) {
 		t.Error("a spec with defaults spelled out is a different check")
 	}
-	if keyOf(implicit, a) == keyOf(Spec{Kind: KindHTTPS}, a) {
+	if keyOnly(implicit, a) == keyOnly(Spec{Kind: KindHTTPS}, a) {
 		t.Error("http and https checks share a key")
 	}
-	if keyOf(implicit, a) == keyOf(implicit, netip.MustParseAddrPort("127.0.0.1:81")) {
+	if keyOnly(implicit, a) == keyOnly(implicit, netip.MustParseAddrPort("127.0.0.1:81")) {
 		t.Error("checks of different targets share a key")
 	}
 	withHeader := func(v string) Spec {
 		return Spec{Kind: KindHTTP, HTTP: HTTPOptions{Header: map[string]string{"A": v, "B": "2", "C": "3"}}}
 	}
-	if keyOf(withHeader("1"), a) != keyOf(withHeader("1"), a) || keyOf(withHeader("1"), a) == keyOf(withHeader("2"), a) {
+	if keyOnly(withHeader("1"), a) != keyOnly(withHeader("1"), a) || keyOnly(withHeader("1"), a) == keyOnly(withHeader("2"), a) {
 		t.Error("header maps do not key deterministically")
 	}
 }
@@ -163,7 +169,8 @@ func TestCheckKeyParts(t *testing.T) {
 		part[f] = "question"
 	}
 	be := netip.MustParseAddrPort("127.0.0.1:80")
-	key := func(s Spec) checkKey { return keyOf(s, s.Target(be)) }
+	key := func(s Spec) checkKey { k, _ := keyOf(s, s.Target(be)); return k }
+	id := func(s Spec) checkID { _, id := keyOf(s, s.Target(be)); return id }
 	base := Spec{Kind: KindHTTP}
 	leaves := 0
 	var walk func(prefix string, typ reflect.Type, index []int)
@@ -183,19 +190,22 @@ func TestCheckKeyParts(t *testing.T) {
 			}
 			s := base
 			setNonDefault(t, name, reflect.ValueOf(&s).Elem().FieldByIndex(idx))
-			a, b := key(base), key(s)
-			var changed []string
-			if a.target != b.target {
+			if key(base) == key(s) {
+				t.Errorf("setting %s does not change the check's key", name)
+			}
+			a, b := id(base), id(s)
+			changed := []string{}
+			if key(base).target != key(s).target || a.path != b.path {
 				changed = append(changed, "target")
 			}
 			if a.question != b.question {
 				changed = append(changed, "question")
 			}
-			if a.timing != b.timing {
+			if len(changed) == 0 {
 				changed = append(changed, "timing")
 			}
 			if len(changed) != 1 || changed[0] != want {
-				t.Errorf("setting %s changes %v of the key, want the %s alone", name, changed, want)
+				t.Errorf("setting %s changes %v of the check's id, want the %s alone", name, changed, want)
 			}
 		}
 	}
