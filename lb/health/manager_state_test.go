@@ -490,3 +490,25 @@ func TestManagerEditDuringProbe(t *testing.T) {
 		t.Fatalf("recorded %d probes, want 2", n)
 	}
 }
+
+// TestManagerShorterIntervalTakesEffect: a check whose interval shrinks
+// below the time to its next probe does not wait out the old interval.
+func TestManagerShorterIntervalTakesEffect(t *testing.T) {
+	r := newRig(t)
+	spec := httpSpec()
+	spec.Interval = 10 * time.Second
+	if err := r.m.Update([]Target{{Service: "web", Backend: be1, Spec: spec}}); err != nil {
+		t.Fatal(err)
+	}
+	r.run()
+	r.probes(1) // the next is due in 10s
+	spec.Interval = time.Second
+	if err := r.m.Update([]Target{{Service: "web", Backend: be1, Spec: spec}}); err != nil {
+		t.Fatal(err)
+	}
+	r.probes(2) // at once: the rig does not spread first probes
+	r.step(time.Second, 3)
+	if st := r.status("web", be1); st.State != Up || st.Checks[0].Probes != 3 || st.Checks[0].Transitions != 1 {
+		t.Fatalf("after the interval shrank: %+v", st)
+	}
+}
