@@ -264,24 +264,24 @@ func NewProber(spec Spec, target netip.AddrPort) (Prober, error) {
 //     the probed address and the socket options that pick the path (mark,
 //     device, source). A result is a fact about one target; a check of a
 //     new target knows nothing and starts from its initial state.
-//   - Its question (checkID.question): what it asks the target, the options of its kind
-//     (an http check's method, path, host, headers, expected status and
-//     body; a udp check's payload; a dns check's query; an exec check's
-//     command).
+//   - Its question (checkID.question): what it asks the target, the
+//     options of its kind (an http check's method, path, host, headers,
+//     expected status and body; a udp check's payload; a dns check's
+//     query; an exec check's command).
 //   - Its timing: interval, timeout, rise, fall, jitter and initial
 //     state, which say how often and how patiently it asks.
 //
 // Targets with the same three parts share one check (their checkKeys are
-// equal). A check whose
-// question or timing changes keeps the state of its target: the backend
-// stays up (or down) and the next probe, with the new settings, carries
-// on from there. Changing the question is treated as an edit rather than a
-// new target because the operator edits the check of a server whose
-// health is known: an outage on every edit of a path or an expected
-// status is the failure this avoids, and a wrong new question is caught
-// by the next fall probes, as a server breaking would be. The consecutive
-// counts start again when the question changes, since a streak of
-// answers to another question is not one of answers to this one.
+// equal). A check whose question or timing changes keeps the state of its
+// target: the backend stays up (or down) and the next probe, with the new
+// settings, carries on from there. Changing the question is treated as an
+// edit rather than a new target because the operator edits the check of a
+// server whose health is known: an outage on every edit of a path or an
+// expected status is the failure this avoids, and a wrong new question is
+// caught by the next fall probes, as a server breaking would be. The
+// consecutive counts start again when the question changes, since a
+// streak of answers to another question is not one of answers to this
+// one.
 
 // checkID is what a check's state depends on besides the address it
 // probes: how its probes get there, and the question it asks.
