@@ -184,11 +184,27 @@ func (d *daemon) effective(cfg *config.Config) *lb.Spec {
 	return applyDrains(spec, d.drained)
 }
 
-// check points the health checker at cfg's targets. Checks whose spec did
-// not change keep their state.
+// check points the health checker at cfg's targets. A check keeps its
+// state unless its target changed (see health.Manager), and a check that
+// cfg drops is remembered for a while, so pointing the checker back at
+// the running configuration after trying cfg changes no backend's health.
 func (d *daemon) check(cfg *config.Config) {
 	if err := d.hm.Update(cfg.Targets()); err != nil {
 		d.log.Error("health checks", "err", err)
+	}
+}
+
+// try points health checking at cfg, which a reload is about to apply,
+// and returns what undoes that if cfg is not kept: it points the checker
+// back at the running configuration and restores the services' health
+// decisions, which effective(cfg) replaced with cfg's, since a quorum's
+// hysteresis depends on the last decision the running configuration made.
+func (d *daemon) try(cfg *config.Config) (undo func()) {
+	saved := d.decisions
+	d.check(cfg)
+	return func() {
+		d.check(d.cfg)
+		d.decisions = saved
 	}
 }
 
@@ -504,7 +520,7 @@ func (d *daemon) reload(ctx context.Context, in fileRead, force bool) reply {
 		d.log.Warn("daemon settings changed (interface, uplinks, announcement, iptables, state_dir, resync, watch, control socket or metrics); they take effect on restart",
 			"config", d.opts.Path)
 	}
-	d.check(cfg)
+	undo := d.try(cfg)
 	var res *lb.Result
 	if !force {
 		// A forced reload runs a full pass, which also repairs drift.
@@ -514,10 +530,10 @@ func (d *daemon) reload(ctx context.Context, in fileRead, force bool) reply {
 		res = d.reconcile(ctx, why, d.effective(cfg))
 	}
 	if res == nil {
-		d.check(d.cfg)
+		undo()
 		return reply{Error: "cannot read the kernel; nothing applied"}
 	}
-	return d.settle(ctx, why, cfg, res)
+	return d.settle(ctx, why, cfg, res, undo)
 }
 
 // fileRead is what a reload reads: one file of the configuration as the
@@ -668,8 +684,9 @@ func (d *daemon) replace(cfg *config.Config) {
 	}
 }
 
-// settle finishes a reload whose pass ran: it keeps cfg, or rolls back.
-func (d *daemon) settle(ctx context.Context, why string, cfg *config.Config, res *lb.Result) reply {
+// settle finishes a reload whose pass ran: it keeps cfg, or rolls back,
+// calling undo (see try) first.
+func (d *daemon) settle(ctx context.Context, why string, cfg *config.Config, res *lb.Result, undo func()) reply {
 	rep := reply{}
 	for _, op := range res.Applied {
 		rep.Applied = append(rep.Applied, op.String())
@@ -684,7 +701,7 @@ func (d *daemon) settle(ctx context.Context, why string, cfg *config.Config, res
 	if len(fresh) > 0 && d.cfg.Daemon.OnApplyError == config.ApplyRollback {
 		d.m.ReloadFailed(metrics.ReloadApply)
 		d.log.Error("reload failed; rolling back to the last good configuration", "why", why, "failed", len(fresh), "first", fresh[0])
-		d.check(d.cfg)
+		undo()
 		back := d.reconcile(ctx, "rollback", d.effective(d.cfg))
 		d.remember(back)
 		rep.Error = fmt.Sprintf("reload failed (%d operations, first: %v); rolled back to the last good configuration", len(fresh), fresh[0])

@@ -54,6 +54,8 @@ type harness struct {
 	notes  chan string
 	done   chan error
 	cancel context.CancelFunc
+	// ipvs, if set, is the IPVS adapter the daemon opens instead of k.
+	ipvs lb.IPVS
 }
 
 func (h *harness) header(extra string) string {
@@ -136,7 +138,11 @@ func (h *harness) run() {
 			Logger:   slog.New(slog.NewTextHandler(h.log, nil)),
 			Notifier: systemd.FromEnv(),
 			OpenKernel: func(*config.Config, *slog.Logger) (lb.Kernel, func(), error) {
-				return h.k.Interface(), func() {}, nil
+				k := h.k.Interface()
+				if h.ipvs != nil {
+					k.IPVS = h.ipvs
+				}
+				return k, func() {}, nil
 			},
 			KernelRelease: "6.1.0-27-cloud-amd64",
 		})

@@ -8,7 +8,8 @@
 //     from a Spec, the typed form of a configured check.
 //   - A Manager that runs checks: Update hands it the wanted checks, one
 //     Target per service, backend and check. Identical checks are shared
-//     and run once, unchanged checks keep their state across updates, and
+//     and run once, a check keeps its state across updates that do not
+//     change its target (what it probes, as opposed to its settings), and
 //     a rise/fall state machine turns probe results into up/down states
 //     whose changes are reported once each.
 //   - Apply, a pure function that turns a service's configured backends,

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"bytes"
 	"container/heap"
 	"context"
 	"errors"
@@ -17,6 +18,7 @@ import (
 const (
 	DefaultMaxInFlight = 1024
 	DefaultStartSpread = time.Second
+	DefaultRetain      = time.Minute
 )
 
 // Target asks for one check of one backend of one service. A backend may
@@ -69,6 +71,11 @@ type Options struct {
 	NewProber func(spec Spec, target netip.AddrPort) (Prober, error)
 	// Seed seeds the jitter; zero means a random seed.
 	Seed uint64
+	// Retain is how long the state of a check that an Update removed is
+	// kept for a later Update that asks for its target again, as the
+	// Update that undoes a failed reload does; zero means DefaultRetain,
+	// a negative value keeps nothing.
+	Retain time.Duration
 }
 
 // Manager runs health checks: Update says which, Run runs them, and
@@ -77,10 +84,22 @@ type Options struct {
 //
 // Checks are shared: targets with the same probed address and the same
 // Spec (after defaults) are one check, probed once per interval whatever
-// number of services and backends use it. A check whose Spec is
-// unchanged by an Update keeps its state and schedule, so health survives
-// configuration reloads; a changed Spec is a new check that starts from
-// its initial state.
+// number of services and backends use it.
+//
+// Health is a property of what is probed, so it survives Updates that do
+// not change a check's target: its kind, probed address and dial options
+// (mark, device, source). A check whose Spec is unchanged keeps its state
+// and schedule. A check whose other settings change, its timing or what
+// it asks (an http path, an expected status, a command), takes over the
+// state and schedule of the check it replaces, and its next probe uses
+// the new settings; the consecutive counts toward rise and fall carry
+// over too, unless what it asks changed. A new check takes over from a
+// check of the same target that asks the same question under other
+// timing, or else from one that its backend used before the Update; only
+// a check with neither, a new target, starts from its initial state. The
+// checks an Update removes are remembered for Options.Retain, so an
+// Update that brings them back (undoing a reload whose pass failed)
+// finds their state too.
 //
 // One goroutine schedules all checks from a heap ordered by due time and
 // hands each due check to a pool of at most MaxInFlight workers, which
@@ -96,9 +115,12 @@ type Manager struct {
 
 	updateMu sync.Mutex // serializes Update
 
-	mu        sync.Mutex
-	rng       *rand.Rand
-	checks    map[checkKey]*check
+	mu     sync.Mutex
+	rng    *rand.Rand
+	checks map[checkKey]*check
+	// removed holds the checks Updates removed in the last Retain, by
+	// target, oldest first.
+	removed   map[targetKey][]removedCheck
 	queue     checkHeap
 	backends  map[ref]*backend
 	byService map[string][]netip.AddrPort
@@ -120,6 +142,7 @@ const (
 // serves.
 type check struct {
 	timing
+	id     checkID
 	target netip.AddrPort
 	prober Prober
 	refs   []ref
@@ -129,6 +152,15 @@ type check struct {
 	index   int       // position in the queue, -1 when not queued
 	stopped bool
 }
+
+// removedCheck is a check an Update removed at a time.
+type removedCheck struct {
+	*check
+	at time.Time
+}
+
+// targetKey returns c's target.
+func (c *check) targetKey() targetKey { return targetKey{addr: c.target, path: c.id.path} }
 
 // timing is what the scheduler and the state machine need of a Spec,
 // kept instead of the whole Spec to keep checks small.
@@ -181,6 +213,9 @@ func NewManager(opts Options) *Manager {
 	if opts.NewProber == nil {
 		opts.NewProber = NewProber
 	}
+	if opts.Retain == 0 {
+		opts.Retain = DefaultRetain
+	}
 	seed := opts.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -194,6 +229,7 @@ func NewManager(opts Options) *Manager {
 		evs:       make(chan struct{}, 1),
 		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		checks:    map[checkKey]*check{},
+		removed:   map[targetKey][]removedCheck{},
 		backends:  map[ref]*backend{},
 		byService: map[string][]netip.AddrPort{},
 	}
@@ -205,19 +241,28 @@ type wanted struct {
 	target netip.AddrPort
 	refs   []ref
 	prober Prober
+	id     checkID
+	// broken says that prober fails with the error of an invalid spec
+	// or of a prober that could not be built.
+	broken bool
+	// pred is the check whose state a new check takes over.
+	pred *check
 }
 
-// Update replaces the set of targets. New checks start in their initial
-// state with their first probe spread over Options.StartSpread; checks no
-// target asks for any more stop; unchanged checks carry on. A backend
-// whose combined state changes because of the update (a new, still down
-// check, or a removed failing one) is reported as a transition.
+// Update replaces the set of targets. Unchanged checks carry on; checks
+// no target asks for any more stop. A new check takes over the state and
+// schedule of its predecessor, a check of the same target it replaces
+// (see predecessor); without one it starts in its initial state with its
+// first probe spread over Options.StartSpread. A backend whose combined
+// state changes because of the update (a new, still down check, or a
+// removed failing one) is reported as a transition.
 //
 // A target whose Spec is invalid, or whose prober cannot be built (an
 // unreadable CA file, say), becomes a check that always fails with that
-// error, so a broken check never passes a backend; Update returns all
-// such errors joined. Validate specs when loading the configuration to
-// reject them before they get here.
+// error and starts from its initial state whatever it replaces, so a
+// broken check never passes a backend that was not already up; Update
+// returns all such errors joined. Validate specs when loading the
+// configuration to reject them before they get here.
 func (m *Manager) Update(targets []Target) error {
 	m.updateMu.Lock()
 	defer m.updateMu.Unlock()
@@ -230,17 +275,17 @@ func (m *Manager) Update(targets []Target) error {
 	for _, t := range targets {
 		spec := t.Spec.WithDefaults()
 		target := spec.Target(t.Backend)
-		key := keyOf(spec, target)
+		key, id := keyOf(spec, target)
 		r := ref{t.Service, t.Backend}
 		w, ok := want[key]
 		if !ok {
-			w = &wanted{spec: spec, target: target}
+			w = &wanted{spec: spec, target: target, id: id}
 			want[key] = w
 			order = append(order, key)
 			if err := t.Spec.Validate(); err != nil {
 				err = fmt.Errorf("service %s backend %s: %s check of %s: %w", t.Service, t.Backend, spec.Kind, target, err)
 				errs = append(errs, err)
-				w.prober = failing(err)
+				w.prober, w.broken = failing(err), true
 			}
 		}
 		if !slices.Contains(w.refs, r) {
@@ -276,17 +321,37 @@ func (m *Manager) Update(targets []Target) error {
 			err = fmt.Errorf("service %s backend %s: %s check of %s: %w", r.service, r.backend, w.spec.Kind, w.target, err)
 			errs = append(errs, err)
 			p = failing(err)
+			w.broken = true
 		}
 		w.prober = p
 	}
 
 	m.mu.Lock()
 	now := m.clock.Now()
+	m.prune(now)
+	// Find the predecessors while the checks they may be are all there.
+	// A removed check whose state a new one takes over has no more use;
+	// the others are remembered.
+	live := m.byAddr(fresh)
+	taken := map[*check]bool{}
+	for _, key := range fresh {
+		w := want[key]
+		if w.broken {
+			continue
+		}
+		t := targetKey{addr: key.target, path: w.id.path}
+		if w.pred = m.predecessor(t, w.id, w.refs, refKeys, live[key.target]); w.pred != nil {
+			taken[w.pred] = true
+		}
+	}
+	for c := range taken {
+		m.forget(c)
+	}
 	for key, c := range m.checks {
 		if _, ok := want[key]; !ok {
-			c.stopped = true
-			if c.index >= 0 {
-				heap.Remove(&m.queue, c.index)
+			m.stop(c)
+			if !taken[c] {
+				m.retain(c, now)
 			}
 			delete(m.checks, key)
 		}
@@ -295,9 +360,13 @@ func (m *Manager) Update(targets []Target) error {
 		w := want[key]
 		c, ok := m.checks[key]
 		if !ok {
-			c = &check{timing: timingOf(w.spec), target: w.target, prober: w.prober, index: -1}
-			c.m = newMachine(w.spec.Initial, now)
-			c.next = now.Add(m.startDelay(c.interval))
+			c = &check{timing: timingOf(w.spec), id: w.id, target: w.target, prober: w.prober, index: -1}
+			if w.pred != nil {
+				m.inherit(c, w.pred, now)
+			} else {
+				c.m = newMachine(w.spec.Initial, now)
+				c.next = now.Add(m.startDelay(c.interval))
+			}
 			m.checks[key] = c
 			heap.Push(&m.queue, c)
 		}
@@ -327,6 +396,160 @@ func (m *Manager) Update(targets []Target) error {
 	m.mu.Unlock()
 	m.poke()
 	return errors.Join(errs...)
+}
+
+// stop takes c, which an Update removed, off the schedule; a probe of it
+// that is running is not recorded. Called with mu held.
+func (m *Manager) stop(c *check) {
+	c.stopped = true
+	if c.index >= 0 {
+		heap.Remove(&m.queue, c.index)
+	}
+}
+
+// retain remembers c, which an Update removed at now, for
+// Options.Retain. Called with mu held.
+func (m *Manager) retain(c *check, now time.Time) {
+	if m.opts.Retain > 0 {
+		t := c.targetKey()
+		m.removed[t] = append(m.removed[t], removedCheck{c, now})
+	}
+}
+
+// forget drops c from the removed checks remembered, if it is one. Called
+// with mu held.
+func (m *Manager) forget(c *check) {
+	t := c.targetKey()
+	cs, ok := m.removed[t]
+	if !ok {
+		return
+	}
+	cs = slices.DeleteFunc(cs, func(r removedCheck) bool { return r.check == c })
+	if len(cs) == 0 {
+		delete(m.removed, t)
+	} else {
+		m.removed[t] = cs
+	}
+}
+
+// prune forgets the removed checks older than Options.Retain. Called with
+// mu held.
+func (m *Manager) prune(now time.Time) {
+	for t, cs := range m.removed {
+		cs = slices.DeleteFunc(cs, func(r removedCheck) bool { return now.Sub(r.at) > m.opts.Retain })
+		if len(cs) == 0 {
+			delete(m.removed, t)
+		} else {
+			m.removed[t] = cs
+		}
+	}
+}
+
+// byAddr returns the live checks that probe the addresses of fresh keys,
+// by address, in the order of their keys: the candidates to be their
+// predecessors. Called with mu held.
+func (m *Manager) byAddr(fresh []checkKey) map[netip.AddrPort][]*check {
+	if len(fresh) == 0 {
+		return nil
+	}
+	keys := make(map[netip.AddrPort][]checkKey, len(fresh))
+	for _, key := range fresh {
+		keys[key.target] = nil
+	}
+	for key := range m.checks {
+		if ks, ok := keys[key.target]; ok {
+			keys[key.target] = append(ks, key)
+		}
+	}
+	out := make(map[netip.AddrPort][]*check, len(keys))
+	for addr, ks := range keys {
+		slices.SortFunc(ks, func(a, b checkKey) int { return bytes.Compare(a.spec[:], b.spec[:]) })
+		cs := make([]*check, len(ks))
+		for i, k := range ks {
+			cs[i] = m.checks[k]
+		}
+		out[addr] = cs
+	}
+	return out
+}
+
+// predecessor returns the check whose state a new check with id, asked
+// for by refs, takes over, or nil if it has none and starts from its
+// initial state. Called with mu held, before the Update removes any
+// check; live are the live checks of the new check's address, in a fixed
+// order, and refKeys the keys each backend asks for in the Update.
+//
+// A predecessor probes the same target, and either asks the same question
+// (it differs in timing alone, and its result answers the new check's
+// question: a shared check that one service re-timed, or a rollback to
+// the settings of a check still running), or served one of refs, which no
+// longer asks for it (the check of that backend was edited). The first
+// kind comes first, being the better answer; live checks come before
+// removed ones, whose state is older; among removed ones the last removed
+// comes first. A check a backend keeps is no predecessor of another it
+// gains: a second check of a backend is a new question, not an edit.
+func (m *Manager) predecessor(t targetKey, id checkID, refs []ref, refKeys map[ref][]checkKey, live []*check) *check {
+	var edited *check
+	for _, c := range live {
+		if c.id.path != t.path {
+			continue
+		}
+		if c.id.question == id.question {
+			return c
+		}
+		if edited == nil && m.served(c, refs, refKeys) {
+			edited = c
+		}
+	}
+	if edited != nil {
+		return edited
+	}
+	for _, r := range slices.Backward(m.removed[t]) {
+		if r.id.question == id.question {
+			return r.check
+		}
+		if edited == nil && m.served(r.check, refs, refKeys) {
+			edited = r.check
+		}
+	}
+	return edited
+}
+
+// served reports whether c served one of refs and no longer does: whether
+// that backend's check was edited away from c. Called with mu held.
+func (m *Manager) served(c *check, refs []ref, refKeys map[ref][]checkKey) bool {
+	for _, r := range refs {
+		if !slices.Contains(c.refs, r) {
+			continue
+		}
+		keeps := false
+		for _, k := range refKeys[r] {
+			if m.checks[k] == c {
+				keeps = true
+				break
+			}
+		}
+		if !keeps {
+			return true
+		}
+	}
+	return false
+}
+
+// inherit gives c, a new check, the state of its predecessor p: its state
+// and counts (the consecutive ones only if c asks the same question) and
+// its schedule. A probe that p's schedule would have run already, or
+// only after c's interval, is rescheduled within Options.StartSpread, as
+// a new check's first is. Called with mu held.
+func (m *Manager) inherit(c, p *check, now time.Time) {
+	c.m = p.m
+	if c.id.question != p.id.question {
+		c.m.successes, c.m.failures = 0, 0
+	}
+	c.next = p.next
+	if c.next.Before(now) || c.next.After(now.Add(c.interval)) {
+		c.next = now.Add(m.startDelay(c.interval))
+	}
 }
 
 // failing returns a prober that always fails with err.

@@ -340,16 +340,16 @@ func TestManagerUpdateKeepsState(t *testing.T) {
 		t.Fatalf("probed %d times, want 2", n)
 	}
 
-	// Changing the spec makes a new check, which starts down again (and
-	// stays down: its prober fails).
+	// Changing the target (here the probed port) makes a new check,
+	// which starts down again (and stays down: its prober fails).
 	r.failNew(errDown)
 	changed := web
-	changed.Spec.Rise = 5
+	changed.Spec.Port = 9000
 	if err := r.m.Update([]Target{changed}); err != nil {
 		t.Fatal(err)
 	}
 	if n := r.built(); n != 2 {
-		t.Fatalf("changed check not rebuilt: %d probers", n)
+		t.Fatalf("check of a new target not built: %d probers", n)
 	}
 	if st := r.status("web", be1); st.State != Down || st.Checks[0].Successes != 0 {
 		t.Fatalf("changed check: %+v", st)

@@ -3,6 +3,8 @@ package health
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,24 +93,30 @@ func TestSpecDefaultsAndTarget(t *testing.T) {
 	}
 }
 
+// keyOnly returns the key of keyOf(spec, target).
+func keyOnly(spec Spec, target netip.AddrPort) checkKey {
+	k, _ := keyOf(spec, target)
+	return k
+}
+
 func TestCheckKey(t *testing.T) {
 	a := netip.MustParseAddrPort("127.0.0.1:80")
 	implicit := Spec{Kind: KindHTTP}
 	explicit := Spec{Kind: KindHTTP, Interval: DefaultInterval, Timeout: DefaultTimeout, Rise: DefaultRise, Fall: DefaultFall,
 		HTTP: HTTPOptions{Method: "GET", Path: "/", Status: []StatusRange{{200, 399}}}}
-	if keyOf(implicit, a) != keyOf(explicit, a) {
+	if keyOnly(implicit, a) != keyOnly(explicit, a) {
 		t.Error("a spec with defaults spelled out is a different check")
 	}
-	if keyOf(implicit, a) == keyOf(Spec{Kind: KindHTTPS}, a) {
+	if keyOnly(implicit, a) == keyOnly(Spec{Kind: KindHTTPS}, a) {
 		t.Error("http and https checks share a key")
 	}
-	if keyOf(implicit, a) == keyOf(implicit, netip.MustParseAddrPort("127.0.0.1:81")) {
+	if keyOnly(implicit, a) == keyOnly(implicit, netip.MustParseAddrPort("127.0.0.1:81")) {
 		t.Error("checks of different targets share a key")
 	}
 	withHeader := func(v string) Spec {
 		return Spec{Kind: KindHTTP, HTTP: HTTPOptions{Header: map[string]string{"A": v, "B": "2", "C": "3"}}}
 	}
-	if keyOf(withHeader("1"), a) != keyOf(withHeader("1"), a) || keyOf(withHeader("1"), a) == keyOf(withHeader("2"), a) {
+	if keyOnly(withHeader("1"), a) != keyOnly(withHeader("1"), a) || keyOnly(withHeader("1"), a) == keyOnly(withHeader("2"), a) {
 		t.Error("header maps do not key deterministically")
 	}
 }
@@ -140,5 +148,105 @@ func TestNewProber(t *testing.T) {
 	}
 	if _, err := NewProber(Spec{}, a); err == nil {
 		t.Error("prober without kind built")
+	}
+}
+
+// TestCheckKeyParts sets each field of a Spec in turn and checks which
+// part of the check's key it changes: the target, for which a new check
+// starts from its initial state, or the question or timing, across which
+// an edited check keeps its state. A field missing from the table fails
+// the test, so that a new field is placed.
+func TestCheckKeyParts(t *testing.T) {
+	part := map[string]string{
+		"Kind": "target", "Addr": "target", "Port": "target",
+		"Dial.Mark": "target", "Dial.Device": "target", "Dial.Source": "target",
+		"Interval": "timing", "Timeout": "timing", "Rise": "timing", "Fall": "timing", "Initial": "timing", "Jitter": "timing",
+	}
+	for _, f := range []string{"Method", "Path", "Host", "SNI", "Header", "Status", "Body", "BodyRegexp", "InsecureSkipVerify", "CAFile", "FollowRedirects"} {
+		part["HTTP."+f] = "question"
+	}
+	for _, f := range []string{"UDP.Payload", "UDP.Expect", "DNS.Name", "DNS.Type", "DNS.TCP", "DNS.ExpectAnswer", "DNS.NoRecursion", "Exec.Command", "Exec.Args", "Exec.Env"} {
+		part[f] = "question"
+	}
+	be := netip.MustParseAddrPort("127.0.0.1:80")
+	key := func(s Spec) checkKey { k, _ := keyOf(s, s.Target(be)); return k }
+	id := func(s Spec) checkID { _, id := keyOf(s, s.Target(be)); return id }
+	base := Spec{Kind: KindHTTP}
+	leaves := 0
+	var walk func(prefix string, typ reflect.Type, index []int)
+	walk = func(prefix string, typ reflect.Type, index []int) {
+		for i := range typ.NumField() {
+			f := typ.Field(i)
+			name, idx := prefix+f.Name, append(slices.Clone(index), i)
+			if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeFor[netip.Addr]() {
+				walk(name+".", f.Type, idx)
+				continue
+			}
+			leaves++
+			want, ok := part[name]
+			if !ok {
+				t.Errorf("Spec field %s is in no part of the key", name)
+				continue
+			}
+			s := base
+			setNonDefault(t, name, reflect.ValueOf(&s).Elem().FieldByIndex(idx))
+			if key(base) == key(s) {
+				t.Errorf("setting %s does not change the check's key", name)
+			}
+			a, b := id(base), id(s)
+			changed := []string{}
+			if key(base).target != key(s).target || a.path != b.path {
+				changed = append(changed, "target")
+			}
+			if a.question != b.question {
+				changed = append(changed, "question")
+			}
+			if len(changed) == 0 {
+				changed = append(changed, "timing")
+			}
+			if len(changed) != 1 || changed[0] != want {
+				t.Errorf("setting %s changes %v of the check's id, want the %s alone", name, changed, want)
+			}
+		}
+	}
+	walk("", reflect.TypeFor[Spec](), nil)
+	if leaves != len(part) {
+		t.Errorf("Spec has %d fields, the table %d", leaves, len(part))
+	}
+}
+
+// setNonDefault sets v, a zero field of a Spec, to a value that is not
+// its default.
+func setNonDefault(t *testing.T, name string, v reflect.Value) {
+	t.Helper()
+	switch v.Interface().(type) {
+	case Kind:
+		v.Set(reflect.ValueOf(KindHTTPS))
+	case State:
+		v.Set(reflect.ValueOf(Up))
+	case time.Duration:
+		v.Set(reflect.ValueOf(7 * time.Second))
+	case netip.Addr:
+		v.Set(reflect.ValueOf(netip.MustParseAddr("127.0.0.9")))
+	case []StatusRange:
+		v.Set(reflect.ValueOf([]StatusRange{{204, 204}}))
+	case map[string]string:
+		v.Set(reflect.ValueOf(map[string]string{"X-Check": "1"}))
+	case []string:
+		v.Set(reflect.ValueOf([]string{"x"}))
+	case []byte:
+		v.Set(reflect.ValueOf([]byte("x")))
+	case string:
+		v.SetString("X")
+	case bool:
+		v.SetBool(true)
+	case int:
+		v.SetInt(7)
+	case uint16, uint32:
+		v.SetUint(7)
+	case float64:
+		v.SetFloat(0.3)
+	default:
+		t.Fatalf("no value for %s of type %s", name, v.Type())
 	}
 }
