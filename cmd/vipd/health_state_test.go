@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -233,10 +234,19 @@ func TestDaemonHealthSurvivesRollback(t *testing.T) {
 	if got := h.k.Dump(); got != good {
 		t.Errorf("the rollback left\n%s\nwant\n%s", got, good)
 	}
+	// The removed backend left rotation (weight 0) and the rollback put
+	// it back; no other weight changed.
+	var removed []string
 	for _, c := range h.k.Calls() {
-		if strings.HasPrefix(c, "update-dest tcp 192.0.2.10:80") {
+		switch {
+		case strings.HasPrefix(c, "update-dest tcp 192.0.2.10:80 10.0.0.2:80"):
+			removed = append(removed, c)
+		case strings.HasPrefix(c, "update-dest tcp 192.0.2.10:80"):
 			t.Errorf("the reload or its rollback changed a weight: %s", c)
 		}
+	}
+	if want := []string{"update-dest tcp 192.0.2.10:80 10.0.0.2:80 weight=0", "update-dest tcp 192.0.2.10:80 10.0.0.2:80 weight=1"}; !slices.Equal(removed, want) {
+		t.Errorf("the removed backend's calls %q, want %q", removed, want)
 	}
 	h.expectHealthKept("after the rollback", before)
 	seen := [2]int{srv[0].count("/health"), srv[1].count("/health")}
