@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -8,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/lbtest"
 )
 
 // dumpTable writes n services of 2 destinations each to a fake kernel
@@ -125,5 +127,99 @@ func TestServicesSkippedInDump(t *testing.T) {
 	}
 	for _, d := range diff(want, got) {
 		t.Errorf("next dump: %s", d)
+	}
+}
+
+// fakeKeyOf names key as the fake kernel does.
+func fakeKeyOf(t *testing.T, key lb.ServiceKey) string {
+	t.Helper()
+	k, err := toKernelKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fakeKey(appendKey(nil, k), true)
+}
+
+// TestReconcileOverDumpGaps drives the reconciler over the adapter on a
+// fake kernel whose service dumps repeat and skip services, as real ones
+// do while other namespaces change their tables: no operation fails,
+// nothing is added twice, the ledger keeps what vipd owns, and a service
+// the configuration dropped goes although the dump missed it.
+func TestReconcileOverDumpGaps(t *testing.T) {
+	i, tab, _ := fakeIPVS(t, 2, 256)
+	ledger := lbtest.New()
+	r := lb.NewReconciler(lb.Options{Kernel: lb.Kernel{IPVS: i, Ledger: ledger}})
+	var all []entry
+	for x := range 70 {
+		e := entry{svc: svc(tcp4("192.0.2.1", uint16(1000+x)), "wrr")}
+		for m := range 2 {
+			e.dests = append(e.dests, withWeight(dest(fmt.Sprintf("10.0.%d.%d:8080", x, m), lb.Masq), m+1))
+		}
+		all = append(all, e)
+	}
+	ctx := context.Background()
+	pass := func(step string, entries []entry) *lb.Result {
+		t.Helper()
+		res, err := r.Reconcile(ctx, spec(entries))
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		for _, f := range res.Failed {
+			t.Errorf("%s: failed %v", step, f)
+		}
+		got, err := i.Services()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range diff(wantState(entries), got) {
+			t.Errorf("%s: %s", step, d)
+		}
+		owned, err := ledger.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(owned) != len(entries) {
+			t.Errorf("%s: the ledger lists %d services, want %d", step, len(owned), len(entries))
+		}
+		for _, e := range entries {
+			if _, ok := owned[e.svc.Key]; !ok {
+				t.Errorf("%s: the ledger lost %s", step, e.svc.Key)
+			}
+		}
+		return res
+	}
+	pass("first pass", all)
+
+	tab.reorder = func(order []string) []string { return slices.Concat(order[:40], order[37:], order[69:]) }
+	if res := pass("a dump that repeats services", all); len(res.Applied)+len(res.Existed)+len(res.Skipped) != 0 {
+		t.Errorf("a dump that repeats services: applied %v, existed %v, skipped %v", res.Applied, res.Existed, res.Skipped)
+	}
+
+	missed := all[5].svc.Key
+	skip := func(key lb.ServiceKey) {
+		fk := fakeKeyOf(t, key)
+		tab.reorder = func(order []string) []string {
+			n := len(order)
+			order = slices.DeleteFunc(order, func(k string) bool { return k == fk })
+			if len(order) != n-1 {
+				t.Fatalf("%s is not in the table", key)
+			}
+			return order
+		}
+	}
+	skip(missed)
+	res := pass("a dump that skips a wanted service", all)
+	if len(res.Applied) != 0 || len(res.Existed) != 1 || res.Existed[0].Kind != lb.OpAddService || res.Existed[0].Service.Key != missed {
+		t.Errorf("a dump that skips a wanted service: applied %v, existed %v; want the add of %s found and nothing applied", res.Applied, res.Existed, missed)
+	}
+	if tab.reorder != nil {
+		t.Error("the pass read no dump")
+	}
+
+	dropped := all[7].svc.Key
+	skip(dropped)
+	res = pass("a dump that skips a dropped service", slices.Delete(slices.Clone(all), 7, 8))
+	if len(res.Applied) != 1 || res.Applied[0].Kind != lb.OpDeleteService || res.Applied[0].Service.Key != dropped {
+		t.Errorf("a dump that skips a dropped service: applied %v, want its deletion", res.Applied)
 	}
 }
