@@ -494,6 +494,10 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 	// moved down over those that did not, so that a cold start's hundred
 	// thousand operations are not copied again.
 	res.Applied = ops[:0]
+	// An add that finds its object already in the kernel (a dump missed
+	// it) is no failure: finish keeps it in f, and replan, after the
+	// batch, reads its service again, plans that service anew and
+	// applies the plan in place of the pass's other operations for it.
 	reader, _ := k.IPVS.(ServiceReader)
 	f := found{adds: map[ServiceKey][]*OpError{}, read: map[ServiceKey]bool{}, replanned: map[ServiceKey]bool{}}
 	finish := func(op *Op, err error) {
