@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -13,7 +14,12 @@ import (
 
 // IPVS is the kernel's IPVS table, as vipd uses it.
 type IPVS interface {
-	// Services returns every IPVS service with its destinations.
+	// Services returns every IPVS service with its destinations. It
+	// need not be a snapshot: the kernel's dump can miss a service when
+	// the table changes during it (in any network namespace), so a
+	// service it lacks is not known to be gone. The Reconciler reads
+	// such services again with ServiceReader before acting on their
+	// absence.
 	Services() (map[ServiceKey]*ServiceState, error)
 	AddService(Service) error
 	UpdateService(Service) error
@@ -183,6 +189,13 @@ type Result struct {
 	// Skipped lists operations not attempted because an operation they
 	// depend on failed (a backend of a service that could not be added).
 	Skipped []Op
+	// Existed lists the additions of services and backends that found
+	// them already in the kernel: a read of the table had missed them
+	// (see IPVS.Services). They neither applied nor failed: each service
+	// concerned was read again and planned anew, its other operations of
+	// the pass were dropped, and the new plan's operations are among
+	// Applied, Failed and Skipped.
+	Existed []Op
 }
 
 // Err returns the failures joined, or nil.
@@ -210,6 +223,9 @@ func (r *Reconciler) Observe(desired *State) (*State, error) {
 	k := r.opts.Kernel
 	s, err := r.observeServices()
 	if err != nil {
+		return nil, err
+	}
+	if err := r.confirmOwned(desired, s); err != nil {
 		return nil, err
 	}
 	if k.Sysctls != nil {
@@ -287,6 +303,39 @@ func (r *Reconciler) observeServices() (*State, error) {
 		s.Owned = owned
 	}
 	return s, nil
+}
+
+// confirmOwned reads, one at a time, the services that the ledger lists,
+// desired does not want, and the dump of the table did not return, and
+// puts those still there into s. A dump is no snapshot (see
+// IPVS.Services): it can miss a service. A pass that took a service of
+// the ledger as gone would drop it from the ledger, and the service,
+// foreign from then on, would never be removed. Read again, it is planned
+// (removed, or drained) as if the dump had had it. Wanted services need
+// no such read: a missing one is planned as an add, and the add finds it
+// (see Result.Existed). In a steady state there is nothing to read.
+func (r *Reconciler) confirmOwned(desired, s *State) error {
+	reader, ok := r.opts.Kernel.IPVS.(ServiceReader)
+	if !ok {
+		return nil
+	}
+	for key := range s.Owned {
+		if _, want := desired.Services[key]; want {
+			continue
+		}
+		if _, seen := s.Services[key]; seen {
+			continue
+		}
+		st, err := reader.Service(key)
+		if err != nil {
+			return fmt.Errorf("observe ipvs: read service %s, which the ledger lists and the table's dump had not: %w", key, err)
+		}
+		if st != nil {
+			r.log.Info("the table's dump missed a service vipd owns; read it alone", "service", key.String())
+			s.Services[key] = st
+		}
+	}
+	return nil
 }
 
 // Desired computes the desired state of spec on this host.
@@ -451,6 +500,8 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 	}
 	// Record ownership before creating anything, so a crash mid-pass
 	// never leaves a service vipd created but no longer knows it owns.
+	// What the ledger lists and observed lacks is gone: Observe read it
+	// again (confirmOwned).
 	if k.Ledger != nil && desired != nil {
 		owned := cloneMap(desired.Owned)
 		for key := range observed.Owned {
@@ -483,8 +534,18 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 	// moved down over those that did not, so that a cold start's hundred
 	// thousand operations are not copied again.
 	res.Applied = ops[:0]
+	// An add that finds its object already in the kernel (a dump missed
+	// it) is no failure: finish keeps it in f, and replan, after the
+	// batch, reads its service again, plans that service anew and
+	// applies the plan in place of the pass's other operations for it.
+	reader, _ := k.IPVS.(ServiceReader)
+	f := found{adds: map[ServiceKey][]*OpError{}, read: map[ServiceKey]bool{}, replanned: map[ServiceKey]bool{}}
 	finish := func(op *Op, err error) {
 		r.remember(*op, err)
+		if reader != nil && isExists(*op, err) && !f.read[op.Service.Key] {
+			f.add(*op, err)
+			return
+		}
 		if err != nil {
 			res.Failed = append(res.Failed, &OpError{Op: *op, Err: err})
 			switch op.Kind {
@@ -511,6 +572,86 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		}
 	}
 	batcher, _ := k.IPVS.(IPVSBatcher)
+	// batch applies a batch of IPVS operations of one kind.
+	batch := func(todo []Op) {
+		errs := batcher.ApplyBatch(todo)
+		for x := range todo {
+			var err error
+			if x < len(errs) {
+				err = errs[x]
+			} else {
+				err = errors.New("batch returned no result")
+			}
+			finish(&todo[x], err)
+		}
+	}
+	// superseded reports whether op belongs to a service planned anew.
+	superseded := func(op Op) bool { return isIPVSKind(op.Kind) && f.replanned[op.Service.Key] }
+	// replan reads again each service an add found, plans it anew and
+	// applies that plan; rest are the operations not yet applied. It
+	// reports whether it planned a service anew.
+	replan := func(rest ...[]Op) bool {
+		if len(f.keys) == 0 {
+			return false
+		}
+		planned := false
+		for _, key := range f.keys {
+			adds := f.adds[key]
+			f.read[key] = true
+			st, err := reader.Service(key)
+			if err != nil {
+				for _, a := range adds {
+					finish(&a.Op, fmt.Errorf("%w; reading the service again failed: %w", a.Err, err))
+				}
+				continue
+			}
+			if !f.detached {
+				// Applied shares ops' array and is about to grow by more
+				// than the operations applied: it gets its own.
+				res.Applied = slices.Clone(res.Applied)
+				f.detached = true
+			}
+			planned = true
+			f.replanned[key] = true
+			intent := make([][]Op, 0, len(rest)+1)
+			for _, a := range adds {
+				res.Existed = append(res.Existed, a.Op)
+				intent = append(intent, []Op{a.Op})
+			}
+			sub := r.replanService(key, st, desired, append(intent, rest...))
+			r.log.Info("an add found its object already in the kernel; planned the service again", "service", key.String(), "found", len(adds), "ops", len(sub))
+			// The plan's operations are all of IPVS, in kinds: each
+			// run of one kind goes in batches, as in the pass. Those
+			// that failed already in this pass are not tried again.
+			sub = slices.DeleteFunc(sub, func(op Op) bool {
+				return slices.ContainsFunc(res.Failed, func(e *OpError) bool {
+					return e.Op.Kind == op.Kind && e.Op.Service.Key == op.Service.Key && e.Op.Dest.Addr == op.Dest.Addr
+				})
+			})
+			for x := 0; x < len(sub); {
+				op := &sub[x]
+				if skip(*op) {
+					res.Skipped = append(res.Skipped, *op)
+					x++
+					continue
+				}
+				if batcher == nil {
+					finish(op, r.do(*op))
+					x++
+					continue
+				}
+				j := x + 1
+				for j < len(sub) && j-x < batchSize && sub[j].Kind == op.Kind && !skip(sub[j]) {
+					j++
+				}
+				batch(sub[x:j])
+				x = j
+			}
+		}
+		f.keys = f.keys[:0]
+		clear(f.adds)
+		return planned
+	}
 	// Many VIP binds (a cold start) run alongside the IPVS operations that
 	// follow them: they use another netlink socket, IPVS does not need a
 	// service's address to be local, and announcements, which do, wait
@@ -538,10 +679,13 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 			}
 		}
 		if batcher == nil || !isIPVSKind(op.Kind) {
-			if skip(*op) {
+			switch {
+			case superseded(*op):
+			case skip(*op):
 				res.Skipped = append(res.Skipped, *op)
-			} else {
+			default:
 				finish(op, r.do(*op))
+				replan(ops[i+1:])
 			}
 			i++
 			continue
@@ -549,34 +693,30 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		// A run of IPVS operations of one kind goes to the kernel in
 		// batches; kinds stay apart so that a service that failed to be
 		// added skips its backends, as above.
-		j, skips := i, false
+		j, sift := i, false
 		for ; j < len(ops) && ops[j].Kind == op.Kind; j++ {
-			skips = skips || skip(ops[j])
+			sift = sift || skip(ops[j]) || superseded(ops[j])
 		}
 		todo := ops[i:j]
-		if skips {
+		if sift {
 			todo = nil
 			for x := i; x < j; x++ {
-				if skip(ops[x]) {
+				switch {
+				case superseded(ops[x]):
+				case skip(ops[x]):
 					res.Skipped = append(res.Skipped, ops[x])
-				} else {
+				default:
 					todo = append(todo, ops[x])
 				}
 			}
 		}
 		for len(todo) > 0 {
 			n := min(len(todo), batchSize)
-			errs := batcher.ApplyBatch(todo[:n])
-			for x := range todo[:n] {
-				var err error
-				if x < len(errs) {
-					err = errs[x]
-				} else {
-					err = errors.New("batch returned no result")
-				}
-				finish(&todo[x], err)
-			}
+			batch(todo[:n])
 			todo = todo[n:]
+			if replan(todo, ops[j:]) {
+				todo = slices.DeleteFunc(slices.Clone(todo), superseded)
+			}
 		}
 		i = j
 	}
@@ -603,6 +743,96 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		}
 	}
 	return res
+}
+
+// isExists reports whether err says that op, an addition of a service or
+// a backend, found it already in the kernel (EEXIST, which matches
+// fs.ErrExist).
+func isExists(op Op, err error) bool {
+	return (op.Kind == OpAddService || op.Kind == OpAddDest) && errors.Is(err, fs.ErrExist)
+}
+
+// found keeps, during one apply, the additions that found their object
+// already in the kernel, until their services are read again.
+type found struct {
+	// keys are the services of adds, in the order found.
+	keys []ServiceKey
+	adds map[ServiceKey][]*OpError
+	// read holds the services read again: their adds that find their
+	// object now fail. replanned holds those planned anew: the pass's
+	// other operations of theirs are dropped.
+	read, replanned map[ServiceKey]bool
+	// detached says Result.Applied no longer shares the pass's array.
+	detached bool
+}
+
+func (f *found) add(op Op, err error) {
+	if _, ok := f.adds[op.Service.Key]; !ok {
+		f.keys = append(f.keys, op.Service.Key)
+	}
+	f.adds[op.Service.Key] = append(f.adds[op.Service.Key], &OpError{Op: op, Err: err})
+}
+
+// replanService plans service key anew from st, the kernel's copy of it
+// (nil when it has none): against desired, the pass's desired state, when
+// that wants the service; otherwise (a pass over some operations only)
+// against st changed by the operations of intent, in order.
+func (r *Reconciler) replanService(key ServiceKey, st *ServiceState, desired *State, intent [][]Op) []Op {
+	var want *ServiceState
+	if desired != nil {
+		want = desired.Services[key]
+	}
+	if want == nil {
+		want = intended(key, st, intent)
+	}
+	d, o := NewState(), NewState()
+	if want != nil {
+		d.Services[key] = want
+		d.Owned[key] = struct{}{}
+	}
+	if st != nil {
+		o.Services[key] = st
+	}
+	o.Owned[key] = struct{}{}
+	return Plan(d, o, r.planOptions())
+}
+
+// intended returns service key as the operations of ops make it from st:
+// a copy of st with each operation on key applied in order, or nil when
+// it is deleted (or never was).
+func intended(key ServiceKey, st *ServiceState, ops [][]Op) *ServiceState {
+	var want *ServiceState
+	if st != nil {
+		want = &ServiceState{Service: st.Service, Dests: make(map[netip.AddrPort]Destination, len(st.Dests))}
+		for a, d := range st.Dests {
+			want.Dests[a] = d.Settings()
+		}
+	}
+	for _, list := range ops {
+		for _, op := range list {
+			if op.Service.Key != key || !isIPVSKind(op.Kind) {
+				continue
+			}
+			switch op.Kind {
+			case OpAddService, OpUpdateService:
+				if want == nil {
+					want = &ServiceState{Dests: map[netip.AddrPort]Destination{}}
+				}
+				want.Service = op.Service
+			case OpDeleteService:
+				want = nil
+			case OpAddDest, OpUpdateDest, OpDrainDest:
+				if want != nil {
+					want.Dests[op.Dest.Addr] = op.Dest.Settings()
+				}
+			case OpDeleteDest:
+				if want != nil {
+					delete(want.Dests, op.Dest.Addr)
+				}
+			}
+		}
+	}
+	return want
 }
 
 // parallelBinds is the smallest run of VIP binds that apply runs

@@ -27,6 +27,11 @@ type fakeTable struct {
 	// interrupted (NLM_F_DUMP_INTR), as the kernel does when the table
 	// changes during a dump.
 	interrupt int
+	// reorder, when set, says which services (keys of order) the next
+	// service dump sends, in which order: it is used once. Changes in
+	// other network namespaces between the parts of a real dump make it
+	// skip or repeat services.
+	reorder func(order []string) []string
 }
 
 type fakeService struct {
@@ -161,7 +166,11 @@ func (c *fakeConn) handle(p []byte, seq uint32, isDump bool) unix.Errno {
 	switch cmd {
 	case cmdGetService:
 		if isDump {
-			for _, k := range t.order {
+			order := t.order
+			if t.reorder != nil {
+				order, t.reorder = t.reorder(slices.Clone(order)), nil
+			}
+			for _, k := range order {
 				c.dumpEntry(seq, cmdNewService, cmdAttrService, t.svcs[k].attrs, svcAttrStats64)
 			}
 			c.queue = append(c.queue, fakeMsg(unix.NLMSG_DONE, unix.NLM_F_MULTI, seq, make([]byte, 4)))

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"syscall"
 
 	"github.com/vipd/vipd/lb"
 )
@@ -29,6 +30,8 @@ type Kernel struct {
 	calls []string
 	// reads records every read of IPVS, in order.
 	reads []string
+	// miss are services the next Services leaves out.
+	miss map[lb.ServiceKey]bool
 }
 
 // New returns an empty fake kernel.
@@ -111,11 +114,23 @@ func (k *Kernel) call(format string, args ...any) error {
 	return nil
 }
 
-// Errors the fake returns, named after the kernel's.
+// Errors the fake returns: the kernel's.
 var (
-	ErrExist    = fmt.Errorf("file exists")
-	ErrNotExist = fmt.Errorf("no such file or directory")
+	ErrExist    error = syscall.EEXIST
+	ErrNotExist error = syscall.ENOENT
 )
+
+// MissNext makes the next Services leave out the services of keys, as a
+// dump of the kernel's table does when a namespace changes the table
+// (shared by all namespaces) during the dump. Single reads see them.
+func (k *Kernel) MissNext(keys ...lb.ServiceKey) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.miss = map[lb.ServiceKey]bool{}
+	for _, key := range keys {
+		k.miss[key] = true
+	}
+}
 
 // Services implements lb.IPVS.
 func (k *Kernel) Services() (map[lb.ServiceKey]*lb.ServiceState, error) {
@@ -124,8 +139,11 @@ func (k *Kernel) Services() (map[lb.ServiceKey]*lb.ServiceState, error) {
 	k.reads = append(k.reads, "services")
 	out := make(map[lb.ServiceKey]*lb.ServiceState, len(k.st.Services))
 	for key, s := range k.st.Services {
-		out[key] = &lb.ServiceState{Service: s.Service, Dests: maps.Clone(s.Dests)}
+		if !k.miss[key] {
+			out[key] = &lb.ServiceState{Service: s.Service, Dests: maps.Clone(s.Dests)}
+		}
 	}
+	k.miss = nil
 	return out, nil
 }
 
