@@ -167,7 +167,9 @@ func TestDumpMissesWantedService(t *testing.T) {
 		for _, key := range []lb.ServiceKey{webKey, markKey} {
 			tw := newTwins(t, lb.Options{}, batched)
 			tw.k.Calls()
-			tw.edit(addBackend(key, "10.0.9.9:0", 1))
+			// At weight 0 and idle, so that a pass deletes it at once
+			// (a backend in rotation leaves by weight 0 first).
+			tw.edit(addBackend(key, "10.0.9.9:0", 0))
 			tw.k.MissNext(key)
 			res := tw.both(t, gapConfig)
 			if len(res.Existed) != 1 || res.Existed[0].Kind != lb.OpAddService || res.Existed[0].Service.Key != key {
@@ -300,7 +302,7 @@ func TestAddFindsBackend(t *testing.T) {
 	modes(t, func(t *testing.T, batched bool) {
 		other := func(s *lb.State) {
 			addBackend(webKey, "10.0.0.3:80", 1)(s)
-			addBackend(webKey, "10.0.9.9:80", 1)(s)
+			addBackend(webKey, "10.0.9.9:80", 0)(s) // idle at weight 0: deleted at once
 		}
 		tw := newTwins(t, lb.Options{}, batched)
 		// The same kernel, now with the other writer on the add path.
