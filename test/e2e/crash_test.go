@@ -121,12 +121,17 @@ func (c crashSpec) vips() []string {
 	return out
 }
 
-// launch runs vipd without waiting for it to get ready.
-func (d *daemon) launch() {
+// launch runs vipd, in network namespace ns unless it is "", without
+// waiting for it to get ready.
+func (d *daemon) launch(ns string) {
 	d.t.Helper()
 	d.starts++
 	fmt.Fprintf(d.log, "---- start %d\n", d.starts)
 	d.cmd = exec.Command(vipdBin(), "run", "-c", d.path)
+	if ns != "" {
+		// ip netns exec execs vipd: the process is vipd's.
+		d.cmd = exec.Command("ip", "netns", "exec", ns, vipdBin(), "run", "-c", d.path)
+	}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
@@ -136,7 +141,9 @@ func (d *daemon) launch() {
 }
 
 // ready waits for the current process to report ready and returns how
-// long after its launch it did (to 50 ms).
+// long after launched it did. A restart after a crash must log no error
+// on its way: no operation that failed, no pass that could not read the
+// kernel.
 func (d *daemon) ready(launched time.Time) time.Duration {
 	d.t.Helper()
 	Eventually(d.t, 120*time.Second, 20*time.Millisecond, func() bool {
@@ -147,7 +154,33 @@ func (d *daemon) ready(launched time.Time) time.Duration {
 		}
 		return strings.Contains(d.logSince(), "msg=ready")
 	}, "vipd did not get ready:\n%s", d.logSince())
-	return time.Since(launched)
+	took := time.Since(launched)
+	mustNotContain(d.t, "the log of a start", d.logSince(), "level=ERROR", "level=WARN")
+	return took
+}
+
+// killAt kills vipd delay after t and says how far it had come since
+// its log was mark bytes long: the kinds of operations it logged as
+// applied (a large pass logs a kind when it is done with it), and
+// whether its pass (why) had ended.
+func (d *daemon) killAt(t time.Time, delay time.Duration, mark int, why string) string {
+	time.Sleep(time.Until(t.Add(delay)))
+	d.kill()
+	log := d.logSince()[mark:]
+	var kinds []string
+	for _, l := range strings.Split(log, "\n") {
+		if _, rest, ok := strings.Cut(l, "msg=applied op="); ok {
+			kinds = append(kinds, strings.Fields(rest)[0])
+		}
+	}
+	at := delay.Round(time.Millisecond).String()
+	switch {
+	case strings.Contains(log, "msg=reconciled why="+why):
+		return at + " (pass done)"
+	case len(kinds) == 0:
+		return at + " (no kind of operation done)"
+	}
+	return at + " (done: " + strings.Join(kinds, ",") + ")"
 }
 
 // sortedLines returns the non-empty lines of s, sorted.
@@ -186,26 +219,48 @@ func diffLines(got, want []string) string {
 	return fmt.Sprintf("%d lines missing %q, %d extra %q", len(missing), first(missing), len(extra), first(extra))
 }
 
-// crashCheck is the converged state a crash test expects, foreign objects
-// included.
+// crashCheck is the converged state a crash test expects of the network
+// namespace ns ("" is the guest's own), foreign objects included.
 type crashCheck struct {
 	t       *testing.T
 	d       *daemon
+	ns      string
 	foreign []string // the foreign service's lines of ipvsadm -Sn
-	rule    string   // the foreign iptables rule
+	rule    string   // the foreign iptables rule, as iptables-save prints it
+}
+
+// run runs a command in the namespace.
+func (cc crashCheck) run(name string, args ...string) string {
+	cc.t.Helper()
+	if cc.ns == "" {
+		return Run(cc.t, name, args...)
+	}
+	return Run(cc.t, "ip", append([]string{"netns", "exec", cc.ns, name}, args...)...)
+}
+
+// addForeign adds a service and a rule that are not vipd's.
+func (cc *crashCheck) addForeign(addr, backend string) {
+	cc.run("ipvsadm", "-A", "-t", addr+":8080", "-s", "lc")
+	cc.run("ipvsadm", "-a", "-t", addr+":8080", "-r", backend+":8080", "-m")
+	cc.run("iptables", "-A", "INPUT", "-p", "tcp", "--dport", "9999", "-m", "comment", "--comment", "foreign", "-j", "ACCEPT")
+	cc.rule = `-A INPUT -p tcp -m tcp --dport 9999 -m comment --comment foreign -j ACCEPT`
+	cc.foreign = sortedLines(cc.run("ipvsadm", "-Sn"))
 }
 
 // check compares the kernel and the ledger with spec exactly.
 func (cc crashCheck) check(what string, spec crashSpec) {
 	t := cc.t
 	t.Helper()
+	start := time.Now()
 	want := append(spec.table(), cc.foreign...)
 	slices.Sort(want)
-	if diff := diffLines(sortedLines(Run(t, "ipvsadm", "-Sn")), want); diff != "" {
+	table := cc.run("ipvsadm", "-Sn")
+	read := time.Since(start)
+	if diff := diffLines(sortedLines(table), want); diff != "" {
 		t.Errorf("%s: ipvsadm -Sn: %s", what, diff)
 	}
 	var vips []string
-	for _, f := range strings.Fields(Run(t, "ip", "-o", "-4", "addr", "show", "dev", "vipd0")) {
+	for _, f := range strings.Fields(cc.run("ip", "-o", "-4", "addr", "show", "dev", "vipd0")) {
 		if a, ok := strings.CutSuffix(f, "/32"); ok {
 			vips = append(vips, a)
 		}
@@ -215,7 +270,7 @@ func (cc crashCheck) check(what string, spec crashSpec) {
 		t.Errorf("%s: VIPs on vipd0: %s", what, diff)
 	}
 	// No rule twice in a table, the foreign one kept.
-	save := Run(t, "iptables-save")
+	save := cc.run("iptables-save")
 	seen := map[string]bool{}
 	for _, l := range strings.Split(save, "\n") {
 		if strings.HasPrefix(l, "*") {
@@ -231,7 +286,7 @@ func (cc crashCheck) check(what string, spec crashSpec) {
 	if n := strings.Count(save, cc.rule); n != 1 {
 		t.Errorf("%s: the foreign rule %q is in iptables-save %d times", what, cc.rule, n)
 	}
-	if got := strings.Count(Run(t, "ipset", "list", "vipd-served-4"), ",tcp:"); got != len(spec.services()) {
+	if got := strings.Count(cc.run("ipset", "list", "vipd-served-4"), ",tcp:"); got != len(spec.services()) {
 		t.Errorf("%s: vipd-served-4 has %d members, want %d", what, got, len(spec.services()))
 	}
 	// The ledger: every service vipd owns, nothing else.
@@ -258,6 +313,7 @@ func (cc crashCheck) check(what string, spec crashSpec) {
 	if diff := diffLines(owned, spec.services()); diff != "" || doc.Version != 1 {
 		t.Errorf("%s: owned.json (version %d): %s", what, doc.Version, diff)
 	}
+	t.Logf("%s: checked in %v (ipvsadm -Sn %v)", what, time.Since(start).Round(time.Millisecond), read.Round(time.Millisecond))
 }
 
 // crashSeed returns the seed of a crash test's random moments:
@@ -273,136 +329,186 @@ func crashSeed(t *testing.T) uint64 {
 	return uint64(time.Now().UnixNano())
 }
 
-// wipeBig deletes the big services and their VIPs behind vipd's back, so
-// that the next start is cold again for them.
-func wipeBig(t *testing.T, spec crashSpec) {
+// newNetns makes a network namespace, removed when the test ends. Cold
+// starts each get their own: IPVS keeps deleted backends in a trash list
+// for two minutes and searches it for every backend it adds, so wiping
+// 10,000 backends to start cold again in one namespace makes the next
+// start ten times slower.
+func newNetns(t *testing.T, name string) {
 	t.Helper()
-	var ipvs, addrs strings.Builder
-	for i := range crashServices {
-		fmt.Fprintf(&ipvs, "-D -t %s\n", netip.AddrPortFrom(crashVIP(i), uint16(80+i%crashPorts)))
-		if i%crashPorts == 0 {
-			fmt.Fprintf(&addrs, "addr del %s/32 dev vipd0\n", crashVIP(i))
-		}
-	}
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "ipvs"), []byte(ipvs.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "addrs"), []byte(addrs.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	Sh(t, fmt.Sprintf("ipvsadm -R < %s/ipvs\nip -batch %s/addrs", dir, dir))
+	Exec("ip", "netns", "del", name)
+	Run(t, "ip", "netns", "add", name)
+	t.Cleanup(func() { Exec("ip", "netns", "del", name) })
+	Run(t, "ip", "-n", name, "link", "set", "lo", "up")
 }
 
-// TestVipdCrash kills vipd with SIGKILL at seeded random moments, spread
-// over a cold start of 1,000 services x 10 backends (the big services
-// wiped before each) and over a reload that changes every weight and
-// replaces 500 backends, and restarts it each time; every other restart
-// is killed too. After each round the kernel must hold exactly the
-// configuration (ipvsadm -Sn, the VIPs, no iptables rule twice, the
-// ipset), a foreign service and rule untouched, the ledger exactly
-// vipd's services, and long-lived connections through the real service
-// must see no error throughout.
-func TestVipdCrash(t *testing.T) {
+// crashNetns is the namespace of the crash tests that need no traffic.
+const crashNetns = "vipd-crash"
+
+// netnsDaemon prepares, in a fresh namespace crashNetns holding a foreign
+// service and rule, a vipd with the big configuration spec: no uplinks,
+// so nothing to announce.
+func netnsDaemon(t *testing.T, spec crashSpec) (*daemon, crashCheck) {
+	t.Helper()
+	newNetns(t, crashNetns)
+	d := newDaemon(t)
+	cc := crashCheck{t: t, d: d, ns: crashNetns}
+	cc.addForeign("203.0.113.1", "198.51.100.9")
+	d.write(netnsHeader(d) + spec.toml())
+	return d, cc
+}
+
+// netnsHeader is the [daemon] table of a vipd in crashNetns.
+func netnsHeader(d *daemon) string {
+	return fmt.Sprintf("[daemon]\nuplinks = []\nstate_dir = %q\ncontrol_socket = %q\nmetrics_listen = \"\"\nresync_interval = \"1m\"\n",
+		filepath.Join(d.dir, "state"), filepath.Join(d.dir, "vipd.sock"))
+}
+
+// netnsSpec is the big configuration of the namespace tests; its real
+// service's backends do not exist either.
+func netnsSpec() crashSpec {
+	return crashSpec{tp: &Topo{VIP: "192.0.2.80", BackendIPs: []string{"198.51.100.1", "198.51.100.2"}}}
+}
+
+// startSeeded logs and returns a crash test's random source.
+func startSeeded(t *testing.T) (*rand.Rand, uint64) {
 	seed := crashSeed(t)
 	t.Logf("seed %d (VIPD_CRASH_SEED=%d repeats this run's moments)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, 0))
+	return rand.New(rand.NewPCG(seed, 0)), seed
+}
 
-	tp := NewTopo(t, "nat 3")
-	foreign := tp.LBIP + ":8080"
-	Run(t, "ipvsadm", "-A", "-t", foreign, "-s", "lc")
-	Run(t, "ipvsadm", "-a", "-t", foreign, "-r", tp.BackendIPs[0]+":8080", "-m")
-	rule := `-A INPUT -p tcp -m tcp --dport 9999 -m comment --comment foreign -j ACCEPT`
-	Run(t, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", "9999", "-m", "comment", "--comment", "foreign", "-j", "ACCEPT")
-	cc := crashCheck{t: t, foreign: sortedLines(Run(t, "ipvsadm", "-Sn")), rule: rule}
-
-	d := newDaemon(t)
-	cc.d = d
-	spec := crashSpec{tp: tp}
-	d.write(d.header(tp.LBIf, "") + spec.toml())
-
-	// An uninterrupted cold start measures how long one takes here.
+// TestVipdCrashColdStart kills vipd with SIGKILL at seeded random moments
+// of cold starts of 1,000 services x 10 backends, each in a fresh network
+// namespace holding a foreign service and rule: round r of 8 kills in the
+// r-th eighth of the start's length, measured first, and every other
+// round kills the restart too (12 kills). After each round's last restart
+// the kernel must hold exactly the configuration (ipvsadm -Sn, the VIPs,
+// no iptables rule twice, the ipset), the foreign service and rule
+// untouched, and the ledger exactly vipd's services.
+func TestVipdCrashColdStart(t *testing.T) {
+	rng, seed := startSeeded(t)
+	spec := netnsSpec()
+	d, cc := netnsDaemon(t, spec)
 	launched := time.Now()
-	d.launch()
+	d.launch(crashNetns)
 	cold := d.ready(launched)
 	t.Logf("cold start (launch to ready): %v", cold.Round(time.Millisecond))
-	cc.check("after an uninterrupted cold start", spec)
-	l := startLoad(t, tp, 80, 6, 100*time.Millisecond)
+	cc.check("uninterrupted cold start", spec)
+	d.kill()
 
-	const rounds = 10
-	var kills int
-	// kill waits for delay after launched, then kills vipd.
-	kill := func(launched time.Time, delay time.Duration) {
-		time.Sleep(time.Until(launched.Add(delay)))
-		d.kill()
-		kills++
-	}
-	// Delays are stratified: round r kills in the r-th tenth of the
-	// cold start, at a random point of it.
-	var restarts []time.Duration
+	const rounds = 8
+	kills := 0
 	for r := range rounds {
-		d.kill()
-		wipeBig(t, spec)
+		d, cc := netnsDaemon(t, spec)
 		delay := time.Duration((float64(r) + rng.Float64()) / rounds * float64(cold))
 		launched := time.Now()
-		d.launch()
-		kill(launched, delay)
-		what := fmt.Sprintf("cold round %d (killed %v after launch", r, delay.Round(time.Millisecond))
+		d.launch(crashNetns)
+		what := "killed at " + d.killAt(launched, delay, 0, "start")
+		kills++
 		if r%2 == 1 {
-			// Kill the restart too, somewhere in its first pass.
-			again := time.Duration(rng.Float64() * float64(cold) / 2)
+			// Kill the restart too, somewhere in its first two thirds.
+			again := time.Duration(rng.Float64() * float64(cold) * 2 / 3)
 			launched = time.Now()
-			d.launch()
-			kill(launched, again)
-			what += fmt.Sprintf(", its restart %v after launch", again.Round(time.Millisecond))
+			d.launch(crashNetns)
+			what += ", restart killed at " + d.killAt(launched, again, 0, "start")
+			kills++
 		}
 		launched = time.Now()
-		d.launch()
-		restarts = append(restarts, d.ready(launched))
-		cc.check(what+")", spec)
+		d.launch(crashNetns)
+		took := d.ready(launched)
+		cc.check(fmt.Sprintf("round %d: %s; restart ready in %v", r, what, took.Round(time.Millisecond)), spec)
+		d.kill()
 		if t.Failed() {
 			t.Fatalf("seed %d", seed)
 		}
 	}
-	t.Logf("cold rounds: %d kills; restarts to ready %v", kills, roundAll(restarts))
+	t.Logf("%d kills", kills)
+}
 
-	// The large reload, timed once uninterrupted, then killed at random
-	// moments of it: each round writes the other generation.
+// TestVipdCrashReload kills vipd with SIGKILL at seeded random moments of
+// a large reload (every weight changes, 500 backends leave and 500 come),
+// in a network namespace holding a foreign service and rule: round r of
+// 10 kills in the r-th tenth of the reload's length, measured first (from
+// the file's write to the end of its pass), and restarts it. After each
+// restart the kernel and the ledger must match the new file exactly.
+func TestVipdCrashReload(t *testing.T) {
+	rng, seed := startSeeded(t)
+	spec := netnsSpec()
+	d, cc := netnsDaemon(t, spec)
+	d.launch(crashNetns)
+	d.ready(time.Now())
 	spec.gen = 1
 	written := time.Now()
-	d.write(d.header(tp.LBIf, "") + spec.toml())
+	d.write(netnsHeader(d) + spec.toml())
 	d.waitLog(`msg=reconciled why="file changed"`)
 	reload := time.Since(written)
 	t.Logf("large reload (write to reconciled): %v", reload.Round(time.Millisecond))
-	cc.check("after an uninterrupted reload", spec)
-	restarts = restarts[:0]
+	cc.check("uninterrupted reload", spec)
+	const rounds = 10
 	for r := range rounds {
 		spec.gen = r % 2 // away from the running generation
 		delay := time.Duration((float64(r) + rng.Float64()) / rounds * float64(reload))
+		mark := len(d.logSince())
 		written := time.Now()
-		d.write(d.header(tp.LBIf, "") + spec.toml())
-		kill(written, delay)
+		d.write(netnsHeader(d) + spec.toml())
+		k := d.killAt(written, delay, mark, `"file changed"`)
 		launched := time.Now()
-		d.launch()
-		restarts = append(restarts, d.ready(launched))
-		cc.check(fmt.Sprintf("reload round %d to gen %d (killed %v after the write)", r, spec.gen, delay.Round(time.Millisecond)), spec)
+		d.launch(crashNetns)
+		took := d.ready(launched)
+		cc.check(fmt.Sprintf("round %d to gen %d: killed at %s; restart ready in %v", r, spec.gen, k, took.Round(time.Millisecond)), spec)
 		if t.Failed() {
 			t.Fatalf("seed %d", seed)
 		}
 	}
-	t.Logf("reload rounds: %d kills in all; restarts to ready %v", kills, roundAll(restarts))
-	l.finish(t, fmt.Sprintf("%d kills and restarts", kills))
+}
+
+// TestVipdCrashLongLived: long-lived connections, and a stream of short
+// ones, through a real service survive vipd being killed with SIGKILL at
+// random moments of the first start of 1,000 more services beside it
+// (three times) and of large reloads (three), restarted each time; after
+// each series the kernel and the ledger match the file exactly, a foreign
+// service and rule untouched.
+func TestVipdCrashLongLived(t *testing.T) {
+	rng, seed := startSeeded(t)
+	tp := NewTopo(t, "nat 3")
+	d := newDaemon(t)
+	cc := crashCheck{t: t, d: d}
+	cc.addForeign(tp.LBIP, tp.BackendIPs[0])
+	header := d.header(tp.LBIf, `resync_interval = "1m"`)
+	d.write(header + service("web", tp.VIP, 80, `scheduler = "wrr"`, tp.BackendIPs...))
+	d.start()
+	l := startLoad(t, tp, 80, 6, 200*time.Millisecond)
+
+	// The 1,000 services arrive with a restart, killed three times at
+	// random moments of its first pass (a cold start takes 1.5-5 s here).
+	spec := crashSpec{tp: tp}
+	d.write(header + spec.toml())
+	var kills []string
+	for range 3 {
+		d.kill()
+		launched := time.Now()
+		d.launch("")
+		kills = append(kills, d.killAt(launched, time.Duration(rng.Float64()*float64(3*time.Second)), 0, "start"))
+	}
+	launched := time.Now()
+	d.launch("")
+	cc.check(fmt.Sprintf("start killed at %s; restart ready in %v", strings.Join(kills, ", "), d.ready(launched).Round(time.Millisecond)), spec)
+
+	for r := range 3 {
+		spec.gen = 1 - r%2
+		mark := len(d.logSince())
+		written := time.Now()
+		d.write(header + spec.toml())
+		k := d.killAt(written, time.Duration(rng.Float64()*float64(3*time.Second)), mark, `"file changed"`)
+		launched := time.Now()
+		d.launch("")
+		took := d.ready(launched)
+		cc.check(fmt.Sprintf("reload %d to gen %d: killed at %s; restart ready in %v", r, spec.gen, k, took.Round(time.Millisecond)), spec)
+	}
+	l.finish(t, "6 kills and restarts")
 	if t.Failed() {
 		t.Logf("seed %d", seed)
 	}
-}
-
-func roundAll(ds []time.Duration) []time.Duration {
-	out := make([]time.Duration, len(ds))
-	for i, d := range ds {
-		out[i] = d.Round(10 * time.Millisecond)
-	}
-	return out
 }
 
 // second runs `vipd run -c path` that must fail: it returns its output
@@ -461,8 +567,8 @@ func TestVipdSecondInstance(t *testing.T) {
 	}
 
 	// Both at once: one runs, the other exits non-zero.
-	a.launch()
-	b.launch()
+	a.launch("")
+	b.launch("")
 	var winner, loser *daemon
 	Eventually(t, 30*time.Second, 20*time.Millisecond, func() bool {
 		for _, x := range [][2]*daemon{{a, b}, {b, a}} {
