@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"path/filepath"
 
 	"github.com/vipd/vipd/arp"
 	"github.com/vipd/vipd/config"
@@ -84,7 +83,7 @@ func openKernel(cfg *config.Config, log *slog.Logger, opts kernelOptions) (k lb.
 		closers = append(closers, a.Close)
 		k.Announcer = a
 	}
-	k.Ledger = ledger.New(filepath.Join(cfg.Daemon.StateDir, "owned.json"))
+	k.Ledger = ledger.New(ledger.Path(cfg.Daemon.StateDir))
 	return k, close, nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/ledger"
 	"github.com/vipd/vipd/lb/status"
 )
 
@@ -84,11 +86,23 @@ func loadDrains(path string) (map[status.Ref]struct{}, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read drains: %w", err)
 	}
-	var entries []drainEntry
-	if err := json.Unmarshal(data, &entries); err != nil {
-		return nil, fmt.Errorf("read drains %s: %w", path, err)
+	// The file is the JSON array storeDrains writes, or corrupt.
+	corrupt := func(err error) error { return &ledger.CorruptError{Path: path, Err: err} }
+	text := bytes.TrimSpace(data)
+	if len(text) == 0 {
+		return nil, corrupt(errors.New("the file is empty"))
 	}
-	for _, e := range entries {
+	var entries []drainEntry
+	if err := json.Unmarshal(text, &entries); err != nil {
+		return nil, corrupt(err)
+	}
+	if text[0] != '[' {
+		return nil, corrupt(errors.New("not a list of drains"))
+	}
+	for i, e := range entries {
+		if !e.Backend.IsValid() {
+			return nil, corrupt(fmt.Errorf("drain %d has no backend", i+1))
+		}
 		out[status.Ref{Service: e.Service, Backend: e.Backend}] = struct{}{}
 	}
 	return out, nil
@@ -112,14 +126,7 @@ func storeDrains(path string, drained map[status.Ref]struct{}) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return fmt.Errorf("store drains: %w", err)
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o640); err != nil {
-		return fmt.Errorf("store drains: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := ledger.WriteFile(path, data, 0o640); err != nil {
 		return fmt.Errorf("store drains: %w", err)
 	}
 	return nil

@@ -85,6 +85,14 @@ type daemonOptions struct {
 	OpenKernel func(*config.Config, *slog.Logger) (lb.Kernel, func(), error)
 	// KernelRelease overrides the running kernel's release, for tests.
 	KernelRelease string
+	// KernelLock is the lock file that admits one vipd per kernel (see
+	// lockDaemon). "" means, for the real kernel, the lock of this
+	// network namespace, and for a fake kernel, none.
+	KernelLock string
+	// StartRetry is the wait before the first pass is tried again when
+	// it cannot read the kernel; it doubles each time. Zero means one
+	// second.
+	StartRetry time.Duration
 }
 
 // daemon is the running vipd: the current good configuration and the
@@ -242,6 +250,18 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	if err != nil {
 		return err
 	}
+	// Nothing is touched before this vipd holds its locks and has read
+	// its state: a second vipd, or a corrupt state file, ends the start
+	// with the kernel and the files as they were.
+	unlock, err := lockDaemon(cfg, &opts)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	drained, err := loadState(cfg)
+	if err != nil {
+		return err
+	}
 	if opts.OpenKernel == nil {
 		opts.OpenKernel = func(cfg *config.Config, log *slog.Logger) (lb.Kernel, func(), error) {
 			return openKernel(cfg, log, kernelOptions{})
@@ -264,9 +284,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		r:             lb.NewReconciler(ropts),
 		reqs:          make(chan request),
 		healthChanged: make(chan struct{}, 1),
-	}
-	if d.drained, err = loadDrains(drainsPath(cfg)); err != nil {
-		return err
+		drained:       drained,
 	}
 	var announcerStats func() arp.Stats
 	if a, ok := k.Announcer.(interface{ Stats() arp.Stats }); ok {
@@ -306,7 +324,10 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	defer stopHealth()
 	go d.hm.Run(hctx)
 	log.Info("starting", "version", versionString(), "config", opts.Path, "services", len(cfg.Spec.Services), "pid", os.Getpid())
-	res := d.reconcile(ctx, "start", d.effective(cfg))
+	res, err := d.firstPass(ctx, d.effective(cfg))
+	if err != nil {
+		return err
+	}
 	d.remember(res)
 	d.gen++
 	d.m.ConfigLoaded(d.gen, &cfg.Spec)
