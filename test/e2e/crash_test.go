@@ -254,10 +254,22 @@ func (cc crashCheck) check(what string, spec crashSpec) {
 	start := time.Now()
 	want := append(spec.table(), cc.foreign...)
 	slices.Sort(want)
-	table := cc.run("ipvsadm", "-Sn")
-	read := time.Since(start)
-	if diff := diffLines(sortedLines(table), want); diff != "" {
-		t.Errorf("%s: ipvsadm -Sn: %s", what, diff)
+	// Backends the file removed leave rotation (weight 0) in the pass
+	// and are deleted by a drain pass a second or so later (see
+	// lb.PlanOptions): the table converges within a few seconds.
+	var table, diff string
+	var read time.Duration
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		begin := time.Now()
+		table = cc.run("ipvsadm", "-Sn")
+		read = time.Since(begin)
+		if diff = diffLines(sortedLines(table), want); diff == "" || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if diff != "" {
+		t.Errorf("%s: ipvsadm -Sn after %v: %s", what, time.Since(start).Round(time.Millisecond), diff)
 	}
 	var vips []string
 	for _, f := range strings.Fields(cc.run("ip", "-o", "-4", "addr", "show", "dev", "vipd0")) {
