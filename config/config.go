@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -278,7 +277,7 @@ func (es Errors) Error() string {
 // Load reads and validates the configuration file at path, and the files
 // it includes.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := readFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
@@ -317,7 +316,7 @@ func parseWhole(main Text, included func(cfg *Config) ([]includedText, error)) (
 	if len(cfg.Include) == len(raw.Include) && len(cfg.Include) > 0 {
 		incl, err := included(cfg)
 		if err != nil {
-			errs = append(errs, includeError(main, err))
+			errs = append(errs, includeErrors(main, err)...)
 		}
 		for _, t := range incl {
 			cfg.parts = append(cfg.parts, part{file: t.File, src: t.Data, first: len(cfg.Spec.Services), rank: t.rank})
@@ -352,11 +351,21 @@ func parseIncludedWhole(mainFile string, t Text, cfg *Config, x *cross) Errors {
 	return v.errs
 }
 
-// includeError reports a failure to read the files that main includes, at
-// the line of its include key.
-func includeError(main Text, err error) *Error {
+// includeErrors reports a failure to read the files that main includes,
+// at the line of its include key: one Error for each of the errors that
+// err joins.
+func includeErrors(main Text, err error) Errors {
 	v := &validator{file: main.File, src: main.Data}
-	return &Error{File: main.File, Line: v.positions().line("include"), Msg: err.Error()}
+	line := v.positions().line("include")
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	out := make(Errors, len(errs))
+	for i, e := range errs {
+		out[i] = &Error{File: main.File, Line: line, Msg: e.Error()}
+	}
+	return out
 }
 
 // includedText is the content of an included file and the index of the
@@ -366,16 +375,21 @@ type includedText struct {
 	rank int
 }
 
-// readIncluded reads the files that match patterns (see globIncluded).
+// readIncluded reads the files that match patterns (see globIncluded),
+// each as readFile does. The error lists every file it could not read.
 func readIncluded(mainFile string, patterns []string) ([]includedText, error) {
 	out, err := globIncluded(mainFile, patterns)
 	if err != nil {
 		return nil, err
 	}
+	var errs []error
 	for i := range out {
-		if out[i].Data, err = os.ReadFile(out[i].File); err != nil {
-			return nil, fmt.Errorf("read included file: %w", err)
+		if out[i].Data, err = readFile(out[i].File); err != nil {
+			errs = append(errs, fmt.Errorf("read included file: %w", err))
 		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	return out, nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"reflect"
 	"runtime"
@@ -108,7 +107,7 @@ func ParseRemoved(base *Config, file string) (*Config, Delta, error) {
 // returns the configuration they make and its Delta from base: the
 // changes of several files count as a full change.
 func Reload(base *Config) (*Config, Delta, error) {
-	data, err := os.ReadFile(base.File)
+	data, err := readFile(base.File)
 	if err != nil {
 		return nil, Delta{Full: true}, fmt.Errorf("read config: %w", err)
 	}
@@ -137,7 +136,7 @@ func Reload(base *Config) (*Config, Delta, error) {
 	}
 	incl, err := readIncluded(cfg.File, cfg.Include)
 	if err != nil {
-		return nil, Delta{Full: true}, Errors{includeError(Text{File: cfg.File, Data: cfg.Source()}, err)}
+		return nil, Delta{Full: true}, includeErrors(Text{File: cfg.File, Data: cfg.Source()}, err)
 	}
 	found := map[string]bool{}
 	for _, t := range incl {
@@ -273,7 +272,7 @@ func parseMain(base *Config, file string, data []byte) (*Config, Delta, error) {
 		} else if len(settings.Include) > 0 {
 			var err error
 			if incl, err = readIncluded(file, settings.Include); err != nil {
-				return nil, Delta{Full: true}, Errors{includeError(Text{File: file, Data: data}, err)}
+				return nil, Delta{Full: true}, includeErrors(Text{File: file, Data: data}, err)
 			}
 		}
 		for _, t := range incl {

@@ -293,7 +293,7 @@ func (w *Watcher) rescan(ctx context.Context, created bool) bool {
 // debounce.
 func (w *Watcher) check(ctx context.Context, file string, created bool) bool {
 	seen := time.Now()
-	data, err := os.ReadFile(file)
+	data, err := readFile(file)
 	ch := Change{File: file}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -307,7 +307,7 @@ func (w *Watcher) check(ctx context.Context, file string, created bool) bool {
 		delete(w.lastErr, file)
 		ch.Removed = true
 	case err != nil:
-		ch.Err = fmt.Errorf("read config: %w", err)
+		ch.Err = err
 		if ch.Err.Error() == w.lastErr[file] {
 			return true
 		}
