@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -61,23 +62,13 @@ func readFileLimit(path string, limit int64) ([]byte, error) {
 	if err := checkFile(path, fi, limit); err != nil {
 		return nil, err
 	}
-	// As os.ReadFile does: one allocation when the size is right, and
-	// room to see the end of the file without growing.
-	data := make([]byte, 0, min(fi.Size(), limit)+512)
-	r := io.LimitReader(f, limit+1)
-	for {
-		n, err := r.Read(data[len(data):cap(data)])
-		data = data[:len(data)+n]
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		if len(data) == cap(data) {
-			data = append(data, 0)[:len(data)]
-		}
+	// One allocation when the size is right, with room to see the end.
+	var b bytes.Buffer
+	b.Grow(int(min(fi.Size(), limit)) + bytes.MinRead)
+	if _, err := b.ReadFrom(io.LimitReader(f, limit+1)); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	data := b.Bytes()
 	if int64(len(data)) > limit {
 		return nil, fmt.Errorf("%s: %w: more than %d bytes were read, the limit is %s", path, ErrTooLarge, limit, sizeString(limit))
 	}
