@@ -968,7 +968,10 @@ type index struct {
 	keys  map[svcKey]int32
 	// vips counts the services on each VIP by announce (false, true).
 	vips map[netip.Addr][2]int32
-	// bad is the number of names, keys and VIPs in conflict.
+	// backends counts the backends on each address.
+	backends map[netip.Addr]int32
+	// bad is the number of names, keys and VIPs in conflict, and of
+	// addresses that are both a VIP and a backend.
 	bad int
 }
 
@@ -977,10 +980,12 @@ func (x *index) reset() {
 		x.names = map[string]int32{}
 		x.keys = map[svcKey]int32{}
 		x.vips = map[netip.Addr][2]int32{}
+		x.backends = map[netip.Addr]int32{}
 	} else {
 		clear(x.names)
 		clear(x.keys)
 		clear(x.vips)
+		clear(x.backends)
 	}
 	x.bad = 0
 	x.owner = nil
@@ -1020,15 +1025,40 @@ func (x *index) add(vs *lb.VirtualService, d int32) {
 
 	if vs.VIP.IsValid() {
 		c := x.vips[vs.VIP]
-		x.bad -= b2i(c[0] > 0 && c[1] > 0)
+		x.bad -= b2i(c[0] > 0 && c[1] > 0) + b2i(x.onVIP(vs.VIP))
 		c[b2i(vs.Announce)] += d
-		x.bad += b2i(c[0] > 0 && c[1] > 0)
 		if c == [2]int32{} {
 			delete(x.vips, vs.VIP)
 		} else {
 			x.vips[vs.VIP] = c
 		}
+		x.bad += b2i(c[0] > 0 && c[1] > 0) + b2i(x.onVIP(vs.VIP))
 	}
+	for i := range vs.Backends {
+		a := vs.Backends[i].Addr.Addr()
+		n := x.backends[a]
+		if n+d == 0 {
+			delete(x.backends, a)
+		} else {
+			x.backends[a] = n + d
+		}
+		// The address's conflict changes only when its first backend
+		// comes or its last one goes.
+		if (n == 0) != (n+d == 0) {
+			if _, ok := x.vips[a]; ok {
+				x.bad += b2i(n == 0) - b2i(n+d == 0)
+			}
+		}
+	}
+}
+
+// onVIP reports whether a is both a VIP and a backend's address.
+func (x *index) onVIP(a netip.Addr) bool {
+	if x.backends[a] == 0 {
+		return false
+	}
+	_, ok := x.vips[a]
+	return ok
 }
 
 func b2i(b bool) int {

@@ -193,6 +193,16 @@ type cross struct {
 	keys      map[lb.ServiceKey]string
 	nodePorts map[string]string
 	announce  map[netip.Addr]bool
+	// vips holds the first service on each VIP, backends the first
+	// backend on each address.
+	vips     map[netip.Addr]string
+	backends map[netip.Addr]backendRef
+}
+
+// backendRef names a backend by its service and address.
+type backendRef struct {
+	service string
+	addr    netip.AddrPort
 }
 
 // svcRef names a service by its file and its index in the file.
@@ -207,6 +217,8 @@ func newCross() *cross {
 		keys:      map[lb.ServiceKey]string{},
 		nodePorts: map[string]string{},
 		announce:  map[netip.Addr]bool{},
+		vips:      map[netip.Addr]string{},
+		backends:  map[netip.Addr]backendRef{},
 	}
 }
 
@@ -247,6 +259,7 @@ func (v *validator) services(raw []rawService, cfg *Config, x *cross) {
 			}
 			x.announce[vs.VIP] = vs.Announce
 		}
+		v.vipBackends(path, ctx, &vs, x)
 		if h, ok := v.serviceHealth(i, &raw[i], &vs); ok && (len(h.Checks) > 0 || h.Policy != (health.Policy{})) {
 			if cfg.Health == nil {
 				cfg.Health = map[string]ServiceHealth{}
@@ -257,6 +270,38 @@ func (v *validator) services(raw []rawService, cfg *Config, x *cross) {
 	}
 	// A NodePort service would collide with a VIP service on a host
 	// address; that is only known at run time, where the kernel refuses.
+}
+
+// vipBackends refuses a backend on a VIP of the configuration, vs's own
+// or another service's: vipd puts the VIP on this host, so IPVS would
+// deliver the connections to this host instead of a backend (and, on a
+// VIP's service port, back into IPVS).
+// path and ctx name vs, which was validated without errors: its backends
+// are its [[service.backend]] tables in order.
+func (v *validator) vipBackends(path, ctx string, vs *lb.VirtualService, x *cross) {
+	for j, b := range vs.Backends {
+		a := b.Addr.Addr()
+		owner, onVIP := x.vips[a]
+		if !onVIP && a == vs.VIP {
+			owner, onVIP = vs.Name, true
+		}
+		if onVIP {
+			v.errorf(path+".backend."+strconv.Itoa(j)+".address", ctx+": backend "+strconv.Quote(b.Addr.String()), "address %s is the vip of service %q", a, owner)
+		}
+	}
+	if vs.VIP.IsValid() {
+		if _, seen := x.vips[vs.VIP]; !seen {
+			if b, ok := x.backends[vs.VIP]; ok {
+				v.errorf(path+".vip", ctx, "vip %s is the address of backend %q of service %q", vs.VIP, b.addr.String(), b.service)
+			}
+			x.vips[vs.VIP] = vs.Name
+		}
+	}
+	for _, b := range vs.Backends {
+		if _, seen := x.backends[b.Addr.Addr()]; !seen {
+			x.backends[b.Addr.Addr()] = backendRef{vs.Name, b.Addr}
+		}
+	}
 }
 
 // include validates the main file's include patterns and returns them
@@ -483,10 +528,70 @@ func parseVIP(s string) (netip.Addr, error) {
 		return a, fmt.Errorf("%q has a zone; VIPs are global addresses", s)
 	}
 	a = a.Unmap()
-	if a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() || a.IsLinkLocalUnicast() {
-		return a, fmt.Errorf("%s is not a unicast address vipd can bind", a)
+	if why := notUnicast(a); why != "" {
+		return a, fmt.Errorf("%s is not a unicast address vipd can bind (%s)", a, why)
+	}
+	if a.IsLoopback() || a.IsLinkLocalUnicast() {
+		return a, fmt.Errorf("%s is not a unicast address vipd can bind (%s)", a, scope(a))
 	}
 	return a, nil
+}
+
+// The IPv4 ranges that hold no unicast address of a host (RFC 1122,
+// 3.2.1.3 and RFC 1112, 4): "this network" and class E, which holds the
+// limited broadcast address.
+var (
+	thisNetwork = netip.MustParsePrefix("0.0.0.0/8")
+	classE      = netip.MustParsePrefix("240.0.0.0/4")
+)
+
+// notUnicast says why a (unmapped) is no unicast address of any host, or
+// returns "" if it may be one. Such an address is neither a VIP nor a
+// backend.
+func notUnicast(a netip.Addr) string {
+	switch {
+	case a.IsUnspecified():
+		return "unspecified"
+	case a.IsMulticast():
+		return "multicast"
+	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "limited broadcast"
+	case classE.Contains(a):
+		return "class E, reserved"
+	case thisNetwork.Contains(a):
+		return "\"this network\", 0.0.0.0/8"
+	}
+	return ""
+}
+
+// scope names the scope of a loopback or link-local address.
+func scope(a netip.Addr) string {
+	if a.IsLoopback() {
+		return "loopback"
+	}
+	return "link-local"
+}
+
+// maxNameLen is the longest service name, in bytes.
+const maxNameLen = 64
+
+// validServiceName checks a service name: at most maxNameLen letters,
+// digits, '-', '_', '.' and ':'. The colon is there for the default names
+// of IPv6 services ("tcp-2001:db8::10-80"), which an operator may also
+// write out. Names appear in logs, metrics labels and the arguments of
+// "vipd drain", where "*" stands for every service.
+func validServiceName(s string) error {
+	if len(s) > maxNameLen {
+		return fmt.Errorf("name %.20q... is longer than %d bytes", s, maxNameLen)
+	}
+	for _, c := range s {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_', c == '.', c == ':':
+		default:
+			return fmt.Errorf("name %q holds %q: use ASCII letters, digits, '-', '_', '.' and ':'", s, c)
+		}
+	}
+	return nil
 }
 
 // service validates one [[service]] table.
@@ -525,6 +630,8 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 	}
 	if vs.Name == "" {
 		vs.Name = v.defaultName(r, proto)
+	} else if err := validServiceName(vs.Name); err != nil {
+		v.errorf(path+".name", v.svcCtx(i, r), "%v", err)
 	}
 	ctx := "service " + strconv.Quote(vs.Name)
 
@@ -842,8 +949,10 @@ func (v *validator) backend(svcPath, svcCtx string, j int, r *rawBackend, vs lb.
 	}
 	d.Addr = netip.AddrPortFrom(addr, port)
 	named = true
-	if addr.Zone() != "" || addr.IsUnspecified() || addr.IsMulticast() {
-		v.errorf(path()+".address", ctx(), "%s is not a unicast address", addr)
+	if why := notUnicast(addr); why != "" {
+		v.errorf(path()+".address", ctx(), "%s is not a unicast address (%s)", addr, why)
+	} else if addr.Zone() != "" {
+		v.errorf(path()+".address", ctx(), "%s is not a unicast address (it has a zone)", addr)
 	}
 	if r.Weight != nil {
 		switch w := *r.Weight; {
