@@ -259,7 +259,7 @@ func (cc crashCheck) check(what string, spec crashSpec) {
 	// lb.PlanOptions): the table converges within a few seconds.
 	var table, diff string
 	var read time.Duration
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	for deadline := time.Now().Add(60 * time.Second); ; {
 		begin := time.Now()
 		table = cc.run("ipvsadm", "-Sn")
 		read = time.Since(begin)
