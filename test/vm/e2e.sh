@@ -22,8 +22,8 @@
 #                          must run in the guest, e.g. "./internal/ipvs"
 #   VIPD_GUEST_TAGS        build tags for those packages (default none)
 #   VIPD_E2E_RUN           -test.run pattern passed to every test binary
-#   VIPD_E2E_TEST_TIMEOUT  -test.timeout per binary (default 10m)
-#   VIPD_E2E_TIMEOUT       whole-guest timeout in seconds (default 1200)
+#   VIPD_E2E_TEST_TIMEOUT  -test.timeout per binary (default 25m)
+#   VIPD_E2E_TIMEOUT       whole-guest timeout in seconds (default 2400)
 #   VIPD_E2E_LOG           console log file (default /tmp/vipd-e2e-DATE.log)
 #   VIPD_E2E_QUIET=1       do not stream the console (summary only)
 #   VIPD_E2E_EXPECT_FAIL=1 make a rig self-test assert something false
@@ -88,7 +88,7 @@ verbose=(--verbose)
 [[ ${VIPD_E2E_QUIET:-} != 1 ]] || verbose=(--quiet)
 
 rc=0
-"$VM_DIR/run.sh" "${verbose[@]}" --timeout "${VIPD_E2E_TIMEOUT:-1200}" --log "$logfile" \
+"$VM_DIR/run.sh" "${verbose[@]}" --timeout "${VIPD_E2E_TIMEOUT:-2400}" --log "$logfile" \
 	--payload "$payload" "${envs[@]}" -- bash /payload/guest-tests.sh || rc=$?
 
 # --- summary ---------------------------------------------------------------------

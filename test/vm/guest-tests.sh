@@ -10,14 +10,14 @@
 #
 # Environment (from e2e.sh through the kernel command line):
 #   VIPD_E2E_RUN           -test.run pattern for every binary (default: all)
-#   VIPD_E2E_TEST_TIMEOUT  -test.timeout per binary (default 10m)
+#   VIPD_E2E_TEST_TIMEOUT  -test.timeout per binary (default 25m)
 set -u
 fail=0
 while read -r dir bin; do
 	[[ -n $dir ]] || continue
 	echo
 	echo "=== vipd-e2e: $dir ($bin)"
-	args=(-test.v "-test.timeout=${VIPD_E2E_TEST_TIMEOUT:-10m}")
+	args=(-test.v "-test.timeout=${VIPD_E2E_TEST_TIMEOUT:-25m}")
 	[[ -z ${VIPD_E2E_RUN:-} ]] || args+=("-test.run=$VIPD_E2E_RUN")
 	start=$EPOCHREALTIME
 	(cd "/payload/tests/$dir" && "./$bin" "${args[@]}")
