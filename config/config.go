@@ -114,6 +114,23 @@ func (c *Config) Texts() []Text {
 	return out
 }
 
+// FileServices is one file of a configuration and the services read from
+// it: Spec.Services[From:To].
+type FileServices struct {
+	File     string
+	From, To int
+}
+
+// Files returns the files the configuration was read from, the main file
+// first, then the included files in order, each with its run of services.
+func (c *Config) Files() []FileServices {
+	out := make([]FileServices, len(c.parts))
+	for i, p := range c.parts {
+		out[i] = FileServices{File: p.file, From: p.first, To: c.partEnd(i)}
+	}
+	return out
+}
+
 // partEnd returns the index in Spec.Services after part i's services.
 func (c *Config) partEnd(i int) int {
 	if i+1 < len(c.parts) {

@@ -11,37 +11,69 @@ type Removal struct {
 	Backends, OfBackends int
 }
 
-// Removed counts the services and backends of old that cur no longer has.
-// Services are matched by name, backends by service name and address.
+// Removed counts the services and backends of old that cur no longer has
+// (see Remaining.Removed).
 func Removed(old, cur *Spec) Removal {
-	type backendKey struct {
-		svc  string
-		addr netip.AddrPort
+	return Remain(cur.Services).Removed(old.Services)
+}
+
+// Remaining indexes the services a change keeps, to count what it
+// removes.
+type Remaining struct {
+	byName map[string]*VirtualService
+	byKey  map[ServiceKey]*VirtualService
+}
+
+// Remain indexes services, the services a change keeps. It keeps
+// pointers into services.
+func Remain(services []VirtualService) *Remaining {
+	r := &Remaining{
+		byName: make(map[string]*VirtualService, len(services)),
+		byKey:  make(map[ServiceKey]*VirtualService, len(services)),
 	}
-	curSvc := make(map[string]struct{}, len(cur.Services))
-	curBackends := map[backendKey]struct{}{}
-	for i := range cur.Services {
-		vs := &cur.Services[i]
-		curSvc[vs.Name] = struct{}{}
-		for _, b := range vs.Backends {
-			curBackends[backendKey{vs.Name, b.Addr}] = struct{}{}
-		}
+	for i := range services {
+		vs := &services[i]
+		r.byName[vs.Name] = vs
+		r.byKey[vs.Service.Key] = vs
 	}
-	var r Removal
-	for i := range old.Services {
-		vs := &old.Services[i]
-		r.OfServices++
-		if _, ok := curSvc[vs.Name]; !ok {
-			r.Services++
+	return r
+}
+
+// Removed counts the services of old, and their backends, that the
+// remaining services do not have, with OfServices and OfBackends the
+// counts of old's. A service stays when a remaining service has its name
+// or, renamed, its address (its IPVS service key); a backend stays when
+// that service has a backend of its address.
+func (r *Remaining) Removed(old []VirtualService) Removal {
+	var out Removal
+	for i := range old {
+		vs := &old[i]
+		out.OfServices++
+		out.OfBackends += len(vs.Backends)
+		cur, ok := r.byName[vs.Name]
+		if !ok {
+			cur, ok = r.byKey[vs.Service.Key]
+		}
+		if !ok {
+			out.Services++
+			out.Backends += len(vs.Backends)
+			continue
+		}
+		if len(cur.Backends) == 0 {
+			out.Backends += len(vs.Backends)
+			continue
+		}
+		kept := make(map[netip.AddrPort]struct{}, len(cur.Backends))
+		for _, b := range cur.Backends {
+			kept[b.Addr] = struct{}{}
 		}
 		for _, b := range vs.Backends {
-			r.OfBackends++
-			if _, ok := curBackends[backendKey{vs.Name, b.Addr}]; !ok {
-				r.Backends++
+			if _, ok := kept[b.Addr]; !ok {
+				out.Backends++
 			}
 		}
 	}
-	return r
+	return out
 }
 
 // Exceeds reports whether the removal deletes more than share of the

@@ -30,6 +30,14 @@ func TestRemoved(t *testing.T) {
 			}
 		})
 	}
+	// A renamed service keeps its address: nothing is removed.
+	renamed := benchSpec(10, 4)
+	for i := range renamed.Services {
+		renamed.Services[i].Name += "-renamed"
+	}
+	if got := lb.Removed(old, renamed); got != (lb.Removal{0, 10, 0, 40}) {
+		t.Errorf("Removed(renamed) = %+v, want nothing removed", got)
+	}
 	if ex, _ := lb.Removed(old, &lb.Spec{}).Exceeds(1); ex {
 		t.Error("a guard of 1 refused a removal")
 	}

@@ -530,9 +530,7 @@ func (d *daemon) reload(ctx context.Context, in fileRead, force bool) reply {
 	}()
 	d.notify(d.n.Reloading())
 	defer func() { d.notify(d.n.Ready(d.status("serving"))) }()
-	if ex, desc := d.removed(cfg, delta).Exceeds(d.cfg.Daemon.ReloadGuard); ex && !force {
-		err := fmt.Errorf("%w: the new configuration %s, more than reload_guard = %v; run \"vipd reload --force\" if that is intended",
-			errReloadRejected, desc, d.cfg.Daemon.ReloadGuard)
+	if err := d.guard(cfg, delta); err != nil && !force {
 		d.m.ReloadFailed(metrics.ReloadGuard)
 		d.log.Error("reload refused by the guard; the running configuration keeps serving", "why", why, "err", err)
 		return reply{Error: err.Error()}
@@ -593,18 +591,6 @@ func (d *daemon) rejectInvalid(why string, err error) reply {
 	d.log.Error("reload rejected; the running configuration keeps serving", "why", why, "err", err)
 	d.notify(d.n.Status(d.status("serving (last reload rejected: invalid file)")))
 	return reply{Error: fmt.Sprintf("%v: %v", errReloadRejected, err)}
-}
-
-// removed counts what cfg removes from the running configuration. For a
-// change confined to some services only those are compared.
-func (d *daemon) removed(cfg *config.Config, delta config.Delta) lb.Removal {
-	if delta.Full {
-		return lb.Removed(&d.cfg.Spec, &cfg.Spec)
-	}
-	r := lb.Removed(&lb.Spec{Services: d.cfg.Spec.Services[delta.From:delta.OldTo]}, &lb.Spec{Services: cfg.Spec.Services[delta.From:delta.NewTo]})
-	r.OfServices = len(d.cfg.Spec.Services)
-	r.OfBackends = d.cfg.Backends()
-	return r
 }
 
 // reconcileDelta applies a change confined to some services with a pass
