@@ -341,7 +341,7 @@ func (r *Reconciler) confirmOwned(desired, s *State) error {
 // Desired computes the desired state of spec on this host.
 func (r *Reconciler) Desired(spec *Spec) (*State, error) {
 	host := Host{Kernel: r.opts.KernelRelease, Dummy: r.opts.Dummy}
-	if r.opts.Kernel.VIPs != nil && hasNodePort(spec) {
+	if r.opts.Kernel.VIPs != nil && (hasNodePort(spec) || spec.Rules.Enabled && spec.Rules.FilterVIPs && len(spec.Services) > 0) {
 		addrs, err := r.opts.Kernel.VIPs.HostAddrs()
 		if err != nil {
 			return nil, fmt.Errorf("list host addresses: %w", err)

@@ -237,6 +237,33 @@ func TestScenarios(t *testing.T) {
 				})
 			}},
 		}},
+		{"host address", lb.Options{}, []step{
+			{"a VIP and a host address", `
+[[service]]
+name = "web"
+vip = "192.0.2.10"
+port = 80
+backend = [{ address = "10.0.0.1" }]
+`, nil},
+			{"the uplink gains the VIP: the filter lets its traffic go, the rest stays", `
+[[service]]
+name = "web"
+vip = "192.0.2.10"
+port = 80
+backend = [{ address = "10.0.0.1" }]
+`, func(k *lbtest.Kernel) {
+				k.SetHostAddrs("eth0", netip.MustParseAddr("192.0.2.10"))
+			}},
+			{"the uplink loses it: filtered again", `
+[[service]]
+name = "web"
+vip = "192.0.2.10"
+port = 80
+backend = [{ address = "10.0.0.1" }]
+`, func(k *lbtest.Kernel) {
+				k.SetHostAddrs("eth0", netip.MustParseAddr("198.51.100.1"))
+			}},
+		}},
 		{"drift", lb.Options{}, []step{
 			{"programmed", base, nil},
 			{"service, VIP, a sysctl and the chains changed by hand; IPVS and VIPs are read every pass", base, func(k *lbtest.Kernel) {

@@ -51,13 +51,66 @@ type VirtualService struct {
 // Host is what Desired needs to know about the machine.
 type Host struct {
 	// Addrs lists the host's addresses by interface name, for NodePort
-	// services.
+	// services and the VIP filter.
 	Addrs map[string][]netip.Addr
 	// Kernel is the running kernel's release, such as "6.1.0-27-cloud-amd64".
 	Kernel string
 	// Dummy is the name of vipd's dummy interface, whose addresses are
 	// never NodePort addresses.
 	Dummy string
+}
+
+// foreign returns the addresses of the host's interfaces other than the
+// dummy interface.
+func (h Host) foreign() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	for name, addrs := range h.Addrs {
+		if name == h.Dummy {
+			continue
+		}
+		for _, a := range addrs {
+			out[a.Unmap()] = true
+		}
+	}
+	return out
+}
+
+// HostVIP is a VIP that is an address of another interface of the host.
+type HostVIP struct {
+	// Service names the service.
+	Service string
+	VIP     netip.Addr
+	// Interface is the interface that has the address.
+	Interface string
+}
+
+// HostVIPs returns the VIPs of services that are addresses of host
+// interfaces other than the dummy interface, in service order. vipd
+// refuses such a VIP: it would take over the host's address, and the VIP
+// filter would drop traffic to the host's other ports.
+func HostVIPs(services []VirtualService, host Host) []HostVIP {
+	owner := map[netip.Addr]string{}
+	for name, addrs := range host.Addrs {
+		if name == host.Dummy {
+			continue
+		}
+		for _, a := range addrs {
+			if cur, ok := owner[a.Unmap()]; !ok || name < cur {
+				owner[a.Unmap()] = name
+			}
+		}
+	}
+	var out []HostVIP
+	for i := range services {
+		vs := &services[i]
+		if !vs.VIP.IsValid() {
+			continue
+		}
+		if name, ok := owner[vs.VIP]; ok {
+			out = append(out, HostVIP{Service: vs.Name, VIP: vs.VIP, Interface: name})
+		}
+	}
+	return out
 }
 
 // Sysctl paths vipd may set, relative to /proc/sys.
@@ -87,6 +140,13 @@ func desired(spec *Spec, host Host, anyServices bool) *State {
 	// VIPs with an all-ports service are not filtered: the sets match
 	// ports, and port 0 matches none.
 	allPorts := map[netip.Addr]bool{}
+	// The filter never covers an address of another interface of the
+	// host: a VIP that is one (which the daemon refuses) must not make
+	// the filter drop traffic to the host's own ports, SSH among them.
+	var hostAddrs map[netip.Addr]bool
+	if spec.Rules.Enabled && spec.Rules.FilterVIPs {
+		hostAddrs = host.foreign()
+	}
 	for i := range spec.Services {
 		vs := &spec.Services[i]
 		keys := vs.keys(host)
@@ -113,7 +173,7 @@ func desired(spec *Spec, host Host, anyServices bool) *State {
 				anySNAT = true
 				s.Rules.Entries[SetEntry{Set: SetSNAT, Addr: k.Addr, Proto: k.Proto, Port: k.Port}] = struct{}{}
 			}
-			if spec.Rules.FilterVIPs && !vs.NodePort {
+			if spec.Rules.FilterVIPs && !vs.NodePort && !hostAddrs[k.Addr] {
 				if k.Port == 0 {
 					allPorts[k.Addr] = true
 				}
