@@ -353,6 +353,20 @@ func (r *Reconciler) Desired(spec *Spec) (*State, error) {
 	return d, nil
 }
 
+// HostVIPs returns the VIPs of services that are addresses of another
+// interface of the host (see HostVIPs), or none when the kernel adapters
+// cannot list the host's addresses.
+func (r *Reconciler) HostVIPs(services []VirtualService) ([]HostVIP, error) {
+	if r.opts.Kernel.VIPs == nil {
+		return nil, nil
+	}
+	addrs, err := r.opts.Kernel.VIPs.HostAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("list host addresses: %w", err)
+	}
+	return HostVIPs(services, Host{Addrs: addrs, Dummy: r.opts.Dummy}), nil
+}
+
 // strip removes from d what the kernel adapters in use cannot observe, so
 // that a missing adapter never plans operations it cannot apply.
 func (r *Reconciler) strip(d *State) {

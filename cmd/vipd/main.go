@@ -53,18 +53,26 @@ all of it in step with a TOML file, touching only what it owns.`,
 }
 
 func newCheckCmd() *cobra.Command {
-	return &cobra.Command{
+	var offline bool
+	cmd := &cobra.Command{
 		Use:   "check FILE",
 		Short: "Validate a configuration file",
 		Long: `Check reads FILE, and the files it includes, and reports every
-problem in them, each with the file, line and key. It exits 0 when the
-configuration is valid.`,
+problem in them, each with the file, line and key. Unless --offline, it
+also refuses a VIP that is an address of another interface of this host.
+It exits 0 when the configuration is valid.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := config.Load(args[0])
 			if err != nil {
 				fmt.Fprintln(cmd.ErrOrStderr(), err)
 				return exitError(1)
+			}
+			if !offline {
+				if err := checkHostVIPs(cfg); err != nil {
+					fmt.Fprintln(cmd.ErrOrStderr(), err)
+					return exitError(1)
+				}
 			}
 			if n := len(cfg.Texts()); n > 1 {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok, %d services in %d files\n", cfg.File, len(cfg.Spec.Services), n)
@@ -74,6 +82,8 @@ configuration is valid.`,
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&offline, "offline", false, "check the files alone, not against this host's addresses")
+	return cmd
 }
 
 func newVersionCmd() *cobra.Command {

@@ -319,6 +319,9 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		// health checking needs it here.
 		d.health.adopted = adopted(cfg, k)
 	}
+	if err := d.refuseHostVIPs(cfg, cfg.Spec.Services); err != nil {
+		return err
+	}
 	d.check(cfg)
 	hctx, stopHealth := context.WithCancel(ctx)
 	defer stopHealth()
@@ -528,6 +531,9 @@ func (d *daemon) reload(ctx context.Context, in fileRead, force bool) reply {
 			"parse", parsed.Sub(picked).Round(time.Microsecond), "apply", time.Since(parsed).Round(time.Microsecond),
 			"total", time.Since(in.seen).Round(time.Microsecond), "services_parsed", delta.NewTo-delta.From, "full", delta.Full)
 	}()
+	if err := d.refuseHostVIPs(cfg, cfg.Spec.Services[delta.From:delta.NewTo]); err != nil {
+		return d.rejectInvalid(why, err)
+	}
 	d.notify(d.n.Reloading())
 	defer func() { d.notify(d.n.Ready(d.status("serving"))) }()
 	if err := d.guard(cfg, delta); err != nil && !force {
