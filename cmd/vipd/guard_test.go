@@ -45,7 +45,9 @@ func TestDaemonGuardIncluded(t *testing.T) {
 	h.eventually("the guard", h.logHas("services.d/b.toml: the change removes 3 of 3 services and 6 of 6 backends of that file"))
 	// Truncated after its first service.
 	writeAt(t, b, svcText("b", "192.0.2.11", 1))
-	h.eventually("the guard again", func() bool { return strings.Count(h.log.String(), "services.d/b.toml: the change removes 2 of 3 services") == 1 })
+	h.eventually("the guard again", func() bool {
+		return strings.Count(h.log.String(), "services.d/b.toml: the change removes 2 of 3 services") == 1
+	})
 	if got := h.k.Dump(); got != good {
 		t.Fatalf("a truncated included file changed the kernel:\n%s\nwant\n%s", got, good)
 	}
