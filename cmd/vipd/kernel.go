@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 
 	"github.com/vipd/vipd/arp"
 	"github.com/vipd/vipd/config"
@@ -45,7 +46,7 @@ func openKernel(cfg *config.Config, log *slog.Logger, opts kernelOptions) (k lb.
 	closers = append(closers, v.Close)
 	k.IPVS = v
 
-	d, err := link.New(link.Options{Interface: cfg.Daemon.Interface})
+	d, err := link.New(link.Options{Interface: cfg.Daemon.Interface, Claimed: ledgerVIPs(cfg)})
 	if err != nil {
 		return k, close, err
 	}
@@ -107,4 +108,20 @@ func removalOptions(cfg *config.Config) lb.Options {
 		Grace:         cfg.Daemon.DrainGrace,
 		DrainServices: cfg.Daemon.DrainServices,
 	}
+}
+
+// ledgerVIPs returns the addresses of the services in vipd's ledger: on an
+// interface that a vipd from before the interface mark created, they are
+// vipd's VIPs (see link.Options.Claimed). A missing or unreadable ledger
+// claims none.
+func ledgerVIPs(cfg *config.Config) func(netip.Addr) bool {
+	owned, err := ledger.New(ledger.Path(cfg.Daemon.StateDir)).Load()
+	if err != nil || len(owned) == 0 {
+		return nil
+	}
+	addrs := make(map[netip.Addr]bool, len(owned))
+	for k := range owned {
+		addrs[k.Addr] = true
+	}
+	return func(a netip.Addr) bool { return addrs[a] }
 }

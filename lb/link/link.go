@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,6 +28,33 @@ type Options struct {
 	// NetnsPath is the network namespace the interface lives in, such as
 	// /run/netns/lb; empty means the caller's.
 	NetnsPath string
+	// Claimed reports whether an address found on an interface without
+	// vipd's mark is vipd's all the same: one that a vipd from before the
+	// mark bound (the daemon asks its ledger). Nil claims none.
+	Claimed func(netip.Addr) bool
+}
+
+// Mark is the alias (IFLA_IFALIAS) that marks an interface as vipd's. vipd
+// gives it to the interface it creates, and takes over an existing
+// interface only when it has the mark or holds no address that vipd does
+// not claim (see Options.Claimed); it then marks it.
+const Mark = "vipd"
+
+// ForeignError says that the interface exists without vipd's mark and
+// holds addresses vipd did not bind.
+type ForeignError struct {
+	Interface string
+	Addrs     []netip.Addr
+}
+
+func (e *ForeignError) Error() string {
+	addrs := make([]string, len(e.Addrs))
+	for i, a := range e.Addrs {
+		addrs[i] = a.String()
+	}
+	return fmt.Sprintf("interface %s is not vipd's: it has no %q alias and holds addresses vipd did not bind (%s), which vipd would take over and delete; "+
+		"set [daemon] interface to a name of its own, or, if the interface and its addresses are vipd's, mark it: ip link set dev %s alias %s",
+		e.Interface, Mark, strings.Join(addrs, ", "), e.Interface, Mark)
 }
 
 // Dummy is vipd's dummy interface. VIPs are bound to it as /32 and /128
@@ -34,8 +62,9 @@ type Options struct {
 // type; only Ensure (and Bind, when the interface is missing) insist on
 // creating a dummy. Its methods are safe for concurrent use.
 type Dummy struct {
-	name string
-	h    *netlink.Handle
+	name    string
+	h       *netlink.Handle
+	claimed func(netip.Addr) bool
 
 	mu sync.Mutex // serialises ensuring the interface exists
 	// bound is the interface as Bind last found it: binding a thousand
@@ -71,7 +100,7 @@ func New(opts Options) (*Dummy, error) {
 		h.Close()
 		return nil, fmt.Errorf("link: set socket timeout: %w", err)
 	}
-	return &Dummy{name: opts.Interface, h: h}, nil
+	return &Dummy{name: opts.Interface, h: h, claimed: opts.Claimed}, nil
 }
 
 func validName(name string) error {
@@ -122,6 +151,9 @@ func (d *Dummy) ensure() (netlink.Link, error) {
 	if t := l.Type(); t != "dummy" {
 		return nil, fmt.Errorf("interface %s is a %s interface, not a dummy; remove it or name another interface", d.name, t)
 	}
+	if err := d.own(l); err != nil {
+		return nil, err
+	}
 	a := l.Attrs()
 	if a.RawFlags&unix.IFF_NOARP == 0 {
 		if err := d.h.LinkSetARPOff(l); err != nil {
@@ -150,7 +182,44 @@ func (d *Dummy) create() (netlink.Link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("look up interface %s: %w", d.name, err)
 	}
+	if err := d.own(l); err != nil {
+		return nil, err
+	}
 	return l, nil
+}
+
+// own makes sure that l is vipd's: it has the mark, or it gets it when
+// every address it holds is claimed (see Options.Claimed).
+func (d *Dummy) own(l netlink.Link) error {
+	if l.Attrs().Alias == Mark {
+		return nil
+	}
+	if _, err := d.unmarked(l); err != nil {
+		return err
+	}
+	if err := d.h.LinkSetAlias(l, Mark); err != nil {
+		return fmt.Errorf("mark %s as vipd's (alias %q): %w", d.name, Mark, err)
+	}
+	return nil
+}
+
+// unmarked returns the addresses of l, an interface without the mark,
+// or a ForeignError when some are not claimed.
+func (d *Dummy) unmarked(l netlink.Link) ([]netip.Addr, error) {
+	addrs, err := d.addrs(l)
+	if err != nil {
+		return nil, err
+	}
+	var foreign []netip.Addr
+	for _, a := range addrs {
+		if d.claimed == nil || !d.claimed(a) {
+			foreign = append(foreign, a)
+		}
+	}
+	if len(foreign) > 0 {
+		return nil, &ForeignError{Interface: d.name, Addrs: foreign}
+	}
+	return addrs, nil
 }
 
 // link returns the interface, or nil when it does not exist.
@@ -172,12 +241,23 @@ func isNotFound(err error) bool {
 
 // VIPs implements lb.VIPs: the interface's IPv4 and IPv6 addresses, of
 // any prefix length, except link-local ones, sorted. A missing interface
-// has none.
+// has none; an interface without vipd's mark that holds addresses vipd
+// does not claim is a ForeignError.
 func (d *Dummy) VIPs() ([]netip.Addr, error) {
 	l, err := d.link()
 	if err != nil || l == nil {
 		return nil, err
 	}
+	if l.Attrs().Alias != Mark {
+		// Not marked yet (Ensure marks it): only claimed addresses.
+		return d.unmarked(l)
+	}
+	return d.addrs(l)
+}
+
+// addrs returns the IPv4 and IPv6 addresses of l except link-local ones,
+// sorted.
+func (d *Dummy) addrs(l netlink.Link) ([]netip.Addr, error) {
 	addrs, err := dump(func() ([]netlink.Addr, error) { return d.h.AddrList(l, netlink.FAMILY_ALL) })
 	if err != nil {
 		return nil, fmt.Errorf("list addresses of %s: %w", d.name, err)
@@ -225,8 +305,11 @@ func (d *Dummy) Bind(addr netip.Addr) error {
 	d.mu.Lock()
 	d.bound = nil
 	l, err = d.link()
-	if err == nil && l == nil {
+	switch {
+	case err == nil && l == nil:
 		l, err = d.ensure()
+	case err == nil:
+		err = d.own(l)
 	}
 	if err == nil {
 		d.bound = l

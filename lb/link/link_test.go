@@ -137,9 +137,86 @@ func TestNewValidatesName(t *testing.T) {
 	}
 }
 
+// markLink gives l vipd's mark, as vipd gives the interface it creates.
+func markLink(t *testing.T, h *netlink.Handle, l netlink.Link) {
+	t.Helper()
+	if err := h.LinkSetAlias(l, Mark); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func hasKey[V any](m map[string]V, k string) bool {
+	_, ok := m[k]
+	return ok
+}
+
+func alias(t *testing.T, h *netlink.Handle, name string) string {
+	t.Helper()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Attrs().Alias
+}
+
+// TestOwnership: an interface without vipd's mark that holds addresses
+// vipd does not claim is refused, untouched; one that holds none, or only
+// claimed ones (bound by a vipd from before the mark), is marked and used.
+func TestOwnership(t *testing.T) {
+	path, h := newNetns(t)
+	l := addVeth(t, h, "kube-ipvs0")
+	foreign := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP{10, 96, 0, 1}, Mask: net.CIDRMask(32, 32)}}
+	if err := h.AddrAdd(l, foreign); err != nil {
+		t.Fatal(err)
+	}
+	d := newDummy(t, path, "kube-ipvs0")
+	var fe *ForeignError
+	if _, err := d.VIPs(); !errors.As(err, &fe) || !slices.Equal(fe.Addrs, addrs("10.96.0.1")) {
+		t.Fatalf("VIPs of a foreign interface: %v, want a ForeignError for 10.96.0.1", err)
+	}
+	want := `interface kube-ipvs0 is not vipd's: it has no "vipd" alias and holds addresses vipd did not bind (10.96.0.1)`
+	if err := d.Bind(netip.MustParseAddr("192.0.2.1")); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("bind on a foreign interface: %v, want %q", err, want)
+	}
+	if err := d.Ensure(); err == nil {
+		t.Fatal("ensure on a foreign interface: no error")
+	}
+	if ka := kernelAddrs(t, h, l); !hasKey(ka, "10.96.0.1/32") || hasKey(ka, "192.0.2.1/32") || alias(t, h, "kube-ipvs0") != "" {
+		t.Errorf("a foreign interface was changed: addresses %v, alias %q", kernelAddrs(t, h, l), alias(t, h, "kube-ipvs0"))
+	}
+
+	// Claimed: the address is vipd's from before the mark.
+	claiming, err := New(Options{Interface: "kube-ipvs0", NetnsPath: path, Claimed: func(a netip.Addr) bool { return a == netip.MustParseAddr("10.96.0.1") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer claiming.Close()
+	mustVIPs(t, claiming, "10.96.0.1")
+	if err := claiming.Bind(netip.MustParseAddr("192.0.2.1")); err != nil {
+		t.Fatal(err)
+	}
+	if got := alias(t, h, "kube-ipvs0"); got != Mark {
+		t.Errorf("alias after claiming = %q, want %q", got, Mark)
+	}
+	// Marked, it is vipd's for every adapter.
+	mustVIPs(t, d, "10.96.0.1", "192.0.2.1")
+
+	// An unmarked interface without addresses is marked by the first bind.
+	l2 := addVeth(t, h, "vipd1")
+	d2 := newDummy(t, path, "vipd1")
+	mustVIPs(t, d2)
+	if err := d2.Bind(netip.MustParseAddr("192.0.2.2")); err != nil {
+		t.Fatal(err)
+	}
+	if got := alias(t, h, l2.Attrs().Name); got != Mark {
+		t.Errorf("alias after the first bind = %q, want %q", got, Mark)
+	}
+}
+
 func TestBindUnbindOnVeth(t *testing.T) {
 	path, h := newNetns(t)
 	l := addVeth(t, h, "vipd0")
+	markLink(t, h, l)
 	d := newDummy(t, path, "vipd0")
 
 	// Link-local addresses are no VIPs. (The kernel adds one of its own
@@ -198,6 +275,7 @@ func TestBindUnbindOnVeth(t *testing.T) {
 func TestUnbindAnyPrefixLength(t *testing.T) {
 	path, h := newNetns(t)
 	l := addVeth(t, h, "vipd0")
+	markLink(t, h, l)
 	d := newDummy(t, path, "vipd0")
 	for _, s := range []string{"192.0.2.1/24", "2001:db8::1/64"} {
 		p := netip.MustParsePrefix(s)
@@ -261,8 +339,8 @@ func TestEnsure(t *testing.T) {
 	check := func(l netlink.Link) {
 		t.Helper()
 		a := l.Attrs()
-		if l.Type() != "dummy" || a.Flags&net.FlagUp == 0 || a.RawFlags&unix.IFF_NOARP == 0 {
-			t.Errorf("interface %s flags %v raw %#x: want an up dummy with NOARP", l.Type(), a.Flags, a.RawFlags)
+		if l.Type() != "dummy" || a.Flags&net.FlagUp == 0 || a.RawFlags&unix.IFF_NOARP == 0 || a.Alias != Mark {
+			t.Errorf("interface %s flags %v raw %#x alias %q: want an up dummy with NOARP and vipd's mark", l.Type(), a.Flags, a.RawFlags, a.Alias)
 		}
 	}
 	check(l)
@@ -314,6 +392,28 @@ func TestEnsure(t *testing.T) {
 	}
 	check(l)
 	mustVIPs(t, d, "192.0.2.2")
+
+	// A dummy that is not vipd's, such as kube-proxy's, is refused and
+	// left alone.
+	la := netlink.NewLinkAttrs()
+	la.Name = "kube-ipvs0"
+	if err := h.LinkAdd(&netlink.Dummy{LinkAttrs: la}); err != nil {
+		t.Fatal(err)
+	}
+	kube, err := h.LinkByName("kube-ipvs0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.AddrAdd(kube, &netlink.Addr{IPNet: &net.IPNet{IP: net.IP{10, 96, 0, 1}, Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	var fe *ForeignError
+	if err := newDummy(t, path, "kube-ipvs0").Ensure(); !errors.As(err, &fe) {
+		t.Errorf("ensure on kube-ipvs0: %v, want a ForeignError", err)
+	}
+	if got := alias(t, h, "kube-ipvs0"); got != "" {
+		t.Errorf("kube-ipvs0 got alias %q", got)
+	}
 }
 
 func TestHostAddrs(t *testing.T) {
