@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,9 +62,23 @@ func TestDialDeviceMissing(t *testing.T) {
 // TestExecCheckRunsAsUser runs a real exec check as nobody, as vipd runs
 // them as check_user, and reads back what its command saw: its ids,
 // groups, capabilities, no_new_privs, working directory, standard input,
-// descriptors and environment.
+// descriptors and environment. It runs in a copy of this test binary
+// that has a supplementary group, 4242, which the command must not keep.
 func TestExecCheckRunsAsUser(t *testing.T) {
 	needRoot(t)
+	if os.Getenv("VIPD_TEST_EXEC_GROUPS") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestExecCheckRunsAsUser$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "VIPD_TEST_EXEC_GROUPS=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{0, 4242}}}
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestExecCheckRunsAsUser") {
+			t.Fatalf("in a process with groups 0 and 4242: %v\n%s", err, out)
+		}
+		return
+	}
+	if groups, err := os.Getgroups(); err != nil || !slices.Contains(groups, 4242) {
+		t.Fatalf("the test process's groups: %v %v, want 4242 among them", groups, err)
+	}
 	u, err := LookupUser("nobody")
 	if err != nil {
 		t.Fatal(err)
