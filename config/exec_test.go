@@ -38,11 +38,11 @@ t.toml:8: service "s": check: exec env may not set PATH: vipd sets it (PATH=/usr
 		{"root's group", "[daemon]\ncheck_user = \"nobody:root\"\n" + execSvc,
 			`t.toml:2: daemon: check_user "nobody:root": the group is root: exec checks never run as root`},
 		{"unknown user", "[daemon]\ncheck_user = \"vipd-nobody\"\n" + execSvc + "check = { type = \"exec\", command = \"/bin/true\" }\n",
-			`t.toml:2: daemon: check_user "vipd-nobody": user "vipd-nobody": no such user; create it (useradd --system --no-create-home --shell /usr/sbin/nologin vipd-nobody), or set check_user to an existing unprivileged user`},
+			`t.toml:2: daemon: check_user "vipd-nobody": user "vipd-nobody": no such user; create it (useradd --system --user-group --no-create-home --shell /usr/sbin/nologin vipd-nobody), or set check_user to an existing unprivileged user`},
 		{"unknown group", "[daemon]\ncheck_user = \"nobody:vipd-nogroup\"\n" + execSvc + "check = { type = \"exec\", command = \"/bin/true\" }\n",
 			`t.toml:2: daemon: check_user "nobody:vipd-nogroup": group "vipd-nogroup": no such group; create it (groupadd --system vipd-nogroup), or set check_user to an existing unprivileged user`},
 		{"default user missing", execSvc + "[service.check]\ntype = \"tcp\"\n[[service]]\nname = \"e\"\nvip = \"192.0.2.11\"\nport = 80\nbackend = [{ address = \"10.0.0.2\" }, { address = \"10.0.0.3\", check = { type = \"exec\", command = \"/bin/true\" } }]\n",
-			`t.toml:12: service "e": check: exec checks run as check_user "vipd-check" (the default): user "vipd-check": no such user; create it (useradd --system --no-create-home --shell /usr/sbin/nologin vipd-check), or set check_user in [daemon] of t.toml to an existing unprivileged user`},
+			`t.toml:12: service "e": check: exec checks run as check_user "vipd-check" (the default): user "vipd-check": no such user; create it (useradd --system --user-group --no-create-home --shell /usr/sbin/nologin vipd-check), or set check_user in [daemon] of t.toml to an existing unprivileged user`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Parse("t.toml", []byte(tt.in))

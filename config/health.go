@@ -391,7 +391,7 @@ func (c *Config) checkUserError(err error) *Error {
 	name, group, _ := strings.Cut(c.Daemon.CheckUser, ":")
 	switch {
 	case errors.Is(err, health.ErrUnknownUser):
-		fix = "; create it (useradd --system --no-create-home --shell /usr/sbin/nologin " + name + ")"
+		fix = "; create it (useradd --system --user-group --no-create-home --shell /usr/sbin/nologin " + name + ")"
 	case errors.Is(err, health.ErrUnknownGroup):
 		fix = "; create it (groupadd --system " + group + ")"
 	}
