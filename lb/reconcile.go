@@ -12,33 +12,25 @@ import (
 	"time"
 )
 
-// IPVS is the kernel's IPVS table, as vipd uses it.
+// IPVS is the kernel's IPVS table, as vipd uses it. Every change goes
+// through Apply, in batches; a single operation is a batch of one.
 type IPVS interface {
 	// Services returns every IPVS service with its destinations. It
 	// need not be a snapshot: the kernel's dump can miss a service when
 	// the table changes during it (in any network namespace), so a
 	// service it lacks is not known to be gone. The Reconciler reads
-	// such services again with ServiceReader before acting on their
-	// absence.
+	// such services again with Service before acting on their absence.
 	Services() (map[ServiceKey]*ServiceState, error)
-	AddService(Service) error
-	UpdateService(Service) error
-	DeleteService(ServiceKey) error
-	AddDest(ServiceKey, Destination) error
-	UpdateDest(ServiceKey, Destination) error
-	DeleteDest(ServiceKey, netip.AddrPort) error
+	// Service returns one service with its destinations and counters,
+	// or nil when the kernel has no service with that key.
+	Service(ServiceKey) (*ServiceState, error)
+	// Apply applies ops, all of IPVS kinds (see isIPVSKind), in order,
+	// continuing past failures, and returns one error (nil for success)
+	// per operation. The reconciler hands it runs of one kind.
+	Apply(ops []Op) []error
 }
 
-// IPVSBatcher is implemented by IPVS adapters that can send many
-// operations to the kernel in one exchange. The reconciler hands it runs
-// of operations of one IPVS kind, in order.
-type IPVSBatcher interface {
-	// ApplyBatch applies ops in order, continuing past failures, and
-	// returns one error (nil for success) per operation.
-	ApplyBatch(ops []Op) []error
-}
-
-// batchSize bounds the operations handed to one ApplyBatch call.
+// batchSize bounds the operations handed to one IPVS.Apply call.
 const batchSize = 1024
 
 // isIPVSKind reports whether operations of kind k change IPVS.
@@ -315,10 +307,7 @@ func (r *Reconciler) observeServices() (*State, error) {
 // no such read: a missing one is planned as an add, and the add finds it
 // (see Result.Existed). In a steady state there is nothing to read.
 func (r *Reconciler) confirmOwned(desired, s *State) error {
-	reader, ok := r.opts.Kernel.IPVS.(ServiceReader)
-	if !ok {
-		return nil
-	}
+	ipvs := r.opts.Kernel.IPVS
 	for key := range s.Owned {
 		if _, want := desired.Services[key]; want {
 			continue
@@ -326,7 +315,7 @@ func (r *Reconciler) confirmOwned(desired, s *State) error {
 		if _, seen := s.Services[key]; seen {
 			continue
 		}
-		st, err := reader.Service(key)
+		st, err := ipvs.Service(key)
 		if err != nil {
 			return fmt.Errorf("observe ipvs: read service %s, which the ledger lists and the table's dump had not: %w", key, err)
 		}
@@ -552,11 +541,10 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 	// it) is no failure: finish keeps it in f, and replan, after the
 	// batch, reads its service again, plans that service anew and
 	// applies the plan in place of the pass's other operations for it.
-	reader, _ := k.IPVS.(ServiceReader)
 	f := found{adds: map[ServiceKey][]*OpError{}, read: map[ServiceKey]bool{}, replanned: map[ServiceKey]bool{}}
 	finish := func(op *Op, err error) {
 		r.remember(*op, err)
-		if reader != nil && isExists(*op, err) && !f.read[op.Service.Key] {
+		if isExists(*op, err) && !f.read[op.Service.Key] {
 			f.add(*op, err)
 			return
 		}
@@ -585,10 +573,9 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 			kind.N++
 		}
 	}
-	batcher, _ := k.IPVS.(IPVSBatcher)
 	// batch applies a batch of IPVS operations of one kind.
 	batch := func(todo []Op) {
-		errs := batcher.ApplyBatch(todo)
+		errs := k.IPVS.Apply(todo)
 		for x := range todo {
 			var err error
 			if x < len(errs) {
@@ -612,7 +599,7 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		for _, key := range f.keys {
 			adds := f.adds[key]
 			f.read[key] = true
-			st, err := reader.Service(key)
+			st, err := k.IPVS.Service(key)
 			if err != nil {
 				for _, a := range adds {
 					finish(&a.Op, fmt.Errorf("%w; reading the service again failed: %w", a.Err, err))
@@ -649,11 +636,6 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 					x++
 					continue
 				}
-				if batcher == nil {
-					finish(op, r.do(*op))
-					x++
-					continue
-				}
 				j := x + 1
 				for j < len(sub) && j-x < batchSize && sub[j].Kind == op.Kind && !skip(sub[j]) {
 					j++
@@ -681,7 +663,7 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 		if op.Kind > OpDeleteService {
 			join()
 		}
-		if op.Kind == OpBindVIP && batcher != nil {
+		if op.Kind == OpBindVIP {
 			j := i
 			for j < len(ops) && ops[j].Kind == OpBindVIP {
 				j++
@@ -692,7 +674,7 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 				continue
 			}
 		}
-		if batcher == nil || !isIPVSKind(op.Kind) {
+		if !isIPVSKind(op.Kind) {
 			switch {
 			case superseded(*op):
 			case skip(*op):
@@ -961,20 +943,8 @@ func (r *Reconciler) do(op Op) error {
 		return k.Announcer.Announce(op.Addr)
 	case OpWithdraw:
 		return k.Announcer.Withdraw(op.Addr)
-	case OpAddService:
-		return k.IPVS.AddService(op.Service)
-	case OpUpdateService:
-		return k.IPVS.UpdateService(op.Service)
-	case OpDeleteService:
-		return k.IPVS.DeleteService(op.Service.Key)
-	case OpAddDest:
-		return k.IPVS.AddDest(op.Service.Key, op.Dest)
-	case OpUpdateDest, OpDrainDest:
-		return k.IPVS.UpdateDest(op.Service.Key, op.Dest)
-	case OpDeleteDest:
-		return k.IPVS.DeleteDest(op.Service.Key, op.Dest.Addr)
 	}
-	return fmt.Errorf("unknown operation kind %d", op.Kind)
+	return fmt.Errorf("%s is not a single operation (ipvs operations go in batches)", op.Kind)
 }
 
 func sameKeys[K comparable](a, b map[K]struct{}) bool {
