@@ -205,6 +205,8 @@ func (s *State) Clone() *State {
 	return c
 }
 
+// cloneMap is maps.Clone, except that the clone of a nil map is an empty
+// one, which the caller may write to.
 func cloneMap[K comparable, V any](m map[K]V) map[K]V {
 	c := make(map[K]V, len(m))
 	for k, v := range m {
