@@ -36,7 +36,7 @@ func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *Sta
 
 // ownedBefore is what the ledger lists while a pass runs: what desired
 // wants and what observed owns that is still there. What the ledger lists
-// and observed lacks is gone: Observe read it again (confirmOwned). It
+// and observed lacks is gone: observe read it again (confirmOwned). It
 // is nil, for no change of the ledger, without a desired state.
 func (r *Reconciler) ownedBefore(desired, observed *State) map[ServiceKey]struct{} {
 	if desired == nil {

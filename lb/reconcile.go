@@ -211,10 +211,12 @@ type OpError struct {
 func (e *OpError) Error() string { return fmt.Sprintf("%s: %v", e.Op, e.Err) }
 func (e *OpError) Unwrap() error { return e.Err }
 
-// Observe reads the kernel state that desired concerns: all IPVS
+// observe reads the kernel state that desired concerns: all IPVS
 // services (to find what vipd owns), the dummy interface's addresses,
-// the sysctls desired names, and vipd's rules.
-func (r *Reconciler) Observe(desired *State) (*State, error) {
+// the sysctls desired names, and vipd's rules. Sysctls and rules come
+// from the reconciler's caches when it has them (see Refresh); the
+// caller holds r.mu.
+func (r *Reconciler) observe(desired *State) (*State, error) {
 	k := r.opts.Kernel
 	s, err := r.observeServices()
 	if err != nil {
@@ -263,7 +265,7 @@ func (r *Reconciler) Observe(desired *State) (*State, error) {
 
 // ObserveServices reads only what status reports need: the IPVS services
 // with their counters, the dummy interface's VIPs and the ledger. It is
-// much cheaper than Observe, which also reads sysctls and rules.
+// much cheaper than a pass's observation, which also reads sysctls and rules.
 func (r *Reconciler) ObserveServices() (*State, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -399,7 +401,7 @@ func (r *Reconciler) Plan(ctx context.Context, spec *Spec) ([]Op, error) {
 	if err != nil {
 		return nil, err
 	}
-	observed, err := r.Observe(desired)
+	observed, err := r.observe(desired)
 	if err != nil {
 		return nil, err
 	}
@@ -462,7 +464,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, spec *Spec) (*Result, error)
 	if err != nil {
 		return nil, err
 	}
-	observed, err := r.Observe(desired)
+	observed, err := r.observe(desired)
 	if err != nil {
 		return nil, err
 	}
