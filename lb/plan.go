@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"net/netip"
@@ -243,7 +244,7 @@ func serviceMayGo(key ServiceKey, s *ServiceState, opts PlanOptions) bool {
 func Plan(desired, observed *State, opts PlanOptions) []Op {
 	var b [numOpKinds][]Op
 
-	for _, key := range sortedKeys(desired.Sysctls, compareString) {
+	for _, key := range sortedKeys(desired.Sysctls, cmp.Compare[string]) {
 		want := desired.Sysctls[key]
 		if have := observed.Sysctls[key]; have != want {
 			b[OpSetSysctl] = append(b[OpSetSysctl], Op{Kind: OpSetSysctl, Sysctl: key, Value: want, Was: &Was{Value: have}})
@@ -467,21 +468,11 @@ func sortedAddrs(dst []netip.AddrPort, dests map[netip.AddrPort]Destination) []n
 	return dst
 }
 
-func compareString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // compareOps orders operations of one kind by what they act on.
 func compareOps(a, b *Op) int {
 	switch a.Kind {
 	case OpSetSysctl:
-		return compareString(a.Sysctl, b.Sysctl)
+		return cmp.Compare(a.Sysctl, b.Sysctl)
 	case OpAddEntry, OpDelEntry:
 		return a.Entry.compare(b.Entry)
 	case OpBindVIP, OpUnbindVIP, OpAnnounce, OpWithdraw:
