@@ -303,8 +303,9 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 	b[OpAddService] = make([]Op, 0, newSvcs)
 	// Many new backends (a cold start) are planned straight into the
 	// array the plan is returned in, behind room for the kinds that come
-	// before them, so that the largest part of the plan is not copied
-	// again: at 10,000 x 10 that copy alone is 38 MB.
+	// before them, so that the largest part of the plan, tens of
+	// megabytes at a cold start of the benchmark's largest table, is not
+	// copied again.
 	var big []Op
 	front := 0
 	if newDests >= bigPlan {
