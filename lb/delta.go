@@ -5,14 +5,6 @@ import (
 	"maps"
 )
 
-// ServiceReader is implemented by IPVS adapters that can read one service
-// without dumping the whole table. ReconcileDelta needs it.
-type ServiceReader interface {
-	// Service returns the service with its destinations and counters, or
-	// nil when the kernel has no service with that key.
-	Service(ServiceKey) (*ServiceState, error)
-}
-
 // Delta is a change of a Spec confined to some of its services: Old are
 // the services the change replaces or removes, New the services that
 // replace them. Every other service, and every Spec-wide setting, is
@@ -23,7 +15,7 @@ type Delta struct {
 
 // ReconcileDelta applies a change confined to a few services in time
 // proportional to the change rather than to the whole table: it reads
-// only the IPVS services the change touches (with ServiceReader), plans
+// only the IPVS services the change touches (with IPVS.Service), plans
 // them alone and applies the result, trusting the last full pass for
 // everything else.
 //
@@ -35,8 +27,7 @@ type Delta struct {
 // caller then runs Reconcile, which handles any change. Drift elsewhere in
 // the kernel is left to the next full pass.
 func (r *Reconciler) ReconcileDelta(ctx context.Context, spec *Spec, d Delta) (res *Result, ok bool, err error) {
-	reader, can := r.opts.Kernel.IPVS.(ServiceReader)
-	if !can {
+	if r.opts.Kernel.IPVS == nil {
 		return nil, false, nil
 	}
 	r.mu.Lock()
@@ -59,7 +50,7 @@ func (r *Reconciler) ReconcileDelta(ctx context.Context, spec *Spec, d Delta) (r
 		Announce: newD.Announce,
 	}
 	for key := range newD.Services {
-		st, err := reader.Service(key)
+		st, err := r.opts.Kernel.IPVS.Service(key)
 		if err != nil {
 			return nil, true, err
 		}

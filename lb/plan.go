@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"net/netip"
@@ -243,7 +244,7 @@ func serviceMayGo(key ServiceKey, s *ServiceState, opts PlanOptions) bool {
 func Plan(desired, observed *State, opts PlanOptions) []Op {
 	var b [numOpKinds][]Op
 
-	for _, key := range sortedKeys(desired.Sysctls, compareString) {
+	for _, key := range sortedKeys(desired.Sysctls, cmp.Compare[string]) {
 		want := desired.Sysctls[key]
 		if have := observed.Sysctls[key]; have != want {
 			b[OpSetSysctl] = append(b[OpSetSysctl], Op{Kind: OpSetSysctl, Sysctl: key, Value: want, Was: &Was{Value: have}})
@@ -302,8 +303,9 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 	b[OpAddService] = make([]Op, 0, newSvcs)
 	// Many new backends (a cold start) are planned straight into the
 	// array the plan is returned in, behind room for the kinds that come
-	// before them, so that the largest part of the plan is not copied
-	// again: at 10,000 x 10 that copy alone is 38 MB.
+	// before them, so that the largest part of the plan, tens of
+	// megabytes at a cold start of the benchmark's largest table, is not
+	// copied again.
 	var big []Op
 	front := 0
 	if newDests >= bigPlan {
@@ -467,21 +469,11 @@ func sortedAddrs(dst []netip.AddrPort, dests map[netip.AddrPort]Destination) []n
 	return dst
 }
 
-func compareString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // compareOps orders operations of one kind by what they act on.
 func compareOps(a, b *Op) int {
 	switch a.Kind {
 	case OpSetSysctl:
-		return compareString(a.Sysctl, b.Sysctl)
+		return cmp.Compare(a.Sysctl, b.Sysctl)
 	case OpAddEntry, OpDelEntry:
 		return a.Entry.compare(b.Entry)
 	case OpBindVIP, OpUnbindVIP, OpAnnounce, OpWithdraw:

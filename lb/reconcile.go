@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -12,33 +11,25 @@ import (
 	"time"
 )
 
-// IPVS is the kernel's IPVS table, as vipd uses it.
+// IPVS is the kernel's IPVS table, as vipd uses it. Every change goes
+// through Apply, in batches; a single operation is a batch of one.
 type IPVS interface {
 	// Services returns every IPVS service with its destinations. It
 	// need not be a snapshot: the kernel's dump can miss a service when
 	// the table changes during it (in any network namespace), so a
 	// service it lacks is not known to be gone. The Reconciler reads
-	// such services again with ServiceReader before acting on their
-	// absence.
+	// such services again with Service before acting on their absence.
 	Services() (map[ServiceKey]*ServiceState, error)
-	AddService(Service) error
-	UpdateService(Service) error
-	DeleteService(ServiceKey) error
-	AddDest(ServiceKey, Destination) error
-	UpdateDest(ServiceKey, Destination) error
-	DeleteDest(ServiceKey, netip.AddrPort) error
+	// Service returns one service with its destinations and counters,
+	// or nil when the kernel has no service with that key.
+	Service(ServiceKey) (*ServiceState, error)
+	// Apply applies ops, all of IPVS kinds (see isIPVSKind), in order,
+	// continuing past failures, and returns one error (nil for success)
+	// per operation. The reconciler hands it runs of one kind.
+	Apply(ops []Op) []error
 }
 
-// IPVSBatcher is implemented by IPVS adapters that can send many
-// operations to the kernel in one exchange. The reconciler hands it runs
-// of operations of one IPVS kind, in order.
-type IPVSBatcher interface {
-	// ApplyBatch applies ops in order, continuing past failures, and
-	// returns one error (nil for success) per operation.
-	ApplyBatch(ops []Op) []error
-}
-
-// batchSize bounds the operations handed to one ApplyBatch call.
+// batchSize bounds the operations handed to one IPVS.Apply call.
 const batchSize = 1024
 
 // isIPVSKind reports whether operations of kind k change IPVS.
@@ -189,6 +180,10 @@ type Result struct {
 	// Skipped lists operations not attempted because an operation they
 	// depend on failed (a backend of a service that could not be added).
 	Skipped []Op
+	// Ledger is the error of storing the ownership ledger, or nil. Before
+	// the operations it stops the pass: every operation is skipped.
+	// After them, they stand, and the ledger lags until the next pass.
+	Ledger error
 	// Existed lists the additions of services and backends that found
 	// them already in the kernel: a read of the table had missed them
 	// (see IPVS.Services). They neither applied nor failed: each service
@@ -198,13 +193,13 @@ type Result struct {
 	Existed []Op
 }
 
-// Err returns the failures joined, or nil.
+// Err returns the failures and the ledger's error joined, or nil.
 func (r *Result) Err() error {
-	errs := make([]error, len(r.Failed))
-	for i, f := range r.Failed {
-		errs[i] = f
+	errs := make([]error, 0, len(r.Failed)+1)
+	for _, f := range r.Failed {
+		errs = append(errs, f)
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, r.Ledger)...)
 }
 
 // OpError is the failure of one operation.
@@ -216,10 +211,12 @@ type OpError struct {
 func (e *OpError) Error() string { return fmt.Sprintf("%s: %v", e.Op, e.Err) }
 func (e *OpError) Unwrap() error { return e.Err }
 
-// Observe reads the kernel state that desired concerns: all IPVS
+// observe reads the kernel state that desired concerns: all IPVS
 // services (to find what vipd owns), the dummy interface's addresses,
-// the sysctls desired names, and vipd's rules.
-func (r *Reconciler) Observe(desired *State) (*State, error) {
+// the sysctls desired names, and vipd's rules. Sysctls and rules come
+// from the reconciler's caches when it has them (see Refresh); the
+// caller holds r.mu.
+func (r *Reconciler) observe(desired *State) (*State, error) {
 	k := r.opts.Kernel
 	s, err := r.observeServices()
 	if err != nil {
@@ -268,7 +265,7 @@ func (r *Reconciler) Observe(desired *State) (*State, error) {
 
 // ObserveServices reads only what status reports need: the IPVS services
 // with their counters, the dummy interface's VIPs and the ledger. It is
-// much cheaper than Observe, which also reads sysctls and rules.
+// much cheaper than a pass's observation, which also reads sysctls and rules.
 func (r *Reconciler) ObserveServices() (*State, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -315,10 +312,7 @@ func (r *Reconciler) observeServices() (*State, error) {
 // no such read: a missing one is planned as an add, and the add finds it
 // (see Result.Existed). In a steady state there is nothing to read.
 func (r *Reconciler) confirmOwned(desired, s *State) error {
-	reader, ok := r.opts.Kernel.IPVS.(ServiceReader)
-	if !ok {
-		return nil
-	}
+	ipvs := r.opts.Kernel.IPVS
 	for key := range s.Owned {
 		if _, want := desired.Services[key]; want {
 			continue
@@ -326,7 +320,7 @@ func (r *Reconciler) confirmOwned(desired, s *State) error {
 		if _, seen := s.Services[key]; seen {
 			continue
 		}
-		st, err := reader.Service(key)
+		st, err := ipvs.Service(key)
 		if err != nil {
 			return fmt.Errorf("observe ipvs: read service %s, which the ledger lists and the table's dump had not: %w", key, err)
 		}
@@ -407,7 +401,7 @@ func (r *Reconciler) Plan(ctx context.Context, spec *Spec) ([]Op, error) {
 	if err != nil {
 		return nil, err
 	}
-	observed, err := r.Observe(desired)
+	observed, err := r.observe(desired)
 	if err != nil {
 		return nil, err
 	}
@@ -470,7 +464,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, spec *Spec) (*Result, error)
 	if err != nil {
 		return nil, err
 	}
-	observed, err := r.Observe(desired)
+	observed, err := r.observe(desired)
 	if err != nil {
 		return nil, err
 	}
@@ -504,287 +498,6 @@ func (r *Reconciler) Apply(ctx context.Context, ops []Op) *Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.apply(ctx, slices.Clone(ops), nil, nil)
-}
-
-func (r *Reconciler) apply(ctx context.Context, ops []Op, desired, observed *State) *Result {
-	k := r.opts.Kernel
-	res := &Result{}
-	if len(ops) == 0 {
-		return res
-	}
-	// Record ownership before creating anything, so a crash mid-pass
-	// never leaves a service vipd created but no longer knows it owns.
-	// What the ledger lists and observed lacks is gone: Observe read it
-	// again (confirmOwned).
-	if k.Ledger != nil && desired != nil {
-		owned := cloneMap(desired.Owned)
-		for key := range observed.Owned {
-			if _, live := observed.Services[key]; live {
-				owned[key] = struct{}{}
-			}
-		}
-		if !sameKeys(owned, observed.Owned) {
-			if err := k.Ledger.Store(owned); err != nil {
-				res.Failed = append(res.Failed, &OpError{Op: Op{Kind: OpAddService}, Err: fmt.Errorf("store ownership ledger: %w", err)})
-				return res
-			}
-			observed.Owned = owned
-		}
-	}
-	failedSvc := map[ServiceKey]bool{}
-	failedBind := map[netip.Addr]bool{}
-	skip := func(op Op) bool {
-		return (op.Kind == OpAddDest || op.Kind == OpUpdateDest) && failedSvc[op.Service.Key] ||
-			op.Kind == OpAnnounce && failedBind[op.Addr]
-	}
-	// A large pass (a cold start) logs one line per kind of operation at
-	// info and one per operation only at debug: at a hundred thousand
-	// operations the lines cost more than the operations.
-	each := len(ops) <= LogEachMax
-	debug := !each && r.log.Enabled(ctx, slog.LevelDebug)
-	var kind kindRun
-	defer kind.flush(r.log)
-	// Applied shares ops' array: the operations that succeeded are
-	// moved down over those that did not, so that a cold start's hundred
-	// thousand operations are not copied again.
-	res.Applied = ops[:0]
-	// An add that finds its object already in the kernel (a dump missed
-	// it) is no failure: finish keeps it in f, and replan, after the
-	// batch, reads its service again, plans that service anew and
-	// applies the plan in place of the pass's other operations for it.
-	reader, _ := k.IPVS.(ServiceReader)
-	f := found{adds: map[ServiceKey][]*OpError{}, read: map[ServiceKey]bool{}, replanned: map[ServiceKey]bool{}}
-	finish := func(op *Op, err error) {
-		r.remember(*op, err)
-		if reader != nil && isExists(*op, err) && !f.read[op.Service.Key] {
-			f.add(*op, err)
-			return
-		}
-		if err != nil {
-			res.Failed = append(res.Failed, &OpError{Op: *op, Err: err})
-			switch op.Kind {
-			case OpAddService:
-				failedSvc[op.Service.Key] = true
-			case OpBindVIP:
-				failedBind[op.Addr] = true
-			}
-			return
-		}
-		r.track(*op)
-		if each {
-			r.log.Info("applied", "op", op.Kind.String(), "detail", op.String())
-		} else if debug {
-			r.log.Debug("applied", "op", op.Kind.String(), "detail", op.String())
-		}
-		res.Applied = append(res.Applied, *op)
-		if !each {
-			if op.Kind != kind.Kind {
-				kind.flush(r.log)
-				kind = kindRun{Kind: op.Kind, Start: time.Now()}
-			}
-			kind.N++
-		}
-	}
-	batcher, _ := k.IPVS.(IPVSBatcher)
-	// batch applies a batch of IPVS operations of one kind.
-	batch := func(todo []Op) {
-		errs := batcher.ApplyBatch(todo)
-		for x := range todo {
-			var err error
-			if x < len(errs) {
-				err = errs[x]
-			} else {
-				err = errors.New("batch returned no result")
-			}
-			finish(&todo[x], err)
-		}
-	}
-	// superseded reports whether op belongs to a service planned anew.
-	superseded := func(op Op) bool { return isIPVSKind(op.Kind) && f.replanned[op.Service.Key] }
-	// replan reads again each service an add found, plans it anew and
-	// applies that plan; rest are the operations not yet applied. It
-	// reports whether it planned a service anew.
-	replan := func(rest ...[]Op) bool {
-		if len(f.keys) == 0 {
-			return false
-		}
-		planned := false
-		for _, key := range f.keys {
-			adds := f.adds[key]
-			f.read[key] = true
-			st, err := reader.Service(key)
-			if err != nil {
-				for _, a := range adds {
-					finish(&a.Op, fmt.Errorf("%w; reading the service again failed: %w", a.Err, err))
-				}
-				continue
-			}
-			if !f.detached {
-				// Applied shares ops' array and is about to grow by more
-				// than the operations applied: it gets its own.
-				res.Applied = slices.Clone(res.Applied)
-				f.detached = true
-			}
-			planned = true
-			f.replanned[key] = true
-			intent := make([][]Op, 0, len(rest)+1)
-			for _, a := range adds {
-				res.Existed = append(res.Existed, a.Op)
-				intent = append(intent, []Op{a.Op})
-			}
-			sub := r.replanService(key, st, desired, append(intent, rest...))
-			r.log.Info("an add found its object already in the kernel; planned the service again", "service", key.String(), "found", len(adds), "ops", len(sub))
-			// The plan's operations are all of IPVS, in kinds: each
-			// run of one kind goes in batches, as in the pass. Those
-			// that failed already in this pass are not tried again.
-			sub = slices.DeleteFunc(sub, func(op Op) bool {
-				return slices.ContainsFunc(res.Failed, func(e *OpError) bool {
-					return e.Op.Kind == op.Kind && e.Op.Service.Key == op.Service.Key && e.Op.Dest.Addr == op.Dest.Addr
-				})
-			})
-			for x := 0; x < len(sub); {
-				op := &sub[x]
-				if skip(*op) {
-					res.Skipped = append(res.Skipped, *op)
-					x++
-					continue
-				}
-				if batcher == nil {
-					finish(op, r.do(*op))
-					x++
-					continue
-				}
-				j := x + 1
-				for j < len(sub) && j-x < batchSize && sub[j].Kind == op.Kind && !skip(sub[j]) {
-					j++
-				}
-				batch(sub[x:j])
-				x = j
-			}
-		}
-		f.keys = f.keys[:0]
-		clear(f.adds)
-		return planned
-	}
-	// Many VIP binds (a cold start) run alongside the IPVS operations that
-	// follow them: they use another netlink socket, IPVS does not need a
-	// service's address to be local, and announcements, which do, wait
-	// for them. join finishes them in the main loop.
-	join := func() {}
-	for i := 0; i < len(ops); {
-		if err := ctx.Err(); err != nil {
-			join()
-			res.Skipped = append(res.Skipped, ops[i:]...)
-			break
-		}
-		op := &ops[i]
-		if op.Kind > OpDeleteService {
-			join()
-		}
-		if op.Kind == OpBindVIP && batcher != nil {
-			j := i
-			for j < len(ops) && ops[j].Kind == OpBindVIP {
-				j++
-			}
-			if j-i >= parallelBinds {
-				join = r.bindAsync(slices.Clone(ops[i:j]), finish)
-				i = j
-				continue
-			}
-		}
-		if batcher == nil || !isIPVSKind(op.Kind) {
-			switch {
-			case superseded(*op):
-			case skip(*op):
-				res.Skipped = append(res.Skipped, *op)
-			default:
-				finish(op, r.do(*op))
-				replan(ops[i+1:])
-			}
-			i++
-			continue
-		}
-		// A run of IPVS operations of one kind goes to the kernel in
-		// batches; kinds stay apart so that a service that failed to be
-		// added skips its backends, as above.
-		j, sift := i, false
-		for ; j < len(ops) && ops[j].Kind == op.Kind; j++ {
-			sift = sift || skip(ops[j]) || superseded(ops[j])
-		}
-		todo := ops[i:j]
-		if sift {
-			todo = nil
-			for x := i; x < j; x++ {
-				switch {
-				case superseded(ops[x]):
-				case skip(ops[x]):
-					res.Skipped = append(res.Skipped, ops[x])
-				default:
-					todo = append(todo, ops[x])
-				}
-			}
-		}
-		for len(todo) > 0 {
-			n := min(len(todo), batchSize)
-			batch(todo[:n])
-			todo = todo[n:]
-			if replan(todo, ops[j:]) {
-				todo = slices.DeleteFunc(slices.Clone(todo), superseded)
-			}
-		}
-		i = j
-	}
-	join()
-	if k.Ledger != nil && desired != nil {
-		// vipd still owns what it wants, and what it had that is still
-		// there: deletions that failed and services left draining.
-		owned := cloneMap(desired.Owned)
-		deleted := map[ServiceKey]bool{}
-		for _, op := range res.Applied {
-			if op.Kind == OpDeleteService {
-				deleted[op.Service.Key] = true
-			}
-		}
-		for key := range observed.Services {
-			if observed.Owns(key) && !deleted[key] {
-				owned[key] = struct{}{}
-			}
-		}
-		if !sameKeys(owned, observed.Owned) {
-			if err := k.Ledger.Store(owned); err != nil {
-				res.Failed = append(res.Failed, &OpError{Op: Op{Kind: OpDeleteService}, Err: fmt.Errorf("store ownership ledger: %w", err)})
-			}
-		}
-	}
-	return res
-}
-
-// isExists reports whether err says that op, an addition of a service or
-// a backend, found it already in the kernel (EEXIST, which matches
-// fs.ErrExist).
-func isExists(op Op, err error) bool {
-	return (op.Kind == OpAddService || op.Kind == OpAddDest) && errors.Is(err, fs.ErrExist)
-}
-
-// found keeps, during one apply, the additions that found their object
-// already in the kernel, until their services are read again.
-type found struct {
-	// keys are the services of adds, in the order found.
-	keys []ServiceKey
-	adds map[ServiceKey][]*OpError
-	// read holds the services read again: their adds that find their
-	// object now fail. replanned holds those planned anew: the pass's
-	// other operations of theirs are dropped.
-	read, replanned map[ServiceKey]bool
-	// detached says Result.Applied no longer shares the pass's array.
-	detached bool
-}
-
-func (f *found) add(op Op, err error) {
-	if _, ok := f.adds[op.Service.Key]; !ok {
-		f.keys = append(f.keys, op.Service.Key)
-	}
-	f.adds[op.Service.Key] = append(f.adds[op.Service.Key], &OpError{Op: op, Err: err})
 }
 
 // replanService plans service key anew from st, the kernel's copy of it
@@ -847,52 +560,6 @@ func intended(key ServiceKey, st *ServiceState, ops [][]Op) *ServiceState {
 		}
 	}
 	return want
-}
-
-// parallelBinds is the smallest run of VIP binds that apply runs
-// alongside the IPVS operations.
-const parallelBinds = 16
-
-// bindAsync binds the VIPs of ops in the background. The function it
-// returns waits for them and hands each operation and its error to
-// finish, once.
-func (r *Reconciler) bindAsync(ops []Op, finish func(*Op, error)) func() {
-	errs := make([]error, len(ops))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for x := range ops {
-			errs[x] = r.do(ops[x])
-		}
-	}()
-	var joined bool
-	return func() {
-		if joined {
-			return
-		}
-		joined = true
-		<-done
-		for x := range ops {
-			finish(&ops[x], errs[x])
-		}
-	}
-}
-
-// LogEachMax is the largest pass whose operations are each logged at info.
-const LogEachMax = 64
-
-// kindRun counts the operations of one kind applied in a large pass.
-type kindRun struct {
-	Kind  OpKind
-	N     int
-	Start time.Time
-}
-
-func (k *kindRun) flush(log *slog.Logger) {
-	if k.N > 0 {
-		log.Info("applied", "op", k.Kind.String(), "count", k.N, "took", time.Since(k.Start).Round(time.Microsecond))
-	}
-	k.N = 0
 }
 
 // remember keeps the cached sysctls and rules in step with an operation;
@@ -961,20 +628,8 @@ func (r *Reconciler) do(op Op) error {
 		return k.Announcer.Announce(op.Addr)
 	case OpWithdraw:
 		return k.Announcer.Withdraw(op.Addr)
-	case OpAddService:
-		return k.IPVS.AddService(op.Service)
-	case OpUpdateService:
-		return k.IPVS.UpdateService(op.Service)
-	case OpDeleteService:
-		return k.IPVS.DeleteService(op.Service.Key)
-	case OpAddDest:
-		return k.IPVS.AddDest(op.Service.Key, op.Dest)
-	case OpUpdateDest, OpDrainDest:
-		return k.IPVS.UpdateDest(op.Service.Key, op.Dest)
-	case OpDeleteDest:
-		return k.IPVS.DeleteDest(op.Service.Key, op.Dest.Addr)
 	}
-	return fmt.Errorf("unknown operation kind %d", op.Kind)
+	return fmt.Errorf("%s is not a single operation (ipvs operations go in batches)", op.Kind)
 }
 
 func sameKeys[K comparable](a, b map[K]struct{}) bool {

@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -107,15 +108,15 @@ func (e SetEntry) String() string {
 
 func (e SetEntry) compare(o SetEntry) int {
 	if e.Set != o.Set {
-		return cmpInt(int(e.Set), int(o.Set))
+		return cmp.Compare(e.Set, o.Set)
 	}
 	if c := e.Addr.Compare(o.Addr); c != 0 {
 		return c
 	}
 	if e.Proto != o.Proto {
-		return cmpInt(int(e.Proto), int(o.Proto))
+		return cmp.Compare(e.Proto, o.Proto)
 	}
-	return cmpInt(int(e.Port), int(o.Port))
+	return cmp.Compare(e.Port, o.Port)
 }
 
 // RulePolicy is the fixed part of vipd's packet-filter rules: which chains
@@ -173,14 +174,12 @@ func (s *State) Dump() string {
 			owned = " (owned)"
 		}
 		fmt.Fprintf(&b, "service %s%s\n", svc.Service, owned)
-		for _, a := range sortedKeys(svc.Dests, compareAddrPort) {
+		for _, a := range sortedKeys(svc.Dests, netip.AddrPort.Compare) {
 			fmt.Fprintf(&b, "  -> %s\n", svc.Dests[a])
 		}
 	}
 	return b.String()
 }
-
-func compareAddrPort(a, b netip.AddrPort) int { return a.Compare(b) }
 
 func sortedKeys[K comparable, V any](m map[K]V, cmp func(a, b K) int) []K {
 	keys := make([]K, 0, len(m))
@@ -205,6 +204,8 @@ func (s *State) Clone() *State {
 	return c
 }
 
+// cloneMap is maps.Clone, except that the clone of a nil map is an empty
+// one, which the caller may write to.
 func cloneMap[K comparable, V any](m map[K]V) map[K]V {
 	c := make(map[K]V, len(m))
 	for k, v := range m {

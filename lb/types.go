@@ -5,6 +5,7 @@
 package lb
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -99,27 +100,17 @@ func (k ServiceKey) String() string {
 func (k ServiceKey) Compare(o ServiceKey) int {
 	switch {
 	case k.Family != o.Family:
-		return cmpInt(int(k.Family), int(o.Family))
+		return cmp.Compare(k.Family, o.Family)
 	case k.FWMark != o.FWMark:
-		return cmpInt(int(k.FWMark), int(o.FWMark))
+		return cmp.Compare(k.FWMark, o.FWMark)
 	}
 	if c := k.Addr.Compare(o.Addr); c != 0 {
 		return c
 	}
 	if k.Port != o.Port {
-		return cmpInt(int(k.Port), int(o.Port))
+		return cmp.Compare(k.Port, o.Port)
 	}
-	return cmpInt(int(k.Proto), int(o.Proto))
-}
-
-func cmpInt(a, b int) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	return cmp.Compare(k.Proto, o.Proto)
 }
 
 // SchedFlags are the scheduler-specific IPVS flags.

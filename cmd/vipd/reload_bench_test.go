@@ -65,7 +65,6 @@ func BenchmarkReload(b *testing.B) {
 				}
 				k := lbtest.New()
 				kk := k.Interface()
-				kk.IPVS = k.Batched()
 				kk.Ledger = nil
 				log := slog.New(slog.NewTextHandler(io.Discard, nil))
 				d := &daemon{opts: daemonOptions{Path: main}, log: log, n: &systemd.Notifier{}, cfg: cfg,

@@ -469,11 +469,21 @@ func (d *daemon) remember(res *lb.Result) {
 	for _, f := range res.Failed {
 		d.failing[f.Op.String()] = true
 	}
+	if res.Ledger != nil {
+		d.failing[ledgerFailure] = true
+	}
 }
+
+// ledgerFailure stands for a failure to store the ownership ledger among
+// the failing operations.
+const ledgerFailure = "store the ownership ledger"
 
 func logResult(log *slog.Logger, why string, res *lb.Result, took time.Duration) {
 	for _, f := range res.Failed {
 		log.Error("operation failed", "op", f.Op.Kind.String(), "detail", f.Op.String(), "err", f.Err)
+	}
+	if res.Ledger != nil {
+		log.Error("the ownership ledger is not stored", "err", res.Ledger)
 	}
 	for _, op := range res.Skipped {
 		log.Warn("operation skipped", "op", op.Kind.String(), "detail", op.String())
@@ -721,11 +731,17 @@ func (d *daemon) settle(ctx context.Context, why string, cfg *config.Config, res
 	for _, op := range res.Applied {
 		rep.Applied = append(rep.Applied, op.String())
 	}
-	var fresh []*lb.OpError
+	var fresh []error
 	for _, f := range res.Failed {
 		rep.Failed = append(rep.Failed, f.Error())
 		if !d.failing[f.Op.String()] {
 			fresh = append(fresh, f)
+		}
+	}
+	if res.Ledger != nil {
+		rep.Failed = append(rep.Failed, res.Ledger.Error())
+		if !d.failing[ledgerFailure] {
+			fresh = append(fresh, res.Ledger)
 		}
 	}
 	if len(fresh) > 0 && d.cfg.Daemon.OnApplyError == config.ApplyRollback {

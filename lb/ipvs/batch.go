@@ -10,16 +10,14 @@ import (
 	"github.com/vipd/vipd/lb"
 )
 
-var _ lb.IPVSBatcher = (*IPVS)(nil)
-
-// ApplyBatch implements lb.IPVSBatcher. It encodes each operation as one
+// Apply implements lb.IPVS. It encodes each operation as one
 // generic netlink request with its own sequence number and NLM_F_ACK,
 // sends the requests many to a datagram (the kernel handles each message
 // of a datagram in turn, and acknowledges each), then matches the
 // acknowledgements to the operations. An operation that fails, to encode
-// or in the kernel, fails alone, with the error the one-at-a-time methods
-// return; the others apply.
-func (i *IPVS) ApplyBatch(ops []lb.Op) []error {
+// or in the kernel, fails alone, with an error that names the operation
+// and the usual cause of its errno; the others apply.
+func (i *IPVS) Apply(ops []lb.Op) []error {
 	errs := make([]error, len(ops))
 	var b batch
 	for x, op := range ops {
@@ -136,7 +134,8 @@ func appendOp(b []byte, family uint16, op lb.Op) ([]byte, error) {
 	return b, fmt.Errorf("%s is not an ipvs operation", op.Kind)
 }
 
-// opError words the failure of op as the one-at-a-time methods do.
+// opError words the failure of op: the operation, then the usual cause
+// of the kernel's error.
 func opError(op lb.Op, err error) error {
 	switch op.Kind {
 	case lb.OpAddService:

@@ -69,7 +69,7 @@ func opsOf(entries []entry) []lb.Op {
 	return append(svcs, dests...)
 }
 
-// one applies ops one at a time through the lb.IPVS methods.
+// one applies ops one at a time, each a batch of one.
 func one(tb *table, ops []lb.Op) []error {
 	errs := make([]error, len(ops))
 	for n, op := range ops {
@@ -91,13 +91,13 @@ func one(tb *table, ops []lb.Op) []error {
 	return errs
 }
 
-// batched applies ops through ApplyBatch, 1,024 at a time as the
+// batched applies ops through Apply, 1,024 at a time as the
 // reconciler does.
 func batched(tb *table, ops []lb.Op) []error {
 	var errs []error
 	for len(ops) > 0 {
 		n := min(len(ops), 1024)
-		errs = append(errs, tb.ApplyBatch(ops[:n])...)
+		errs = append(errs, tb.Apply(ops[:n])...)
 		ops = ops[n:]
 	}
 	return errs
@@ -254,7 +254,7 @@ func TestBatchPartialFailureKernel(t *testing.T) {
 	if !inGuest() {
 		t.Skip("which schedulers a kernel lacks is known only in the test guest (Linux 6.1 has no twos)")
 	}
-	errs := tb.ApplyBatch(ops)
+	errs := tb.Apply(ops)
 	for n := range ops {
 		got := ""
 		if errs[n] != nil {

@@ -95,7 +95,7 @@ func TestBatchEncoding(t *testing.T) {
 		addSvc(s6),
 		addDest(s6, d6),
 	}
-	i.ApplyBatch(ops)
+	i.Apply(ops)
 	if len(conns[0].sends) != 1 {
 		t.Fatalf("%d datagrams, want 1", len(conns[0].sends))
 	}
@@ -188,7 +188,7 @@ func TestBatchApplies(t *testing.T) {
 		}
 		want[s.Key] = st
 	}
-	for n, err := range i.ApplyBatch(ops) {
+	for n, err := range i.Apply(ops) {
 		if err != nil {
 			t.Errorf("op %d: %v", n, err)
 		}
@@ -229,7 +229,7 @@ func TestServiceOneExchange(t *testing.T) {
 	a := svc(tcp4("192.0.2.1", 80), "wrr")
 	d1, d2 := dest("10.0.0.1:80", lb.Masq), dest("10.0.0.2:80", lb.Masq)
 	d2.Weight = 7
-	for n, err := range i.ApplyBatch([]lb.Op{addSvc(a), addDest(a, d1), addDest(a, d2)}) {
+	for n, err := range i.Apply([]lb.Op{addSvc(a), addDest(a, d1), addDest(a, d2)}) {
 		if err != nil {
 			t.Fatalf("op %d: %v", n, err)
 		}
@@ -318,7 +318,7 @@ func TestBatchPartialFailure(t *testing.T) {
 		"delete service tcp 192.0.2.99:80: no such service: no such process",
 		"bind vip 192.0.2.1: bind-vip is not an ipvs operation",
 	}
-	errs := i.ApplyBatch(ops)
+	errs := i.Apply(ops)
 	for n := range ops {
 		got := ""
 		if errs[n] != nil {
@@ -353,7 +353,7 @@ func TestBatchChunks(t *testing.T) {
 	for n := range 10 {
 		ops = append(ops, addSvc(svc(tcp4("192.0.2.1", uint16(n+1)), "rr")))
 	}
-	for n, err := range i.ApplyBatch(ops) {
+	for n, err := range i.Apply(ops) {
 		if err != nil {
 			t.Errorf("op %d: %v", n, err)
 		}
@@ -435,7 +435,7 @@ func TestExchangeLostAcks(t *testing.T) {
 	for n := range 10 {
 		ops = append(ops, addSvc(svc(tcp4("192.0.2.1", uint16(n+1)), "rr")))
 	}
-	errs := i.ApplyBatch(ops)
+	errs := i.Apply(ops)
 	for n, err := range errs {
 		lost := n == 4 || n == 5
 		switch {

@@ -19,11 +19,10 @@ import (
 // the first is read to its end), so reading 10,000 services is 10,000
 // request-answer exchanges. Several sockets overlap the exchanges' system
 // calls and decoding, but the kernel's part runs under the generic
-// netlink and IPVS mutexes: in the test guest (2 vCPUs, software
-// emulation) 2 and 4 sockets read 10,000 services x 10 backends no faster
-// than one (5.4 s with one, 6.1-6.3 s with 2 or 4; 0.46 s against
-// 0.32 s at 1,000 services), so one is the default and
-// Options.DumpSockets the knob for machines where it pays.
+// netlink and IPVS mutexes, and in the test guest more sockets read a
+// large table no faster than one (the benchmark's dump results, see
+// test/bench), so one is the default and Options.DumpSockets the knob for
+// machines where it pays.
 const defaultDumpSockets = 1
 
 // parallelMin is the number of services below which one socket reads
@@ -36,9 +35,8 @@ var errDumpInterrupted = errors.New("dump interrupted")
 // Services implements lb.IPVS: it returns every service in the table,
 // vipd's or not, with its destinations and the kernel's counters, from
 // one dump of the services and one dump of destinations per service (on
-// Options.DumpSockets sockets). Reading 10,000 services of 10 backends
-// takes 5.4 s in the test guest, 0.5 ms a service, nearly all of it the
-// kernel's; reading one service, see Service, 0.4-1.5 ms.
+// Options.DumpSockets sockets). Its time grows with the table, nearly all
+// of it the kernel's; reading one service is Service.
 //
 // The result is not a snapshot. The kernel answers a service dump in
 // parts of at most 32 KiB (about a hundred services), and resumes each
@@ -274,8 +272,8 @@ func (d *dumpAnswer) result() error {
 // the kernel whatever the size of the table: the service's query and the
 // dump of its destinations go in one datagram, and the kernel answers
 // both. A reload's pass over one changed service waits for this read
-// before it writes; in the emulated test guest the kernel's work for the
-// two requests (~1.2 ms) dwarfs the round trip saved (~0.1 ms).
+// before it writes; the kernel's work for the two requests costs more
+// than the round trip saved.
 func (i *IPVS) Service(key lb.ServiceKey) (*lb.ServiceState, error) {
 	k, err := toKernelKey(key)
 	if err != nil {

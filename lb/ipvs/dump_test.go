@@ -26,7 +26,7 @@ func dumpTable(t *testing.T, n, sockets int) (*IPVS, *fakeTable, []*fakeConn, ma
 		}
 		all = append(all, e)
 	}
-	for n, err := range i.ApplyBatch(opsOf(all)) {
+	for n, err := range i.Apply(opsOf(all)) {
 		if err != nil {
 			t.Fatalf("op %d: %v", n, err)
 		}

@@ -82,7 +82,8 @@ const (
 // nlaTypeMask strips the nested and byte-order bits of an attribute type.
 const nlaTypeMask = 0x3fff
 
-// rawAttr is an encoded attribute; it serves as nl.NetlinkRequestData.
+// rawAttr is an encoded attribute; as nl.NetlinkRequestData it compares
+// with vishvananda/netlink's encoding in tests.
 type rawAttr []byte
 
 func (a rawAttr) Len() int          { return len(a) }
@@ -517,28 +518,6 @@ func u32(v []byte) (uint32, bool) {
 		return 0, true
 	}
 	return binary.NativeEndian.Uint32(v), false
-}
-
-// genl sends IPVS generic netlink requests on its own socket.
-type genl struct {
-	family uint16
-	sock   *nl.SocketHandle
-}
-
-func (g *genl) request(cmd uint8, flags int, attrs ...nl.NetlinkRequestData) *nl.NetlinkRequest {
-	req := nl.NewNetlinkRequest(int(g.family), flags)
-	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_GENERIC: g.sock}
-	req.AddData(&nl.Genlmsg{Command: cmd, Version: ipvsGenlVersion})
-	for _, a := range attrs {
-		req.AddData(a)
-	}
-	return req
-}
-
-// do runs a command and waits for the kernel's acknowledgement.
-func (g *genl) do(cmd uint8, attrs ...nl.NetlinkRequestData) error {
-	_, err := g.request(cmd, unix.NLM_F_ACK, attrs...).Execute(unix.NETLINK_GENERIC, 0)
-	return err
 }
 
 // familyID asks the kernel for the id of the IPVS generic netlink family.

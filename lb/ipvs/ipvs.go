@@ -1,12 +1,13 @@
 // Package ipvs is the adapter between vipd's core and the kernel's IPVS
-// table: it implements lb.IPVS and lb.IPVSBatcher over generic netlink.
-// Single service commands go through github.com/moby/ipvs; destinations
-// through the adapter's own messages, because moby/ipvs v1.1.0 cannot
-// express a destination's tunnel type, port and checksum flags or its
-// address family. Batches of operations of any kind, and reading the
-// table, use the adapter's own sockets and messages: many requests to a
-// datagram, acknowledgements read many to a system call, no allocation
-// per attribute.
+// table: it implements lb.IPVS over generic netlink, with one transport,
+// the adapter's own sockets and messages. Every change is a batch (a
+// single operation is a batch of one): many requests to a datagram,
+// acknowledgements read many to a system call, no allocation per
+// attribute; reading the table uses the same sockets. Services are
+// described with github.com/moby/ipvs's Service type; destinations with
+// the adapter's own, because moby/ipvs v1.1.0 cannot express a
+// destination's tunnel type, port and checksum flags or its address
+// family.
 //
 // Everything the adapter writes reads back equal (as the planner compares:
 // ignoring connection counts and the kernel's hashed flag), so a restart
@@ -16,13 +17,10 @@ package ipvs
 import (
 	"errors"
 	"fmt"
-	"math"
-	"net/netip"
 	"sync"
 	"time"
 
 	mobyipvs "github.com/moby/ipvs"
-	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -44,8 +42,6 @@ type Options struct {
 // used after Close.
 type IPVS struct {
 	mu     sync.Mutex
-	h      *mobyipvs.Handle
-	genl   genl
 	family uint16
 	// conns are the adapter's own sockets: conns[0] sends batches and
 	// reads services; all of them read destinations.
@@ -62,8 +58,6 @@ const socketTimeout = 30 * time.Second
 // New opens the IPVS table. It fails with a clear error when the kernel
 // has no IPVS (the ip_vs module is not loaded).
 func New(opts Options) (*IPVS, error) {
-	// Ask first: moby/ipvs resolves the family once per process and keeps
-	// failing if ip_vs was missing the first time.
 	fam, err := familyID()
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -78,22 +72,7 @@ func New(opts Options) (*IPVS, error) {
 		}
 		defer ns.Close()
 	}
-	h, err := mobyipvs.New(opts.NetnsPath)
-	if err != nil {
-		return nil, fmt.Errorf("ipvs: open netlink handle: %w", err)
-	}
-	sock, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_GENERIC)
-	if err != nil {
-		h.Close()
-		return nil, fmt.Errorf("ipvs: open netlink socket: %w", err)
-	}
-	tv := unix.NsecToTimeval(socketTimeout.Nanoseconds())
-	if err := errors.Join(sock.SetSendTimeout(&tv), sock.SetReceiveTimeout(&tv)); err != nil {
-		sock.Close()
-		h.Close()
-		return nil, fmt.Errorf("ipvs: set socket timeouts: %w", err)
-	}
-	i := &IPVS{h: h, genl: genl{family: fam, sock: &nl.SocketHandle{Socket: sock}}, family: fam}
+	i := &IPVS{family: fam}
 	n := opts.DumpSockets
 	if n <= 0 {
 		n = defaultDumpSockets
@@ -116,11 +95,6 @@ func New(opts Options) (*IPVS, error) {
 func (i *IPVS) Close() error {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	if i.h != nil {
-		i.h.Close()
-		i.genl.sock.Close()
-		i.h = nil
-	}
 	for _, c := range i.conns {
 		c.close()
 	}
@@ -137,30 +111,6 @@ func describe(ms *mobyipvs.Service) string {
 	return fmt.Sprintf("proto %d [%s]:%d (family %d)", ms.Protocol, ms.Address, ms.Port, ms.AddressFamily)
 }
 
-// AddService implements lb.IPVS.
-func (i *IPVS) AddService(s lb.Service) error {
-	return i.service("add", s, (*mobyipvs.Handle).NewService)
-}
-
-// UpdateService implements lb.IPVS.
-func (i *IPVS) UpdateService(s lb.Service) error {
-	return i.service("update", s, (*mobyipvs.Handle).UpdateService)
-}
-
-func (i *IPVS) service(verb string, s lb.Service, call func(*mobyipvs.Handle, *mobyipvs.Service) error) error {
-	ms, err := toKernelService(s)
-	if err != nil {
-		return fmt.Errorf("%s service %s: %w", verb, s.Key, err)
-	}
-	i.mu.Lock()
-	err = call(i.h, ms)
-	i.mu.Unlock()
-	if err != nil {
-		return fmt.Errorf("%s service %s: %w", verb, s.Key, explainService(err, s.Scheduler))
-	}
-	return nil
-}
-
 // explainService names the usual causes of a failed service command.
 func explainService(err error, sched string) error {
 	switch {
@@ -173,58 +123,6 @@ func explainService(err error, sched string) error {
 		return fmt.Errorf("service exists: %w", err)
 	}
 	return err
-}
-
-// DeleteService implements lb.IPVS. Its destinations go with it.
-func (i *IPVS) DeleteService(key lb.ServiceKey) error {
-	k, err := toKernelKey(key)
-	if err != nil {
-		return fmt.Errorf("delete service %s: %w", key, err)
-	}
-	ms := &mobyipvs.Service{AddressFamily: k.family, Protocol: k.proto, Port: k.port, FWMark: k.fwmark}
-	if k.addr.IsValid() {
-		ms.Address = ipOf(k.addr)
-	}
-	i.mu.Lock()
-	err = i.h.DelService(ms)
-	i.mu.Unlock()
-	if err != nil {
-		return fmt.Errorf("delete service %s: %w", key, explainService(err, ""))
-	}
-	return nil
-}
-
-// AddDest implements lb.IPVS.
-func (i *IPVS) AddDest(key lb.ServiceKey, d lb.Destination) error {
-	return i.dest("add", cmdNewDest, key, d, true)
-}
-
-// UpdateDest implements lb.IPVS.
-func (i *IPVS) UpdateDest(key lb.ServiceKey, d lb.Destination) error {
-	return i.dest("update", cmdSetDest, key, d, true)
-}
-
-// DeleteDest implements lb.IPVS.
-func (i *IPVS) DeleteDest(key lb.ServiceKey, addr netip.AddrPort) error {
-	// Only the address matters; any forwarding method converts.
-	return i.dest("delete", cmdDelDest, key, lb.Destination{Addr: addr, Forward: lb.Masq}, false)
-}
-
-func (i *IPVS) dest(verb string, cmd uint8, key lb.ServiceKey, d lb.Destination, full bool) error {
-	k, err := toKernelKey(key)
-	if err == nil {
-		var kd kernelDest
-		if kd, err = toKernelDest(d); err == nil {
-			i.mu.Lock()
-			err = i.genl.do(cmd, keyAttr(k), destAttr(kd, full))
-			i.mu.Unlock()
-			err = explainDest(err)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("%s backend %s -> %s: %w", verb, key, d.Addr, err)
-	}
-	return nil
 }
 
 // explainDest names the usual causes of a failed destination command.
@@ -240,42 +138,4 @@ func explainDest(err error) error {
 		return fmt.Errorf("backend exists: %w", err)
 	}
 	return err
-}
-
-// Timeouts are IPVS's connection timeouts (ipvsadm --set).
-type Timeouts struct {
-	// TCP is the idle timeout of established TCP connections.
-	TCP time.Duration
-	// TCPFin is the timeout of TCP connections after a FIN.
-	TCPFin time.Duration
-	// UDP is the idle timeout of UDP flows.
-	UDP time.Duration
-}
-
-// Timeouts returns the connection timeouts.
-func (i *IPVS) Timeouts() (Timeouts, error) {
-	i.mu.Lock()
-	c, err := i.h.GetConfig()
-	i.mu.Unlock()
-	if err != nil {
-		return Timeouts{}, fmt.Errorf("get ipvs timeouts: %w", err)
-	}
-	return Timeouts{TCP: c.TimeoutTCP, TCPFin: c.TimeoutTCPFin, UDP: c.TimeoutUDP}, nil
-}
-
-// SetTimeouts sets the connection timeouts. A zero timeout is left as it
-// is; the others must be whole seconds.
-func (i *IPVS) SetTimeouts(t Timeouts) error {
-	for _, d := range []time.Duration{t.TCP, t.TCPFin, t.UDP} {
-		if d < 0 || d%time.Second != 0 || d/time.Second > math.MaxUint32 {
-			return fmt.Errorf("set ipvs timeouts: %s is not a whole number of seconds", d)
-		}
-	}
-	i.mu.Lock()
-	err := i.h.SetConfig(&mobyipvs.Config{TimeoutTCP: t.TCP, TimeoutTCPFin: t.TCPFin, TimeoutUDP: t.UDP})
-	i.mu.Unlock()
-	if err != nil {
-		return fmt.Errorf("set ipvs timeouts: %w", err)
-	}
-	return nil
 }

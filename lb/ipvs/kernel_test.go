@@ -692,35 +692,6 @@ func TestThresholdLimits(t *testing.T) {
 	}
 }
 
-func TestTimeouts(t *testing.T) {
-	tb := newTable(t)
-	def, err := tb.Timeouts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if def.TCP == 0 || def.TCPFin == 0 || def.UDP == 0 {
-		t.Errorf("default timeouts %+v", def)
-	}
-	want := Timeouts{TCP: 900 * time.Second, TCPFin: 30 * time.Second, UDP: 45 * time.Second}
-	if err := tb.SetTimeouts(want); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := tb.Timeouts(); err != nil || got != want {
-		t.Errorf("timeouts %+v, %v; want %+v", got, err, want)
-	}
-	// Zero leaves a timeout as it is.
-	if err := tb.SetTimeouts(Timeouts{UDP: 60 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	want.UDP = 60 * time.Second
-	if got, err := tb.Timeouts(); err != nil || got != want {
-		t.Errorf("timeouts %+v, %v; want %+v", got, err, want)
-	}
-	if err := tb.SetTimeouts(Timeouts{TCP: 1500 * time.Millisecond}); err == nil {
-		t.Error("a timeout of 1.5s was accepted")
-	}
-}
-
 // BenchmarkAddServices adds 1,000 services with 2 backends each to an
 // empty table, and reads them back (guest only).
 func BenchmarkAddServices(b *testing.B) {

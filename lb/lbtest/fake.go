@@ -1,7 +1,10 @@
 // Package lbtest provides a fake kernel for testing vipd's core: it
 // implements every lb adapter interface in memory, behaves like the kernel
 // where vipd depends on it (EEXIST, ENOENT, unsupported schedulers), counts
-// calls, injects failures, and dumps its state as sorted text.
+// calls, injects failures, and dumps its state as sorted text. IPVS
+// changes reach it as they reach the kernel, in batches (Apply); its
+// single-operation methods (AddService, AddDest, ...) are for tests that
+// change the table behind vipd's back.
 package lbtest
 
 import (
@@ -30,6 +33,8 @@ type Kernel struct {
 	calls []string
 	// reads records every read of IPVS, in order.
 	reads []string
+	// batches records every Apply, in order.
+	batches []string
 	// miss are services the next Services leaves out.
 	miss map[lb.ServiceKey]bool
 }
@@ -147,7 +152,7 @@ func (k *Kernel) Services() (map[lb.ServiceKey]*lb.ServiceState, error) {
 	return out, nil
 }
 
-// Service implements lb.ServiceReader.
+// Service implements lb.IPVS.
 func (k *Kernel) Service(key lb.ServiceKey) (*lb.ServiceState, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -166,7 +171,7 @@ func (k *Kernel) checkSched(s lb.Service) error {
 	return nil
 }
 
-// AddService implements lb.IPVS.
+// AddService adds a service, as ipvsadm -A does.
 func (k *Kernel) AddService(s lb.Service) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -183,7 +188,7 @@ func (k *Kernel) AddService(s lb.Service) error {
 	return nil
 }
 
-// UpdateService implements lb.IPVS.
+// UpdateService changes a service, as ipvsadm -E does.
 func (k *Kernel) UpdateService(s lb.Service) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -201,7 +206,7 @@ func (k *Kernel) UpdateService(s lb.Service) error {
 	return nil
 }
 
-// DeleteService implements lb.IPVS.
+// DeleteService deletes a service, as ipvsadm -D does.
 func (k *Kernel) DeleteService(key lb.ServiceKey) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -215,7 +220,7 @@ func (k *Kernel) DeleteService(key lb.ServiceKey) error {
 	return nil
 }
 
-// AddDest implements lb.IPVS.
+// AddDest adds a destination, as ipvsadm -a does.
 func (k *Kernel) AddDest(key lb.ServiceKey, d lb.Destination) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -233,7 +238,7 @@ func (k *Kernel) AddDest(key lb.ServiceKey, d lb.Destination) error {
 	return nil
 }
 
-// UpdateDest implements lb.IPVS. Connection counts survive an update, as
+// UpdateDest changes a destination, as ipvsadm -e does. Connection counts survive an update, as
 // in the kernel.
 func (k *Kernel) UpdateDest(key lb.ServiceKey, d lb.Destination) error {
 	k.mu.Lock()
@@ -255,7 +260,7 @@ func (k *Kernel) UpdateDest(key lb.ServiceKey, d lb.Destination) error {
 	return nil
 }
 
-// DeleteDest implements lb.IPVS.
+// DeleteDest deletes a destination, as ipvsadm -d does.
 func (k *Kernel) DeleteDest(key lb.ServiceKey, addr netip.AddrPort) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -435,37 +440,44 @@ func sortedAddrs(m map[netip.Addr]struct{}) []netip.Addr {
 	return slices.SortedFunc(maps.Keys(m), netip.Addr.Compare)
 }
 
-// Batched returns the fake's IPVS with lb.IPVSBatcher, as an adapter that
-// pipelines netlink requests has: each ApplyBatch is recorded as one call
-// "batch KIND N" after the calls of its operations.
-func (k *Kernel) Batched() lb.IPVS { return batched{k} }
-
-type batched struct{ *Kernel }
-
-// ApplyBatch implements lb.IPVSBatcher.
-func (b batched) ApplyBatch(ops []lb.Op) []error {
+// Apply implements lb.IPVS: the operations in order, each as the single
+// call of its kind (AddService, AddDest, ...) records it, continuing past
+// failures. The batch is recorded too (see Batches).
+func (k *Kernel) Apply(ops []lb.Op) []error {
 	errs := make([]error, len(ops))
 	for i, op := range ops {
 		key := op.Service.Key
 		switch op.Kind {
 		case lb.OpAddService:
-			errs[i] = b.AddService(op.Service)
+			errs[i] = k.AddService(op.Service)
 		case lb.OpUpdateService:
-			errs[i] = b.UpdateService(op.Service)
+			errs[i] = k.UpdateService(op.Service)
 		case lb.OpDeleteService:
-			errs[i] = b.DeleteService(key)
+			errs[i] = k.DeleteService(key)
 		case lb.OpAddDest:
-			errs[i] = b.AddDest(key, op.Dest)
+			errs[i] = k.AddDest(key, op.Dest)
 		case lb.OpUpdateDest, lb.OpDrainDest:
-			errs[i] = b.UpdateDest(key, op.Dest)
+			errs[i] = k.UpdateDest(key, op.Dest)
 		case lb.OpDeleteDest:
-			errs[i] = b.DeleteDest(key, op.Dest.Addr)
+			errs[i] = k.DeleteDest(key, op.Dest.Addr)
 		default:
 			errs[i] = fmt.Errorf("%s is not an ipvs operation", op.Kind)
 		}
 	}
-	b.mu.Lock()
-	b.calls = append(b.calls, fmt.Sprintf("batch %s %d", ops[0].Kind, len(ops)))
-	b.mu.Unlock()
+	if len(ops) > 0 {
+		k.mu.Lock()
+		k.batches = append(k.batches, fmt.Sprintf("%s %d", ops[0].Kind, len(ops)))
+		k.mu.Unlock()
+	}
 	return errs
+}
+
+// Batches returns the batches Apply was given so far, each as "KIND N"
+// (the kind of its first operation and its length), and forgets them.
+func (k *Kernel) Batches() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	b := k.batches
+	k.batches = nil
+	return b
 }

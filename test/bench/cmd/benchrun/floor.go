@@ -81,7 +81,7 @@ func floorChild(args []string) error {
 		if d.Weight, err = strconv.Atoi(strings.TrimSpace(string(data))); err != nil {
 			return err
 		}
-		if errs := a.ApplyBatch([]lb.Op{{Kind: lb.OpUpdateDest, Service: st.Service, Dest: d}}); errs[0] != nil {
+		if errs := a.Apply([]lb.Op{{Kind: lb.OpUpdateDest, Service: st.Service, Dest: d}}); errs[0] != nil {
 			return errs[0]
 		}
 	}

@@ -1094,7 +1094,7 @@ func measureColdSteps(o options, ff *fixtureFiles) *ColdSteps {
 		}
 		if k := ops[i].Kind; k == lb.OpAddService || k == lb.OpAddDest {
 			for x := i; x < j; x += 1024 {
-				for _, err := range a.ApplyBatch(ops[x:min(x+1024, j)]) {
+				for _, err := range a.Apply(ops[x:min(x+1024, j)]) {
 					if err != nil {
 						failed++
 					}
