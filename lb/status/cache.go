@@ -112,6 +112,13 @@ func (c *Cache) Last() (*Snapshot, error) {
 	return c.snap, c.err
 }
 
+// SetInterval changes the interval (a reload that changes it).
+func (c *Cache) SetInterval(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.opts.Interval = d
+}
+
 // Invalidate makes the next Get take a new snapshot: what a snapshot
 // shows changed (the configuration, a drain, the kernel).
 func (c *Cache) Invalidate() {
