@@ -279,7 +279,9 @@ func newStatusCmd() *cobra.Command {
 		Long: `Status shows every service and backend: configured and current weight and
 why they differ (health, admin drain, draining after removal, drift), health
 and since when, connections and rates: ipvsadm -Ln --stats joined with what
-vipd knows. -o json prints the same for scripts.`,
+vipd knows, as of the time printed. vipd reads the kernel for it at most
+once per stats_interval (and again after a change it made), however many
+ask; the metrics show the same. -o json prints the same for scripts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rep, err := callControl(socket, http.MethodGet, "/v1/status")
