@@ -190,39 +190,51 @@ func TestStatsFlood(t *testing.T) {
 // TestStatsAbandoned: scrapes and status requests whose clients give up
 // while the table is read cost that one read and nothing afterwards.
 func TestStatsAbandoned(t *testing.T) {
-	h, addr := startMetricsDaemon(t, "stats_interval = \"1m\"\nresync_interval = \"1h\"\nwatch = false", 300*time.Millisecond, nil)
+	h, addr := startMetricsDaemon(t, "stats_interval = \"1m\"\nresync_interval = \"1h\"\nwatch = false", time.Second, nil)
 	h.dumps()
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
 	ctl := controlClient(h.socket)
 	// Ten waves of four of each, within the limit, each given up after
-	// 20 ms.
+	// 20 ms. Refused (503) is fine too: that costs nothing either.
+	var abandoned, refused atomic.Int64
+	answer := func(code int, err error) {
+		switch {
+		case err != nil:
+			abandoned.Add(1)
+		case code == http.StatusServiceUnavailable:
+			refused.Add(1)
+		}
+	}
 	for range 10 {
 		var wg sync.WaitGroup
 		for range 4 {
 			wg.Go(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 				defer cancel()
-				// Refused at once is fine too: it cost nothing.
-				if code, _, err := scrape(ctx, client, addr); err == nil && code != http.StatusServiceUnavailable {
-					t.Errorf("an abandoned scrape got %d", code)
-				}
+				code, _, err := scrape(ctx, client, addr)
+				answer(code, err)
 			})
 			wg.Go(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 				defer cancel()
 				req, _ := http.NewRequestWithContext(ctx, "GET", "http://vipd/v1/status", nil)
-				if resp, err := ctl.Do(req); err == nil {
+				resp, err := ctl.Do(req)
+				if err == nil {
 					resp.Body.Close()
-					if resp.StatusCode != http.StatusServiceUnavailable {
-						t.Errorf("an abandoned status request got %s", resp.Status)
-					}
+					answer(resp.StatusCode, nil)
+					return
 				}
+				answer(0, err)
 			})
 		}
 		wg.Wait()
 	}
-	time.Sleep(time.Second) // the read under way ends; nothing follows
+	t.Logf("80 requests: %d abandoned, %d refused", abandoned.Load(), refused.Load())
+	if abandoned.Load() == 0 {
+		t.Fatal("no request was abandoned")
+	}
+	time.Sleep(1500 * time.Millisecond) // the read under way ends; nothing follows
 	if n := h.dumps(); n > 1 {
 		t.Errorf("80 abandoned requests read the table %d times, want at most once", n)
 	}
