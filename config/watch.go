@@ -294,6 +294,10 @@ func (w *Watcher) Run(ctx context.Context) {
 				debounce.Reset(w.opts.Debounce)
 			}
 		case ev, ok := <-events:
+			if ctx.Err() != nil {
+				// Stopped: a watcher that replaces this one reports now.
+				return
+			}
 			if !ok {
 				broken()
 				continue
