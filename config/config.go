@@ -197,6 +197,9 @@ type Daemon struct {
 	OnStop StopMode
 	// ResyncInterval is how often the kernel is re-read to repair drift.
 	ResyncInterval time.Duration
+	// StatsInterval is how long the status that "vipd status" and the
+	// metrics show is served before a request reads the kernel again.
+	StatsInterval time.Duration
 	// Drain makes removed backends go to weight 0 before deletion.
 	Drain bool
 	// DrainServices drains a removed service's connections before
@@ -268,6 +271,14 @@ const (
 // second to spare on a loaded host. (A client's retransmitted SYN needs no
 // cover: IPVS schedules it anew, away from a backend at weight 0.)
 const DefaultDrainGrace = 2 * time.Second
+
+// DefaultStatsInterval is stats_interval's default. Prometheus scrapes
+// every 15 s or more, so a scraper never gets the data its previous
+// scrape took, and IPVS refreshes its rate estimates only every 2 s;
+// yet however many ask, the kernel is read at most once in 5 s, and a
+// read of a 10,000-service table, which takes seconds, then holds the
+// reconciler a minority of the time.
+const DefaultStatsInterval = 5 * time.Second
 
 // Error is one problem in a configuration file.
 type Error struct {

@@ -58,6 +58,7 @@ uplinks = ["eth0", "eth1"]
 strict_arp = false
 on_stop = "clean"
 resync_interval = 10
+stats_interval = "2s"
 drain_timeout = "1m30s"
 drain_grace = "3s"
 manage_iptables = false
@@ -105,7 +106,7 @@ backend = [{ address = "10.0.0.3", port = 0 }]
 		t.Fatal(err)
 	}
 	d := cfg.Daemon
-	if d.Interface != "lb0" || d.StrictARP || d.OnStop != StopClean || d.ResyncInterval != 10*time.Second || d.DrainTimeout != 90*time.Second || d.DrainGrace != 3*time.Second {
+	if d.Interface != "lb0" || d.StrictARP || d.OnStop != StopClean || d.ResyncInterval != 10*time.Second || d.DrainTimeout != 90*time.Second || d.DrainGrace != 3*time.Second || d.StatsInterval != 2*time.Second {
 		t.Errorf("daemon = %+v", d)
 	}
 	if cfg.Spec.Rules.Enabled {
@@ -262,6 +263,10 @@ var errorTests = func() []struct {
 				`t.toml:10: daemon: garp_refresh: "x" is not a duration (like "30s" or "5m")`,
 				`t.toml:11: daemon: drain_grace 11m0s is above 10m`,
 			}},
+		{"stats_interval too short", "[daemon]\nstats_interval = \"500ms\"\n",
+			[]string{`t.toml:2: daemon: stats_interval 500ms is outside 1s..10m`}},
+		{"stats_interval too long", "[daemon]\nstats_interval = \"1h\"\n",
+			[]string{`t.toml:2: daemon: stats_interval 1h0m0s is outside 1s..10m`}},
 		{"uplink is dummy", "[daemon]\nuplinks = [\"vipd0\"]\n",
 			[]string{`t.toml:2: daemon: uplinks: "vipd0" is vipd's dummy interface; announce on a real uplink`}},
 		{"all errors at once", svc + "scheduler = \"x\"\n[[service.backend]]\naddress = \"10.0.0.1\"\nweight = -1\n[[service.backend]]\naddress = \"fd00::1\"\n",

@@ -84,6 +84,8 @@ func (c *converter) preamble(m map[string]any) *rawConfig {
 				r.OnStop = c.strp(v)
 			case "resync_interval":
 				r.ResyncInterval = c.duration(v)
+			case "stats_interval":
+				r.StatsInterval = c.duration(v)
 			case "drain":
 				r.Drain = c.boolp(v)
 			case "drain_services":

@@ -43,6 +43,7 @@ type rawDaemon struct {
 	StateDir       *string   `toml:"state_dir"`
 	OnStop         *string   `toml:"on_stop"`
 	ResyncInterval *duration `toml:"resync_interval"`
+	StatsInterval  *duration `toml:"stats_interval"`
 	Drain          *bool     `toml:"drain"`
 	DrainServices  *bool     `toml:"drain_services"`
 	DrainTimeout   *duration `toml:"drain_timeout"`
@@ -366,6 +367,7 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 		ControlSocket:  DefaultControlSocket,
 		StateDir:       DefaultStateDir,
 		ResyncInterval: 30 * time.Second,
+		StatsInterval:  DefaultStatsInterval,
 		Drain:          true,
 		DrainTimeout:   5 * time.Minute,
 		DrainGrace:     DefaultDrainGrace,
@@ -437,6 +439,10 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 	out.ResyncInterval = v.duration(d.ResyncInterval, out.ResyncInterval, "daemon.resync_interval", ctx, "resync_interval")
 	if d.ResyncInterval != nil && out.ResyncInterval < time.Second {
 		v.errorf("daemon.resync_interval", ctx, "resync_interval %s is below 1s", out.ResyncInterval)
+	}
+	out.StatsInterval = v.duration(d.StatsInterval, out.StatsInterval, "daemon.stats_interval", ctx, "stats_interval")
+	if d.StatsInterval != nil && (out.StatsInterval < time.Second || out.StatsInterval > 10*time.Minute) {
+		v.errorf("daemon.stats_interval", ctx, "stats_interval %s is outside 1s..10m", out.StatsInterval)
 	}
 	out.DrainTimeout = v.duration(d.DrainTimeout, out.DrainTimeout, "daemon.drain_timeout", ctx, "drain_timeout")
 	out.DrainGrace = v.duration(d.DrainGrace, out.DrainGrace, "daemon.drain_grace", ctx, "drain_grace")

@@ -20,6 +20,16 @@ import (
 // write to the file before it reads it.
 const DefaultDebounce = 100 * time.Millisecond
 
+// DefaultRetry and DefaultMaxRetry are the waits before a failed watch is
+// tried again: 100 ms first, so that a directory replaced by a rename or
+// an rm -r and mkdir is watched again at once, doubling up to 30 s, so
+// that one gone for good costs a system call every half minute. There is
+// no jitter: one vipd per host retries, against its own kernel.
+const (
+	DefaultRetry    = 100 * time.Millisecond
+	DefaultMaxRetry = 30 * time.Second
+)
+
 // WatchOptions configure a Watcher.
 type WatchOptions struct {
 	// Path is the main configuration file.
@@ -36,8 +46,22 @@ type WatchOptions struct {
 	Debounce time.Duration
 	// Poll, if nonzero, also reads every file this often, for file
 	// systems where inotify misses changes.
-	Poll   time.Duration
-	Logger *slog.Logger
+	Poll time.Duration
+	// Retry is the wait before a failed watch is tried again; it
+	// doubles after each failure up to MaxRetry. Zero means
+	// DefaultRetry and DefaultMaxRetry.
+	Retry, MaxRetry time.Duration
+	// OnWatch, if set, is told the state of the watch: once by
+	// NewWatcher (nil when every directory is watched), then at each
+	// change: the error when watching fails (a watched directory removed
+	// or renamed, inotify out of watches), nil when it works again.
+	OnWatch func(err error)
+	Logger  *slog.Logger
+
+	// newFS and add, when set by tests, stand for fsnotify.NewWatcher
+	// and (*fsnotify.Watcher).Add.
+	newFS func() (*fsnotify.Watcher, error)
+	add   func(fw *fsnotify.Watcher, dir string) error
 }
 
 // Change is a new version of one file of the configuration: the bytes
@@ -70,7 +94,18 @@ type Change struct {
 type Watcher struct {
 	opts WatchOptions
 	log  *slog.Logger
-	w    *fsnotify.Watcher
+	// w is the inotify watcher, nil while one cannot be made; dirs are
+	// the directories to watch, watched those it watches.
+	w       *fsnotify.Watcher
+	dirs    []string
+	watched map[string]bool
+	// failed is the failure of the watch, nil while every directory is
+	// watched; since is when it began. retry fires when the watch is to
+	// be tried again, after wait.
+	failed error
+	since  time.Time
+	retry  *time.Timer
+	wait   time.Duration
 	// last holds the bytes last reported of each file, lastErr the read
 	// error last reported.
 	last    map[string][]byte
@@ -82,52 +117,145 @@ type Watcher struct {
 
 // NewWatcher starts watching. current holds the files the caller already
 // runs (Config.Texts), so that unchanged files report nothing; the
-// watcher keeps their data and does not modify it. The include patterns'
-// directories must exist.
-func NewWatcher(opts WatchOptions, current []Text) (*Watcher, error) {
+// watcher keeps their data and does not modify it. A directory that
+// cannot be watched (or inotify that cannot be had) is logged and tried
+// again by Run, with backoff, until it can: a watch fails only for a
+// while, never for good.
+func NewWatcher(opts WatchOptions, current []Text) *Watcher {
 	if opts.Debounce <= 0 {
 		opts.Debounce = DefaultDebounce
+	}
+	if opts.Retry <= 0 {
+		opts.Retry = DefaultRetry
+	}
+	if opts.MaxRetry < opts.Retry {
+		opts.MaxRetry = max(DefaultMaxRetry, opts.Retry)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	opts.Path = filepath.Clean(opts.Path)
-	fw, err := fsnotify.NewWatcher()
-	if err != nil {
-		return nil, fmt.Errorf("watch config: %w", err)
+	if opts.newFS == nil {
+		opts.newFS = fsnotify.NewWatcher
 	}
+	if opts.add == nil {
+		opts.add = (*fsnotify.Watcher).Add
+	}
+	opts.Path = filepath.Clean(opts.Path)
 	dirs := []string{filepath.Dir(opts.Path)}
 	for _, p := range opts.Include {
 		if d := filepath.Dir(p); !slices.Contains(dirs, d) {
 			dirs = append(dirs, d)
 		}
 	}
-	for _, dir := range dirs {
-		if err := fw.Add(dir); err != nil {
-			fw.Close()
-			return nil, fmt.Errorf("watch config directory %s: %w", dir, err)
-		}
-	}
 	w := &Watcher{
-		opts: opts, log: opts.Logger, w: fw,
+		opts: opts, log: opts.Logger, dirs: dirs,
+		watched: map[string]bool{},
+		retry:   time.NewTimer(time.Hour),
 		last:    make(map[string][]byte, len(current)),
 		lastErr: map[string]string{},
 		pending: map[string]bool{},
 		out:     make(chan Change, 1),
 	}
+	w.retry.Stop()
 	for _, t := range current {
 		w.last[filepath.Clean(t.File)] = t.Data
 	}
-	return w, nil
+	if err := w.setup(); err != nil {
+		w.fail(err)
+	} else if opts.OnWatch != nil {
+		opts.OnWatch(nil)
+	}
+	return w
+}
+
+// setup makes the inotify watcher if there is none and watches the
+// directories it does not watch yet.
+func (w *Watcher) setup() error {
+	if w.w == nil {
+		fw, err := w.opts.newFS()
+		if err != nil {
+			return fmt.Errorf("watch config: %w", err)
+		}
+		w.w = fw
+		clear(w.watched)
+	}
+	var errs []error
+	for _, dir := range w.dirs {
+		if w.watched[dir] {
+			continue
+		}
+		if err := w.opts.add(w.w, dir); err != nil {
+			errs = append(errs, fmt.Errorf("watch config directory %s: %w", dir, err))
+			continue
+		}
+		w.watched[dir] = true
+	}
+	return errors.Join(errs...)
+}
+
+// fail records that watching failed with err and arms the retry. Only
+// the first failure of a run of them is logged and reported.
+func (w *Watcher) fail(err error) {
+	if w.failed == nil {
+		w.log.Error("watching the configuration files failed; retrying until it works (SIGHUP and vipd reload still reload)", "err", err)
+		if w.opts.OnWatch != nil {
+			w.opts.OnWatch(err)
+		}
+		w.since, w.wait = time.Now(), w.opts.Retry
+		w.retry.Reset(w.wait)
+	}
+	w.failed = err
+}
+
+// lost handles the loss of the watch of dir: removed or renamed, inotify
+// dropped it. The watches of directories below it go too: a renamed
+// directory takes them along to its new name.
+func (w *Watcher) lost(dir string) {
+	for d := range w.watched {
+		if d == dir || strings.HasPrefix(d, dir+string(filepath.Separator)) {
+			w.w.Remove(d) // inotify may have dropped it already
+			delete(w.watched, d)
+		}
+	}
+	w.fail(fmt.Errorf("directory %s was removed or renamed", dir))
+}
+
+// again tries a failed watch again. It reports whether it works now, and
+// otherwise doubles the wait before the next try.
+func (w *Watcher) again(ctx context.Context) bool {
+	err := w.setup()
+	if ctx.Err() != nil {
+		return false
+	}
+	if err != nil {
+		w.failed = err
+		w.wait = min(2*w.wait, w.opts.MaxRetry)
+		w.retry.Reset(w.wait)
+		return false
+	}
+	w.log.Info("watching the configuration files again", "after", time.Since(w.since).Round(time.Millisecond), "last_err", w.failed)
+	w.failed = nil
+	if w.opts.OnWatch != nil {
+		w.opts.OnWatch(nil)
+	}
+	return true
 }
 
 // Changes returns the channel on which Run delivers changes.
 func (w *Watcher) Changes() <-chan Change { return w.out }
 
-// Run watches until ctx ends, then closes the watcher and the channel.
+// Run watches until ctx ends, then closes the watcher and the channel. A
+// watch that fails (see NewWatcher) is tried again, after 100 ms
+// doubling up to 30 s by default, until it works; once it does, every
+// file is read, so that a change made meanwhile is reported.
 func (w *Watcher) Run(ctx context.Context) {
 	defer close(w.out)
-	defer w.w.Close()
+	defer func() {
+		w.retry.Stop()
+		if w.w != nil {
+			w.w.Close()
+		}
+	}()
 	var (
 		debounce = time.NewTimer(time.Hour)
 		poll     <-chan time.Time
@@ -144,13 +272,39 @@ func (w *Watcher) Run(ctx context.Context) {
 	if !w.rescan(ctx, true) {
 		debounce.Reset(w.opts.Debounce)
 	}
+	// broken drops an inotify watcher that stopped delivering.
+	broken := func() {
+		w.w.Close()
+		w.w = nil
+		w.fail(errors.New("inotify stopped delivering events"))
+	}
 	for {
+		var (
+			events <-chan fsnotify.Event
+			errs   <-chan error
+		)
+		if w.w != nil {
+			events, errs = w.w.Events, w.w.Errors
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case ev, ok := <-w.w.Events:
-			if !ok {
+		case <-w.retry.C:
+			if w.again(ctx) && !w.rescan(ctx, true) {
+				debounce.Reset(w.opts.Debounce)
+			}
+		case ev, ok := <-events:
+			if ctx.Err() != nil {
+				// Stopped: a watcher that replaces this one reports now.
 				return
+			}
+			if !ok {
+				broken()
+				continue
+			}
+			if dir := filepath.Clean(ev.Name); w.watched[dir] && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				w.lost(dir)
+				continue
 			}
 			file, kind := w.classify(ev)
 			switch kind {
@@ -169,11 +323,18 @@ func (w *Watcher) Run(ctx context.Context) {
 					debounce.Reset(w.opts.Debounce)
 				}
 			}
-		case err, ok := <-w.w.Errors:
+		case err, ok := <-errs:
 			if !ok {
-				return
+				broken()
+				continue
 			}
 			w.log.Warn("config watch error", "err", err)
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				// Events were lost: read every file.
+				if !w.rescan(ctx, true) {
+					debounce.Reset(w.opts.Debounce)
+				}
+			}
 		case <-poll:
 			w.rescan(ctx, false)
 		case <-debounce.C:

@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -33,9 +34,23 @@ func startWatcherOpts(t *testing.T, opts WatchOptions) *Watcher {
 	for _, f := range incl {
 		current = append(current, f.Text)
 	}
-	w, err := NewWatcher(opts, current)
-	if err != nil {
-		t.Fatal(err)
+	// NewWatcher reports the state of the watch before it returns.
+	var (
+		started  error
+		reported bool
+	)
+	report := opts.OnWatch
+	opts.OnWatch = func(err error) {
+		if !reported {
+			started, reported = err, true
+		}
+		if report != nil {
+			report(err)
+		}
+	}
+	w := NewWatcher(opts, current)
+	if !reported || started != nil {
+		t.Fatalf("the watch did not start: reported %v, %v", reported, started)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -323,9 +338,10 @@ func TestWatchIncludedStart(t *testing.T) {
 		{File: a, Data: []byte(svcConfig(79))},
 		{File: old, Data: []byte(svcConfig(70))},
 	}
-	w, err := NewWatcher(WatchOptions{Path: main, Include: []string{filepath.Join(dir, "d", "*.toml")}}, current)
-	if err != nil {
-		t.Fatal(err)
+	up := errors.New("not reported")
+	w := NewWatcher(WatchOptions{Path: main, Include: []string{filepath.Join(dir, "d", "*.toml")}, OnWatch: func(err error) { up = err }}, current)
+	if up != nil {
+		t.Fatalf("the watch did not start: %v", up)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -13,15 +14,19 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/net/netutil"
 
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb/metrics"
 	"github.com/vipd/vipd/lb/status"
 )
 
 // serveControl serves the local control API on the configured unix
 // socket, readable and writable by root and the socket's group only. Its
-// handlers hand requests to the main loop, so they see the daemon's state
-// between passes, never during one.
+// handlers hand commands to the main loop, so they see the daemon's state
+// between passes, never during one; status comes from d.stats, which
+// reads the kernel at most once per stats_interval. The server is bound
+// by d.opts.ControlLimits.
 func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
 	path := d.cfg.Daemon.ControlSocket
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
@@ -41,34 +46,57 @@ func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
 		l.Close()
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
+	lim := d.opts.ControlLimits
 	mux := http.NewServeMux()
-	ask := func(w http.ResponseWriter, r *http.Request, req request) {
-		rep, err := d.ask(r.Context(), req)
-		if err != nil && rep.Error == "" {
-			rep.Error = err.Error()
-		}
+	answer := func(w http.ResponseWriter, rep reply) {
 		w.Header().Set("Content-Type", "application/json")
 		if rep.Error != "" {
 			w.WriteHeader(http.StatusConflict)
 		}
 		json.NewEncoder(w).Encode(rep)
 	}
-	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, r *http.Request) {
+	busy := func(w http.ResponseWriter, _ *http.Request) {
+		d.m.Rejected(metrics.ServerControl)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		json.NewEncoder(w).Encode(reply{Error: "busy: vipd is serving as many requests as it serves at a time; try again"})
+	}
+	// Commands go to the main loop; status is served from the cache.
+	// Each has its own limit, so that a flood of one never refuses
+	// the other.
+	commands := limiter(lim.MaxRequests, busy)
+	ask := func(w http.ResponseWriter, r *http.Request, req request) {
+		rep, err := d.ask(r.Context(), req)
+		if err != nil && rep.Error == "" {
+			rep.Error = err.Error()
+		}
+		answer(w, rep)
+	}
+	mux.Handle("POST /v1/reload", commands(func(w http.ResponseWriter, r *http.Request) {
 		ask(w, r, request{kind: "reload", force: r.URL.Query().Get("force") == "1"})
-	})
-	mux.HandleFunc("GET /v1/plan", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	mux.Handle("GET /v1/plan", commands(func(w http.ResponseWriter, r *http.Request) {
 		ask(w, r, request{kind: "plan"})
-	})
-	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		ask(w, r, request{kind: "status"})
-	})
+	}))
+	mux.Handle("GET /v1/status", limiter(lim.MaxRequests, busy)(func(w http.ResponseWriter, r *http.Request) {
+		snap, err := d.stats.Get(r.Context())
+		if r.Context().Err() != nil {
+			return // the client is gone
+		}
+		if err != nil {
+			answer(w, reply{Error: err.Error()})
+			return
+		}
+		answer(w, reply{Status: snap})
+	}))
 	for _, kind := range []string{"drain", "undrain"} {
-		mux.HandleFunc("POST /v1/"+kind, func(w http.ResponseWriter, r *http.Request) {
+		mux.Handle("POST /v1/"+kind, commands(func(w http.ResponseWriter, r *http.Request) {
 			q := r.URL.Query()
 			ask(w, r, request{kind: kind, service: q.Get("service"), backend: q.Get("backend")})
-		})
+		}))
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := lim.server(mux, d.log)
+	l = lim.listener(l)
 	go srv.Serve(l)
 	return func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -78,11 +106,81 @@ func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
 	}, nil
 }
 
-// controlClient talks to a running daemon's control socket.
+// serverLimits bound one of vipd's HTTP servers: the control socket's or
+// the metrics endpoint's.
+type serverLimits struct {
+	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout are
+	// http.Server's: a client that sends its request slowly, reads the
+	// reply slowly or keeps an idle connection open is cut off.
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// MaxHeaderBytes is http.Server's.
+	MaxHeaderBytes int
+	// MaxConns is the most connections open at a time; more wait in
+	// the listen queue, so that clients cannot exhaust vipd's file
+	// descriptors.
+	MaxConns int
+	// MaxRequests is the most requests served at a time (of each kind
+	// on the control socket: status, and commands); more are refused at
+	// once with 503, not queued.
+	MaxRequests int
+}
+
+// The servers' limits. The control socket's write timeout is the
+// client's, as a reload of a large configuration may take a minute, and
+// its idle timeout is short, as its client makes one request per
+// connection; the metrics endpoint's write timeout allows a slow scrape
+// of a large table, and its idle timeout keeps a scraper's connection
+// from one scrape to the next.
+var (
+	controlLimits = serverLimits{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 5 * time.Minute,
+		IdleTimeout: 5 * time.Second, MaxHeaderBytes: 16 << 10, MaxConns: 32, MaxRequests: 4}
+	metricsLimits = serverLimits{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: time.Minute,
+		IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10, MaxConns: 64, MaxRequests: 4}
+)
+
+// server returns an http.Server for h with l's timeouts, logging its
+// errors (failed accepts) to log.
+func (l serverLimits) server(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: l.ReadHeaderTimeout,
+		ReadTimeout:       l.ReadTimeout,
+		WriteTimeout:      l.WriteTimeout,
+		IdleTimeout:       l.IdleTimeout,
+		MaxHeaderBytes:    l.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// listener limits ln to l's connections.
+func (l serverLimits) listener(ln net.Listener) net.Listener {
+	return netutil.LimitListener(ln, l.MaxConns)
+}
+
+// limiter returns what wraps a handler so that it serves at most n
+// requests at a time, handing the others to busy at once.
+func limiter(n int, busy http.HandlerFunc) func(http.HandlerFunc) http.Handler {
+	slots := make(chan struct{}, n)
+	return func(h http.HandlerFunc) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case slots <- struct{}{}:
+				defer func() { <-slots }()
+				h(w, r)
+			default:
+				busy(w, r)
+			}
+		})
+	}
+}
+
+// controlClient talks to a running daemon's control socket. It makes one
+// request per connection: an idle connection would hold one of the
+// server's few until its idle timeout.
 func controlClient(socket string) *http.Client {
 	return &http.Client{
 		Timeout: 5 * time.Minute,
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var dl net.Dialer
 			return dl.DialContext(ctx, "unix", socket)
 		}},
@@ -181,7 +279,9 @@ func newStatusCmd() *cobra.Command {
 		Long: `Status shows every service and backend: configured and current weight and
 why they differ (health, admin drain, draining after removal, drift), health
 and since when, connections and rates: ipvsadm -Ln --stats joined with what
-vipd knows. -o json prints the same for scripts.`,
+vipd knows, as of the time printed. vipd reads the kernel for it at most
+once per stats_interval (and again after a change it made), however many
+ask; the metrics show the same. -o json prints the same for scripts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rep, err := callControl(socket, http.MethodGet, "/v1/status")

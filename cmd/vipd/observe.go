@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,13 +19,10 @@ import (
 	"github.com/vipd/vipd/lb/status"
 )
 
-// snapshot joins the running configuration, the kernel, health and admin
-// drains into the status `vipd status` and the metrics show.
-func (d *daemon) snapshot() (*status.Snapshot, error) {
-	observed, err := d.r.ObserveServices()
-	if err != nil {
-		return nil, err
-	}
+// snapshot joins the running configuration, the kernel as observed,
+// health and admin drains into the status `vipd status` and the metrics
+// show. It runs in the main loop, which owns what it joins.
+func (d *daemon) snapshot(observed *lb.State) *status.Snapshot {
 	opts := status.Options{Spec: &d.cfg.Spec, Observed: observed, Drained: d.drained, Now: time.Now()}
 	if len(d.cfg.Health) > 0 {
 		opts.Health = d.hm
@@ -35,7 +33,32 @@ func (d *daemon) snapshot() (*status.Snapshot, error) {
 			}
 		}
 	}
-	return status.Build(opts), nil
+	return status.Build(opts)
+}
+
+// takeStatus takes the snapshot d.stats serves: it reads the services
+// outside the main loop (the reconciler's lock keeps the read from
+// overlapping a pass), then has the main loop join them with its state.
+// d.stats runs one take at a time, at most once per stats_interval
+// unless what a snapshot shows changed.
+func (d *daemon) takeStatus(ctx context.Context) (*status.Snapshot, error) {
+	observed, err := d.r.ObserveServices()
+	if err != nil {
+		return nil, err
+	}
+	rep, err := d.ask(ctx, request{kind: "snapshot", observed: observed})
+	if err != nil {
+		return nil, err
+	}
+	return rep.Status, nil
+}
+
+// changed tells d.stats that a pass with result res changed the kernel,
+// if it did.
+func (d *daemon) changed(res *lb.Result) {
+	if res != nil && len(res.Applied) > 0 {
+		d.stats.Invalidate()
+	}
 }
 
 // applyDrains sets the weight of admin-drained backends to 0 in spec,
@@ -174,6 +197,7 @@ func (d *daemon) drain(service, backend string, on bool) error {
 		return err
 	}
 	d.drained = next
+	d.stats.Invalidate()
 	return nil
 }
 

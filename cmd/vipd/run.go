@@ -93,6 +93,10 @@ type daemonOptions struct {
 	// it cannot read the kernel; it doubles each time. Zero means one
 	// second.
 	StartRetry time.Duration
+	// ControlLimits and MetricsLimits bound the control socket's and
+	// the metrics endpoint's servers; zero values mean controlLimits
+	// and metricsLimits. Tests shorten them.
+	ControlLimits, MetricsLimits serverLimits
 }
 
 // daemon is the running vipd: the current good configuration and the
@@ -122,6 +126,8 @@ type daemon struct {
 	// m exports metrics; gen counts the configurations that took effect.
 	m   *metrics.Metrics
 	gen uint64
+	// stats holds the status that vipd status and the metrics show.
+	stats *status.Cache
 }
 
 // healthView is the health the daemon acts on: the Manager's, except that
@@ -218,10 +224,12 @@ func (d *daemon) try(cfg *config.Config) (undo func()) {
 
 // request asks the main loop to do something and answer.
 type request struct {
-	kind             string // "reload", "plan", "status", "drain" or "undrain"
+	kind             string // "reload", "plan", "snapshot", "drain" or "undrain"
 	force            bool
 	service, backend string
-	reply            chan reply
+	// observed is the kernel a snapshot shows.
+	observed *lb.State
+	reply    chan reply
 }
 
 // reply is the main loop's answer to a request.
@@ -273,6 +281,12 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	if opts.Notifier == nil {
 		opts.Notifier = &systemd.Notifier{}
 	}
+	if opts.ControlLimits == (serverLimits{}) {
+		opts.ControlLimits = controlLimits
+	}
+	if opts.MetricsLimits == (serverLimits{}) {
+		opts.MetricsLimits = metricsLimits
+	}
 	k, closeKernel, err := opts.OpenKernel(cfg, log)
 	if err != nil {
 		return err
@@ -289,6 +303,9 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		healthChanged: make(chan struct{}, 1),
 		drained:       drained,
 	}
+	d.stats = status.NewCache(status.CacheOptions{Interval: cfg.Daemon.StatsInterval, Take: func() (*status.Snapshot, error) {
+		return d.takeStatus(ctx)
+	}})
 	var announcerStats func() arp.Stats
 	if a, ok := k.Announcer.(interface{ Stats() arp.Stats }); ok {
 		announcerStats = a.Stats
@@ -297,19 +314,16 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		Version:   versionString(),
 		Logger:    log,
 		Announcer: announcerStats,
-		Status: func() (*status.Snapshot, error) {
-			rep, err := d.ask(ctx, request{kind: "status"})
-			if err != nil {
-				return nil, err
-			}
-			return rep.Status, nil
-		},
+		// Scrapes wait for d.stats (see serveMetrics) and export what
+		// it holds.
+		Status: d.stats.Last,
 		Health: func() health.Stats { return d.hm.Stats() },
 	})
 	d.hm = health.NewManager(health.Options{
 		Logger: log,
 		OnTransition: func(t health.Transition) {
 			d.m.HealthTransition(t)
+			d.stats.Invalidate()
 			select {
 			case d.healthChanged <- struct{}{}:
 			default:
@@ -351,29 +365,23 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	defer func() { stopWatch() }()
 	// watch (re)starts the watcher for the running configuration's files;
 	// a reload that changes the include patterns starts it again.
-	watch := func() error {
+	// A watch that fails, then or later, is retried until it works
+	// (see config.Watcher).
+	watch := func() {
 		stopWatch()
-		w, err := config.NewWatcher(config.WatchOptions{Path: opts.Path, Include: d.cfg.Include, Logger: log}, d.cfg.Texts())
-		if err != nil {
-			return err
-		}
+		w := config.NewWatcher(config.WatchOptions{Path: opts.Path, Include: d.cfg.Include, Logger: log,
+			OnWatch: func(err error) { d.m.Watch(err == nil) }}, d.cfg.Texts())
 		wctx, cancel := context.WithCancel(ctx)
 		go w.Run(wctx)
 		changes, watched, stopWatch = w.Changes(), d.cfg.Include, cancel
-		return nil
 	}
 	rewatch := func() {
 		if changes != nil && !slices.Equal(watched, d.cfg.Include) {
-			if err := watch(); err != nil {
-				d.log.Error("the include patterns changed and their files cannot be watched; SIGHUP reloads them", "err", err)
-				changes, stopWatch = nil, func() {}
-			}
+			watch()
 		}
 	}
 	if cfg.Daemon.Watch {
-		if err := watch(); err != nil {
-			return err
-		}
+		watch()
 	}
 	stopControl, err := d.serveControl(ctx)
 	if err != nil {
@@ -452,6 +460,7 @@ func (d *daemon) reconcile(ctx context.Context, why string, spec *lb.Spec) *lb.R
 	start := time.Now()
 	res, err := d.r.Reconcile(ctx, spec)
 	d.m.Pass(why, res, time.Since(start))
+	d.changed(res)
 	if err != nil {
 		d.log.Error("reconcile failed", "why", why, "err", err)
 		return nil
@@ -666,6 +675,7 @@ func (d *daemon) passOver(ctx context.Context, why string, spec *lb.Spec, old, c
 		return nil
 	}
 	d.m.Pass(why, res, time.Since(start))
+	d.changed(res)
 	if err != nil {
 		// The services could not be read: a full pass tries again and
 		// reports.
@@ -721,6 +731,8 @@ func (d *daemon) replace(cfg *config.Config) {
 		d.cfg.Retire()
 		d.cfg = cfg
 		d.r.SetRemoval(removalOptions(cfg))
+		d.stats.SetInterval(cfg.Daemon.StatsInterval)
+		d.stats.Invalidate()
 	}
 }
 
@@ -789,12 +801,8 @@ func (d *daemon) handle(ctx context.Context, req request) reply {
 			rep.Planned = append(rep.Planned, op.String())
 		}
 		return rep
-	case "status":
-		snap, err := d.snapshot()
-		if err != nil {
-			return reply{Error: err.Error()}
-		}
-		return reply{Status: snap}
+	case "snapshot":
+		return reply{Status: d.snapshot(req.observed)}
 	case "drain", "undrain":
 		if err := d.drain(req.service, req.backend, req.kind == "drain"); err != nil {
 			return reply{Error: err.Error()}
@@ -816,8 +824,12 @@ func (d *daemon) handle(ctx context.Context, req request) reply {
 	return reply{Error: fmt.Sprintf("unknown request %q", req.kind)}
 }
 
-// ask hands a request to the main loop and waits for the answer.
+// ask hands a request to the main loop and waits for the answer. A
+// request whose ctx has ended is not handed over.
 func (d *daemon) ask(ctx context.Context, req request) (reply, error) {
+	if err := ctx.Err(); err != nil {
+		return reply{}, err
+	}
 	req.reply = make(chan reply, 1)
 	select {
 	case d.reqs <- req:
@@ -826,16 +838,15 @@ func (d *daemon) ask(ctx context.Context, req request) (reply, error) {
 	}
 	select {
 	case rep := <-req.reply:
-		if rep.Error != "" && req.kind == "status" {
-			return rep, errors.New(rep.Error)
-		}
 		return rep, nil
 	case <-ctx.Done():
 		return reply{}, ctx.Err()
 	}
 }
 
-// serveMetrics serves /metrics on addr; "" serves nothing.
+// serveMetrics serves /metrics on addr; "" serves nothing. A scrape waits
+// for d.stats, which reads the kernel at most once per stats_interval,
+// and exports what it holds; the server is bound by d.opts.MetricsLimits.
 func (d *daemon) serveMetrics(addr string) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
@@ -844,10 +855,24 @@ func (d *daemon) serveMetrics(addr string) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener: %w", err)
 	}
+	lim := d.opts.MetricsLimits
+	busy := func(w http.ResponseWriter, _ *http.Request) {
+		d.m.Rejected(metrics.ServerMetrics)
+		http.Error(w, "busy: too many scrapes in progress", http.StatusServiceUnavailable)
+	}
+	h := d.m.Handler()
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", d.m.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(l)
+	mux.Handle("GET /metrics", limiter(lim.MaxRequests, busy)(func(w http.ResponseWriter, r *http.Request) {
+		// An error is the collector's to report; a client that is gone
+		// gets nothing.
+		d.stats.Get(r.Context())
+		if r.Context().Err() != nil {
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	srv := lim.server(mux, d.log)
+	go srv.Serve(lim.listener(l))
 	d.log.Info("serving metrics", "addr", l.Addr().String())
 	return func() { srv.Close() }, nil
 }

@@ -56,6 +56,8 @@ type harness struct {
 	cancel context.CancelFunc
 	// ipvs, if set, is the IPVS adapter the daemon opens instead of k.
 	ipvs lb.IPVS
+	// options, if set, changes the daemon's options.
+	options func(*daemonOptions)
 }
 
 func (h *harness) header(extra string) string {
@@ -132,20 +134,24 @@ func (h *harness) run() {
 	t.Setenv("NOTIFY_SOCKET", filepath.Join(h.dir, "notify.sock"))
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
+	opts := daemonOptions{
+		Path:     h.path,
+		Logger:   slog.New(slog.NewTextHandler(h.log, nil)),
+		Notifier: systemd.FromEnv(),
+		OpenKernel: func(*config.Config, *slog.Logger) (lb.Kernel, func(), error) {
+			k := h.k.Interface()
+			if h.ipvs != nil {
+				k.IPVS = h.ipvs
+			}
+			return k, func() {}, nil
+		},
+		KernelRelease: "6.1.0-27-cloud-amd64",
+	}
+	if h.options != nil {
+		h.options(&opts)
+	}
 	go func() {
-		h.done <- runDaemon(ctx, daemonOptions{
-			Path:     h.path,
-			Logger:   slog.New(slog.NewTextHandler(h.log, nil)),
-			Notifier: systemd.FromEnv(),
-			OpenKernel: func(*config.Config, *slog.Logger) (lb.Kernel, func(), error) {
-				k := h.k.Interface()
-				if h.ipvs != nil {
-					k.IPVS = h.ipvs
-				}
-				return k, func() {}, nil
-			},
-			KernelRelease: "6.1.0-27-cloud-amd64",
-		})
+		h.done <- runDaemon(ctx, opts)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -20,7 +20,7 @@ type statusCollector struct {
 	serviceState, serviceConns, servicePackets, serviceBytes         *prometheus.Desc
 	backendConns, backendPackets, backendBytes                       *prometheus.Desc
 	backendActive, backendInactive, backendWeight, backendConfWeight *prometheus.Desc
-	backendUp, foreign                                               *prometheus.Desc
+	backendUp, foreign, taken                                        *prometheus.Desc
 }
 
 var serviceStates = []status.State{status.OK, status.Degraded, status.Down, status.Missing}
@@ -65,6 +65,8 @@ func newStatusCollector(snapshot func() (*status.Snapshot, error), log *slog.Log
 			"1 when a configured backend passes its health checks or has none, 0 when it fails them.", []string{"service", "backend"}, nil),
 		foreign: prometheus.NewDesc("vipd_foreign_services",
 			"IPVS services vipd does not own.", nil, nil),
+		taken: prometheus.NewDesc("vipd_status_timestamp_seconds",
+			"When the status behind the service and backend metrics was taken, as a Unix time; vipd takes it again at most once per stats_interval.", nil, nil),
 	}
 }
 
@@ -75,7 +77,7 @@ func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.serviceState, c.serviceConns, c.servicePackets, c.serviceBytes,
 		c.backendConns, c.backendPackets, c.backendBytes,
 		c.backendActive, c.backendInactive, c.backendWeight, c.backendConfWeight,
-		c.backendUp, c.foreign,
+		c.backendUp, c.foreign, c.taken,
 	} {
 		ch <- d
 	}
@@ -90,6 +92,9 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		c.log.Warn("metrics scrape: cannot read the status of services", "err", err)
 		return
 	}
+	if snap == nil {
+		return
+	}
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
@@ -97,6 +102,7 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	ch <- prometheus.MustNewConstMetric(c.foreign, prometheus.GaugeValue, float64(snap.Foreign))
+	ch <- prometheus.MustNewConstMetric(c.taken, prometheus.GaugeValue, unix(snap.Time))
 	// A NodePort service has an entry per host address, with the same
 	// backends; their health is the service's.
 	up := map[[2]string]bool{}

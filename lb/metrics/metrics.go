@@ -38,9 +38,10 @@ type Options struct {
 	// Status returns the status of vipd's services for the per-service
 	// and per-backend metrics; nil exports none. It is called on every
 	// scrape, from the scraping goroutine, so it must be safe for
-	// concurrent use; its snapshot is used for that scrape only. An
-	// error counts in vipd_status_errors_total and leaves the scrape
-	// without those metrics.
+	// concurrent use, and cheap: it returns a snapshot at hand (see
+	// status.Cache), never reads the kernel. A nil snapshot exports
+	// nothing; an error counts in vipd_status_errors_total and leaves the
+	// scrape without those metrics.
 	Status func() (*status.Snapshot, error)
 	// Announcer returns the announcer's packet counts (arp.Announcer's
 	// Stats) on every scrape; nil exports none.
@@ -69,6 +70,15 @@ const (
 	ReloadApply ReloadFailure = "apply"
 )
 
+// Server names one of vipd's servers.
+type Server string
+
+// The servers.
+const (
+	ServerControl Server = "control"
+	ServerMetrics Server = "metrics"
+)
+
 // Metrics are vipd's metrics. Its methods are safe for concurrent use.
 type Metrics struct {
 	reg     *prometheus.Registry
@@ -88,6 +98,13 @@ type Metrics struct {
 
 	transitions *prometheus.CounterVec
 	drift       *prometheus.CounterVec
+	rejected    *prometheus.CounterVec
+
+	// watchUp and watchFailures are registered when Watch is first
+	// called: a daemon that does not watch its files exports neither.
+	watchOnce     sync.Once
+	watchUp       prometheus.Gauge
+	watchFailures prometheus.Counter
 
 	mu sync.Mutex
 	// set holds the value vipd last set each sysctl to.
@@ -165,6 +182,18 @@ func New(opts Options) *Metrics {
 			Name: "vipd_sysctl_drift_total",
 			Help: "Times a pass had to set a sysctl again to the value vipd had already set it to.",
 		}, []string{"sysctl"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_http_requests_rejected_total",
+			Help: "Requests the control socket or the metrics endpoint refused at once (503) because as many as it serves at a time were in progress, by server.",
+		}, []string{"server"}),
+		watchUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vipd_config_watch_up",
+			Help: "1 while vipd watches its configuration files for changes, 0 while watching has failed and is being retried (SIGHUP and vipd reload still reload).",
+		}),
+		watchFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vipd_config_watch_failures_total",
+			Help: "Times watching the configuration files failed: a watched directory removed or renamed, or inotify out of resources.",
+		}),
 		set:     map[string]string{},
 		checked: map[backendRef]struct{}{},
 	}
@@ -176,6 +205,9 @@ func New(opts Options) *Metrics {
 	for _, r := range []ReloadFailure{ReloadInvalid, ReloadGuard, ReloadApply} {
 		m.reloadFailures.WithLabelValues(string(r))
 	}
+	for _, s := range []Server{ServerControl, ServerMetrics} {
+		m.rejected.WithLabelValues(string(s))
+	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "vipd_build_info",
 		Help: "Always 1, labelled with vipd's version.",
@@ -183,7 +215,7 @@ func New(opts Options) *Metrics {
 	buildInfo.WithLabelValues(opts.Version).Set(1)
 
 	m.reg.MustRegister(buildInfo, m.passes, m.ops, m.passErrors, m.duration, m.lastSuccess,
-		m.generation, m.lastReload, m.reloadFailures, m.stale, m.transitions, m.drift)
+		m.generation, m.lastReload, m.reloadFailures, m.stale, m.transitions, m.drift, m.rejected)
 	if opts.Status != nil {
 		m.reg.MustRegister(newStatusCollector(opts.Status, opts.Logger))
 	}
@@ -334,4 +366,25 @@ func (m *Metrics) HealthTransition(t health.Transition) {
 
 func unix(t time.Time) float64 {
 	return float64(t.UnixNano()) / 1e9
+}
+
+// Rejected records a request a server refused because it was serving as
+// many as it serves at a time.
+func (m *Metrics) Rejected(s Server) {
+	m.rejected.WithLabelValues(string(s)).Inc()
+}
+
+// Watch records the state of the watch on the configuration files, as the
+// config.Watcher reports it (WatchOptions.OnWatch): up, or failed and
+// being retried. Each report of a failure counts in
+// vipd_config_watch_failures_total. The first call registers both
+// metrics.
+func (m *Metrics) Watch(up bool) {
+	m.watchOnce.Do(func() { m.reg.MustRegister(m.watchUp, m.watchFailures) })
+	if up {
+		m.watchUp.Set(1)
+		return
+	}
+	m.watchUp.Set(0)
+	m.watchFailures.Inc()
 }

@@ -281,11 +281,13 @@ func TestLint(t *testing.T) {
 	m.HealthTransition(health.Transition{Service: "web", Backend: ap("10.0.0.2:8080"), State: health.Down})
 	m.ConfigLoaded(1, &lb.Spec{})
 	m.ReloadFailed(ReloadGuard)
+	m.Watch(false)
 
 	for name, c := range map[string]prometheus.Collector{
 		"passes": m.passes, "operations": m.ops, "errors": m.passErrors, "duration": m.duration,
 		"last success": m.lastSuccess, "generation": m.generation, "last reload": m.lastReload,
 		"reload failures": m.reloadFailures, "stale": m.stale, "transitions": m.transitions, "drift": m.drift,
+		"rejected": m.rejected, "watch up": m.watchUp, "watch failures": m.watchFailures,
 		"status":    newStatusCollector(fixed(fakeStatus()), nil),
 		"announcer": announcerCollector(func() arp.Stats { return arp.Stats{} }),
 		"health":    healthCollector(func() health.Stats { return health.Stats{} }),
@@ -543,4 +545,37 @@ func gatherer(c prometheus.Collector) prometheus.Gatherer {
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	return reg
+}
+
+// TestWatchAndRejected: the watch metrics appear with the first report
+// of the watch's state and count its failures; rejections count by
+// server.
+func TestWatchAndRejected(t *testing.T) {
+	m := newTest()
+	if n, err := testutil.GatherAndCount(m.Registry(), "vipd_config_watch_up", "vipd_config_watch_failures_total"); err != nil || n != 0 {
+		t.Fatalf("watch metrics before any report: %d series, %v; want none", n, err)
+	}
+	m.Watch(true)
+	m.Watch(false)
+	m.Watch(true)
+	m.Watch(false)
+	m.Rejected(ServerMetrics)
+	m.Rejected(ServerMetrics)
+	m.Rejected(ServerControl)
+	want := `
+# HELP vipd_config_watch_failures_total Times watching the configuration files failed: a watched directory removed or renamed, or inotify out of resources.
+# TYPE vipd_config_watch_failures_total counter
+vipd_config_watch_failures_total 2
+# HELP vipd_config_watch_up 1 while vipd watches its configuration files for changes, 0 while watching has failed and is being retried (SIGHUP and vipd reload still reload).
+# TYPE vipd_config_watch_up gauge
+vipd_config_watch_up 0
+# HELP vipd_http_requests_rejected_total Requests the control socket or the metrics endpoint refused at once (503) because as many as it serves at a time were in progress, by server.
+# TYPE vipd_http_requests_rejected_total counter
+vipd_http_requests_rejected_total{server="control"} 1
+vipd_http_requests_rejected_total{server="metrics"} 2
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want),
+		"vipd_config_watch_up", "vipd_config_watch_failures_total", "vipd_http_requests_rejected_total"); err != nil {
+		t.Error(err)
+	}
 }

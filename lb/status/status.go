@@ -249,7 +249,7 @@ func Build(opts Options) *Snapshot {
 	if obs == nil {
 		obs = lb.NewState()
 	}
-	snap := &Snapshot{Time: opts.Now, HealthChecks: opts.Health != nil, Services: []Service{}, Removed: []Service{}}
+	snap := &Snapshot{Time: opts.Now, HealthChecks: opts.Health != nil, Services: make([]Service, 0, len(spec.Services)), Removed: []Service{}}
 	if snap.Time.IsZero() {
 		snap.Time = time.Now()
 	}
@@ -350,7 +350,7 @@ func service(vs *lb.VirtualService, key lb.ServiceKey, kern *lb.ServiceState, op
 		NodePort:  vs.NodePort,
 		Scheduler: cfg.Scheduler,
 		OnePacket: cfg.OnePacket,
-		Backends:  []Backend{},
+		Backends:  make([]Backend, 0, len(vs.Backends)),
 	}
 	if key.FWMark == 0 {
 		s.Protocol, s.Address, s.Port = key.Proto.String(), key.Addr, key.Port

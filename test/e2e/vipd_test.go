@@ -792,7 +792,9 @@ func TestVipdIPv6(t *testing.T) {
 func TestVipdObservability(t *testing.T) {
 	tp := NewTopo(t, "nat 2")
 	d := newDaemon(t)
-	d.write(d.header(tp.LBIf, `metrics_listen = "127.0.0.1:9728"`) + service("web", tp.VIP, 80, `scheduler = "rr"`, tp.BackendIPs...))
+	// The scrapes below are 5 s apart; stats_interval below that makes
+	// each read the kernel's counters anew.
+	d.write(d.header(tp.LBIf, "metrics_listen = \"127.0.0.1:9728\"\nstats_interval = \"1s\"") + service("web", tp.VIP, 80, `scheduler = "rr"`, tp.BackendIPs...))
 	d.start()
 	scrape := func() string {
 		resp, err := http.Get("http://127.0.0.1:9728/metrics")
