@@ -25,7 +25,7 @@ build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/vipd ./cmd/vipd
 
 ## test: the whole suite; CI runs exactly this (.ci/run).
-test: lint unit fuzz e2e vm-selftest
+test: lint unit fuzz e2e vm-selftest systemd-test
 
 ## deps: host packages the root tests use.
 deps:
