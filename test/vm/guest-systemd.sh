@@ -132,6 +132,13 @@ TOML
 write_config 1
 
 section "systemctl start"
+# A drop-in shortens the shipped WatchdogSec=30s to keep the emulated run
+# short (the watchdog section); the mechanism is the same. It must be in
+# place before the start: a running service keeps the timeout it started with.
+mkdir -p /etc/systemd/system/vipd.service.d
+printf '[Service]\nWatchdogSec=10s\n' >/etc/systemd/system/vipd.service.d/watchdog.conf
+systemctl daemon-reload
+check "the drop-in sets WatchdogSec=10s" test "$(show WatchdogUSec)" = 10s
 if systemctl start vipd; then ok "systemctl start vipd"; else fail "systemctl start vipd"; fi
 check "ActiveState=active SubState=running" vipd_ready
 status=$(show StatusText)
@@ -204,11 +211,6 @@ check "20 requests after the failed reload, $e failed" test "$e" = 0
 cp /tmp/good.toml /etc/vipd/vipd.toml
 
 section "watchdog"
-# A drop-in shortens the shipped WatchdogSec=30s to keep the emulated run
-# short; the mechanism is the same.
-mkdir -p /etc/systemd/system/vipd.service.d
-printf '[Service]\nWatchdogSec=10s\n' >/etc/systemd/system/vipd.service.d/watchdog.conf
-systemctl daemon-reload
 restarts0=$(show NRestarts)
 mkdir -p /run/vipd-test
 : >/run/vipd-test/hits
