@@ -17,6 +17,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/health"
 )
 
 // Config is a validated configuration.
@@ -51,6 +52,11 @@ type Config struct {
 	retired          bool
 	// nb is the number of backends plus one; 0 when not counted yet.
 	nb int
+	// execN is the number of services with an exec check, counted when
+	// execCounted; execUser is CheckUser looked up, when execN > 0.
+	execN       int
+	execCounted bool
+	execUser    *health.User
 }
 
 // Retire says that c will not be used again, by anyone: a later ParseFrom
@@ -195,6 +201,10 @@ type Daemon struct {
 	ReloadGuard float64
 	// OnApplyError says what a reload does when operations fail.
 	OnApplyError ApplyErrorMode
+	// CheckUser is the user, "user" or "user:group", exec checks run as
+	// (see health.LookupUser); never root. It is looked up when the
+	// configuration has exec checks.
+	CheckUser string
 }
 
 // ApplyErrorMode says what happens when a reload's operations fail.
@@ -229,6 +239,9 @@ const (
 	DefaultStateDir      = "/var/lib/vipd"
 	DefaultScheduler     = "wlc"
 	DefaultSNATMark      = 0x4000000
+	// DefaultCheckUser is the system user the package creates for exec
+	// checks.
+	DefaultCheckUser = "vipd-check"
 )
 
 // DefaultDrainGrace is drain_grace's default. A handshake in flight when a

@@ -110,6 +110,8 @@ func (c *converter) preamble(m map[string]any) *rawConfig {
 				r.ReloadGuard = &g
 			case "on_apply_error":
 				r.OnApplyError = c.strp(v)
+			case "check_user":
+				r.CheckUser = c.strp(v)
 			default:
 				c.fail()
 			}

@@ -22,7 +22,7 @@ type ServiceHealth struct {
 }
 
 // Targets returns the health-check targets of every service, for
-// health.Manager.Update.
+// health.Manager.Update. Exec checks get the user check_user names.
 func (c *Config) Targets() []health.Target {
 	if len(c.Health) == 0 {
 		return nil
@@ -36,6 +36,9 @@ func (c *Config) Targets() []health.Target {
 		}
 		for _, b := range vs.Backends {
 			if spec, ok := h.Checks[b.Addr]; ok {
+				if spec.Kind == health.KindExec {
+					spec.Exec.User = c.execUser
+				}
 				out = append(out, health.Target{Service: vs.Name, Backend: b.Addr, Spec: spec})
 			}
 		}
@@ -172,6 +175,24 @@ func (v *validator) check(path, ctx string, r *rawCheck) (*health.Spec, bool) {
 	}
 	s.DNS = health.DNSOptions{Name: r.Name, Type: r.Record, TCP: r.TCP, ExpectAnswer: r.ExpectAnswer, NoRecursion: r.NoRecursion}
 	s.Exec = health.ExecOptions{Command: r.Command, Args: r.Args, Env: r.Env}
+	if k == health.KindExec {
+		// Each error on the line of its key; Validate would name the
+		// check's.
+		if err := health.CheckExecCommand(r.Command); err != nil {
+			v.errorf(path+".command", ctx, "%v", err)
+		}
+		seen := map[string]bool{}
+		for _, kv := range r.Env {
+			name, _, _ := strings.Cut(kv, "=")
+			switch err := health.CheckExecEnv(kv); {
+			case err != nil:
+				v.errorf(path+".env", ctx, "%v", err)
+			case seen[name]:
+				v.errorf(path+".env", ctx, "exec env sets %s twice", name)
+			}
+			seen[name] = true
+		}
+	}
 	if len(v.errs) > before {
 		return nil, false
 	}
@@ -297,4 +318,108 @@ func (n *number) UnmarshalTOML(v any) error {
 		return fmt.Errorf("want a number, not %T", v)
 	}
 	return nil
+}
+
+// ExecUser returns the user exec checks run as, check_user looked up; ok
+// is false when the configuration has no exec check.
+func (c *Config) ExecUser() (u health.User, ok bool) {
+	if c.execUser == nil {
+		return health.User{}, false
+	}
+	return *c.execUser, true
+}
+
+// hasExec reports whether h has an exec check.
+func hasExec(h ServiceHealth) bool {
+	for _, s := range h.Checks {
+		if s.Kind == health.KindExec {
+			return true
+		}
+	}
+	return false
+}
+
+// resolveExec counts c's services with exec checks and, if there are any,
+// looks up the user they run as, check_user. base is the configuration c
+// was parsed from, with delta d (nil and full for none): with a partial
+// delta only the services it replaced are counted again, and the user is
+// base's when check_user did not change, so that a reload that adds no
+// exec check reads no user database. An unknown user is an error on the
+// line of check_user, or, when it is the default, of the first exec check.
+func (c *Config) resolveExec(base *Config, d Delta) error {
+	n := 0
+	if base != nil && base.execCounted && !d.Full {
+		n = base.execN
+		for i := d.From; i < d.OldTo; i++ {
+			if hasExec(base.Health[base.Spec.Services[i].Name]) {
+				n--
+			}
+		}
+		for i := d.From; i < d.NewTo; i++ {
+			if hasExec(c.Health[c.Spec.Services[i].Name]) {
+				n++
+			}
+		}
+	} else {
+		for _, h := range c.Health {
+			if hasExec(h) {
+				n++
+			}
+		}
+	}
+	var u *health.User
+	if n > 0 {
+		if base != nil && base.execUser != nil && base.Daemon.CheckUser == c.Daemon.CheckUser {
+			u = base.execUser
+		} else {
+			lu, err := health.LookupUser(c.Daemon.CheckUser)
+			if err != nil {
+				return Errors{c.checkUserError(err)}
+			}
+			u = &lu
+		}
+	}
+	c.execN, c.execCounted, c.execUser = n, true, u
+	return nil
+}
+
+// checkUserError returns the error of a check_user that cannot be looked
+// up, on the line of check_user, or of the first exec check when the
+// setting is left to its default.
+func (c *Config) checkUserError(err error) *Error {
+	fix := ""
+	name, group, _ := strings.Cut(c.Daemon.CheckUser, ":")
+	switch {
+	case errors.Is(err, health.ErrUnknownUser):
+		fix = "; create it (useradd --system --user-group --no-create-home --shell /usr/sbin/nologin " + name + ")"
+	case errors.Is(err, health.ErrUnknownGroup):
+		fix = "; create it (groupadd --system " + group + ")"
+	}
+	main := &validator{file: c.File, src: c.Source()}
+	if l, ok := main.positions()["daemon.check_user"]; ok {
+		return &Error{File: c.File, Line: l, Ctx: "daemon", Msg: fmt.Sprintf("check_user %q: %v%s, or set check_user to an existing unprivileged user", c.Daemon.CheckUser, err, fix)}
+	}
+	e := &Error{File: c.File, Ctx: "daemon",
+		Msg: fmt.Sprintf("exec checks run as check_user %q (the default): %v%s, or set check_user in [daemon] of %s to an existing unprivileged user", c.Daemon.CheckUser, err, fix, c.File)}
+	for pi := range c.parts {
+		p := &c.parts[pi]
+		for i := p.first; i < c.partEnd(pi); i++ {
+			vs := &c.Spec.Services[i]
+			h := c.Health[vs.Name]
+			for j, b := range vs.Backends {
+				if h.Checks[b.Addr].Kind != health.KindExec {
+					continue
+				}
+				pos := (&validator{file: p.file, src: p.src}).positions()
+				path := fmt.Sprintf("service.%d.backend.%d.check", i-p.first, j)
+				if _, ok := pos[path]; !ok {
+					path = fmt.Sprintf("service.%d.check", i-p.first)
+				}
+				e.File, e.Line = p.file, pos.line(path)
+				e.Ctx = fmt.Sprintf("service %q: check", vs.Name)
+				return e
+			}
+		}
+	}
+	return e
 }

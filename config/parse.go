@@ -65,7 +65,28 @@ type Delta struct {
 // ParseFrom on configurations of one such chain must not run concurrently.
 // The daemon calls it from its main loop only. The configuration keeps
 // data (see Texts): the caller must not modify it afterwards.
+//
+// When the configuration has exec checks, check_user is looked up (see
+// Config.resolveExec).
 func ParseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
+	return resolved(base)(parseFrom(base, file, data))
+}
+
+// resolved returns what completes the result of a parse from base: the
+// exec checks' user, or an error.
+func resolved(base *Config) func(*Config, Delta, error) (*Config, Delta, error) {
+	return func(cfg *Config, d Delta, err error) (*Config, Delta, error) {
+		if err != nil {
+			return cfg, d, err
+		}
+		if err := cfg.resolveExec(base, d); err != nil {
+			return nil, Delta{Full: true}, err
+		}
+		return cfg, d, nil
+	}
+}
+
+func parseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
 	if base == nil || file == base.File {
 		return parseMain(base, file, data)
 	}
@@ -92,6 +113,10 @@ func ParseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
 // included file file, which was deleted, and the Delta from base. A file
 // that is not one of base's included files changes nothing.
 func ParseRemoved(base *Config, file string) (*Config, Delta, error) {
+	return resolved(base)(parseRemoved(base, file))
+}
+
+func parseRemoved(base *Config, file string) (*Config, Delta, error) {
 	file = filepath.Clean(file)
 	pi := base.partOf(file)
 	if pi < 0 {

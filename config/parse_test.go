@@ -115,7 +115,7 @@ func equivalenceInputs(t *testing.T) map[string][]byte {
 			"[[service.backend]]\naddress = \"10.0.0.1\"\n[[service.backend]]\naddress = \"10.0.0.2\"\ncheck = { type = \"tcp\", port = 8081, initial = \"up\", jitter = 0.25 }\n" +
 			"[[service.backend]]\naddress = \"10.0.0.3\"\ncheck = { type = \"none\" }\n",
 		"policy only":      "[[service]]\n" + svc + "on_failure = \"quiesce\"\n",
-		"exec check":       "[[service]]\n" + svc + "check = { type = \"exec\", command = \"/bin/true\", args = [], env = [\"A=1\"] }\n",
+		"exec check":       "[daemon]\ncheck_user = \"nobody\"\n[[service]]\n" + svc + "check = { type = \"exec\", command = \"/bin/true\", args = [], env = [\"A=1\"] }\n",
 		"wrong type":       "[[service]]\nvip = \"192.0.2.1\"\nport = \"80\"\nbackend = [{ address = \"10.0.0.1\" }]\n",
 		"float port":       "[[service]]\nvip = \"192.0.2.1\"\nport = 80.0\nbackend = [{ address = \"10.0.0.1\" }]\n",
 		"duration int":     "[[service]]\n" + svc + "persistence = 60\n",

@@ -53,6 +53,7 @@ type rawDaemon struct {
 	Watch          *bool     `toml:"watch"`
 	ReloadGuard    *float64  `toml:"reload_guard"`
 	OnApplyError   *string   `toml:"on_apply_error"`
+	CheckUser      *string   `toml:"check_user"`
 }
 
 type rawService struct {
@@ -372,6 +373,7 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 		Watch:          true,
 		ReloadGuard:    0.5,
 		OnApplyError:   ApplyRollback,
+		CheckUser:      DefaultCheckUser,
 	}
 	const ctx = "daemon"
 	if d.Interface != nil {
@@ -467,6 +469,12 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 			out.OnApplyError = m
 		default:
 			v.errorf("daemon.on_apply_error", ctx, "on_apply_error %q must be \"rollback\" or \"continue\"", *d.OnApplyError)
+		}
+	}
+	if d.CheckUser != nil {
+		out.CheckUser = *d.CheckUser
+		if _, _, err := health.ParseUserSpec(*d.CheckUser); err != nil {
+			v.errorf("daemon.check_user", ctx, "check_user %q: %v", *d.CheckUser, err)
 		}
 	}
 	cfg.Daemon = out

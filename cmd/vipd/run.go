@@ -250,6 +250,9 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := canRunChecks(cfg); err != nil {
+		return err
+	}
 	// Nothing is touched before this vipd holds its locks and has read
 	// its state: a second vipd, or a corrupt state file, ends the start
 	// with the kernel and the files as they were.
@@ -480,6 +483,17 @@ func logResult(log *slog.Logger, why string, res *lb.Result, took time.Duration)
 		"failed", len(res.Failed), "skipped", len(res.Skipped), "took", took.Round(time.Microsecond))
 }
 
+// canRunChecks reports whether vipd can run cfg's exec checks as their
+// user: it never runs them as itself instead.
+func canRunChecks(cfg *config.Config) error {
+	if u, ok := cfg.ExecUser(); ok {
+		if err := health.CanRunAs(u); err != nil {
+			return fmt.Errorf("%s: exec checks: %w", cfg.File, err)
+		}
+	}
+	return nil
+}
+
 // errReloadRejected marks a reload refused before touching the kernel.
 var errReloadRejected = errors.New("reload rejected")
 
@@ -509,6 +523,9 @@ func (d *daemon) reload(ctx context.Context, in fileRead, force bool) reply {
 		cfg, delta, err = config.ParseFrom(d.cfg, in.file, in.data)
 	}
 	parsed := time.Now()
+	if err == nil {
+		err = canRunChecks(cfg)
+	}
 	if err != nil {
 		return d.rejectInvalid(why, err)
 	}

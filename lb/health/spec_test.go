@@ -37,7 +37,7 @@ func TestSpecValidate(t *testing.T) {
 		{Spec{Kind: KindTCP, Jitter: 0.9}, "jitter 0.9"},
 		{Spec{Kind: KindTCP, Initial: 5}, "initial state"},
 		{Spec{Kind: KindTCP, HTTP: HTTPOptions{Path: "/"}}, "http options do not apply to tcp checks"},
-		{Spec{Kind: KindExec, Dial: DialOptions{Mark: 1}, Exec: ExecOptions{Command: "true"}}, "dial options do not apply to exec checks"},
+		{Spec{Kind: KindExec, Dial: DialOptions{Mark: 1}, Exec: ExecOptions{Command: "/bin/true"}}, "dial options do not apply to exec checks"},
 		{Spec{Kind: KindUDP, DNS: DNSOptions{Name: "x"}}, "dns options do not apply to udp checks"},
 		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Method: "GE T"}}, "http method"},
 		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Status: []StatusRange{{300, 200}}}}, "status range"},
@@ -46,6 +46,8 @@ func TestSpecValidate(t *testing.T) {
 		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Header: map[string]string{"host": "x"}}}, "set by the host option"},
 		{Spec{Kind: KindDNS, DNS: DNSOptions{Type: "WKS"}}, "dns type"},
 		{Spec{Kind: KindExec}, "exec command is missing"},
+		{Spec{Kind: KindExec, Exec: ExecOptions{Command: "true"}}, "not an absolute path"},
+		{Spec{Kind: KindExec, Exec: ExecOptions{Command: "/bin/true", Env: []string{"PATH=/tmp"}}}, "may not set PATH"},
 		{Spec{Kind: KindTCP, Dial: DialOptions{Device: "a-very-long-interface-name"}}, "not an interface name"},
 	}
 	for _, tt := range tests {
@@ -132,7 +134,7 @@ func TestNewProber(t *testing.T) {
 		{Spec{Kind: KindHTTPS}, "*health.HTTPCheck"},
 		{Spec{Kind: KindUDP}, "*health.UDPCheck"},
 		{Spec{Kind: KindDNS}, "*health.DNSCheck"},
-		{Spec{Kind: KindExec, Exec: ExecOptions{Command: "true"}}, "*health.ExecCheck"},
+		{Spec{Kind: KindExec, Exec: ExecOptions{Command: "/bin/true", User: testUser(t)}}, "*health.ExecCheck"},
 	} {
 		p, err := NewProber(tt.spec, a)
 		if err != nil {
@@ -165,7 +167,7 @@ func TestCheckKeyParts(t *testing.T) {
 	for _, f := range []string{"Method", "Path", "Host", "SNI", "Header", "Status", "Body", "BodyRegexp", "InsecureSkipVerify", "CAFile", "FollowRedirects"} {
 		part["HTTP."+f] = "question"
 	}
-	for _, f := range []string{"UDP.Payload", "UDP.Expect", "DNS.Name", "DNS.Type", "DNS.TCP", "DNS.ExpectAnswer", "DNS.NoRecursion", "Exec.Command", "Exec.Args", "Exec.Env"} {
+	for _, f := range []string{"UDP.Payload", "UDP.Expect", "DNS.Name", "DNS.Type", "DNS.TCP", "DNS.ExpectAnswer", "DNS.NoRecursion", "Exec.Command", "Exec.Args", "Exec.Env", "Exec.User"} {
 		part[f] = "question"
 	}
 	be := netip.MustParseAddrPort("127.0.0.1:80")
@@ -236,6 +238,8 @@ func setNonDefault(t *testing.T, name string, v reflect.Value) {
 		v.Set(reflect.ValueOf([]string{"x"}))
 	case []byte:
 		v.Set(reflect.ValueOf([]byte("x")))
+	case *User:
+		v.Set(reflect.ValueOf(&User{Name: "x", UID: 7, GID: 7}))
 	case string:
 		v.SetString("X")
 	case bool:
