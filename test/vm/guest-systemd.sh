@@ -148,6 +148,8 @@ section "systemctl start"
 mkdir -p /etc/systemd/system/vipd.service.d
 printf '[Service]\nWatchdogSec=10s\n' >/etc/systemd/system/vipd.service.d/watchdog.conf
 systemctl daemon-reload
+if systemctl enable vipd 2>/dev/null; then ok "systemctl enable vipd"; else fail "systemctl enable vipd"; fi
+check "enabled: started at boot by multi-user.target" test "$(systemctl is-enabled vipd)" = enabled
 if systemctl start vipd; then ok "systemctl start vipd"; else fail "systemctl start vipd"; fi
 check "ActiveState=active SubState=running" vipd_ready
 check "WatchdogSec is the drop-in's 10s ($(show WatchdogUSec))" test "$(show WatchdogUSec)" = 10s
