@@ -151,8 +151,10 @@ mkdir -p "$stage/etc/modprobe.d"
 echo 'options dummy numdummies=0' >"$stage/etc/modprobe.d/vipd-vm.conf"
 
 # Minimal /etc.
-echo 'root:x:0:0:root:/root:/bin/bash' >"$stage/etc/passwd"
-echo 'root:x:0:' >"$stage/etc/group"
+# nobody and vipd-check, the user exec checks run as (the .deb creates it).
+printf '%s\n' 'root:x:0:0:root:/root:/bin/bash' 'vipd-check:x:999:999:vipd exec checks:/nonexistent:/usr/sbin/nologin' \
+	'nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin' >"$stage/etc/passwd"
+printf '%s\n' 'root:x:0:' 'vipd-check:x:999:' 'nogroup:x:65534:' >"$stage/etc/group"
 printf '127.0.0.1 localhost\n::1 localhost\n' >"$stage/etc/hosts"
 echo 'hosts: files' >"$stage/etc/nsswitch.conf"
 echo vipd-vm >"$stage/etc/hostname"
