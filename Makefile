@@ -17,7 +17,7 @@ GUEST_PKGS ?= ./lb/ipvs ./lb/link ./lb/sysctl ./lb/iptables ./arp
 
 export CGO_ENABLED := 0
 
-.PHONY: all build test unit fuzz e2e vm-selftest demo lint check bench deps install deb clean
+.PHONY: all build test unit fuzz e2e vm-selftest systemd-test demo lint check bench deps install deb clean
 
 all: build
 
@@ -25,7 +25,7 @@ build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/vipd ./cmd/vipd
 
 ## test: the whole suite; CI runs exactly this (.ci/run).
-test: lint unit fuzz e2e vm-selftest
+test: lint unit fuzz e2e vm-selftest systemd-test
 
 ## deps: host packages the root tests use.
 deps:
@@ -47,6 +47,13 @@ e2e:
 ## a kernel panic, a hang, a faked exit marker, a failed boot).
 vm-selftest:
 	test/vm/selftest.sh
+
+## systemd-test: the .deb (make deb) and its unit under Debian 12's systemd
+## in a qemu guest: dpkg -i, systemctl start/reload/stop, a watchdog
+## restart, the exec check's user, the unit's writable paths
+## (test/vm/systemd-test.sh; the guest's root image is built on first use).
+systemd-test:
+	test/vm/systemd-test.sh
 
 ## demo: boot the guest, run vipd with examples/demo.toml, send traffic.
 demo:
@@ -79,6 +86,7 @@ install: build
 	install -D -m 0644 systemd/vipd.service $(DESTDIR)/lib/systemd/system/vipd.service
 	install -D -m 0644 systemd/modules-load.conf $(DESTDIR)$(PREFIX)/lib/modules-load.d/vipd.conf
 	install -D -m 0644 systemd/sysctl.conf $(DESTDIR)$(PREFIX)/lib/sysctl.d/60-vipd.conf
+	install -D -m 0644 systemd/tmpfiles.conf $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/vipd.conf
 	test -e $(DESTDIR)/etc/vipd/vipd.toml || install -D -m 0640 examples/minimal.toml $(DESTDIR)/etc/vipd/vipd.toml
 	@echo "installed; edit /etc/vipd/vipd.toml, then: systemctl daemon-reload && systemctl enable --now vipd"
 

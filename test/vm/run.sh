@@ -16,6 +16,9 @@
 #   --env KEY=VAL    pass KEY=VAL to the guest command's environment (through
 #                    the kernel command line: no spaces or quotes); repeatable
 #   --append ARGS    extra kernel command-line words (also: $VIPD_VM_APPEND)
+#   --initrd FILE    boot FILE (a plain cpio) instead of the cached base
+#                    initramfs; the payload is appended to it all the same
+#                    (the systemd guest: systemd-image.sh, systemd-test.sh)
 #   --verbose        stream the whole console to stdout while it runs
 #   --quiet          print nothing but errors and the timing line
 #
@@ -39,7 +42,7 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2
 timeout=300 mem=1024 smp=2 logfile="" payload="" verbose=0 quiet=0
 boot_timeout=120 boot_retries=1
 append=${VIPD_VM_APPEND:+ $VIPD_VM_APPEND}
-envs=()
+envs=() initrd_base=""
 while (($#)); do
 	case $1 in
 	--payload) payload=$2; shift 2 ;;
@@ -51,6 +54,7 @@ while (($#)); do
 	--log) logfile=$2; shift 2 ;;
 	--env) envs+=("$2"); shift 2 ;;
 	--append) append="$append $2"; shift 2 ;;
+	--initrd) initrd_base=$2; shift 2 ;;
 	--verbose) verbose=1; shift ;;
 	--quiet) quiet=1; shift ;;
 	--) shift; break ;;
@@ -60,6 +64,7 @@ while (($#)); do
 done
 (($#)) || { echo "run.sh: no command given" >&2; usage; }
 [[ -z $payload || -d $payload ]] || die "--payload $payload is not a directory"
+[[ -z $initrd_base || -r $initrd_base ]] || die "--initrd $initrd_base is not readable"
 [[ $timeout =~ ^[0-9]+$ && $boot_timeout =~ ^[0-9]+$ && $boot_retries =~ ^[0-9]+$ ]] ||
 	die "--timeout, --boot-timeout and --boot-retries take whole numbers"
 for kv in "${envs[@]}"; do
@@ -104,7 +109,7 @@ printf '%s\0' "$@" >"$work/root/payload/.vipd-vm/argv"
 (
 	flock -s 9 # see prepare.sh
 	load_state
-	cat "$BASE_INITRD" "$work/payload.cpio" >"$work/initrd.cpio"
+	cat "${initrd_base:-$BASE_INITRD}" "$work/payload.cpio" >"$work/initrd.cpio"
 	cp "$VMLINUZ" "$work/vmlinuz"
 	echo "$KVER" >"$work/kver"
 ) 9>"$VIPD_VM_CACHE/.lock"
