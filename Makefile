@@ -92,7 +92,7 @@ install: build
 
 ## deb: a Debian package (bin/vipd_VERSION_amd64.deb), built with nfpm.
 deb: build
-	VIPD_VERSION=$$(echo $(VERSION) | sed 's/^v//; s/^\([^0-9]\)/0.0.0~\1/') $(NFPM) package --config systemd/nfpm.yaml --packager deb --target $(BIN)/
+	VIPD_VERSION=$$(echo $(VERSION) | sed -E 's/^v//; /^[0-9]+\.[0-9]/!s/^/0.0.0~git/') $(NFPM) package --config systemd/nfpm.yaml --packager deb --target $(BIN)/
 
 clean:
 	rm -rf $(BIN)
