@@ -126,13 +126,13 @@ type validator struct {
 	// src is the whole file. Its positions are indexed on the first
 	// error only: a valid file never needs them.
 	src  []byte
-	pos  positions
+	pos  *positions
 	errs Errors
 }
 
 // positions returns the index of src's key positions, building it on the
 // first call.
-func (v *validator) positions() positions {
+func (v *validator) positions() *positions {
 	if v.pos == nil {
 		v.pos = indexPositions(v.src)
 	}
@@ -149,7 +149,7 @@ func (v *validator) sort() {
 
 func (v *validator) unknownKey(k toml.Key) {
 	key := k.String()
-	lines := v.positions().matching(key)
+	lines := v.positions().matching(k)
 	if len(lines) == 0 {
 		lines = []int{0}
 	}
