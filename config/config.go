@@ -304,9 +304,7 @@ func parseWhole(main Text, included func(cfg *Config) ([]includedText, error)) (
 		return nil, Errors{decodeError(main.File, err)}
 	}
 	v := &validator{file: main.File, src: main.Data}
-	for _, k := range md.Undecoded() {
-		v.unknownKey(k)
-	}
+	v.unknownKeys(md.Undecoded())
 	x := newCross()
 	cfg := v.config(&raw, x)
 	v.sort()
@@ -338,9 +336,7 @@ func parseIncludedWhole(mainFile string, t Text, cfg *Config, x *cross) Errors {
 		return Errors{decodeError(t.File, err)}
 	}
 	v := &validator{file: t.File, src: t.Data}
-	for _, k := range md.Undecoded() {
-		v.unknownKey(k)
-	}
+	v.unknownKeys(md.Undecoded())
 	for _, k := range []string{"daemon", "include"} {
 		if md.IsDefined(k) {
 			v.errorf(k, "", "%s belongs in the main file %s: an included file holds [[service]] tables only", k, mainFile)

@@ -147,6 +147,41 @@ func (v *validator) sort() {
 	slices.SortStableFunc(v.errs, func(a, b *Error) int { return a.Line - b.Line })
 }
 
+// unknownKeys reports the keys the decoder found no place for: each once,
+// at every line it is defined on, and none inside one already reported
+// (the keys of an unknown table), so that the errors take no more than
+// the file's size.
+func (v *validator) unknownKeys(keys []toml.Key) {
+	// The keys reported, as a tree of their parts.
+	type edge struct {
+		parent int
+		part   string
+	}
+	ids := map[edge]int{}
+	var reported []bool // by id - 1
+next:
+	for _, k := range keys {
+		id := 0
+		for _, part := range k {
+			e := edge{id, part}
+			n, ok := ids[e]
+			if !ok {
+				reported = append(reported, false)
+				n = len(reported)
+				ids[e] = n
+			}
+			if reported[n-1] {
+				continue next
+			}
+			id = n
+		}
+		if id > 0 {
+			reported[id-1] = true
+		}
+		v.unknownKey(k)
+	}
+}
+
 func (v *validator) unknownKey(k toml.Key) {
 	key := k.String()
 	lines := v.positions().matching(k)
