@@ -676,7 +676,7 @@ func spliceHealth(h map[string]ServiceHealth, old []lb.VirtualService, blocks []
 // [[service]] line into cfg's daemon settings and include patterns. It
 // reports false for anything but a clean include key and [daemon] section.
 func decodePreamble(file string, data []byte, cfg *Config) bool {
-	if !withinLimits(data) {
+	if !withinLimits(data) || tooManyKeys(data) {
 		return false
 	}
 	var pre *rawConfig
@@ -719,7 +719,7 @@ type rawServiceBlock struct {
 // daemon settings of cfg. It reports false for anything but one valid
 // service and nothing else.
 func decodeBlock(file string, data []byte, i int, cfg *Config) (block, bool) {
-	if !withinLimits(data) {
+	if !withinLimits(data) || tooManyKeys(data) {
 		return block{}, false
 	}
 	var r *rawService
