@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -429,5 +430,38 @@ func TestHostileFixtures(t *testing.T) {
 				t.Fatalf("Load:\n got %.300v\nwant %s:%s", err, file, want)
 			}
 		})
+	}
+}
+
+// TestPositionsLinear checks that the position index, which the limits
+// keep from deep files, costs memory in proportion to the file even so:
+// indexing a file twice as deep allocates about twice as much, and lines
+// are still found at depth.
+func TestPositionsLinear(t *testing.T) {
+	deep := func(n int) []byte {
+		return []byte("[[service]]\nname = \"a\"\nx = " + strings.Repeat("[{a = ", n) + "\n" + strings.Repeat("}]", n) + "\n")
+	}
+	var allocs [2]uint64
+	for i, n := range []int{25000, 50000} {
+		var p *positions
+		data := deep(n)
+		allocs[i], _, _ = parseCost(t, func() { p = indexPositions(data) })
+		if l := p.line("service.0.x.0.a.0.a.0.a"); l != 3 {
+			t.Errorf("depth %d: line %d, want 3", n, l)
+		}
+		if l := p.line("service.0.name"); l != 2 {
+			t.Errorf("depth %d: name on line %d, want 2", n, l)
+		}
+		// The key and the inline table that is its array's element.
+		if got := p.matching([]string{"service", "x", "a", "a"}); !slices.Equal(got, []int{3, 3}) {
+			t.Errorf("depth %d: matching %v, want [3 3]", n, got)
+		}
+		t.Logf("depth %d, %d bytes: %d bytes allocated", n, len(data), allocs[i])
+		if i == 1 && allocs[1] > uint64(len(data))*200 {
+			t.Errorf("%d bytes allocated for %d bytes of text", allocs[1], len(data))
+		}
+	}
+	if allocs[1] > allocs[0]*5/2 {
+		t.Errorf("%d bytes allocated for depth 50,000, %d for 25,000: the index grows faster than the file", allocs[1], allocs[0])
 	}
 }
