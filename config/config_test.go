@@ -153,6 +153,8 @@ var errorTests = func() []struct {
 		{"unknown key", svc + "wieght = 3\nbackend = [{ address = \"10.0.0.1\" }]\n", []string{`t.toml:4: unknown key "service.wieght"`}},
 		{"unknown backend key", svc + "[[service.backend]]\naddress = \"10.0.0.1\"\nwieght = 1\n", []string{`t.toml:6: unknown key "service.backend.wieght"`}},
 		{"unknown daemon key", "[daemon]\nuplink = \"eth0\"\n", []string{`t.toml:2: unknown key "daemon.uplink"`}},
+		{"unknown tables", "[daemon]\nfoo.bar = 1\n[x]\na = 1\nb = { c = 1 }\n[[y]]\nz = 1\n[[y]]\n",
+			[]string{`t.toml:2: unknown key "daemon.foo.bar"`, `t.toml:3: unknown key "x"`, `t.toml:6: unknown key "y"`, `t.toml:8: unknown key "y"`}},
 		{"negative weight", svc + "[[service.backend]]\naddress = \"10.0.0.1\"\nweight = -1\n",
 			[]string{`t.toml:6: service "tcp-192.0.2.10-80": backend "10.0.0.1:80": weight -1 is negative`}},
 		{"weight too big", svc + "backend = [{ address = \"10.0.0.1\", weight = 70000 }]\n",
