@@ -284,6 +284,7 @@ const DefaultStatsInterval = 5 * time.Second
 type Error struct {
 	File string
 	Line int    // 0 when unknown
+	Col  int    // the column (in bytes, from 1) in Line; 0 when unknown
 	Ctx  string // where in the file, such as `service "web": backend "10.0.0.1:80"`
 	Msg  string
 }
@@ -293,6 +294,9 @@ func (e *Error) Error() string {
 	b.WriteString(e.File)
 	if e.Line > 0 {
 		fmt.Fprintf(&b, ":%d", e.Line)
+		if e.Col > 0 {
+			fmt.Fprintf(&b, ":%d", e.Col)
+		}
 	}
 	b.WriteString(": ")
 	if e.Ctx != "" {
@@ -339,15 +343,16 @@ func Parse(file string, data []byte) (*Config, error) {
 // main file's include patterns are known. It is the reference behaviour
 // of Parse, and the path that reports errors with their positions.
 func parseWhole(main Text, included func(cfg *Config) ([]includedText, error)) (*Config, error) {
+	if e := checkLimits(main.File, main.Data); e != nil {
+		return nil, Errors{e}
+	}
 	var raw rawConfig
 	md, err := toml.NewDecoder(bytes.NewReader(main.Data)).Decode(&raw)
 	if err != nil {
 		return nil, Errors{decodeError(main.File, err)}
 	}
 	v := &validator{file: main.File, src: main.Data}
-	for _, k := range md.Undecoded() {
-		v.unknownKey(k)
-	}
+	v.unknownKeys(md.Undecoded())
 	x := newCross()
 	cfg := v.config(&raw, x)
 	v.sort()
@@ -373,15 +378,16 @@ func parseWhole(main Text, included func(cfg *Config) ([]includedText, error)) (
 // parseIncludedWhole decodes and validates an included file as one
 // document, appending its services to cfg, and returns its errors.
 func parseIncludedWhole(mainFile string, t Text, cfg *Config, x *cross) Errors {
+	if e := checkLimits(t.File, t.Data); e != nil {
+		return Errors{e}
+	}
 	var raw rawConfig
 	md, err := toml.NewDecoder(bytes.NewReader(t.Data)).Decode(&raw)
 	if err != nil {
 		return Errors{decodeError(t.File, err)}
 	}
 	v := &validator{file: t.File, src: t.Data}
-	for _, k := range md.Undecoded() {
-		v.unknownKey(k)
-	}
+	v.unknownKeys(md.Undecoded())
 	for _, k := range []string{"daemon", "include"} {
 		if md.IsDefined(k) {
 			v.errorf(k, "", "%s belongs in the main file %s: an included file holds [[service]] tables only", k, mainFile)

@@ -154,6 +154,8 @@ var errorTests = func() []struct {
 		{"unknown key", svc + "wieght = 3\nbackend = [{ address = \"10.0.0.1\" }]\n", []string{`t.toml:4: unknown key "service.wieght"`}},
 		{"unknown backend key", svc + "[[service.backend]]\naddress = \"10.0.0.1\"\nwieght = 1\n", []string{`t.toml:6: unknown key "service.backend.wieght"`}},
 		{"unknown daemon key", "[daemon]\nuplink = \"eth0\"\n", []string{`t.toml:2: unknown key "daemon.uplink"`}},
+		{"unknown tables", "[daemon]\nfoo.bar = 1\n[x]\na = 1\nb = { c = 1 }\n[[y]]\nz = 1\n[[y]]\n",
+			[]string{`t.toml:2: unknown key "daemon.foo.bar"`, `t.toml:3: unknown key "x"`, `t.toml:6: unknown key "y"`, `t.toml:8: unknown key "y"`}},
 		{"negative weight", svc + "[[service.backend]]\naddress = \"10.0.0.1\"\nweight = -1\n",
 			[]string{`t.toml:6: service "tcp-192.0.2.10-80": backend "10.0.0.1:80": weight -1 is negative`}},
 		{"weight too big", svc + "backend = [{ address = \"10.0.0.1\", weight = 70000 }]\n",
@@ -418,6 +420,18 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("[[service]]\nvip = \"192.0.2.1\"\nport = 80\nbackend = [{ address = \"10.0.0.1\" },\n{ weight = -1 }]\n"))
 	f.Add([]byte("[a.b]\n[[a.b.c]]\nx = [[1], {y = 2}]\n"))
 	f.Add([]byte("[[service]]\nname = \"a\"\nvip = \"192.0.2.1\"\nport = 80\nbackend = [{ address = \"10.0.0.1\" }]\n\n[[service]]\nname = \"b\"\nvip = \"192.0.2.1\"\nport = 81\nbackend = [{ address = \"10.0.0.2\" }]\n"))
+	// Deep nesting and long keys, past the limits and at them: these
+	// made each parse take seconds and gigabytes before the limits.
+	for _, n := range []int{MaxKeyParts, 200} {
+		f.Add([]byte(strings.Repeat("a.", n) + "a = 1\n"))
+		f.Add([]byte("[" + strings.Repeat("a.", n) + "a]\nb = 1\n"))
+		f.Add([]byte("[[service]]\nbackend = [{ address = \"10.0.0.1\", check = " + strings.Repeat("{a = ", n) + "1" + strings.Repeat("}", n) + " }]\n"))
+	}
+	for _, n := range []int{MaxNesting, 200} {
+		f.Add([]byte("x = " + strings.Repeat("[", n) + strings.Repeat("]", n) + "\n"))
+		f.Add([]byte("[[service]]\nvip = \"192.0.2.1\"\nport = 80\nbackend = " + strings.Repeat("[", n) + "{ address = \"10.0.0.1\" }" + strings.Repeat("]", n) + "\n"))
+	}
+	f.Add([]byte(strings.Repeat("k", MaxKeyLen+1) + " = 1\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse("f.toml", data)
 		// The block parser must agree with the whole-file parser, and a

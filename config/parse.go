@@ -367,6 +367,9 @@ func parsePart(t Text, settings *Config) ([]int, []block, bool) {
 // emptyPreamble reports whether the text before an included file's first
 // [[service]] holds nothing but blanks and comments.
 func emptyPreamble(data []byte) bool {
+	if !withinLimits(data) {
+		return false
+	}
 	m, ok := decodeFast(data)
 	return ok && len(m) == 0
 }
@@ -698,6 +701,9 @@ func spliceHealth(h map[string]ServiceHealth, old []lb.VirtualService, blocks []
 // [[service]] line into cfg's daemon settings and include patterns. It
 // reports false for anything but a clean include key and [daemon] section.
 func decodePreamble(file string, data []byte, cfg *Config) bool {
+	if !withinLimits(data) || tooManyKeys(data) {
+		return false
+	}
 	var pre *rawConfig
 	if m, ok := decodeFast(data); ok {
 		c := converter{ok: true}
@@ -738,6 +744,9 @@ type rawServiceBlock struct {
 // daemon settings of cfg. It reports false for anything but one valid
 // service and nothing else.
 func decodeBlock(file string, data []byte, i int, cfg *Config) (block, bool) {
+	if !withinLimits(data) || tooManyKeys(data) {
+		return block{}, false
+	}
 	var r *rawService
 	if m, ok := decodeFast(data); ok {
 		c := converter{ok: true}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"math"
 	"strconv"
 	"strings"
 )
@@ -12,89 +13,185 @@ import (
 // tables, dotted and quoted keys, and inline arrays of inline tables. It
 // never rejects input (the decoder does that); at worst a position falls
 // back to the enclosing table's line.
-type positions map[string]int
+//
+// The paths are kept as a tree of their parts, each node a part and a
+// reference to its parent, so that the index takes memory in proportion to
+// the number of keys and containers in the file, not to the length of
+// their paths: a file's paths can be as long as it is deep, and a deep
+// file has as many of them. A second tree holds the paths without array
+// indices, for the keys the decoder reports without them (matching).
+type positions struct {
+	nodes []posNode
+	// edges leads from a node to its children: a key part, or an array
+	// index (idx > 0, for index idx-1).
+	edges map[posEdge]int32
+	// plainEdges is the tree of paths without indices; heads holds, for
+	// each of its nodes, the first node of nodes whose path it is.
+	plainEdges map[posEdge]int32
+	heads      []int32
+}
+
+// posNode is one path. Node 0 is the root, the empty path.
+type posNode struct {
+	line  int32 // 0 when the path has no line of its own
+	plain int32 // the node of the path without indices
+	next  int32 // the next node with the same plain path, or -1
+}
+
+type posEdge struct {
+	parent int32
+	idx    int32
+	part   string
+}
+
+func newPositions() *positions {
+	return &positions{
+		nodes:      []posNode{{next: -1}},
+		edges:      map[posEdge]int32{},
+		plainEdges: map[posEdge]int32{},
+		heads:      []int32{-1},
+	}
+}
+
+// child returns the node of parent's child part, or with index of its
+// element index, making it if need be.
+func (p *positions) child(parent int32, part string, index bool, i int) int32 {
+	e := posEdge{parent: parent, part: part}
+	if index {
+		e = posEdge{parent: parent, idx: int32(i) + 1}
+	}
+	if n, ok := p.edges[e]; ok {
+		return n
+	}
+	plain := p.nodes[parent].plain
+	if !index {
+		pe := posEdge{parent: plain, part: part}
+		q, ok := p.plainEdges[pe]
+		if !ok {
+			q = int32(len(p.heads))
+			p.heads = append(p.heads, -1)
+			p.plainEdges[pe] = q
+		}
+		plain = q
+	}
+	n := int32(len(p.nodes))
+	p.nodes = append(p.nodes, posNode{plain: plain, next: -1})
+	p.edges[e] = n
+	return n
+}
+
+// path returns the node of parent's descendant by the key parts.
+func (p *positions) path(parent int32, parts []string) int32 {
+	for _, s := range parts {
+		parent = p.child(parent, s, false, 0)
+	}
+	return parent
+}
+
+// set records that node n is defined on line.
+func (p *positions) set(n int32, line int) {
+	nd := &p.nodes[n]
+	if nd.line == 0 {
+		nd.next = p.heads[nd.plain]
+		p.heads[nd.plain] = n
+	}
+	nd.line = int32(line)
+}
+
+// lookup returns parent's child named s in a path: an array index when s
+// is one, else a key part.
+func (p *positions) lookup(parent int32, s string) (int32, bool) {
+	if i, err := strconv.Atoi(s); err == nil && i >= 0 && i < math.MaxInt32 && strconv.Itoa(i) == s {
+		if n, ok := p.edges[posEdge{parent: parent, idx: int32(i) + 1}]; ok {
+			return n, true
+		}
+	}
+	n, ok := p.edges[posEdge{parent: parent, part: s}]
+	return n, ok
+}
 
 // line returns the line of path, or of its nearest ancestor, or 0.
-func (p positions) line(path string) int {
+func (p *positions) line(path string) int {
+	n, line := int32(0), 0
 	for path != "" {
-		if l, ok := p[path]; ok {
-			return l
+		s := path
+		if i := strings.IndexByte(path, '.'); i >= 0 {
+			s, path = path[:i], path[i+1:]
+		} else {
+			path = ""
 		}
-		i := strings.LastIndexByte(path, '.')
-		if i < 0 {
+		var ok bool
+		if n, ok = p.lookup(n, s); !ok {
 			break
 		}
-		path = path[:i]
+		if l := p.nodes[n].line; l > 0 {
+			line = int(l)
+		}
 	}
-	return 0
+	return line
 }
 
 // matching returns the lines of every indexed path equal to key once
 // array indices are removed, for keys the decoder reports without them.
-func (p positions) matching(key string) []int {
-	var lines []int
-	for path, l := range p {
-		if stripIndices(path) == key {
-			lines = append(lines, l)
+func (p *positions) matching(key []string) []int {
+	q := int32(0)
+	for _, s := range key {
+		var ok bool
+		if q, ok = p.plainEdges[posEdge{parent: q, part: s}]; !ok {
+			return nil
 		}
+	}
+	var lines []int
+	for n := p.heads[q]; n >= 0; n = p.nodes[n].next {
+		lines = append(lines, int(p.nodes[n].line))
 	}
 	return lines
 }
 
-func stripIndices(path string) string {
-	parts := strings.Split(path, ".")
-	out := parts[:0]
-	for _, s := range parts {
-		if _, err := strconv.Atoi(s); err != nil {
-			out = append(out, s)
-		}
-	}
-	return strings.Join(out, ".")
-}
-
 type frame struct {
-	path    string
+	node    int32
 	array   bool
 	n       int  // next element index of an array
 	wantKey bool // an inline table expects a key next
 }
 
 type scanner struct {
-	pos      positions
-	counters map[string]int    // resolved array-of-tables path -> elements seen
-	latest   map[string]string // unindexed array-of-tables name -> current element path
-	cur      string            // current table path
+	pos      *positions
+	counters map[int32]int   // array of tables -> elements seen
+	latest   map[int32]int32 // array of tables, by its plain node -> current element
+	cur      int32           // current table
 	stack    []frame
 	line     int
 }
 
-func indexPositions(data []byte) positions {
-	s := &scanner{pos: positions{}, counters: map[string]int{}, latest: map[string]string{}}
-	for i, l := range strings.Split(string(data), "\n") {
-		s.line = i + 1
+func indexPositions(data []byte) *positions {
+	s := &scanner{pos: newPositions(), counters: map[int32]int{}, latest: map[int32]int32{}}
+	text := string(data)
+	for s.line = 1; ; s.line++ {
+		l := text
+		i := strings.IndexByte(text, '\n')
+		if i >= 0 {
+			l, text = text[:i], text[i+1:]
+		}
 		s.scanLine(l)
+		if i < 0 {
+			break
+		}
 	}
 	return s.pos
 }
 
-func (s *scanner) join(a, b string) string {
-	if a == "" {
-		return b
-	}
-	return a + "." + b
-}
-
-// resolve turns a header name into an indexed path, following the latest
-// element of each array of tables on the way.
-func (s *scanner) resolve(name string) (resolved, plain string) {
-	for _, seg := range splitKey(name) {
-		plain = s.join(plain, seg)
-		resolved = s.join(resolved, seg)
-		if cur, ok := s.latest[plain]; ok {
-			resolved = cur
+// resolve turns the parts of a header name into a node, following the
+// latest element of each array of tables on the way.
+func (s *scanner) resolve(parts []string) int32 {
+	n := int32(0)
+	for _, part := range parts {
+		n = s.pos.child(n, part, false, 0)
+		if cur, ok := s.latest[s.pos.nodes[n].plain]; ok {
+			n = cur
 		}
 	}
-	return resolved, plain
+	return n
 }
 
 func (s *scanner) scanLine(l string) {
@@ -108,22 +205,24 @@ func (s *scanner) scanLine(l string) {
 			if end < 0 {
 				return
 			}
-			_, plain := s.resolve(t[2:end])
-			parent, _ := s.resolve(parentOf(t[2:end]))
-			arr := s.join(parent, lastSeg(t[2:end]))
+			parts := splitKey(t[2:end])
+			if len(parts) == 0 {
+				return
+			}
+			arr := s.pos.child(s.resolve(parts[:len(parts)-1]), parts[len(parts)-1], false, 0)
 			n := s.counters[arr]
 			s.counters[arr] = n + 1
-			s.cur = arr + "." + strconv.Itoa(n)
-			s.latest[plain] = s.cur
-			s.pos[s.cur] = s.line
+			s.cur = s.pos.child(arr, "", true, n)
+			s.latest[s.pos.nodes[arr].plain] = s.cur
+			s.pos.set(s.cur, s.line)
 			return
 		case strings.HasPrefix(t, "["):
 			end := strings.IndexByte(t, ']')
 			if end < 0 {
 				return
 			}
-			s.cur, _ = s.resolve(t[1:end])
-			s.pos[s.cur] = s.line
+			s.cur = s.resolve(splitKey(t[1:end]))
+			s.pos.set(s.cur, s.line)
 			return
 		}
 		s.scanKeyValue(l, s.cur)
@@ -133,19 +232,37 @@ func (s *scanner) scanLine(l string) {
 }
 
 // scanKeyValue handles "key = value..." at the top level of a table.
-func (s *scanner) scanKeyValue(l, table string) {
+func (s *scanner) scanKeyValue(l string, table int32) {
 	eq := strings.IndexByte(l, '=')
 	if eq < 0 {
 		return
 	}
-	path := s.join(table, strings.Join(splitKey(l[:eq]), "."))
-	s.pos[path] = s.line
-	s.stack = append(s.stack, frame{path: path})
+	n := s.pos.path(table, splitKey(l[:eq]))
+	s.pos.set(n, s.line)
+	s.stack = append(s.stack, frame{node: n})
 	s.scanValue(l[eq+1:])
 	// A scalar value leaves its placeholder frame on the stack: drop it.
-	if len(s.stack) > 0 && !s.stack[len(s.stack)-1].array && !s.stack[len(s.stack)-1].wantKey && s.stack[len(s.stack)-1].path == path {
+	if len(s.stack) > 0 && !s.stack[len(s.stack)-1].array && !s.stack[len(s.stack)-1].wantKey && s.stack[len(s.stack)-1].node == n {
 		s.stack = s.stack[:len(s.stack)-1]
 	}
+}
+
+// container returns the node of an array or inline table that opens
+// where the frame on top of the stack expects a value, dropping the
+// placeholder frame of "key =" that it replaces.
+func (s *scanner) container() int32 {
+	if len(s.stack) == 0 {
+		return 0
+	}
+	f := s.stack[len(s.stack)-1]
+	switch {
+	case f.array:
+		return s.pos.child(f.node, "", true, f.n)
+	case !f.wantKey:
+		// The placeholder frame of "key =" becomes the container.
+		s.stack = s.stack[:len(s.stack)-1]
+	}
+	return f.node
 }
 
 // scanValue walks value text, tracking inline arrays and tables.
@@ -165,31 +282,11 @@ func (s *scanner) scanValue(l string) {
 			i = skipString(l, i)
 		case ' ', '\t', '\r':
 		case '[':
-			f := top()
-			path := ""
-			if f != nil {
-				path = f.path
-				if f.array {
-					path = f.path + "." + strconv.Itoa(f.n)
-				} else if !f.wantKey {
-					// The placeholder frame of "key =" becomes the array.
-					s.stack = s.stack[:len(s.stack)-1]
-				}
-			}
-			s.stack = append(s.stack, frame{path: path, array: true})
+			s.stack = append(s.stack, frame{node: s.container(), array: true})
 		case '{':
-			f := top()
-			path := ""
-			if f != nil {
-				path = f.path
-				if f.array {
-					path = f.path + "." + strconv.Itoa(f.n)
-				} else if !f.wantKey {
-					s.stack = s.stack[:len(s.stack)-1]
-				}
-			}
-			s.pos[path] = s.line
-			s.stack = append(s.stack, frame{path: path, wantKey: true})
+			n := s.container()
+			s.pos.set(n, s.line)
+			s.stack = append(s.stack, frame{node: n, wantKey: true})
 		case ']', '}':
 			if len(s.stack) > 0 {
 				s.stack = s.stack[:len(s.stack)-1]
@@ -213,42 +310,42 @@ func (s *scanner) scanValue(l string) {
 			if eq < 0 {
 				return
 			}
-			path := s.join(f.path, strings.Join(splitKey(l[i:i+eq]), "."))
-			s.pos[path] = s.line
+			n := s.pos.path(f.node, splitKey(l[i:i+eq]))
+			s.pos.set(n, s.line)
 			f.wantKey = false
 			// Values inside an inline table: a nested container pushes a
 			// frame of its own; a scalar needs nothing.
-			s.stack = append(s.stack, frame{path: path})
-			rest := l[i+eq+1:]
-			before := len(s.stack)
-			s.scanInline(rest, before)
-			return
+			s.stack = append(s.stack, frame{node: n})
+			rest := i + eq + 1
+			// Continue where the scalar ends, or at the container.
+			i = rest + s.scanInline(l[rest:], len(s.stack)) - 1
 		}
 	}
 }
 
 // scanInline scans the remainder of a line after "key =" inside an inline
 // table: it pops the scalar placeholder at the first ',' or '}' that
-// belongs to the enclosing table and continues there.
-func (s *scanner) scanInline(l string, depth int) {
+// belongs to the enclosing table, and returns where scanValue goes on: at
+// that ',' or '}', at a container that the placeholder becomes, or at the
+// end of the line.
+func (s *scanner) scanInline(l string, depth int) int {
 	for i := 0; i < len(l); i++ {
 		switch l[i] {
 		case '"', '\'':
 			i = skipString(l, i)
 		case '[', '{':
 			// The placeholder becomes a container: let scanValue do it.
-			s.scanValue(l[i:])
-			return
+			return i
 		case ',', '}':
 			if len(s.stack) == depth {
 				s.stack = s.stack[:len(s.stack)-1] // placeholder
 			}
-			s.scanValue(l[i:])
-			return
+			return i
 		case '#':
-			return
+			return len(l)
 		}
 	}
+	return len(l)
 }
 
 func skipString(l string, i int) int {
@@ -304,20 +401,4 @@ func splitKey(k string) []string {
 		k = strings.TrimSpace(k)
 	}
 	return segs
-}
-
-func parentOf(name string) string {
-	segs := splitKey(name)
-	if len(segs) <= 1 {
-		return ""
-	}
-	return strings.Join(segs[:len(segs)-1], ".")
-}
-
-func lastSeg(name string) string {
-	segs := splitKey(name)
-	if len(segs) == 0 {
-		return ""
-	}
-	return segs[len(segs)-1]
 }

@@ -128,13 +128,13 @@ type validator struct {
 	// src is the whole file. Its positions are indexed on the first
 	// error only: a valid file never needs them.
 	src  []byte
-	pos  positions
+	pos  *positions
 	errs Errors
 }
 
 // positions returns the index of src's key positions, building it on the
 // first call.
-func (v *validator) positions() positions {
+func (v *validator) positions() *positions {
 	if v.pos == nil {
 		v.pos = indexPositions(v.src)
 	}
@@ -149,9 +149,44 @@ func (v *validator) sort() {
 	slices.SortStableFunc(v.errs, func(a, b *Error) int { return a.Line - b.Line })
 }
 
+// unknownKeys reports the keys the decoder found no place for: each once,
+// at every line it is defined on, and none inside one already reported
+// (the keys of an unknown table), so that the errors take no more than
+// the file's size.
+func (v *validator) unknownKeys(keys []toml.Key) {
+	// The keys reported, as a tree of their parts.
+	type edge struct {
+		parent int
+		part   string
+	}
+	ids := map[edge]int{}
+	var reported []bool // by id - 1
+next:
+	for _, k := range keys {
+		id := 0
+		for _, part := range k {
+			e := edge{id, part}
+			n, ok := ids[e]
+			if !ok {
+				reported = append(reported, false)
+				n = len(reported)
+				ids[e] = n
+			}
+			if reported[n-1] {
+				continue next
+			}
+			id = n
+		}
+		if id > 0 {
+			reported[id-1] = true
+		}
+		v.unknownKey(k)
+	}
+}
+
 func (v *validator) unknownKey(k toml.Key) {
 	key := k.String()
-	lines := v.positions().matching(key)
+	lines := v.positions().matching(k)
 	if len(lines) == 0 {
 		lines = []int{0}
 	}
