@@ -396,7 +396,7 @@ func (c *Config) checkUserError(err error) *Error {
 		fix = "; create it (groupadd --system " + group + ")"
 	}
 	main := &validator{file: c.File, src: c.Source()}
-	if l, ok := main.positions()["daemon.check_user"]; ok {
+	if l, ok := main.positions().exact("daemon.check_user"); ok {
 		return &Error{File: c.File, Line: l, Ctx: "daemon", Msg: fmt.Sprintf("check_user %q: %v%s, or set check_user to an existing unprivileged user", c.Daemon.CheckUser, err, fix)}
 	}
 	e := &Error{File: c.File, Ctx: "daemon",
@@ -412,7 +412,7 @@ func (c *Config) checkUserError(err error) *Error {
 				}
 				pos := (&validator{file: p.file, src: p.src}).positions()
 				path := fmt.Sprintf("service.%d.backend.%d.check", i-p.first, j)
-				if _, ok := pos[path]; !ok {
+				if _, ok := pos.exact(path); !ok {
 					path = fmt.Sprintf("service.%d.check", i-p.first)
 				}
 				e.File, e.Line = p.file, pos.line(path)

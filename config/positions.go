@@ -110,6 +110,18 @@ func (p *positions) lookup(parent int32, s string) (int32, bool) {
 	return n, ok
 }
 
+// exact returns the line of path itself, and whether the file has it.
+func (p *positions) exact(path string) (int, bool) {
+	n := int32(0)
+	for _, s := range strings.Split(path, ".") {
+		var ok bool
+		if n, ok = p.lookup(n, s); !ok {
+			return 0, false
+		}
+	}
+	return int(p.nodes[n].line), true
+}
+
 // line returns the line of path, or of its nearest ancestor, or 0.
 func (p *positions) line(path string) int {
 	n, line := int32(0), 0
