@@ -13,7 +13,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 FUZZTIME  ?= 20s
 # Packages whose root-only tests need the real kernel (ip_vs, dummy): their
 # test binaries also run inside the qemu guest.
-GUEST_PKGS ?= ./lb/ipvs ./lb/link ./lb/sysctl ./lb/iptables ./arp
+GUEST_PKGS ?= ./kernel/ipvs ./kernel/link ./kernel/sysctl ./kernel/iptables ./kernel/arp
 
 export CGO_ENABLED := 0
 

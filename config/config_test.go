@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
+	"github.com/vipd/vipd/monitor/health"
 )
 
 func TestMinimalDefaults(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vipd/vipd/lb/health"
+	"github.com/vipd/vipd/monitor/health"
 )
 
 // The tests of this file look users up in this host's /etc/passwd, which

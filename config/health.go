@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
+	"github.com/vipd/vipd/monitor/health"
 )
 
 // ServiceHealth is the health checking of one service.

@@ -15,7 +15,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
+	"github.com/vipd/vipd/monitor/health"
 )
 
 // Delta says how a Config differs from the base it was parsed from.

@@ -17,7 +17,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
+	"github.com/vipd/vipd/monitor/health"
 )
 
 // The raw structures mirror the file. Optional values are pointers so that

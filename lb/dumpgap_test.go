@@ -19,7 +19,7 @@ import (
 // services and check that a pass does what it would have done with a
 // whole dump: no operation fails, nothing vipd owns is dropped from the
 // ledger or left behind, and the kernel ends where a pass over a whole
-// dump takes it. Repeated services are tested in lb/ipvs, whose netlink
+// dump takes it. Repeated services are tested in kernel/ipvs, whose netlink
 // fake can send them.
 
 const gapConfig = `

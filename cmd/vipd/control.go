@@ -17,8 +17,8 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/vipd/vipd/config"
-	"github.com/vipd/vipd/lb/metrics"
-	"github.com/vipd/vipd/lb/status"
+	"github.com/vipd/vipd/monitor/metrics"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 // serveControl serves the local control API on the configured unix

@@ -15,7 +15,7 @@ import (
 
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
-	"github.com/vipd/vipd/lb/status"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 // checkServer is a loopback HTTP server that one backend's health check

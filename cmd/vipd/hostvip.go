@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/kernel/link"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/link"
 )
 
 // errHostVIP marks a configuration with a VIP that is an address of

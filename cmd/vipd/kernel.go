@@ -5,14 +5,14 @@ import (
 	"log/slog"
 	"net/netip"
 
-	"github.com/vipd/vipd/arp"
+	"github.com/vipd/vipd/agent/ledger"
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/kernel/arp"
+	"github.com/vipd/vipd/kernel/iptables"
+	"github.com/vipd/vipd/kernel/ipvs"
+	"github.com/vipd/vipd/kernel/link"
+	"github.com/vipd/vipd/kernel/sysctl"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/iptables"
-	"github.com/vipd/vipd/lb/ipvs"
-	"github.com/vipd/vipd/lb/ledger"
-	"github.com/vipd/vipd/lb/link"
-	"github.com/vipd/vipd/lb/sysctl"
 )
 
 // kernelOptions say how much of the kernel openKernel opens.

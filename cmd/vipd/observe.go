@@ -13,10 +13,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/vipd/vipd/agent/ledger"
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/ledger"
-	"github.com/vipd/vipd/lb/status"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 // snapshot joins the running configuration, the kernel as observed,

@@ -12,9 +12,9 @@ import (
 
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
 	"github.com/vipd/vipd/lb/lbtest"
-	"github.com/vipd/vipd/lb/metrics"
+	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/metrics"
 	"github.com/vipd/vipd/systemd"
 	"github.com/vipd/vipd/test/bench"
 )

@@ -17,12 +17,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/vipd/vipd/arp"
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/kernel/arp"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
-	"github.com/vipd/vipd/lb/metrics"
-	"github.com/vipd/vipd/lb/status"
+	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/metrics"
+	"github.com/vipd/vipd/monitor/status"
 	"github.com/vipd/vipd/systemd"
 )
 

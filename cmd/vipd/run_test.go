@@ -21,7 +21,7 @@ import (
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
-	"github.com/vipd/vipd/lb/status"
+	"github.com/vipd/vipd/monitor/status"
 	"github.com/vipd/vipd/systemd"
 )
 

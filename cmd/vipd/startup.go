@@ -11,10 +11,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vipd/vipd/agent/ledger"
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/ledger"
-	"github.com/vipd/vipd/lb/status"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 // The start-up of the daemon before it touches anything: the locks that

@@ -20,7 +20,7 @@ import (
 
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
-	"github.com/vipd/vipd/lb/status"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 // slowIPVS is the fake kernel whose dumps of the table take delay, as a

@@ -14,8 +14,8 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
+	"github.com/vipd/vipd/kernel/ipvs"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/ipvs"
 )
 
 // The floor of a one-backend change in this guest: what any daemon that

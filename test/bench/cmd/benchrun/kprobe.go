@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vipd/vipd/lb/ipvs"
+	"github.com/vipd/vipd/kernel/ipvs"
 )
 
 // The kernel-side timestamp of vipd's change: a kretprobe on IPVS's

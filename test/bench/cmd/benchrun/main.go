@@ -53,9 +53,9 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/kernel/ipvs"
+	"github.com/vipd/vipd/kernel/link"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/ipvs"
-	"github.com/vipd/vipd/lb/link"
 	"github.com/vipd/vipd/test/bench"
 )
 

@@ -56,7 +56,7 @@ func render(res *Results) string {
 
 	b.WriteString("\n1. Cold programming: empty table to every object in the kernel (seconds)\n")
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "size\tobjects\tvipd\tipvsadm -R\tkeepalived\tvipd/ipvsadm\tvipd/keepalived\tvipd first pass (log)\ttarget <= 0.5x keepalived\tlb/ipvs batches alone\talone/keepalived\t")
+	fmt.Fprintln(w, "size\tobjects\tvipd\tipvsadm -R\tkeepalived\tvipd/ipvsadm\tvipd/keepalived\tvipd first pass (log)\ttarget <= 0.5x keepalived\tkernel/ipvs batches alone\talone/keepalived\t")
 	for _, r := range res.Sizes {
 		v, i, k := r.Cold["vipd"], r.Cold["ipvsadm"], r.Cold["keepalived"]
 		first := "-"
@@ -135,7 +135,7 @@ func render(res *Results) string {
 		}
 	}
 	w.Flush()
-	b.WriteString("reading the whole table (lb/ipvs Services()), seconds by sockets; one service's query, ms:\n")
+	b.WriteString("reading the whole table (kernel/ipvs Services()), seconds by sockets; one service's query, ms:\n")
 	for _, r := range res.Sizes {
 		if len(r.Read) == 0 {
 			continue

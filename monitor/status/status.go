@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
+	"github.com/vipd/vipd/monitor/health"
 )
 
 // HealthSource reports the health of a service's backend, and false when

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
+	"github.com/vipd/vipd/monitor/health"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -33,10 +33,10 @@ func golden(t *testing.T, name, got string) {
 	}
 	want, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (run go test ./lb/status -update to create it)", err)
+		t.Fatalf("%v (run go test ./monitor/status -update to create it)", err)
 	}
 	if got != string(want) {
-		t.Errorf("%s differs from golden file (go test ./lb/status -update rewrites it)\n--- got\n%s\n--- want\n%s", path, got, want)
+		t.Errorf("%s differs from golden file (go test ./monitor/status -update rewrites it)\n--- got\n%s\n--- want\n%s", path, got, want)
 	}
 }
 

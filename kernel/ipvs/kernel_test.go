@@ -21,8 +21,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/vipd/vipd/kernel/link"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/link"
 )
 
 // The tests in this file need a kernel with IPVS. In the real-kernel test
@@ -30,7 +30,7 @@ import (
 // the kernel has no ip_vs. Each runs in a network namespace of its own,
 // which has an IPVS table of its own. Run them in the guest with
 //
-//	VIPD_GUEST_PKGS="./lb/ipvs ./lb/link ./lb/sysctl" test/vm/e2e.sh
+//	VIPD_GUEST_PKGS="./kernel/ipvs ./kernel/link ./kernel/sysctl" test/vm/e2e.sh
 
 // guestSchedulers are the schedulers of Linux 6.1, which lacks twos.
 var guestSchedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh"}

@@ -5,9 +5,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/vipd/vipd/arp"
-	"github.com/vipd/vipd/lb/health"
-	"github.com/vipd/vipd/lb/status"
+	"github.com/vipd/vipd/kernel/arp"
+	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 // statusCollector exports the services and backends of a status snapshot

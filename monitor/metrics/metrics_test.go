@@ -20,10 +20,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/vipd/vipd/arp"
+	"github.com/vipd/vipd/kernel/arp"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
-	"github.com/vipd/vipd/lb/status"
+	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -148,11 +148,11 @@ func golden(t *testing.T, c prometheus.Collector, name string) {
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		t.Fatalf("%v (run go test ./lb/metrics -update to create it)", err)
+		t.Fatalf("%v (run go test ./monitor/metrics -update to create it)", err)
 	}
 	defer f.Close()
 	if err := testutil.CollectAndCompare(c, f); err != nil {
-		t.Errorf("%s: %v (go test ./lb/metrics -update rewrites it)", path, err)
+		t.Errorf("%s: %v (go test ./monitor/metrics -update rewrites it)", path, err)
 	}
 }
 

@@ -25,10 +25,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/vipd/vipd/arp"
+	"github.com/vipd/vipd/kernel/arp"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
-	"github.com/vipd/vipd/lb/status"
+	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 // Options configure Metrics.

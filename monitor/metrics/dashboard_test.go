@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/arp"
+	"github.com/vipd/vipd/kernel/arp"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
+	"github.com/vipd/vipd/monitor/health"
 )
 
 // TestDashboardMetricsExist checks that every vipd_ metric the example

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/lb/health"
+	"github.com/vipd/vipd/monitor/health"
 )
 
 // Example shows how a daemon wires health checks between its

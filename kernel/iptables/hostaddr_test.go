@@ -11,10 +11,10 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/vipd/vipd/kernel/link"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
 	"github.com/vipd/vipd/lb/lbtest/nstest"
-	"github.com/vipd/vipd/lb/link"
 )
 
 // hostAddrs is the fake kernel's VIPs with the host's real addresses.
