@@ -107,6 +107,26 @@ func (op Op) was() Was {
 }
 
 // String formats the operation as one readable line.
+// OpKey identifies an operation across passes: what it does and to
+// what, without what it replaces (Op.Was) or the kernel's counters.
+type OpKey struct {
+	Kind          OpKind
+	Service       Service
+	Dest          Destination
+	Addr          netip.Addr
+	Sysctl, Value string
+	Entry         SetEntry
+	Policy        RulePolicy
+}
+
+// Key returns the operation's key.
+func (op Op) Key() OpKey {
+	d := op.Dest
+	d.ActiveConns, d.InactiveConns, d.Stats = 0, 0, Stats{}
+	return OpKey{Kind: op.Kind, Service: op.Service, Dest: d, Addr: op.Addr, Sysctl: op.Sysctl, Value: op.Value,
+		Entry: op.Entry, Policy: op.Policy}
+}
+
 func (op Op) String() string {
 	k := op.Service.Key
 	switch op.Kind {

@@ -62,10 +62,16 @@ type Conflict struct {
 	Key lb.ServiceKey
 	// Owner is the source that keeps it, and OwnerService its service.
 	Owner, OwnerService string
+	// Reason, when not empty, says why the service is refused instead
+	// of an owner (its VIP is an address of the host, say).
+	Reason string
 }
 
 // Error describes the conflict as the refused source's user reads it.
 func (c Conflict) Error() string {
+	if c.Reason != "" {
+		return fmt.Sprintf("service %q: %s", c.Service, c.Reason)
+	}
 	if c.Key == (lb.ServiceKey{}) {
 		return fmt.Sprintf("service %q: the name is taken by %s's service %q", c.Service, c.Owner, c.OwnerService)
 	}

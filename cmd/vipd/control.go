@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -16,19 +17,18 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/net/netutil"
 
+	"github.com/vipd/vipd/agent"
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/monitor/metrics"
 	"github.com/vipd/vipd/monitor/status"
 )
 
-// serveControl serves the local control API on the configured unix
-// socket, readable and writable by root and the socket's group only. Its
-// handlers hand commands to the main loop, so they see the daemon's state
-// between passes, never during one; status comes from d.stats, which
-// reads the kernel at most once per stats_interval. The server is bound
-// by d.opts.ControlLimits.
-func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
-	path := d.cfg.Daemon.ControlSocket
+// serveControl serves a's control API on the unix socket path, readable
+// and writable by root and the socket's group only. Commands go to the
+// agent's main loop, so they see its state between passes, never during
+// one; status comes from the agent's status cache, which reads the kernel
+// at most once per stats_interval. The server is bound by lim.
+func serveControl(a *agent.Agent, path string, lim serverLimits, log *slog.Logger) (stop func(), err error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
@@ -46,7 +46,6 @@ func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
 		l.Close()
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	lim := d.opts.ControlLimits
 	mux := http.NewServeMux()
 	answer := func(w http.ResponseWriter, rep reply) {
 		w.Header().Set("Content-Type", "application/json")
@@ -56,7 +55,7 @@ func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
 		json.NewEncoder(w).Encode(rep)
 	}
 	busy := func(w http.ResponseWriter, _ *http.Request) {
-		d.m.Rejected(metrics.ServerControl)
+		a.Rejected(metrics.ServerControl)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		json.NewEncoder(w).Encode(reply{Error: "busy: vipd is serving as many requests as it serves at a time; try again"})
@@ -65,21 +64,23 @@ func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
 	// Each has its own limit, so that a flood of one never refuses
 	// the other.
 	commands := limiter(lim.MaxRequests, busy)
-	ask := func(w http.ResponseWriter, r *http.Request, req request) {
-		rep, err := d.ask(r.Context(), req)
-		if err != nil && rep.Error == "" {
-			rep.Error = err.Error()
-		}
-		answer(w, rep)
-	}
 	mux.Handle("POST /v1/reload", commands(func(w http.ResponseWriter, r *http.Request) {
-		ask(w, r, request{kind: "reload", force: r.URL.Query().Get("force") == "1"})
+		answer(w, replyOf(a.Reload(r.Context(), agent.ReloadOptions{Why: "control socket", Force: r.URL.Query().Get("force") == "1"})))
 	}))
 	mux.Handle("GET /v1/plan", commands(func(w http.ResponseWriter, r *http.Request) {
-		ask(w, r, request{kind: "plan"})
+		ops, err := a.Plan(r.Context())
+		if err != nil {
+			answer(w, reply{Error: err.Error()})
+			return
+		}
+		rep := reply{Planned: []string{}}
+		for _, op := range ops {
+			rep.Planned = append(rep.Planned, op.String())
+		}
+		answer(w, rep)
 	}))
 	mux.Handle("GET /v1/status", limiter(lim.MaxRequests, busy)(func(w http.ResponseWriter, r *http.Request) {
-		snap, err := d.stats.Get(r.Context())
+		snap, err := a.Status(r.Context())
 		if r.Context().Err() != nil {
 			return // the client is gone
 		}
@@ -90,12 +91,25 @@ func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
 		answer(w, reply{Status: snap})
 	}))
 	for _, kind := range []string{"drain", "undrain"} {
+		do := a.Drain
+		if kind == "undrain" {
+			do = a.Undrain
+		}
 		mux.Handle("POST /v1/"+kind, commands(func(w http.ResponseWriter, r *http.Request) {
 			q := r.URL.Query()
-			ask(w, r, request{kind: kind, service: q.Get("service"), backend: q.Get("backend")})
+			service, backend := q.Get("service"), q.Get("backend")
+			if service == "*" {
+				service = ""
+			}
+			addr, err := netip.ParseAddrPort(backend)
+			if err != nil {
+				answer(w, reply{Error: fmt.Sprintf("backend %q is not address:port", backend)})
+				return
+			}
+			answer(w, replyOf(do(r.Context(), agent.DrainOptions{Service: service, Backend: addr})))
 		}))
 	}
-	srv := lim.server(mux, d.log)
+	srv := lim.server(mux, log)
 	l = lim.listener(l)
 	go srv.Serve(l)
 	return func() {
@@ -104,6 +118,30 @@ func (d *daemon) serveControl(ctx context.Context) (stop func(), err error) {
 		srv.Shutdown(sctx)
 		os.Remove(path)
 	}, nil
+}
+
+// reply is the control API's answer, as JSON.
+type reply struct {
+	Applied []string         `json:"applied,omitempty"`
+	Failed  []string         `json:"failed,omitempty"`
+	Planned []string         `json:"planned,omitempty"`
+	Status  *status.Snapshot `json:"status,omitempty"`
+	Error   string           `json:"error,omitempty"`
+}
+
+// replyOf is the reply that tells what a command did.
+func replyOf(out agent.Outcome, err error) reply {
+	var rep reply
+	for _, op := range out.Applied {
+		rep.Applied = append(rep.Applied, op.String())
+	}
+	for _, f := range out.Failed {
+		rep.Failed = append(rep.Failed, f.Error())
+	}
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	return rep
 }
 
 // serverLimits bound one of vipd's HTTP servers: the control socket's or

@@ -88,26 +88,14 @@ func openKernel(cfg *config.Config, log *slog.Logger, opts kernelOptions) (k lb.
 	return k, close, nil
 }
 
-// reconcilerOptions returns the reconciler options for cfg.
+// reconcilerOptions returns the reconciler options for planning cfg on
+// the kernel k.
 func reconcilerOptions(cfg *config.Config, k lb.Kernel, log *slog.Logger) lb.Options {
 	release, err := link.KernelRelease()
 	if err != nil {
 		log.Warn("cannot read the kernel release; conn_reuse_mode will be 0", "err", err)
 	}
-	opts := removalOptions(cfg)
-	opts.Kernel, opts.Logger, opts.KernelRelease, opts.Dummy = k, log, release, cfg.Daemon.Interface
-	return opts
-}
-
-// removalOptions returns the reconciler options that say how cfg removes
-// backends and services (see lb.Reconciler.SetRemoval).
-func removalOptions(cfg *config.Config) lb.Options {
-	return lb.Options{
-		Drain:         cfg.Daemon.Drain,
-		DrainTimeout:  cfg.Daemon.DrainTimeout,
-		Grace:         cfg.Daemon.DrainGrace,
-		DrainServices: cfg.Daemon.DrainServices,
-	}
+	return lb.Options{Kernel: k, Logger: log, KernelRelease: release, Dummy: cfg.Daemon.Interface}
 }
 
 // ledgerVIPs returns the addresses of the services in vipd's ledger: on an

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -35,31 +35,23 @@ const kernelLockDir = "/run/lock"
 //
 //   - state_dir/vipd.lock: one vipd per state directory (the ledger and the
 //     admin drains);
-//   - the kernel lock (opts.KernelLock; for the real kernel
-//     /run/lock/vipd-net-INODE.lock, INODE naming the network namespace):
-//     one vipd per IPVS table. Two daemons with different state
-//     directories in one namespace would still fight: over the services
-//     on a shared dummy interface, over the VIPD-* iptables chains and
-//     ipsets, over the sysctls.
+//   - the kernel lock (kernelLock; for the real kernel NetnsLock()): one
+//     vipd per IPVS table. Two daemons with different state directories
+//     in one namespace would still fight: over the services on a shared
+//     dummy interface, over the VIPD-* iptables chains and ipsets, over
+//     the sysctls. "" takes none (a fake kernel).
 //
 // It returns the function that releases both.
-func lockDaemon(cfg *config.Config, opts *daemonOptions) (release func(), err error) {
+func lockDaemon(cfg *config.Config, kernelLock string) (release func(), err error) {
 	unlockState, err := lockFile(filepath.Join(cfg.Daemon.StateDir, stateLockName),
 		fmt.Sprintf("the lock of state_dir %s", cfg.Daemon.StateDir))
 	if err != nil {
 		return nil, err
 	}
-	path := opts.KernelLock
-	if path == "" && opts.OpenKernel == nil {
-		if path, err = netnsLockPath(); err != nil {
-			unlockState()
-			return nil, err
-		}
-	}
-	if path == "" {
+	if kernelLock == "" {
 		return unlockState, nil
 	}
-	unlockKernel, err := lockFile(path, "the lock of this network namespace's IPVS table (one vipd per network namespace)")
+	unlockKernel, err := lockFile(kernelLock, "the lock of this network namespace's IPVS table (one vipd per network namespace)")
 	if err != nil {
 		unlockState()
 		return nil, err
@@ -67,9 +59,10 @@ func lockDaemon(cfg *config.Config, opts *daemonOptions) (release func(), err er
 	return func() { unlockKernel(); unlockState() }, nil
 }
 
-// netnsLockPath returns the kernel lock of this process's network
-// namespace, named by the namespace's inode, which is unique on the host.
-func netnsLockPath() (string, error) {
+// NetnsLock returns the kernel lock of this process's network namespace,
+// /run/lock/vipd-net-INODE.lock, named by the namespace's inode, which is
+// unique on the host (see Options.KernelLock).
+func NetnsLock() (string, error) {
 	var st syscall.Stat_t
 	if err := syscall.Stat("/proc/self/ns/net", &st); err != nil {
 		return "", fmt.Errorf("identify the network namespace for its lock: %w", err)
@@ -163,24 +156,24 @@ func stateError(err error, path, holds string) error {
 // (a netlink dump that failed, say) is tried again, twice, after a wait
 // that doubles; if it still fails the start fails, before READY: a vipd
 // that reported ready must manage the kernel.
-func (d *daemon) firstPass(ctx context.Context, spec *lb.Spec) (*lb.Result, error) {
+func (a *Agent) firstPass(ctx context.Context, spec *lb.Spec) (*lb.Result, error) {
 	const attempts = 3
-	wait := d.opts.StartRetry
+	wait := a.opts.StartRetry
 	if wait <= 0 {
 		wait = time.Second
 	}
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
-		res, err := d.r.Reconcile(ctx, spec)
-		d.m.Pass("start", res, time.Since(start))
+		res, err := a.r.Reconcile(ctx, spec)
+		a.m.Pass("start", res, time.Since(start))
 		if err == nil {
-			logResult(d.log, "start", res, time.Since(start))
+			logResult(a.log, "start", res, time.Since(start))
 			return res, nil
 		}
 		if attempt == attempts {
 			return nil, fmt.Errorf("first pass: cannot read the kernel (%d attempts): %w; not ready", attempts, err)
 		}
-		d.log.Warn("first pass cannot read the kernel; trying again", "attempt", attempt, "in", wait, "err", err)
+		a.log.Warn("first pass cannot read the kernel; trying again", "attempt", attempt, "in", wait, "err", err)
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("first pass: %w", ctx.Err())

@@ -1,65 +1,24 @@
-package main
+package agent
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
-	"time"
 
 	"github.com/vipd/vipd/agent/ledger"
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/monitor/status"
 )
-
-// snapshot joins the running configuration, the kernel as observed,
-// health and admin drains into the status `vipd status` and the metrics
-// show. It runs in the main loop, which owns what it joins.
-func (d *daemon) snapshot(observed *lb.State) *status.Snapshot {
-	opts := status.Options{Spec: &d.cfg.Spec, Observed: observed, Drained: d.drained, Now: time.Now()}
-	if len(d.cfg.Health) > 0 {
-		opts.Health = d.hm
-		opts.Sorry = map[string]netip.AddrPort{}
-		for name, h := range d.cfg.Health {
-			if h.Policy.Sorry.Addr.IsValid() {
-				opts.Sorry[name] = h.Policy.Sorry.Addr
-			}
-		}
-	}
-	return status.Build(opts)
-}
-
-// takeStatus takes the snapshot d.stats serves: it reads the services
-// outside the main loop (the reconciler's lock keeps the read from
-// overlapping a pass), then has the main loop join them with its state.
-// d.stats runs one take at a time, at most once per stats_interval
-// unless what a snapshot shows changed.
-func (d *daemon) takeStatus(ctx context.Context) (*status.Snapshot, error) {
-	observed, err := d.r.ObserveServices()
-	if err != nil {
-		return nil, err
-	}
-	rep, err := d.ask(ctx, request{kind: "snapshot", observed: observed})
-	if err != nil {
-		return nil, err
-	}
-	return rep.Status, nil
-}
-
-// changed tells d.stats that a pass with result res changed the kernel,
-// if it did.
-func (d *daemon) changed(res *lb.Result) {
-	if res != nil && len(res.Applied) > 0 {
-		d.stats.Invalidate()
-	}
-}
 
 // applyDrains sets the weight of admin-drained backends to 0 in spec,
 // copying what it changes.
@@ -136,14 +95,8 @@ func storeDrains(path string, drained map[status.Ref]struct{}) error {
 	for r := range drained {
 		entries = append(entries, drainEntry{Service: r.Service, Backend: r.Backend})
 	}
-	slices.SortFunc(entries, func(a, b drainEntry) int {
-		if a.Service != b.Service {
-			if a.Service < b.Service {
-				return -1
-			}
-			return 1
-		}
-		return a.Backend.Compare(b.Backend)
+	slices.SortFunc(entries, func(x, y drainEntry) int {
+		return cmp.Or(cmp.Compare(x.Service, y.Service), x.Backend.Compare(y.Backend))
 	})
 	data, err := json.MarshalIndent(entries, "", "  ")
 	if err != nil {
@@ -155,21 +108,53 @@ func storeDrains(path string, drained map[status.Ref]struct{}) error {
 	return nil
 }
 
-// drain drains (on) or undrains a backend of a service ("" or "*" for
-// every service) and stores the drains.
-func (d *daemon) drain(service, backend string, on bool) error {
-	if service == "*" {
-		service = ""
-	}
-	addr, err := netip.ParseAddrPort(backend)
-	if err != nil {
-		return fmt.Errorf("backend %q is not address:port", backend)
-	}
-	if service != "" && !slices.ContainsFunc(d.cfg.Spec.Services, func(vs lb.VirtualService) bool { return vs.Name == service }) {
+// DrainOptions name what to drain or undrain.
+type DrainOptions struct {
+	// Service is a service's name, or "" for every service that has
+	// Backend.
+	Service string
+	// Backend is the backend's address and port as configured.
+	Backend netip.AddrPort
+}
+
+// Drain takes a backend out of rotation (weight 0) until Undrain, across
+// reloads and restarts, and runs a pass.
+func (a *Agent) Drain(ctx context.Context, opts DrainOptions) (Outcome, error) {
+	return a.setDrain(ctx, opts, true)
+}
+
+// Undrain puts a backend that Drain took out back into rotation, and runs
+// a pass.
+func (a *Agent) Undrain(ctx context.Context, opts DrainOptions) (Outcome, error) {
+	return a.setDrain(ctx, opts, false)
+}
+
+func (a *Agent) setDrain(ctx context.Context, opts DrainOptions, on bool) (out Outcome, err error) {
+	derr := a.do(ctx, func(ctx context.Context) {
+		if err = a.drain(opts.Service, opts.Backend, on); err != nil {
+			return
+		}
+		why := "undrain"
+		if on {
+			why = "drain"
+		}
+		a.log.Info("admin "+why, "service", opts.Service, "backend", opts.Backend)
+		res := a.reconcile(ctx, why, a.effective(a.cfg))
+		a.remember(res)
+		out = outcome(res)
+	})
+	return out, cmpErr(err, derr)
+}
+
+// drain drains (on) or undrains a backend of a service ("" for every
+// service) and stores the drains.
+func (a *Agent) drain(service string, addr netip.AddrPort, on bool) error {
+	svcs := a.spec(a.cfg).Services
+	if service != "" && !slices.ContainsFunc(svcs, func(vs lb.VirtualService) bool { return vs.Name == service }) {
 		return fmt.Errorf("no service %q", service)
 	}
 	found := false
-	for _, vs := range d.cfg.Spec.Services {
+	for _, vs := range svcs {
 		if service != "" && vs.Name != service {
 			continue
 		}
@@ -181,9 +166,9 @@ func (d *daemon) drain(service, backend string, on bool) error {
 	if !found && on {
 		return fmt.Errorf("no backend %s in %s", addr, describeService(service))
 	}
-	next := make(map[status.Ref]struct{}, len(d.drained)+1)
-	for r := range d.drained {
-		next[r] = struct{}{}
+	next := maps.Clone(a.drained)
+	if next == nil {
+		next = map[status.Ref]struct{}{}
 	}
 	if on {
 		next[ref] = struct{}{}
@@ -193,11 +178,11 @@ func (d *daemon) drain(service, backend string, on bool) error {
 		}
 		delete(next, ref)
 	}
-	if err := storeDrains(drainsPath(d.cfg), next); err != nil {
+	if err := storeDrains(drainsPath(a.cfg), next); err != nil {
 		return err
 	}
-	d.drained = next
-	d.stats.Invalidate()
+	a.drained = next
+	a.stats.Invalidate()
 	return nil
 }
 

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"fmt"
@@ -15,9 +15,9 @@ import (
 // file is. A file that is gone (deleted, or moved out of the include
 // patterns) was removed on purpose and only counts towards the whole.
 // delta says which services changed.
-func (d *daemon) guard(cfg *config.Config, delta config.Delta) error {
-	share := d.cfg.Daemon.ReloadGuard
-	old := d.cfg.Spec.Services
+func (a *Agent) guard(cfg *config.Config, delta config.Delta) error {
+	share := a.cfg.Daemon.ReloadGuard
+	old := a.cfg.Spec.Services
 	present := make(map[string]bool, len(cfg.Files()))
 	for _, f := range cfg.Files() {
 		present[f.File] = true
@@ -27,7 +27,7 @@ func (d *daemon) guard(cfg *config.Config, delta config.Delta) error {
 		total lb.Removal
 		files []string
 	)
-	for _, f := range d.cfg.Files() {
+	for _, f := range a.cfg.Files() {
 		from, to := max(f.From, delta.From), min(f.To, delta.OldTo)
 		if from >= to {
 			continue // none of the file's services changed
@@ -43,25 +43,25 @@ func (d *daemon) guard(cfg *config.Config, delta config.Delta) error {
 			r.OfBackends += len(old[i].Backends)
 		}
 		if ex, desc := r.Exceeds(share); ex {
-			files = append(files, fmt.Sprintf("%s: the change %s of that file", d.relative(f.File), desc))
+			files = append(files, fmt.Sprintf("%s: the change %s of that file", a.relative(f.File), desc))
 		}
 	}
-	total.OfServices, total.OfBackends = len(old), d.cfg.Backends()
+	total.OfServices, total.OfBackends = len(old), a.cfg.Backends()
 	if ex, desc := total.Exceeds(share); ex {
 		return fmt.Errorf("%w: the new configuration %s, more than reload_guard = %v; run \"vipd reload --force\" if that is intended",
-			errReloadRejected, desc, share)
+			ErrReloadRejected, desc, share)
 	}
 	if len(files) > 0 {
 		return fmt.Errorf("%w: %s, more than reload_guard = %v of one file (truncated?); delete a file to remove all its services, or run \"vipd reload --force\" if that is intended",
-			errReloadRejected, strings.Join(files, "; "), share)
+			ErrReloadRejected, strings.Join(files, "; "), share)
 	}
 	return nil
 }
 
 // relative names file relative to the main file's directory when it is
 // below it.
-func (d *daemon) relative(file string) string {
-	rel, err := filepath.Rel(filepath.Dir(d.cfg.File), file)
+func (a *Agent) relative(file string) string {
+	rel, err := filepath.Rel(filepath.Dir(a.cfg.File), file)
 	if err != nil || strings.HasPrefix(rel, "..") {
 		return file
 	}

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"bytes"
@@ -11,11 +11,7 @@ import (
 	"testing"
 
 	"github.com/vipd/vipd/config"
-	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
-	"github.com/vipd/vipd/monitor/health"
-	"github.com/vipd/vipd/monitor/metrics"
-	"github.com/vipd/vipd/systemd"
 	"github.com/vipd/vipd/test/bench"
 )
 
@@ -67,18 +63,15 @@ func BenchmarkReload(b *testing.B) {
 				kk := k.Interface()
 				kk.Ledger = nil
 				log := slog.New(slog.NewTextHandler(io.Discard, nil))
-				d := &daemon{opts: daemonOptions{Path: main}, log: log, n: &systemd.Notifier{}, cfg: cfg,
-					r: lb.NewReconciler(lb.Options{Kernel: kk, Logger: log, Dummy: "vipd0", KernelRelease: "6.1.0"})}
-				d.m = metrics.New(metrics.Options{Logger: log})
-				d.hm = health.NewManager(health.Options{Logger: log})
-				d.health = healthView{m: d.hm}
-				d.remember(d.reconcile(context.Background(), "start", d.effective(cfg)))
+				a := New(Options{Path: main, Logger: log, KernelRelease: "6.1.0"})
+				a.setup(context.Background(), cfg, nil, kk)
+				a.remember(a.reconcile(context.Background(), "start", a.effective(cfg)))
 				b.ReportAllocs()
 				i := 0
 				for b.Loop() {
-					rep := d.reload(context.Background(), fileRead{why: "file changed", file: file, data: files[i%2]}, false)
-					if rep.Error != "" || len(rep.Applied) != 1 {
-						b.Fatalf("reload %d: %+v", i, rep)
+					out, err := a.reload(context.Background(), fileRead{why: "file changed", file: file, data: files[i%2]}, false)
+					if err != nil || len(out.Applied) != 1 {
+						b.Fatalf("reload %d: %v %+v", i, err, out)
 					}
 					i++
 				}

@@ -1,0 +1,492 @@
+// Package agent is the vipd daemon as a library: it keeps the kernel in
+// step with the desired state, the configuration file's services merged
+// with those of the other sources (see package source), and serves the
+// typed requests of the control API (reload, plan, status, drain).
+//
+// An Agent's state is owned by its main loop (Run): every request and
+// every source's update is handed to the loop and handled between passes,
+// never during one.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/kernel/arp"
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/metrics"
+	"github.com/vipd/vipd/monitor/status"
+	"github.com/vipd/vipd/source"
+)
+
+// Options configure an Agent.
+type Options struct {
+	// Path is the configuration file.
+	Path string
+	// Logger receives the agent's log; nil discards it.
+	Logger *slog.Logger
+	// Notifier reports to the service manager; nil reports nothing.
+	Notifier Notifier
+	// OpenKernel opens the kernel adapters for a configuration; close
+	// releases them. Required: the command passes the real kernel,
+	// tests a fake.
+	OpenKernel func(*config.Config, *slog.Logger) (k lb.Kernel, close func(), err error)
+	// KernelRelease is the running kernel's release (see
+	// lb.Options.KernelRelease).
+	KernelRelease string
+	// KernelLock is the lock file that admits one vipd per kernel (see
+	// lockDaemon); "" takes none.
+	KernelLock string
+	// StartRetry is the wait before the first pass is tried again when
+	// it cannot read the kernel; it doubles each time. Zero means one
+	// second.
+	StartRetry time.Duration
+	// Serve starts the agent's servers (the control socket, the metrics
+	// endpoint) once the first pass is done, before the agent reports
+	// ready; stop stops them when Run ends. nil serves nothing.
+	Serve func(ctx context.Context, a *Agent, d config.Daemon) (stop func(), err error)
+	// Sources are the origins of desired services besides the
+	// configuration file (see package source).
+	Sources []source.Source
+	// Version is the version the log and the metrics show.
+	Version string
+}
+
+// Notifier reports the agent's state to the service manager (systemd's
+// sd_notify; see package systemd).
+type Notifier interface {
+	Ready(status string) error
+	Reloading() error
+	Stopping() error
+	Status(status string) error
+	Watchdog() error
+	// WatchdogInterval is the service manager's watchdog timeout, or 0.
+	WatchdogInterval() time.Duration
+}
+
+// quiet is the Notifier of an agent without a service manager.
+type quiet struct{}
+
+func (quiet) Ready(string) error              { return nil }
+func (quiet) Reloading() error                { return nil }
+func (quiet) Stopping() error                 { return nil }
+func (quiet) Status(string) error             { return nil }
+func (quiet) Watchdog() error                 { return nil }
+func (quiet) WatchdogInterval() time.Duration { return 0 }
+
+// Agent is the running vipd: the current good configuration, the
+// sources' services, and the reconciler that keeps the kernel in step
+// with them.
+type Agent struct {
+	opts Options
+	log  *slog.Logger
+	n    Notifier
+	r    *lb.Reconciler
+	cfg  *config.Config
+	// failing holds the operations that failed in the last pass of the
+	// running configuration: a reload is not blamed for them.
+	failing map[lb.OpKey]bool
+	// ledgerFailing says that the last pass could not store the
+	// ownership ledger.
+	ledgerFailing bool
+	reqs          chan func(context.Context)
+	// done is closed when Run ends.
+	done chan struct{}
+
+	// sources holds what each source other than the file publishes.
+	sources sources
+
+	// hm checks the backends; health is its view with adoption (see
+	// healthView), and decisions the last health decision per service.
+	hm        *health.Manager
+	health    healthView
+	decisions map[string]health.Decision
+	// healthChanged is signalled on every backend transition.
+	healthChanged chan struct{}
+
+	// drained holds the backends an operator drained (vipd drain).
+	drained map[status.Ref]struct{}
+	// m exports metrics; gen counts the configurations that took effect.
+	m   *metrics.Metrics
+	gen uint64
+	// stats holds the status that vipd status and the metrics show.
+	stats *status.Cache
+}
+
+// New returns an agent for opts; Run runs it.
+func New(opts Options) *Agent {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Notifier == nil {
+		opts.Notifier = quiet{}
+	}
+	return &Agent{opts: opts, log: opts.Logger, n: opts.Notifier, reqs: make(chan func(context.Context)),
+		done: make(chan struct{}), healthChanged: make(chan struct{}, 1)}
+}
+
+// defaultMemoryLimit is the Go runtime's soft memory limit for the daemon
+// when GOMEMLIMIT does not set one. The runtime collects garbage sooner as
+// the heap nears it, which keeps a cold start of 10,000 services x 10
+// backends (a plan of 110,000 operations) within the resident memory the
+// benchmark holds it to; it is not a cap: a larger configuration's live
+// heap may exceed it, at the cost of more frequent collection.
+const defaultMemoryLimit = 112 << 20
+
+// Run loads the configuration, adopts what the kernel already has,
+// applies the difference, and keeps the kernel in step until ctx ends:
+// on every change of the configuration's files (with watch), every
+// request, every source's update, every backend transition and every
+// resync_interval. It then stops as on_stop says.
+func (a *Agent) Run(ctx context.Context) error {
+	defer close(a.done)
+	if a.opts.OpenKernel == nil {
+		return errors.New("agent: no kernel (Options.OpenKernel)")
+	}
+	log := a.log
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
+	cfg, err := config.Load(a.opts.Path)
+	if err != nil {
+		return err
+	}
+	if err := canRunChecks(cfg); err != nil {
+		return err
+	}
+	// Nothing is touched before this vipd holds its locks and has read
+	// its state: a second vipd, or a corrupt state file, ends the start
+	// with the kernel and the files as they were.
+	unlock, err := lockDaemon(cfg, a.opts.KernelLock)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	drained, err := loadState(cfg)
+	if err != nil {
+		return err
+	}
+	k, closeKernel, err := a.opts.OpenKernel(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeKernel()
+	a.setup(ctx, cfg, drained, k)
+	if err := a.refuseHostVIPs(cfg, cfg.Spec.Services); err != nil {
+		return err
+	}
+	a.check(cfg)
+	hctx, stopHealth := context.WithCancel(ctx)
+	defer stopHealth()
+	go a.hm.Run(hctx)
+	log.Info("starting", "version", a.opts.Version, "config", a.opts.Path, "services", len(cfg.Spec.Services), "pid", os.Getpid())
+	res, err := a.firstPass(ctx, a.effective(cfg))
+	if err != nil {
+		return err
+	}
+	a.remember(res)
+	a.gen++
+	a.m.ConfigLoaded(a.gen, &cfg.Spec)
+	if a.opts.Serve != nil {
+		stop, err := a.opts.Serve(ctx, a, cfg.Daemon)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	w := &watch{a: a}
+	defer w.close()
+	if cfg.Daemon.Watch {
+		w.start(ctx)
+	}
+	sourceErrs := make(chan error, 1)
+	stopSources := a.runSources(ctx, sourceErrs)
+	defer stopSources()
+
+	resync := time.NewTicker(cfg.Daemon.ResyncInterval)
+	defer resync.Stop()
+	var watchdog <-chan time.Time
+	if iv := a.n.WatchdogInterval(); iv > 0 {
+		t := time.NewTicker(iv / 2)
+		defer t.Stop()
+		watchdog = t.C
+	}
+	// While backends drain, passes come every second so that each is
+	// deleted soon after its last connection ends.
+	drainCheck := time.NewTicker(time.Second)
+	defer drainCheck.Stop()
+	log.Info("ready", "watch", cfg.Daemon.Watch, "control_socket", cfg.Daemon.ControlSocket)
+	a.notify(a.n.Ready(a.status("serving")))
+	for {
+		select {
+		case <-drainCheck.C:
+			if a.r.Draining() > 0 {
+				a.drainPass(ctx)
+			}
+		case <-a.healthChanged:
+			a.remember(a.reconcile(ctx, "health", a.effective(a.cfg)))
+		case <-ctx.Done():
+			a.notify(a.n.Stopping())
+			return a.stop()
+		case err := <-sourceErrs:
+			a.notify(a.n.Stopping())
+			return errors.Join(err, a.stop())
+		case <-watchdog:
+			// Sent from the loop itself: a wedged loop stops sending and
+			// systemd restarts vipd (the data plane keeps running).
+			a.notify(a.n.Watchdog())
+		case ch, ok := <-w.changes:
+			if !ok {
+				w.changes = nil
+				continue
+			}
+			a.reload(ctx, fileRead{why: "file changed", file: ch.File, data: ch.Data, removed: ch.Removed, err: ch.Err, seen: ch.Seen, read: ch.Read}, false)
+			w.follow(ctx)
+		case req := <-a.reqs:
+			req(ctx)
+			w.follow(ctx)
+		case <-resync.C:
+			// Sysctls and rules are re-read only here: other passes
+			// trust what vipd last wrote, which keeps reloads cheap.
+			a.r.Refresh()
+			a.remember(a.reconcile(ctx, "resync", a.effective(a.cfg)))
+		}
+	}
+}
+
+// setup makes the agent's parts for the configuration cfg, the admin
+// drains drained and the kernel k.
+func (a *Agent) setup(ctx context.Context, cfg *config.Config, drained map[status.Ref]struct{}, k lb.Kernel) {
+	log := a.log
+	ropts := removalOptions(cfg)
+	ropts.Kernel, ropts.Logger, ropts.KernelRelease, ropts.Dummy = k, log, a.opts.KernelRelease, cfg.Daemon.Interface
+	a.r = lb.NewReconciler(ropts)
+	a.cfg, a.drained = cfg, drained
+	a.stats = status.NewCache(status.CacheOptions{Interval: cfg.Daemon.StatsInterval, Take: func() (*status.Snapshot, error) {
+		return a.takeStatus(ctx)
+	}})
+	var announcerStats func() arp.Stats
+	if an, ok := k.Announcer.(interface{ Stats() arp.Stats }); ok {
+		announcerStats = an.Stats
+	}
+	a.m = metrics.New(metrics.Options{
+		Version:   a.opts.Version,
+		Logger:    log,
+		Announcer: announcerStats,
+		// Scrapes wait for a.stats (see Metrics) and export what it
+		// holds.
+		Status: a.stats.Last,
+		Health: func() health.Stats { return a.hm.Stats() },
+	})
+	a.hm = health.NewManager(health.Options{
+		Logger: log,
+		OnTransition: func(t health.Transition) {
+			a.m.HealthTransition(t)
+			a.stats.Invalidate()
+			select {
+			case a.healthChanged <- struct{}{}:
+			default:
+			}
+		},
+	})
+	a.health = healthView{m: a.hm}
+	if len(cfg.Health) > 0 {
+		// Reading the whole table is slow at 10,000 services; only
+		// health checking needs it here.
+		a.health.adopted = adopted(cfg, k)
+	}
+}
+
+// watch watches the running configuration's files.
+type watch struct {
+	a       *Agent
+	changes <-chan config.Change
+	// patterns are the include patterns being watched.
+	patterns []string
+	cancel   func()
+}
+
+// start (re)starts the watcher for the running configuration's files. A
+// watch that fails, then or later, is retried until it works (see
+// config.Watcher).
+func (w *watch) start(ctx context.Context) {
+	w.close()
+	a := w.a
+	cw := config.NewWatcher(config.WatchOptions{Path: a.opts.Path, Include: a.cfg.Include, Logger: a.log,
+		OnWatch: func(err error) { a.m.Watch(err == nil) }}, a.cfg.Texts())
+	wctx, cancel := context.WithCancel(ctx)
+	go cw.Run(wctx)
+	w.changes, w.patterns, w.cancel = cw.Changes(), a.cfg.Include, cancel
+}
+
+// close stops the watcher, if one runs.
+func (w *watch) close() {
+	if w.cancel != nil {
+		w.cancel()
+	}
+}
+
+// follow starts the watch again when a reload changed the include
+// patterns.
+func (w *watch) follow(ctx context.Context) {
+	if w.changes != nil && !slices.Equal(w.patterns, w.a.cfg.Include) {
+		w.start(ctx)
+	}
+}
+
+func (a *Agent) notify(err error) {
+	if err != nil {
+		a.log.Warn("systemd notification failed", "err", err)
+	}
+}
+
+// status is the one-line status systemd shows.
+func (a *Agent) status(state string) string {
+	n := len(a.failing)
+	if a.ledgerFailing {
+		n++
+	}
+	return fmt.Sprintf("%s %d services, %d backends; %d operations failing", state, len(a.cfg.Spec.Services)+a.sources.services(), a.cfg.Backends()+a.sources.backends(), n)
+}
+
+// reconcile runs one pass for spec and logs its outcome. A nil result
+// means the kernel could not be read.
+func (a *Agent) reconcile(ctx context.Context, why string, spec *lb.Spec) *lb.Result {
+	start := time.Now()
+	res, err := a.r.Reconcile(ctx, spec)
+	a.m.Pass(why, res, time.Since(start))
+	a.changed(res)
+	if err != nil {
+		a.log.Error("reconcile failed", "why", why, "err", err)
+		return nil
+	}
+	logResult(a.log, why, res, time.Since(start))
+	return res
+}
+
+// remember records which operations fail under the running configuration.
+func (a *Agent) remember(res *lb.Result) {
+	if res == nil {
+		return
+	}
+	a.failing = map[lb.OpKey]bool{}
+	for _, f := range res.Failed {
+		a.failing[f.Op.Key()] = true
+	}
+	a.ledgerFailing = res.Ledger != nil
+}
+
+func logResult(log *slog.Logger, why string, res *lb.Result, took time.Duration) {
+	for _, f := range res.Failed {
+		log.Error("operation failed", "op", f.Op.Kind.String(), "detail", f.Op.String(), "err", f.Err)
+	}
+	if res.Ledger != nil {
+		log.Error("the ownership ledger is not stored", "err", res.Ledger)
+	}
+	for _, op := range res.Skipped {
+		log.Warn("operation skipped", "op", op.Kind.String(), "detail", op.String())
+	}
+	level := slog.LevelDebug
+	if len(res.Applied)+len(res.Failed) > 0 || why != "resync" && why != "drain" {
+		level = slog.LevelInfo
+	}
+	log.Log(context.Background(), level, "reconciled", "why", why, "applied", len(res.Applied),
+		"failed", len(res.Failed), "skipped", len(res.Skipped), "took", took.Round(time.Microsecond))
+}
+
+// canRunChecks reports whether vipd can run cfg's exec checks as their
+// user: it never runs them as itself instead.
+func canRunChecks(cfg *config.Config) error {
+	if u, ok := cfg.ExecUser(); ok {
+		if err := health.CanRunAs(u); err != nil {
+			return fmt.Errorf("%s: exec checks: %w", cfg.File, err)
+		}
+	}
+	return nil
+}
+
+// do hands f to the main loop and waits until it has run. A request
+// whose ctx has ended is not handed over.
+func (a *Agent) do(ctx context.Context, f func(context.Context)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	select {
+	case a.reqs <- func(lctx context.Context) { f(lctx); close(done) }:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-a.done:
+		return ErrStopped
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Metrics returns the handler of the metrics endpoint. A scrape waits for
+// the status cache, which reads the kernel at most once per
+// stats_interval, and exports what it holds.
+func (a *Agent) Metrics() http.Handler {
+	h := a.m.Handler()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// An error is the collector's to report; a client that is gone
+		// gets nothing.
+		a.stats.Get(r.Context())
+		if r.Context().Err() != nil {
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Rejected counts a request that server refused because it was busy.
+func (a *Agent) Rejected(server metrics.Server) { a.m.Rejected(server) }
+
+// restartNeeded reports whether the daemon settings that shape the open
+// adapters and the main loop differ between two configurations.
+func restartNeeded(old, cur *config.Config) bool {
+	x, y := old.Daemon, cur.Daemon
+	return x.Interface != y.Interface || !slices.Equal(x.Uplinks, y.Uplinks) || x.GARP != y.GARP ||
+		x.ManageIPTables != y.ManageIPTables || x.StateDir != y.StateDir || x.ResyncInterval != y.ResyncInterval ||
+		x.Watch != y.Watch || x.ControlSocket != y.ControlSocket || x.MetricsListen != y.MetricsListen
+}
+
+// stop ends the agent according to on_stop.
+func (a *Agent) stop() error {
+	if a.cfg.Daemon.OnStop != config.StopClean {
+		a.log.Info("stopping; the data plane keeps running (on_stop = \"keep\")")
+		return nil
+	}
+	a.log.Info("stopping; removing everything vipd owns (on_stop = \"clean\")")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res := a.reconcile(ctx, "stop", &lb.Spec{})
+	if res == nil {
+		return errors.New("clean up on stop: cannot read the kernel")
+	}
+	return res.Err()
+}
+
+// removalOptions returns the reconciler options that say how cfg removes
+// backends and services (see lb.Reconciler.SetRemoval).
+func removalOptions(cfg *config.Config) lb.Options {
+	return lb.Options{
+		Drain:         cfg.Daemon.Drain,
+		DrainTimeout:  cfg.Daemon.DrainTimeout,
+		Grace:         cfg.Daemon.DrainGrace,
+		DrainServices: cfg.Daemon.DrainServices,
+	}
+}

@@ -1,0 +1,289 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/source"
+)
+
+// fileSource names the configuration file among the sources.
+const fileSource = "file"
+
+// ErrStopped is the error of a request to an agent that is not running.
+var ErrStopped = errors.New("vipd is not running")
+
+// sources holds what the sources other than the file publish, and which
+// of their services the agent took: a service whose name or key another
+// source (the file included) owns is refused, and the owner keeps it.
+// It is owned by the main loop, except reported, which Report sets from
+// the sources' goroutines.
+type sources struct {
+	by map[string]*sourceState
+	// extra and checks are the taken services of every source, in the
+	// order of the sources' names, and their health checking.
+	extra  []lb.VirtualService
+	checks map[string]config.ServiceHealth
+
+	mu       sync.Mutex
+	reported map[string]error
+}
+
+// sourceState is one source's last snapshot and what of it was taken.
+type sourceState struct {
+	snap  source.Snapshot
+	taken map[string]bool
+}
+
+func (s *sources) merged() []lb.VirtualService             { return s.extra }
+func (s *sources) health() map[string]config.ServiceHealth { return s.checks }
+func (s *sources) services() int                           { return len(s.extra) }
+
+func (s *sources) backends() int {
+	n := 0
+	for i := range s.extra {
+		n += len(s.extra[i].Backends)
+	}
+	return n
+}
+
+// owners indexes who owns each name and key: the configuration file's
+// services, then those the sources took.
+type owners struct {
+	names map[string]string // service name -> source
+	keys  map[lb.ServiceKey]string
+	// svc names the service that owns a key.
+	svc map[lb.ServiceKey]string
+}
+
+func newOwners() owners {
+	return owners{names: map[string]string{}, keys: map[lb.ServiceKey]string{}, svc: map[lb.ServiceKey]string{}}
+}
+
+// claim gives vs to src unless its name or key is taken; it returns the
+// conflict otherwise.
+func (o owners) claim(src string, vs *lb.VirtualService) (source.Conflict, bool) {
+	if owner, ok := o.names[vs.Name]; ok {
+		return source.Conflict{Service: vs.Name, Owner: owner, OwnerService: vs.Name}, false
+	}
+	k := vs.Service.Key
+	if owner, ok := o.keys[k]; ok {
+		return source.Conflict{Service: vs.Name, Key: k, Owner: owner, OwnerService: o.svc[k]}, false
+	}
+	o.names[vs.Name], o.keys[k], o.svc[k] = src, src, vs.Name
+	return source.Conflict{}, true
+}
+
+// rebuild takes the sources' services with cfg as the configuration
+// file: what each source was given before keeps it, then the rest is
+// taken in the order of the sources' names where nobody owns it. It
+// returns the conflicts of each source's snapshot, and the host VIPs are
+// refused by hostVIPs (see Agent.refuseHostVIPs).
+func (s *sources) rebuild(cfg *config.Config, refuse func([]lb.VirtualService) map[string]source.Conflict) map[string][]source.Conflict {
+	o := newOwners()
+	for i := range cfg.Spec.Services {
+		o.claim(fileSource, &cfg.Spec.Services[i])
+	}
+	names := slices.Sorted(maps.Keys(s.by))
+	taken := map[string]map[string]bool{}
+	conflicts := map[string][]source.Conflict{}
+	for _, name := range names {
+		st := s.by[name]
+		taken[name] = map[string]bool{}
+		for i := range st.snap.Services {
+			vs := &st.snap.Services[i]
+			if st.taken[vs.Name] {
+				if _, ok := o.claim(name, vs); ok {
+					taken[name][vs.Name] = true
+				}
+			}
+		}
+	}
+	for _, name := range names {
+		st := s.by[name]
+		for i := range st.snap.Services {
+			vs := &st.snap.Services[i]
+			if taken[name][vs.Name] {
+				continue
+			}
+			if c, ok := o.claim(name, vs); ok {
+				taken[name][vs.Name] = true
+			} else {
+				conflicts[name] = append(conflicts[name], c)
+			}
+		}
+	}
+	s.extra, s.checks = nil, nil
+	for _, name := range names {
+		st := s.by[name]
+		var mine []lb.VirtualService
+		for _, vs := range st.snap.Services {
+			if taken[name][vs.Name] {
+				mine = append(mine, vs)
+			}
+		}
+		for vsName, c := range refuse(mine) {
+			delete(taken[name], vsName)
+			conflicts[name] = append(conflicts[name], c)
+		}
+		st.taken = taken[name]
+		for _, vs := range st.snap.Services {
+			if !st.taken[vs.Name] {
+				continue
+			}
+			s.extra = append(s.extra, vs)
+			if h, ok := st.snap.Health[vs.Name]; ok {
+				if s.checks == nil {
+					s.checks = map[string]config.ServiceHealth{}
+				}
+				s.checks[vs.Name] = h
+			}
+		}
+	}
+	return conflicts
+}
+
+// claimedByOthers returns an error when a service of the configuration
+// file, one of svcs, has a name or key that a source owns: the file
+// cannot take it from the source.
+func (s *sources) claimedByOthers(svcs []lb.VirtualService) error {
+	if len(s.extra) == 0 {
+		return nil
+	}
+	o := newOwners()
+	for i := range s.extra {
+		vs := &s.extra[i]
+		for name, st := range s.by {
+			if st.taken[vs.Name] {
+				o.claim(name, vs)
+			}
+		}
+	}
+	var errs []error
+	for i := range svcs {
+		if c, ok := o.claim(fileSource, &svcs[i]); !ok {
+			errs = append(errs, c)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// runSources runs every source until ctx ends; the returned function
+// stops them and waits for them to end. A source that fails sends its
+// error to errs.
+func (a *Agent) runSources(ctx context.Context, errs chan<- error) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, src := range a.opts.Sources {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := src.Run(ctx, sink{a: a, name: src.Name()}); err != nil && ctx.Err() == nil {
+				select {
+				case errs <- fmt.Errorf("source %s: %w", src.Name(), err):
+				case <-ctx.Done():
+				}
+			}
+		}()
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
+// sink is a source's handle on the agent.
+type sink struct {
+	a    *Agent
+	name string
+}
+
+// Publish implements source.Sink.
+func (s sink) Publish(ctx context.Context, snap source.Snapshot) (conflicts []source.Conflict, err error) {
+	derr := s.a.do(ctx, func(ctx context.Context) { conflicts = s.a.publish(ctx, s.name, snap) })
+	return conflicts, derr
+}
+
+// Report implements source.Sink.
+func (s sink) Report(err error) {
+	ss := &s.a.sources
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	was, known := ss.reported[s.name]
+	if known && (was == nil) == (err == nil) {
+		ss.reported[s.name] = err
+		return
+	}
+	if ss.reported == nil {
+		ss.reported = map[string]error{}
+	}
+	ss.reported[s.name] = err
+	if err != nil {
+		s.a.log.Warn("source out of step; its last services keep serving", "source", s.name, "err", err)
+	} else if known {
+		s.a.log.Info("source in step again", "source", s.name)
+	}
+}
+
+// publish takes a source's snapshot in the main loop and runs a pass.
+func (a *Agent) publish(ctx context.Context, name string, snap source.Snapshot) []source.Conflict {
+	if a.sources.by == nil {
+		a.sources.by = map[string]*sourceState{}
+	}
+	st := a.sources.by[name]
+	if st == nil {
+		st = &sourceState{}
+		a.sources.by[name] = st
+	}
+	st.snap = snap
+	conflicts := a.sources.rebuild(a.cfg, a.hostVIPConflicts)
+	for _, c := range conflicts[name] {
+		a.log.Warn("service refused", "source", name, "err", c)
+	}
+	a.check(a.cfg)
+	a.remember(a.reconcile(ctx, "source "+name, a.effective(a.cfg)))
+	a.stats.Invalidate()
+	return conflicts[name]
+}
+
+// retake takes the sources' services again after the configuration
+// file changed, and runs a pass if that changed what the sources have:
+// the file may have let go of a name or key a source asked for.
+func (a *Agent) retake(ctx context.Context) {
+	if len(a.sources.by) == 0 {
+		return
+	}
+	before := names(a.sources.extra)
+	a.sources.rebuild(a.cfg, a.hostVIPConflicts)
+	if !slices.Equal(before, names(a.sources.extra)) {
+		a.check(a.cfg)
+		a.remember(a.reconcile(ctx, "sources", a.effective(a.cfg)))
+	}
+}
+
+func names(svcs []lb.VirtualService) []string {
+	out := make([]string, len(svcs))
+	for i := range svcs {
+		out[i] = svcs[i].Name
+	}
+	return out
+}
+
+// hostVIPConflicts returns, by name, the services of svcs whose VIP is an
+// address of another interface of the host.
+func (a *Agent) hostVIPConflicts(svcs []lb.VirtualService) map[string]source.Conflict {
+	found, err := a.r.HostVIPs(svcs)
+	if err != nil {
+		a.log.Warn("cannot check the sources' VIPs against the host's addresses", "err", err)
+		return nil
+	}
+	out := map[string]source.Conflict{}
+	for _, h := range found {
+		out[h.Service] = source.Conflict{Service: h.Service,
+			Reason: fmt.Sprintf("vip %s is an address of interface %s, not of vipd's interface %s", h.VIP, h.Interface, a.cfg.Daemon.Interface)}
+	}
+	return out
+}
