@@ -1,0 +1,335 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/lbtest"
+	"github.com/vipd/vipd/source"
+)
+
+// The agent's policies, driven through its typed methods on the fake
+// kernel, the path production takes without the control socket.
+
+// logBuffer is a log a test reads while the agent writes it.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// readyNotifier closes ready when the agent reports ready.
+type readyNotifier struct {
+	quiet
+	once  sync.Once
+	ready chan struct{}
+}
+
+func (n *readyNotifier) Ready(string) error {
+	n.once.Do(func() { close(n.ready) })
+	return nil
+}
+
+// rig runs an agent on a fake kernel with a configuration file in a
+// temporary directory.
+type rig struct {
+	t    *testing.T
+	dir  string
+	path string
+	k    *lbtest.Kernel
+	a    *Agent
+	log  *logBuffer
+	done chan error
+	stop context.CancelFunc
+}
+
+const header = `[daemon]
+watch = false
+resync_interval = "1h"
+metrics_listen = ""
+`
+
+// newRig writes services as the configuration and starts an agent with
+// srcs; it returns once the agent is ready.
+func newRig(t *testing.T, services string, srcs ...source.Source) *rig {
+	t.Helper()
+	dir := t.TempDir()
+	r := &rig{t: t, dir: dir, path: filepath.Join(dir, "vipd.toml"), k: lbtest.New(), log: &logBuffer{}, done: make(chan error, 1)}
+	r.write(services)
+	n := &readyNotifier{ready: make(chan struct{})}
+	r.a = New(Options{
+		Path:     r.path,
+		Logger:   slog.New(slog.NewTextHandler(r.log, nil)),
+		Notifier: n,
+		OpenKernel: func(*config.Config, *slog.Logger) (lb.Kernel, func(), error) {
+			return r.k.Interface(), func() {}, nil
+		},
+		KernelRelease: "6.1.0",
+		Sources:       srcs,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	r.stop = cancel
+	go func() { r.done <- r.a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(5 * time.Second):
+			t.Error("the agent did not stop")
+		}
+	})
+	select {
+	case <-n.ready:
+	case err := <-r.done:
+		t.Fatalf("the agent ended before ready: %v\n%s", err, r.log)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the agent is not ready\n%s", r.log)
+	}
+	return r
+}
+
+func (r *rig) write(services string) {
+	r.t.Helper()
+	text := header + fmt.Sprintf("state_dir = %q\ncontrol_socket = %q\n", filepath.Join(r.dir, "state"), filepath.Join(r.dir, "vipd.sock")) + services
+	if err := os.WriteFile(r.path, []byte(text), 0o644); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// services returns the text of n services named s0.. on 192.0.2.(10+i):80,
+// each with two backends of the given weight.
+func services(n, weight int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "[[service]]\nname = \"s%d\"\nvip = \"192.0.2.%d\"\nport = 80\n", i, 10+i)
+		fmt.Fprintf(&b, "backend = [{ address = \"10.0.%d.1\", weight = %d }, { address = \"10.0.%d.2\", weight = %d }]\n", i, weight, i, weight)
+	}
+	return b.String()
+}
+
+func (r *rig) has(t *testing.T, want ...string) {
+	t.Helper()
+	dump := r.k.Dump()
+	for _, w := range want {
+		if !strings.Contains(dump, w) {
+			t.Errorf("the kernel has no %q:\n%s", w, dump)
+		}
+	}
+}
+
+func (r *rig) hasNot(t *testing.T, unwanted ...string) {
+	t.Helper()
+	dump := r.k.Dump()
+	for _, w := range unwanted {
+		if strings.Contains(dump, w) {
+			t.Errorf("the kernel has %q:\n%s", w, dump)
+		}
+	}
+}
+
+func TestReloadGuard(t *testing.T) {
+	r := newRig(t, services(4, 1))
+	before := r.k.Dump()
+	r.write(services(1, 1))
+	_, err := r.a.Reload(context.Background(), ReloadOptions{})
+	if !errors.Is(err, ErrReloadRejected) || !strings.Contains(err.Error(), "reload_guard") {
+		t.Fatalf("reload deleting 3 of 4 services: %v, want the guard's refusal", err)
+	}
+	if after := r.k.Dump(); after != before {
+		t.Errorf("a refused reload changed the kernel:\n%s\nwant\n%s", after, before)
+	}
+	out, err := r.a.Reload(context.Background(), ReloadOptions{Force: true})
+	if err != nil {
+		t.Fatalf("forced reload: %v", err)
+	}
+	if len(out.Applied) == 0 {
+		t.Error("a forced reload applied nothing")
+	}
+	r.hasNot(t, "192.0.2.11:80", "192.0.2.13:80")
+	r.has(t, "192.0.2.10:80")
+}
+
+func TestReloadInvalidKeepsServing(t *testing.T) {
+	r := newRig(t, services(2, 1))
+	before := r.k.Dump()
+	r.write(services(2, 1) + "[[service]]\nname = \"bad\"\nvip = \"192.0.2.99\"\nport = 70000\n")
+	_, err := r.a.Reload(context.Background(), ReloadOptions{})
+	if !errors.Is(err, ErrReloadRejected) || !strings.Contains(err.Error(), "vipd.toml:") {
+		t.Fatalf("invalid file: %v, want a rejection naming the file", err)
+	}
+	if after := r.k.Dump(); after != before {
+		t.Errorf("a rejected reload changed the kernel")
+	}
+}
+
+func TestReloadRollback(t *testing.T) {
+	r := newRig(t, services(2, 1))
+	before := r.k.Dump()
+	r.k.FailWith(func(call string) error {
+		if call == "add-service tcp 192.0.2.12:80" {
+			return errors.New("injected")
+		}
+		return nil
+	})
+	r.write(services(3, 2))
+	out, err := r.a.Reload(context.Background(), ReloadOptions{})
+	if err == nil || !strings.Contains(err.Error(), "rolled back to the last good configuration") {
+		t.Fatalf("reload with a failing operation: %v, want a rollback", err)
+	}
+	if len(out.Failed) == 0 {
+		t.Error("the outcome lists no failed operation")
+	}
+	if after := r.k.Dump(); after != before {
+		t.Errorf("after the rollback the kernel is\n%s\nwant\n%s", after, before)
+	}
+	// The running configuration is still the old one: a failure it
+	// does not have is not blamed on the next reload of the same file.
+	r.k.FailWith(nil)
+	if _, err := r.a.Reload(context.Background(), ReloadOptions{}); err != nil {
+		t.Fatalf("the same reload without the failure: %v", err)
+	}
+	r.has(t, "192.0.2.12:80")
+}
+
+func TestReloadContinue(t *testing.T) {
+	r := newRig(t, "")
+	r.write(services(2, 1))
+	// on_apply_error = "continue" keeps the new configuration.
+	text, _ := os.ReadFile(r.path)
+	text = bytes.Replace(text, []byte("[daemon]\n"), []byte("[daemon]\non_apply_error = \"continue\"\n"), 1)
+	os.WriteFile(r.path, text, 0o644)
+	if _, err := r.a.Reload(context.Background(), ReloadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.k.FailWith(func(call string) error {
+		if call == "add-service tcp 192.0.2.12:80" {
+			return errors.New("injected")
+		}
+		return nil
+	})
+	os.WriteFile(r.path, append(text, services(3, 1)[len(services(2, 1)):]...), 0o644)
+	_, err := r.a.Reload(context.Background(), ReloadOptions{})
+	if err == nil || !strings.Contains(err.Error(), "kept the new configuration") {
+		t.Fatalf("reload: %v, want the new configuration kept", err)
+	}
+	// The failure belongs to the running configuration now: reloading
+	// the same file again is not a new failure.
+	if _, err := r.a.Reload(context.Background(), ReloadOptions{}); err != nil {
+		t.Fatalf("reload of the same file: %v", err)
+	}
+}
+
+func TestReloadDeltaPass(t *testing.T) {
+	r := newRig(t, services(20, 1))
+	r.k.Reads()
+	r.write(services(20, 1) + "")
+	text, _ := os.ReadFile(r.path)
+	text = bytes.Replace(text, []byte(`"10.0.7.1", weight = 1`), []byte(`"10.0.7.1", weight = 3`), 1)
+	os.WriteFile(r.path, text, 0o644)
+	out, err := r.a.Reload(context.Background(), ReloadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Applied) != 1 || !strings.Contains(out.Applied[0].String(), "10.0.7.1:80") {
+		t.Errorf("applied %v, want the one weight", out.Applied)
+	}
+	reads := r.k.Reads()
+	if len(reads) != 1 || reads[0] != "service tcp 192.0.2.17:80" {
+		t.Errorf("a one-service change read %v, want that service alone", reads)
+	}
+	// A forced reload reads the whole table.
+	if _, err := r.a.Reload(context.Background(), ReloadOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if reads := r.k.Reads(); !strings.Contains(strings.Join(reads, ","), "services") {
+		t.Errorf("a forced reload read %v, want the whole table", reads)
+	}
+}
+
+func TestDrainUndrain(t *testing.T) {
+	r := newRig(t, services(2, 1))
+	ctx := context.Background()
+	b := netip.MustParseAddrPort("10.0.1.2:80")
+	if _, err := r.a.Drain(ctx, DrainOptions{Service: "nope", Backend: b}); err == nil || !strings.Contains(err.Error(), `no service "nope"`) {
+		t.Errorf("drain of an unknown service: %v", err)
+	}
+	if _, err := r.a.Drain(ctx, DrainOptions{Service: "s1", Backend: netip.MustParseAddrPort("10.9.9.9:80")}); err == nil || !strings.Contains(err.Error(), "no backend") {
+		t.Errorf("drain of an unknown backend: %v", err)
+	}
+	out, err := r.a.Drain(ctx, DrainOptions{Service: "s1", Backend: b})
+	if err != nil || len(out.Applied) != 1 {
+		t.Fatalf("drain: %v %v", out.Applied, err)
+	}
+	r.has(t, "10.0.1.2:80 masq weight=0")
+	// A reload keeps the drain.
+	if _, err := r.a.Reload(ctx, ReloadOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	r.has(t, "10.0.1.2:80 masq weight=0")
+	data, err := os.ReadFile(filepath.Join(r.dir, "state", "drained.json"))
+	if err != nil || !strings.Contains(string(data), `"10.0.1.2:80"`) {
+		t.Errorf("stored drains: %s %v", data, err)
+	}
+	if _, err := r.a.Undrain(ctx, DrainOptions{Service: "s1", Backend: b}); err != nil {
+		t.Fatal(err)
+	}
+	r.has(t, "10.0.1.2:80 masq weight=1")
+	if _, err := r.a.Undrain(ctx, DrainOptions{Service: "s1", Backend: b}); err == nil || !strings.Contains(err.Error(), "is not drained") {
+		t.Errorf("undrain twice: %v", err)
+	}
+}
+
+func TestPlanChangesNothing(t *testing.T) {
+	r := newRig(t, services(2, 1))
+	r.write(services(3, 1))
+	before := r.k.Dump()
+	ops, err := r.a.Plan(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, op := range ops {
+		got = append(got, op.String())
+	}
+	if !strings.Contains(strings.Join(got, "\n"), "192.0.2.12") {
+		t.Errorf("plan %v has nothing for the new service", got)
+	}
+	if r.k.Dump() != before {
+		t.Error("plan changed the kernel")
+	}
+}
+
+func TestRequestsAfterStop(t *testing.T) {
+	r := newRig(t, services(1, 1))
+	r.stop()
+	if err := <-r.done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	r.done <- nil // for the cleanup
+	if _, err := r.a.Reload(context.Background(), ReloadOptions{}); !errors.Is(err, ErrStopped) {
+		t.Errorf("reload after stop: %v, want ErrStopped", err)
+	}
+}
