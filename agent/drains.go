@@ -1,17 +1,10 @@
 package agent
 
 import (
-	"bytes"
-	"cmp"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/vipd/vipd/agent/ledger"
@@ -49,63 +42,28 @@ func applyDrains(spec *lb.Spec, drained map[status.Ref]struct{}) *lb.Spec {
 	return &out
 }
 
-// drainEntry is the stored form of an admin drain.
-type drainEntry struct {
-	Service string         `json:"service,omitempty"`
-	Backend netip.AddrPort `json:"backend"`
-}
-
-func drainsPath(cfg *config.Config) string { return filepath.Join(cfg.Daemon.StateDir, "drained.json") }
+func drainsPath(cfg *config.Config) string { return ledger.DrainsPath(cfg.Daemon.StateDir) }
 
 // loadDrains reads the admin drains, which survive reloads and restarts
 // until undone.
 func loadDrains(path string) (map[status.Ref]struct{}, error) {
-	out := map[status.Ref]struct{}{}
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return out, nil
-	}
+	drains, err := ledger.LoadDrains(path)
 	if err != nil {
-		return nil, fmt.Errorf("read drains: %w", err)
+		return nil, err
 	}
-	// The file is the JSON array storeDrains writes, or corrupt.
-	corrupt := func(err error) error { return &ledger.CorruptError{Path: path, Err: err} }
-	text := bytes.TrimSpace(data)
-	if len(text) == 0 {
-		return nil, corrupt(errors.New("the file is empty"))
-	}
-	var entries []drainEntry
-	if err := json.Unmarshal(text, &entries); err != nil {
-		return nil, corrupt(err)
-	}
-	if text[0] != '[' {
-		return nil, corrupt(errors.New("not a list of drains"))
-	}
-	for i, e := range entries {
-		if !e.Backend.IsValid() {
-			return nil, corrupt(fmt.Errorf("drain %d has no backend", i+1))
-		}
-		out[status.Ref{Service: e.Service, Backend: e.Backend}] = struct{}{}
+	out := make(map[status.Ref]struct{}, len(drains))
+	for _, d := range drains {
+		out[status.Ref{Service: d.Service, Backend: d.Backend}] = struct{}{}
 	}
 	return out, nil
 }
 
 func storeDrains(path string, drained map[status.Ref]struct{}) error {
-	entries := make([]drainEntry, 0, len(drained))
+	drains := make([]ledger.Drain, 0, len(drained))
 	for r := range drained {
-		entries = append(entries, drainEntry{Service: r.Service, Backend: r.Backend})
+		drains = append(drains, ledger.Drain{Service: r.Service, Backend: r.Backend})
 	}
-	slices.SortFunc(entries, func(x, y drainEntry) int {
-		return cmp.Or(cmp.Compare(x.Service, y.Service), x.Backend.Compare(y.Backend))
-	})
-	data, err := json.MarshalIndent(entries, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := ledger.WriteFile(path, data, 0o640); err != nil {
-		return fmt.Errorf("store drains: %w", err)
-	}
-	return nil
+	return ledger.StoreDrains(path, drains)
 }
 
 // DrainOptions name what to drain or undrain.

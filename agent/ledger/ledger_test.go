@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"errors"
 	"maps"
 	"net/netip"
 	"os"
@@ -48,5 +49,48 @@ func TestCorrupt(t *testing.T) {
 	_, err := New(path).Load()
 	if err == nil || !strings.Contains(err.Error(), path) {
 		t.Fatalf("err = %v, want one naming %s", err, path)
+	}
+}
+
+func TestDrains(t *testing.T) {
+	path := filepath.Join(t.TempDir(), DrainsFileName)
+	if d, err := LoadDrains(path); err != nil || len(d) != 0 {
+		t.Fatalf("missing file: %v %v", d, err)
+	}
+	in := []Drain{
+		{Service: "web", Backend: netip.MustParseAddrPort("10.0.0.2:80")},
+		{Backend: netip.MustParseAddrPort("10.0.0.9:80")},
+		{Service: "api", Backend: netip.MustParseAddrPort("10.0.0.1:443")},
+	}
+	if err := StoreDrains(path, in); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(path)
+	want := `[
+  {
+    "backend": "10.0.0.9:80"
+  },
+  {
+    "service": "api",
+    "backend": "10.0.0.1:443"
+  },
+  {
+    "service": "web",
+    "backend": "10.0.0.2:80"
+  }
+]`
+	if string(data) != want {
+		t.Errorf("stored\n%s\nwant\n%s", data, want)
+	}
+	out, err := LoadDrains(path)
+	if err != nil || len(out) != 3 || out[1] != in[2] {
+		t.Errorf("loaded %v %v", out, err)
+	}
+	for _, bad := range []string{"", "{}", `[{"service":"x"}]`, "[1"} {
+		os.WriteFile(path, []byte(bad), 0o600)
+		var ce *CorruptError
+		if _, err := LoadDrains(path); !errors.As(err, &ce) {
+			t.Errorf("%q: %v, want a CorruptError", bad, err)
+		}
 	}
 }
