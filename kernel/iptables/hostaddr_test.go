@@ -2,10 +2,7 @@ package iptables
 
 import (
 	"context"
-	"errors"
-	"net"
 	"net/netip"
-	"syscall"
 	"testing"
 	"time"
 
@@ -65,37 +62,10 @@ func TestFilterSparesHostAddresses(t *testing.T) {
 	const served, ssh = 8080, 2222
 	for _, a := range []netip.Addr{uplink, vip} {
 		for _, port := range []uint16{served, ssh} {
-			l, err := net.Listen("tcp", netip.AddrPortFrom(a, port).String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { l.Close() })
-			go func() {
-				for {
-					c, err := l.Accept()
-					if err != nil {
-						return
-					}
-					c.Close()
-				}
-			}()
+			acceptAll(t, netip.AddrPortFrom(a, port))
 		}
 	}
-	connect := func(ap netip.AddrPort, timeout time.Duration) error {
-		var err error
-		p.Do(t, func() error {
-			var c net.Conn
-			if c, err = net.DialTimeout("tcp", ap.String(), timeout); err == nil {
-				c.Close()
-			}
-			return nil
-		})
-		return err
-	}
-	dropped := func(err error) bool {
-		var ne net.Error
-		return errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, syscall.ECONNREFUSED)
-	}
+	connect := func(ap netip.AddrPort, timeout time.Duration) error { return dialFrom(t, p, ap, timeout) }
 	for _, ap := range []netip.AddrPort{netip.AddrPortFrom(uplink, ssh), netip.AddrPortFrom(vip, ssh)} {
 		err := connect(ap, 2*time.Second)
 		for i := 0; err != nil && i < 3; i++ {

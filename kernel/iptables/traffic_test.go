@@ -48,20 +48,7 @@ func TestFilterTraffic(t *testing.T) {
 	for _, a := range append(vips, netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")) {
 		for _, port := range []uint16{served, unserved} {
 			ap := netip.AddrPortFrom(a, port)
-			l, err := net.Listen("tcp", ap.String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { l.Close() })
-			go func() {
-				for {
-					c, err := l.Accept()
-					if err != nil {
-						return
-					}
-					c.Close()
-				}
-			}()
+			acceptAll(t, ap)
 			targets = append(targets, ap)
 		}
 	}
@@ -70,23 +57,8 @@ func TestFilterTraffic(t *testing.T) {
 	// connect dials ap from the peer with a timeout: nil when it
 	// connects, a timeout error when the SYN is dropped. Expected drops
 	// use a short timeout, expected connections a generous one.
-	connect := func(ap netip.AddrPort, timeout time.Duration) error {
-		var err error
-		p.Do(t, func() error {
-			var c net.Conn
-			c, err = net.DialTimeout("tcp", ap.String(), timeout)
-			if err == nil {
-				c.Close()
-			}
-			return nil
-		})
-		return err
-	}
+	connect := func(ap netip.AddrPort, timeout time.Duration) error { return dialFrom(t, p, ap, timeout) }
 	const connects, drops = 2 * time.Second, 300 * time.Millisecond
-	dropped := func(err error) bool {
-		var ne net.Error
-		return errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, syscall.ECONNREFUSED)
-	}
 	pings := func(a netip.Addr) bool {
 		var ok bool
 		p.Do(t, func() error {
@@ -172,4 +144,45 @@ func TestFilterTraffic(t *testing.T) {
 			}
 		})
 	}
+}
+
+// acceptAll listens on ap and closes every connection it accepts, until
+// the test ends.
+func acceptAll(t *testing.T, ap netip.AddrPort) {
+	t.Helper()
+	l, err := net.Listen("tcp", ap.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+}
+
+// dialFrom connects to ap from the peer p within timeout: nil when it
+// connects, a timeout error when the SYN is dropped.
+func dialFrom(t *testing.T, p *nstest.Peer, ap netip.AddrPort, timeout time.Duration) error {
+	var err error
+	p.Do(t, func() error {
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", ap.String(), timeout); err == nil {
+			c.Close()
+		}
+		return nil
+	})
+	return err
+}
+
+// dropped says whether err is that of a connection whose SYN was
+// dropped: a timeout, not a refusal.
+func dropped(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, syscall.ECONNREFUSED)
 }
