@@ -107,6 +107,29 @@ func runScenario(t *testing.T, k *lbtest.Kernel, opts lb.Options, steps []step) 
 	return b.String()
 }
 
+// oneWeb is one VIP service with one backend.
+const oneWeb = `
+[[service]]
+name = "web"
+vip = "192.0.2.10"
+port = 80
+backend = [{ address = "10.0.0.1" }]
+`
+
+// nodePortAndMark is a NodePort service and a firewall-mark service.
+const nodePortAndMark = `
+[[service]]
+name = "np"
+nodeport = true
+port = 30080
+backend = [{ address = "10.0.0.1", port = 8080 }]
+
+[[service]]
+name = "fw"
+fwmark = 5
+backend = [{ address = "10.0.0.2" }]
+`
+
 const base = `
 [daemon]
 uplinks = ["eth0"]
@@ -239,29 +262,11 @@ func TestScenarios(t *testing.T) {
 			}},
 		}},
 		{"host address", lb.Options{}, []step{
-			{"a VIP and a host address", `
-[[service]]
-name = "web"
-vip = "192.0.2.10"
-port = 80
-backend = [{ address = "10.0.0.1" }]
-`, nil},
-			{"the uplink gains the VIP: the filter lets its traffic go, the rest stays", `
-[[service]]
-name = "web"
-vip = "192.0.2.10"
-port = 80
-backend = [{ address = "10.0.0.1" }]
-`, func(k *lbtest.Kernel) {
+			{"a VIP and a host address", oneWeb, nil},
+			{"the uplink gains the VIP: the filter lets its traffic go, the rest stays", oneWeb, func(k *lbtest.Kernel) {
 				k.SetHostAddrs("eth0", netip.MustParseAddr("192.0.2.10"))
 			}},
-			{"the uplink loses it: filtered again", `
-[[service]]
-name = "web"
-vip = "192.0.2.10"
-port = 80
-backend = [{ address = "10.0.0.1" }]
-`, func(k *lbtest.Kernel) {
+			{"the uplink loses it: filtered again", oneWeb, func(k *lbtest.Kernel) {
 				k.SetHostAddrs("eth0", netip.MustParseAddr("198.51.100.1"))
 			}},
 		}},
@@ -293,34 +298,12 @@ backend = [{ address = "10.0.0.1" }]
 			}},
 		}},
 		{"nodeport-and-fwmark", lb.Options{}, []step{
-			{"nodeport and fwmark services", `
-[[service]]
-name = "np"
-nodeport = true
-port = 30080
-backend = [{ address = "10.0.0.1", port = 8080 }]
-
-[[service]]
-name = "fw"
-fwmark = 5
-backend = [{ address = "10.0.0.2" }]
-`, func(k *lbtest.Kernel) {
+			{"nodeport and fwmark services", nodePortAndMark, func(k *lbtest.Kernel) {
 				k.SetHostAddrs("eth0", netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("fe80::1"))
 				k.SetHostAddrs("lo", netip.MustParseAddr("127.0.0.1"))
 				foreign(k)
 			}},
-			{"host gains an address", `
-[[service]]
-name = "np"
-nodeport = true
-port = 30080
-backend = [{ address = "10.0.0.1", port = 8080 }]
-
-[[service]]
-name = "fw"
-fwmark = 5
-backend = [{ address = "10.0.0.2" }]
-`, func(k *lbtest.Kernel) {
+			{"host gains an address", nodePortAndMark, func(k *lbtest.Kernel) {
 				k.SetHostAddrs("eth1", netip.MustParseAddr("203.0.113.1"))
 			}},
 			{"both removed: the ledger says they are vipd's", "", nil},

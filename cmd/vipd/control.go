@@ -269,22 +269,14 @@ the running configuration keeps serving; --force applies the latter anyway.`,
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			for _, a := range rep.Applied {
-				fmt.Fprintln(out, "applied:", a)
+			if err := printReply(cmd, rep); err != nil {
+				return err
 			}
-			for _, f := range rep.Failed {
-				fmt.Fprintln(out, "failed:", f)
-			}
-			if rep.Error != "" {
-				fmt.Fprintln(cmd.ErrOrStderr(), rep.Error)
-				return exitError(1)
-			}
-			fmt.Fprintf(out, "reloaded: %d operations applied\n", len(rep.Applied))
+			fmt.Fprintf(cmd.OutOrStdout(), "reloaded: %d operations applied\n", len(rep.Applied))
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&socket, "socket", config.DefaultControlSocket, "control socket of the running vipd")
+	socketFlag(cmd, &socket)
 	cmd.Flags().BoolVar(&force, "force", false, "apply even if the reload guard refuses")
 	return cmd
 }
