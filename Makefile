@@ -72,7 +72,7 @@ check: lint build
 ## guest boot (test/vm/bench.sh; VIPD_BENCH_SIZES etc. size it; ~10-20
 ## minutes). Not part of make test.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config ./cmd/vipd
+	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config ./agent
 	test/vm/bench.sh
 
 PREFIX  ?= /usr
