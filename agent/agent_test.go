@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -79,6 +80,22 @@ func newRig(t *testing.T, services string, srcs ...source.Source) *rig {
 	dir := t.TempDir()
 	r := &rig{t: t, dir: dir, path: filepath.Join(dir, "vipd.toml"), k: lbtest.New(), log: &logBuffer{}, done: make(chan error, 1)}
 	r.write(services)
+	r.start(srcs...)
+	return r
+}
+
+// restart starts another agent on r's kernel and files, as a restart of
+// vipd does, once r's has stopped.
+func (r *rig) restart(t *testing.T) *rig {
+	t.Helper()
+	n := &rig{t: t, dir: r.dir, path: r.path, k: r.k, log: &logBuffer{}, done: make(chan error, 1)}
+	n.start()
+	return n
+}
+
+func (r *rig) start(srcs ...source.Source) {
+	t := r.t
+	t.Helper()
 	n := &readyNotifier{ready: make(chan struct{})}
 	r.a = New(Options{
 		Path:     r.path,
@@ -108,7 +125,6 @@ func newRig(t *testing.T, services string, srcs ...source.Source) *rig {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the agent is not ready\n%s", r.log)
 	}
-	return r
 }
 
 func (r *rig) write(services string) {
@@ -331,5 +347,67 @@ func TestRequestsAfterStop(t *testing.T) {
 	r.done <- nil // for the cleanup
 	if _, err := r.a.Reload(context.Background(), ReloadOptions{}); !errors.Is(err, ErrStopped) {
 		t.Errorf("reload after stop: %v, want ErrStopped", err)
+	}
+}
+
+func TestRestartAdoptsHealth(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	port := l.Addr().(*net.TCPAddr).Port
+	checked := fmt.Sprintf(`[[service]]
+name = "web"
+vip = "192.0.2.10"
+port = 80
+check = { type = "tcp", address = "127.0.0.1", port = %d, interval = "1h", rise = 1, fall = 1 }
+backend = [{ address = "10.0.0.1" }, { address = "10.0.0.2" }]
+`, port)
+	r := newRig(t, checked)
+	r.eventually(t, "10.0.0.1:80 masq weight=1", "10.0.0.2:80 masq weight=1")
+	r.stop()
+	if err := <-r.done; err != nil {
+		t.Fatal(err)
+	}
+	r.done <- nil
+	r.k.Calls()
+	// The restarted agent has not probed yet: the backends it finds
+	// serving count as up, and nothing changes.
+	r2 := r.restart(t)
+	for _, c := range r.k.Calls() {
+		if strings.HasPrefix(c, "update-dest") || strings.HasPrefix(c, "delete-dest") {
+			t.Errorf("the restart changed a backend: %s\n%s", c, r2.log)
+		}
+	}
+	r2.has(t, "10.0.0.1:80 masq weight=1", "10.0.0.2:80 masq weight=1")
+}
+
+// eventually waits until the kernel has every one of want.
+func (r *rig) eventually(t *testing.T, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		d := r.k.Dump()
+		ok := true
+		for _, w := range want {
+			ok = ok && strings.Contains(d, w)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the kernel never had %q:\n%s", want, d)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
