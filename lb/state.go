@@ -3,6 +3,7 @@ package lb
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -182,12 +183,7 @@ func (s *State) Dump() string {
 }
 
 func sortedKeys[K comparable, V any](m map[K]V, cmp func(a, b K) int) []K {
-	keys := make([]K, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, cmp)
-	return keys
+	return slices.SortedFunc(maps.Keys(m), cmp)
 }
 
 // Clone returns a deep copy of s.
@@ -207,9 +203,8 @@ func (s *State) Clone() *State {
 // cloneMap is maps.Clone, except that the clone of a nil map is an empty
 // one, which the caller may write to.
 func cloneMap[K comparable, V any](m map[K]V) map[K]V {
-	c := make(map[K]V, len(m))
-	for k, v := range m {
-		c[k] = v
+	if m == nil {
+		return map[K]V{}
 	}
-	return c
+	return maps.Clone(m)
 }
