@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -77,7 +78,7 @@ func (r *Reconciler) ownedAfter(desired, observed *State, res *Result) map[Servi
 // observed says the ledger holds, and then records it there. A nil owned
 // changes nothing.
 func (r *Reconciler) storeOwned(owned map[ServiceKey]struct{}, observed *State) error {
-	if r.opts.Kernel.Ledger == nil || owned == nil || sameKeys(owned, observed.Owned) {
+	if r.opts.Kernel.Ledger == nil || owned == nil || maps.Equal(owned, observed.Owned) {
 		return nil
 	}
 	if err := r.opts.Kernel.Ledger.Store(owned); err != nil {

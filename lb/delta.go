@@ -92,5 +92,5 @@ func sameShared(a, b *State) bool {
 	}
 	return maps.Equal(a.VIPs, b.VIPs) && maps.Equal(a.Announce, b.Announce) &&
 		maps.Equal(a.Rules.Entries, b.Rules.Entries) && maps.Equal(a.Sysctls, b.Sysctls) &&
-		sameKeys(a.Owned, b.Owned)
+		maps.Equal(a.Owned, b.Owned)
 }
