@@ -59,6 +59,12 @@ type Options struct {
 	Sources []source.Source
 	// Version is the version the log and the metrics show.
 	Version string
+	// OpenElector opens the election of the configuration's [ha]
+	// section (VRRP); nil refuses a configuration with one.
+	OpenElector func(ElectorOptions) (Elector, error)
+	// LinkUp reports whether an interface is up with a carrier, for
+	// [ha] track_interfaces; nil tracks none.
+	LinkUp func(name string) (bool, error)
 }
 
 // Notifier reports the agent's state to the service manager (systemd's
@@ -120,6 +126,10 @@ type Agent struct {
 	gen uint64
 	// stats holds the status that vipd status and the metrics show.
 	stats *status.Cache
+	// ha is the high availability of the [ha] section, or nil.
+	ha *ha
+	// last is the spec of the last full pass.
+	last *lb.Spec
 }
 
 // New returns an agent for opts; Run runs it.
@@ -188,6 +198,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	hctx, stopHealth := context.WithCancel(ctx)
 	defer stopHealth()
 	go a.hm.Run(hctx)
+	var roles <-chan struct{}
+	if err := a.openHA(cfg); err != nil {
+		return err
+	}
+	if a.ha != nil {
+		if err := a.startSync(k); err != nil {
+			return err
+		}
+		roles = a.ha.changed
+		ectx, stopElector := context.WithCancel(ctx)
+		electorDone := make(chan struct{})
+		go func() {
+			defer close(electorDone)
+			if err := a.ha.el.Run(ectx); err != nil {
+				a.log.Error("high availability: the election stopped; this node serves no VIP", "err", err)
+			}
+		}()
+		defer func() { stopElector(); <-electorDone }()
+	}
 	log.Info("starting", "version", a.opts.Version, "config", a.opts.Path, "services", len(cfg.Spec.Services), "pid", os.Getpid())
 	res, err := a.firstPass(ctx, a.effective(cfg))
 	if err != nil {
@@ -232,10 +261,16 @@ func (a *Agent) Run(ctx context.Context) error {
 			if a.r.Draining() > 0 {
 				a.drainPass(ctx)
 			}
+			if a.ha != nil && a.last != nil {
+				a.track(a.last)
+			}
 		case <-a.healthChanged:
 			a.remember(a.reconcile(ctx, "health", a.effective(a.cfg)))
+		case <-roles:
+			a.roleChanged(ctx)
 		case <-ctx.Done():
 			a.notify(a.n.Stopping())
+			a.resign()
 			return a.stop()
 		case err := <-sourceErrs:
 			a.notify(a.n.Stopping())
@@ -369,6 +404,8 @@ func (a *Agent) reconcile(ctx context.Context, why string, spec *lb.Spec) *lb.Re
 		a.log.Error("reconcile failed", "why", why, "err", err)
 		return nil
 	}
+	a.last = spec
+	a.track(spec)
 	logResult(a.log, why, res, time.Since(start))
 	return res
 }
@@ -462,6 +499,18 @@ func restartNeeded(old, cur *config.Config) bool {
 	return x.Interface != y.Interface || !slices.Equal(x.Uplinks, y.Uplinks) || x.GARP != y.GARP ||
 		x.ManageIPTables != y.ManageIPTables || x.StateDir != y.StateDir || x.ResyncInterval != y.ResyncInterval ||
 		x.Watch != y.Watch || x.ControlSocket != y.ControlSocket || x.MetricsListen != y.MetricsListen
+}
+
+// resign hands the VIPs over to a peer at once, before the node stops.
+func (a *Agent) resign() {
+	if a.ha == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := a.ha.el.Resign(ctx, "vipd stops"); err != nil {
+		a.log.Warn("high availability: resign", "err", err)
+	}
 }
 
 // stop ends the agent according to on_stop.

@@ -34,6 +34,8 @@ type Config struct {
 	// Health holds the health checking of services that have any, by
 	// service name.
 	Health map[string]ServiceHealth
+	// HA is the [ha] section.
+	HA HA
 
 	// parts are the files the configuration was read from: the main file,
 	// then the included files in include order. Each file's services are

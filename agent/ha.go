@@ -1,0 +1,222 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/kernel/ipvs"
+	"github.com/vipd/vipd/lb"
+)
+
+// Elector elects the node of a group of peers that serves the VIPs
+// (VRRP: package ha/vrrp). The agent programs every service on every
+// node, and announces the VIPs, and answers ARP and neighbour
+// solicitations for them, only on the elected one: a takeover is one
+// announcement, not a reprogramming.
+type Elector interface {
+	// Run runs the election until ctx ends.
+	Run(ctx context.Context) error
+	// SetPriority changes the node's priority (tracking).
+	SetPriority(p uint8) error
+	// Resign hands the VIPs over to a peer at once and stays out of the
+	// election until Resume.
+	Resign(ctx context.Context, reason string) error
+	Resume()
+}
+
+// ElectorOptions are what the agent gives OpenElector.
+type ElectorOptions struct {
+	// HA is the configuration's [ha] section.
+	HA config.HA
+	// StartAsMaster starts the node as master: it was master when it
+	// stopped and its VIPs are still programmed.
+	StartAsMaster bool
+	// Report is called on every change of role: master or not, and why.
+	Report func(master bool, reason string)
+}
+
+// ha is the agent's side of high availability.
+type ha struct {
+	el  Elector
+	cfg config.HA
+	// master says the node serves: the loop's copy, which passes use.
+	master bool
+	// priority is the priority last given the elector.
+	priority uint8
+
+	mu      sync.Mutex
+	reports []roleReport
+	changed chan struct{}
+}
+
+type roleReport struct {
+	master bool
+	reason string
+}
+
+// report queues a change of role for the main loop.
+func (h *ha) report(master bool, reason string) {
+	h.mu.Lock()
+	h.reports = append(h.reports, roleReport{master, reason})
+	h.mu.Unlock()
+	select {
+	case h.changed <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the changes of role reported since the last call.
+func (h *ha) take() []roleReport {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r := h.reports
+	h.reports = nil
+	return r
+}
+
+// openHA starts the election when cfg asks for one.
+func (a *Agent) openHA(cfg *config.Config) error {
+	if !cfg.HA.Enabled() {
+		return nil
+	}
+	if a.opts.OpenElector == nil {
+		return fmt.Errorf("%s: [ha] mode = %q: this vipd has no elector", cfg.File, cfg.HA.Mode)
+	}
+	h := &ha{cfg: cfg.HA, priority: cfg.HA.Priority, changed: make(chan struct{}, 1)}
+	el, err := a.opts.OpenElector(ElectorOptions{HA: cfg.HA, Report: h.report})
+	if err != nil {
+		return err
+	}
+	h.el = el
+	a.ha = h
+	return nil
+}
+
+// serving applies the node's role to spec: a node that is not the
+// elected one announces no VIP. It copies what it changes.
+func (a *Agent) serving(spec *lb.Spec) *lb.Spec {
+	if a.ha == nil || a.ha.master {
+		return spec
+	}
+	out := *spec
+	out.Services = slices.Clone(spec.Services)
+	for i := range out.Services {
+		out.Services[i].Announce = false
+	}
+	return &out
+}
+
+// roleChanged takes the changes of role the elector reported: the node
+// announces its VIPs when it becomes master, and withdraws them when it
+// stops being master, with a pass over the announcements alone.
+func (a *Agent) roleChanged(ctx context.Context) {
+	for _, r := range a.ha.take() {
+		if r.master == a.ha.master {
+			continue
+		}
+		a.ha.master = r.master
+		start := time.Now()
+		res, err := a.r.ReconcileAnnouncements(ctx, a.effective(a.cfg))
+		role := "backup"
+		if r.master {
+			role = "master"
+		}
+		if err != nil {
+			a.log.Error("high availability: role change not applied; the next pass tries again", "role", role, "reason", r.reason, "err", err)
+			continue
+		}
+		a.changed(res)
+		a.log.Info("high availability: role changed", "role", role, "reason", r.reason,
+			"announced", len(res.Applied), "failed", len(res.Failed), "took", time.Since(start).Round(time.Microsecond))
+		for _, f := range res.Failed {
+			a.log.Error("operation failed", "op", f.Op.Kind.String(), "detail", f.Op.String(), "err", f.Err)
+		}
+	}
+}
+
+// track lowers the node's priority while a tracked failure lasts: a
+// service with backends none of which serves (spec is the effective
+// spec of the last pass), or a tracked interface that is down.
+func (a *Agent) track(spec *lb.Spec) {
+	if a.ha == nil {
+		return
+	}
+	h := a.ha.cfg
+	failures := 0
+	if h.TrackBackends {
+		for _, vs := range spec.Services {
+			if len(vs.Backends) > 0 && !slices.ContainsFunc(vs.Backends, func(d lb.Destination) bool { return d.Weight > 0 }) {
+				failures++
+				break
+			}
+		}
+	}
+	if a.opts.LinkUp != nil {
+		for _, name := range h.TrackInterfaces {
+			if up, err := a.opts.LinkUp(name); err != nil || !up {
+				failures++
+			}
+		}
+	}
+	p := int(h.Priority) - failures*int(h.TrackPriority)
+	p = max(p, 1)
+	if uint8(p) == a.ha.priority {
+		return
+	}
+	a.log.Warn("high availability: priority changed", "priority", p, "configured", h.Priority, "tracked_failures", failures)
+	a.ha.priority = uint8(p)
+	if err := a.ha.el.SetPriority(uint8(p)); err != nil {
+		a.log.Error("high availability: set priority", "err", err)
+	}
+}
+
+// syncer is the kernel's connection synchronization (kernel/ipvs).
+type syncer interface {
+	StartSync(ipvs.SyncDaemon) error
+	SyncDaemons() ([]ipvs.SyncDaemon, error)
+}
+
+// startSync runs the kernel's connection-synchronization daemons, a
+// master and a backup, on the [ha] sync interface, unless they run
+// already with those settings (a restart). Both run on every node: the
+// master's daemon sends only the connections the node handles, so the
+// backup sends nothing until it takes over, and no daemon is switched at
+// a takeover.
+func (a *Agent) startSync(k lb.Kernel) error {
+	h := a.ha.cfg
+	if h.SyncInterface == "" {
+		return nil
+	}
+	s, ok := k.IPVS.(syncer)
+	if !ok {
+		return fmt.Errorf("[ha] sync_interface = %q: the kernel adapter cannot run IPVS connection synchronization", h.SyncInterface)
+	}
+	running, err := s.SyncDaemons()
+	if err != nil {
+		return err
+	}
+	id := h.SyncID
+	if id == 0 {
+		id = h.VRID
+	}
+	for _, state := range []ipvs.SyncState{ipvs.SyncMaster, ipvs.SyncBackup} {
+		want := ipvs.SyncDaemon{State: state, Interface: h.SyncInterface, SyncID: id}
+		i := slices.IndexFunc(running, func(d ipvs.SyncDaemon) bool { return d.State == state })
+		if i >= 0 {
+			if got := running[i]; got.Interface != want.Interface || got.SyncID != want.SyncID {
+				return fmt.Errorf("an IPVS %s sync daemon runs on %s with sync id %d, not on %s with %d: stop it (ipvsadm --stop-daemon %s)",
+					state, got.Interface, got.SyncID, want.Interface, want.SyncID, state)
+			}
+			continue
+		}
+		if err := s.StartSync(want); err != nil {
+			return err
+		}
+		a.log.Info("high availability: connection synchronization started", "role", state.String(), "interface", want.Interface, "sync_id", id)
+	}
+	return nil
+}
