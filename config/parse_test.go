@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/vipd/vipd/lb"
@@ -567,16 +568,13 @@ func FuzzIncremental(f *testing.F) {
 	})
 }
 
-// TestParseFromLarge edits a file large enough for the parallel paths
-// (comparing from both ends, copying while decoding).
+// TestParseFromLarge edits a file large enough for the parallel decoding
+// of blocks.
 func TestParseFromLarge(t *testing.T) {
 	if testing.Short() {
 		t.Skip("large file")
 	}
 	data, f := benchFixture(t, 2500, 10)
-	if len(data) < parallelDiffMin {
-		t.Fatalf("fixture of %d bytes is too small", len(data))
-	}
 	prev, err := Parse("bench.toml", data)
 	if err != nil {
 		t.Fatal(err)
@@ -694,55 +692,112 @@ func TestParseFromRandomEdits(t *testing.T) {
 	}
 }
 
-// TestParseFromRetired edits a configuration as the daemon does, retiring
-// each configuration once the next replaces it: edits that keep the
-// number of services reuse the retired configuration's service array
-// instead of copying every service, and every result is still the whole
-// parse's, with the running configuration untouched. Rejected edits and
-// edits that add or remove services are mixed in.
-func TestParseFromRetired(t *testing.T) {
+// TestParseFromConcurrent parses edits of one base from many goroutines
+// at once, the main file's and an included file's, as a daemon that checks
+// a file while it reloads another would: run with -race. Each result is
+// the whole parse's, and the base stays as it was.
+func TestParseFromConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	main := filepath.Join(dir, "vipd.toml")
+	incl := filepath.Join(dir, "more.toml")
 	s := newScenario(40)
-	cur, _, err := reparse(t, nil, s.text())
+	more := newScenario(0)
+	for i := range 20 {
+		id := 500 + i
+		more.services = append(more.services, scenarioService{id: id, name: fmt.Sprintf("m%d", id), vip: "198.51.100.7", port: id, weights: []int{1, 2}})
+	}
+	moreText := func(sc scenario) []byte {
+		_, after, _ := bytes.Cut(sc.text(), []byte("[[service]]"))
+		return append([]byte("[[service]]"), after...)
+	}
+	mainText := func(sc scenario) []byte { return append([]byte("include = [\"more.toml\"]\n"), sc.text()...) }
+	if err := os.WriteFile(main, mainText(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(incl, moreText(more), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base, err := Load(main)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rng := rand.New(rand.NewPCG(3, 4))
-	reused := 0
-	for step := range 300 {
-		next := s.clone()
-		bad := false
-		switch op := rng.IntN(10); {
-		case op < 7:
-			vs := &next.services[rng.IntN(len(next.services))]
-			vs.weights[rng.IntN(len(vs.weights))] = rng.IntN(50)
-		case op == 7:
-			i := rng.IntN(len(next.services))
-			next.services[i].name = next.services[(i+1+rng.IntN(len(next.services)-1))%len(next.services)].name
-			bad = true
-		case op == 8 && len(next.services) > 20:
-			next.services = slices.Delete(next.services, 3, 4)
-		default:
-			id := 1000 + step
-			next.services = append(next.services, scenarioService{id: id, name: fmt.Sprintf("x%d", id), vip: "198.51.100.1", port: id, weights: []int{1}})
-		}
-		var spare []lb.VirtualService
-		if p := cur.pred; p != nil && p.retired {
-			spare = p.Spec.Services
-		}
-		got, _, err := reparse(t, cur, next.text())
-		if bad != (err != nil) {
-			t.Fatalf("step %d: err %v, want one: %v", step, err, bad)
-		}
-		if err != nil {
-			continue // the daemon keeps running cur
-		}
-		if spare != nil && len(got.Spec.Services) > 0 && &spare[0] == &got.Spec.Services[0] {
-			reused++
-		}
-		cur.Retire()
-		cur, s = got, next
+	before := exported(base)
+	before.Spec.Services = slices.Clone(before.Spec.Services)
+	beforeTexts := base.Texts()
+
+	type job struct {
+		file string
+		data []byte
+		bad  bool
 	}
-	if reused < 100 {
-		t.Fatalf("the retired array was reused %d times in 300 edits", reused)
+	var jobs []job
+	for i := range 16 {
+		m, o := s.clone(), more.clone()
+		switch i % 4 {
+		case 0:
+			m.services[i].weights[0] = 100 + i
+		case 1:
+			o.services[i].weights[1] = 100 + i
+		case 2:
+			m.services[i].name = m.services[i+1].name
+		case 3:
+			o.services[i].name = m.services[0].name // a conflict across files
+		}
+		if i%2 == 0 {
+			jobs = append(jobs, job{main, mainText(m), i%4 == 2})
+		} else {
+			jobs = append(jobs, job{incl, moreText(o), i%4 == 3})
+		}
+	}
+	type result struct {
+		cfg *Config
+		d   Delta
+		err error
+	}
+	results := make([]result, len(jobs))
+	var wg sync.WaitGroup
+	for round := range 4 {
+		for i, j := range jobs {
+			wg.Go(func() {
+				cfg, d, err := ParseFrom(base, j.file, j.data)
+				if round == 0 {
+					results[i] = result{cfg, d, err}
+				}
+				if err == nil {
+					_ = cfg.Backends()
+					_ = cfg.Files()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for i, j := range jobs {
+		r := results[i]
+		if j.bad != (r.err != nil) {
+			t.Fatalf("job %d: err %v, want one: %v", i, r.err, j.bad)
+		}
+		// The reference: the whole parse of base's files with this one's
+		// text.
+		mainData, inclData := beforeTexts[0].Data, beforeTexts[1].Data
+		if j.file == main {
+			mainData = j.data
+		} else {
+			inclData = j.data
+		}
+		want, wantErr := parseWhole(Text{File: main, Data: mainData}, func(cfg *Config) ([]includedText, error) {
+			return []includedText{{Text{File: incl, Data: inclData}, 0}}, nil
+		})
+		if diff := sameParse(r.cfg, r.err, want, wantErr); diff != "" {
+			t.Fatalf("job %d: %s", i, diff)
+		}
+		if r.err == nil {
+			checkDelta(t, base, r.cfg, r.d)
+			if r.d.Full {
+				t.Errorf("job %d: full delta", i)
+			}
+		}
+	}
+	if !reflect.DeepEqual(exported(base), before) || !reflect.DeepEqual(base.Texts(), beforeTexts) {
+		t.Fatal("the base changed")
 	}
 }
