@@ -801,3 +801,75 @@ func TestParseFromConcurrent(t *testing.T) {
 		t.Fatal("the base changed")
 	}
 }
+
+// TestParseFromConflicts edits one file of two so that a service of the
+// edit conflicts with one of the other file, which the edit keeps, in
+// every way services can conflict: each edit fails as the whole parse
+// does, and the edits without conflict succeed with a partial delta.
+func TestParseFromConflicts(t *testing.T) {
+	dir := t.TempDir()
+	main, more := filepath.Join(dir, "vipd.toml"), filepath.Join(dir, "more.toml")
+	svc := func(name, vip string, port int, extra, backend string) string {
+		return fmt.Sprintf("[[service]]\nname = %q\nvip = %q\nport = %d\n%sbackend = [{ address = %q }]\n\n", name, vip, port, extra, backend)
+	}
+	mainText := func(b string) []byte {
+		return []byte("include = [\"more.toml\"]\n[daemon]\nwatch = false\n\n" + svc("a", "192.0.2.1", 80, "", "10.0.0.1") + b)
+	}
+	b := svc("b", "192.0.2.2", 80, "", "10.0.0.2")
+	c := svc("c", "192.0.2.3", 80, "", "10.0.0.3")
+	d := svc("d", "192.0.2.4", 80, "", "10.0.0.4")
+	if err := os.WriteFile(main, mainText(b), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(more, []byte(c+d), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base, err := Load(main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, file string
+		data       []byte
+		bad        bool
+	}{
+		{"name", more, []byte(svc("a", "192.0.2.3", 80, "", "10.0.0.3") + d), true},
+		{"key", more, []byte(svc("c", "192.0.2.1", 80, "", "10.0.0.3") + d), true},
+		{"announce", more, []byte(svc("c", "192.0.2.1", 81, "announce = false\n", "10.0.0.3") + d), true},
+		{"vip on a backend", more, []byte(svc("c", "10.0.0.1", 80, "", "10.0.0.3") + d), true},
+		{"backend on a vip", more, []byte(svc("c", "192.0.2.3", 80, "", "192.0.2.2") + d), true},
+		{"main: name", main, mainText(svc("c", "192.0.2.2", 80, "", "10.0.0.2")), true},
+		{"main: backend on a vip", main, mainText(svc("b", "192.0.2.2", 80, "", "192.0.2.4")), true},
+		{"main: vip on a backend", main, mainText(svc("b", "10.0.0.4", 80, "", "10.0.0.2")), true},
+		{"main: announce", main, mainText(svc("b", "192.0.2.3", 81, "announce = false\n", "10.0.0.2")), true},
+		{"shared vip", more, []byte(svc("c", "192.0.2.1", 81, "", "10.0.0.3") + d), false},
+		{"shared backend", more, []byte(svc("c", "192.0.2.3", 80, "", "10.0.0.1") + d), false},
+		{"names swapped", more, []byte(svc("d", "192.0.2.3", 80, "", "10.0.0.3") + svc("c", "192.0.2.4", 80, "", "10.0.0.4")), false},
+		{"main: new service", main, mainText(b + svc("e", "192.0.2.5", 80, "", "10.0.0.5")), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, delta, err := ParseFrom(base, tc.file, tc.data)
+			texts := base.Texts()
+			for i := range texts {
+				if texts[i].File == tc.file {
+					texts[i].Data = tc.data
+				}
+			}
+			want, wantErr := parseWhole(texts[0], func(*Config) ([]includedText, error) {
+				return []includedText{{texts[1], 0}}, nil
+			})
+			if diff := sameParse(got, err, want, wantErr); diff != "" {
+				t.Fatal(diff)
+			}
+			if tc.bad != (err != nil) {
+				t.Fatalf("err %v, want one: %v", err, tc.bad)
+			}
+			if err == nil {
+				checkDelta(t, base, got, delta)
+				if delta.Full || delta.NewTo-delta.From > 2 {
+					t.Fatalf("delta %+v", delta)
+				}
+			}
+		})
+	}
+}
