@@ -254,9 +254,9 @@ const DefaultDrainGrace = 2 * time.Second
 // DefaultStatsInterval is stats_interval's default. Prometheus scrapes
 // every 15 s or more, so a scraper never gets the data its previous
 // scrape took, and IPVS refreshes its rate estimates only every 2 s;
-// yet however many ask, the kernel is read at most once in 5 s, and a
-// read of a 10,000-service table, which takes seconds, then holds the
-// reconciler a minority of the time.
+// yet however many ask, the kernel is read at most once in 5 s, so that
+// the read of a large table, which is slow, holds the reconciler a
+// minority of the time.
 const DefaultStatsInterval = 5 * time.Second
 
 // Error is one problem in a configuration file.
