@@ -67,7 +67,7 @@ func benchOneChange(b *testing.B, n int) {
 		if d.Full || d.From != n/2 || d.OldTo != n/2+1 || d.NewTo != n/2+1 {
 			b.Fatalf("delta = %+v", d)
 		}
-		// Alternate, so that every round parses against its owner.
+		// Alternate, so that every round parses from the last result.
 		prev, changed = cfg, prev.Source()
 	}
 }

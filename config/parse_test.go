@@ -410,9 +410,10 @@ func TestParseFromScenario(t *testing.T) {
 	}
 }
 
-// TestParseFromNotOwner parses B from A, then C from A again (a rejected
-// reload keeps A): A no longer owns the index, which must be rebuilt.
-func TestParseFromNotOwner(t *testing.T) {
+// TestParseFromOlderBase parses B from A, then C from A again (a rejected
+// reload keeps A): each parse checks against its own base's services,
+// whatever was parsed from that base since.
+func TestParseFromOlderBase(t *testing.T) {
 	s := newScenario(12)
 	a, _, err := reparse(t, nil, s.text())
 	if err != nil {
@@ -424,7 +425,7 @@ func TestParseFromNotOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// From A, "svc5" is taken: an index still describing B would miss it.
+	// From A, "svc5" is taken: a check against B's services would miss it.
 	sc := s.clone()
 	sc.services[8].name = "svc5"
 	if _, _, err := reparse(t, a, sc.text()); err == nil || !strings.Contains(err.Error(), "name already used") {
@@ -439,7 +440,7 @@ func TestParseFromNotOwner(t *testing.T) {
 	if d.Full || d.From != 8 || d.OldTo != 9 || d.NewTo != 9 {
 		t.Fatalf("delta = %+v", d)
 	}
-	// B is not the owner now either; from B, "b-name" is taken.
+	// From B, "b-name" is taken.
 	sd := sb.clone()
 	sd.services[9].name = "b-name"
 	if _, _, err := reparse(t, b, sd.text()); err == nil || !strings.Contains(err.Error(), "name already used") {
