@@ -61,7 +61,8 @@ func normalizeDecoded(v any) (any, bool) {
 }
 
 // checkDecoders checks that whatever go-toml decodes for the block
-// parser, BurntSushi decodes too, into the same values.
+// parser, BurntSushi decodes too, into the same values, and that what
+// fill takes from those BurntSushi decodes into the same raw structure.
 func checkDecoders(t *testing.T, data []byte) {
 	t.Helper()
 	m, ok := decodeFast(data)
@@ -82,6 +83,19 @@ func checkDecoders(t *testing.T, data []byte) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("%q:\n go-toml    %#v\n BurntSushi %#v", data, got, want)
+	}
+	// What fill takes, BurntSushi decodes into the same raw structure.
+	var filled rawConfig
+	if !onlyKeys(m, []string{"include", "daemon", "service"}) || !fill(reflect.ValueOf(&filled).Elem(), m) {
+		return
+	}
+	var raw rawConfig
+	md, err := toml.NewDecoder(bytesReader(data)).Decode(&raw)
+	if err != nil || len(md.Undecoded()) > 0 {
+		t.Fatalf("fill takes what BurntSushi does not: %q: %v, undecoded %v", data, err, md.Undecoded())
+	}
+	if !reflect.DeepEqual(filled, raw) {
+		t.Fatalf("%q:\n fill       %+v\n BurntSushi %+v", data, filled, raw)
 	}
 }
 
