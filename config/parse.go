@@ -267,14 +267,18 @@ func (e *edit) delta() Delta {
 // texts when the patterns are the same, or else read from disk.
 func parseMain(base *Config, file string, data []byte) (*Config, Delta, error) {
 	fallback := func() (*Config, Delta, error) { return parseFallback(base, &Text{File: file, Data: data}, "") }
-	chunks := blockStarts(data)
+	var old *part
+	if base != nil {
+		old = &base.parts[0]
+	}
+	chunks, keep, keepEnd := splitBlocks(data, old)
 	settings := &Config{}
 	if !decodePreamble(file, data[:preambleEnd(data, chunks)], settings) {
 		return fallback()
 	}
 	same := base != nil && slices.Equal(settings.Include, base.Include)
 	if same && settings.Daemon.ManageIPTables == base.Daemon.ManageIPTables {
-		blocks, keep, keepEnd, ok := readBlocks(file, data, chunks, settings, &base.parts[0])
+		blocks, ok := readBlocks(file, data, chunks, keep, keepEnd, settings)
 		if !ok {
 			return fallback()
 		}
@@ -289,7 +293,7 @@ func parseMain(base *Config, file string, data []byte) (*Config, Delta, error) {
 		return cfg, e.delta(), nil
 	}
 
-	blocks, _, _, ok := readBlocks(file, data, chunks, settings, nil)
+	blocks, ok := readBlocks(file, data, chunks, 0, 0, settings)
 	if !ok {
 		return fallback()
 	}
@@ -304,7 +308,7 @@ func parseMain(base *Config, file string, data []byte) (*Config, Delta, error) {
 		}
 	}
 	for _, t := range incl {
-		ch, bl, ok := parsePart(t.Text, settings, nil)
+		ch, bl, ok := parsePart(t.Text, settings)
 		if !ok {
 			return fallback()
 		}
@@ -320,15 +324,14 @@ func parseMain(base *Config, file string, data []byte) (*Config, Delta, error) {
 }
 
 // parsePart decodes an included file block by block with the daemon
-// settings of settings, decoding again only the blocks that differ from
-// those of old, the file's part in base, if any (see readBlocks). It
-// reports false for anything but [[service]] blocks that are each valid.
-func parsePart(t Text, settings *Config, old *part) ([]int, []block, bool) {
+// settings of settings. It reports false for anything but [[service]]
+// blocks that are each valid.
+func parsePart(t Text, settings *Config) ([]int, []block, bool) {
 	chunks := blockStarts(t.Data)
 	if !emptyPreamble(t.Data[:preambleEnd(t.Data, chunks)]) {
 		return nil, nil, false
 	}
-	blocks, _, _, ok := readBlocks(t.File, t.Data, chunks, settings, old)
+	blocks, ok := readBlocks(t.File, t.Data, chunks, 0, 0, settings)
 	return chunks, blocks, ok
 }
 
@@ -347,39 +350,68 @@ func preambleEnd(data []byte, chunks []int) int {
 	return len(data)
 }
 
-// blockText returns the text of the service block i of data, whose blocks
-// start at chunks (see blockStarts).
-func blockText(data []byte, chunks []int, i int) []byte {
-	end := len(data)
-	if i+2 < len(chunks) {
-		end = chunks[i+2]
+// splitBlocks returns the offsets of data's blocks, as blockStarts does.
+// With old, the part of the same file in a base configuration, it also
+// returns how many service blocks at the start of data (keep) and at its
+// end (keepEnd) have the text of old's blocks there, and it looks for
+// [[service]] lines only between those: blocks of the same text at the
+// same offsets, from the start or from the end, start where old's did.
+func splitBlocks(data []byte, old *part) (chunks []int, keep, keepEnd int) {
+	if old == nil || old.chunks == nil {
+		return blockStarts(data), 0, 0
 	}
-	return data[chunks[i+1]:end]
+	oc, src := old.chunks, old.src
+	n, d := len(oc), len(data)-len(src)
+	end := func(j int) int { // the end of old's block j
+		if j+1 < n {
+			return oc[j+1]
+		}
+		return len(src)
+	}
+	// The same blocks from the start, but the last (which ends with the
+	// file); after them, a block starts where old's did, unless its
+	// [[service]] line changed.
+	p := 0
+	for p < n-1 && end(p) <= len(data) && bytes.Equal(src[oc[p]:end(p)], data[oc[p]:end(p)]) {
+		p++
+	}
+	if p > 0 && nextHeader(data, oc[p], lineEnd(data, oc[p])) != oc[p] {
+		p--
+	}
+	lo := oc[p] // where the blocks read again start
+	// The same service blocks from the end, each on a line of its own.
+	s := 0
+	for j := n - 1; j >= max(p, 1) && oc[j]+d >= lo; j-- {
+		at := oc[j] + d
+		if !bytes.Equal(src[oc[j]:end(j)], data[at:end(j)+d]) || at > 0 && data[at-1] != '\n' {
+			break
+		}
+		s++
+	}
+	hi := len(data)
+	if s > 0 {
+		hi = oc[n-s] + d
+	}
+	chunks = make([]int, 0, n+8)
+	chunks = append(chunks, oc[:max(p, 1)]...)
+	chunks = appendHeaders(chunks, data, lo, hi)
+	for _, c := range oc[n-s:] {
+		chunks = append(chunks, c+d)
+	}
+	return chunks, max(p-1, 0), s
 }
 
 // readBlocks decodes and validates data's service blocks, which start at
-// chunks[1:], with the daemon settings of settings. With old, the part of
-// the same file in a base configuration, it keeps the first keep and the
-// last keepEnd blocks whose text is the same as old's, and decodes only
-// the blocks between them, which it returns.
-func readBlocks(file string, data []byte, chunks []int, settings *Config, old *part) (blocks []block, keep, keepEnd int, ok bool) {
+// chunks[1:], with the daemon settings of settings, but the first keep and
+// the last keepEnd: it returns the blocks between those.
+func readBlocks(file string, data []byte, chunks []int, keep, keepEnd int, settings *Config) ([]block, bool) {
 	n := len(chunks) - 1
-	if old != nil && old.chunks != nil {
-		on := len(old.chunks) - 1
-		for keep < min(n, on) && bytes.Equal(blockText(data, chunks, keep), blockText(old.src, old.chunks, keep)) {
-			keep++
-		}
-		for keepEnd < min(n, on)-keep && bytes.Equal(blockText(data, chunks, n-1-keepEnd), blockText(old.src, old.chunks, on-1-keepEnd)) {
-			keepEnd++
-		}
-	}
 	end := len(data)
 	if keepEnd > 0 {
 		end = chunks[n-keepEnd+1]
 	}
-	blocks = make([]block, n-keep-keepEnd)
-	ok = decodeBlocks(file, data, chunks[1+keep:1+n-keepEnd], end, keep, settings, blocks)
-	return blocks, keep, keepEnd, ok
+	blocks := make([]block, n-keep-keepEnd)
+	return blocks, decodeBlocks(file, data, chunks[1+keep:1+n-keepEnd], end, keep, settings, blocks)
 }
 
 // emptyPreamble reports whether the text before an included file's first
@@ -415,11 +447,11 @@ func replacePart(base *Config, pi int, insert bool, t *includedText) (*Config, D
 	if !insert {
 		old = &base.parts[pi]
 	}
-	chunks := blockStarts(t.Data)
+	chunks, keep, keepEnd := splitBlocks(t.Data, old)
 	if !emptyPreamble(t.Data[:preambleEnd(t.Data, chunks)]) {
 		return parseFallback(base, &t.Text, "")
 	}
-	blocks, keep, keepEnd, ok := readBlocks(t.File, t.Data, chunks, base, old)
+	blocks, ok := readBlocks(t.File, t.Data, chunks, keep, keepEnd, base)
 	if !ok {
 		return parseFallback(base, &t.Text, "")
 	}

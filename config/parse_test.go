@@ -297,6 +297,9 @@ func reparse(t *testing.T, prev *Config, data []byte) (*Config, Delta, error) {
 		before = exported(prev)
 		before.Spec.Services = slices.Clone(before.Spec.Services)
 	}
+	if prev != nil {
+		checkSplit(t, data, &prev.parts[0])
+	}
 	got, d, err := ParseFrom(prev, "s.toml", data)
 	want, wantErr := parseWholeFile("s.toml", data)
 	if diff := sameParse(got, err, want, wantErr); diff != "" {
@@ -504,7 +507,44 @@ func checkEdit(t *testing.T, a, edited []byte) {
 			base = c
 		}
 	}
+	if base != nil {
+		checkSplit(t, edited, &base.parts[0])
+	}
 	checkParse(t, base, edited, nil, nil)
+}
+
+// checkSplit checks splitBlocks' result for data against a scan of the
+// whole text, and that the blocks it keeps have the text of old's.
+func checkSplit(t *testing.T, data []byte, old *part) {
+	t.Helper()
+	chunks, keep, keepEnd := splitBlocks(data, old)
+	if want := blockStarts(data); !slices.Equal(chunks, want) {
+		t.Fatalf("splitBlocks(%q) = %v, want %v", data, chunks, want)
+	}
+	if old.chunks == nil {
+		return
+	}
+	n, on := len(chunks)-1, len(old.chunks)-1
+	if keep+keepEnd > min(n, on) {
+		t.Fatalf("splitBlocks(%q) keeps %d+%d of %d and %d blocks", data, keep, keepEnd, n, on)
+	}
+	text := func(d []byte, c []int, i int) []byte {
+		end := len(d)
+		if i+2 < len(c) {
+			end = c[i+2]
+		}
+		return d[c[i+1]:end]
+	}
+	for i := range keep {
+		if !bytes.Equal(text(data, chunks, i), text(old.src, old.chunks, i)) {
+			t.Fatalf("splitBlocks(%q) keeps block %d, which changed", data, i)
+		}
+	}
+	for i := range keepEnd {
+		if !bytes.Equal(text(data, chunks, n-1-i), text(old.src, old.chunks, on-1-i)) {
+			t.Fatalf("splitBlocks(%q) keeps block %d from the end, which changed", data, i)
+		}
+	}
 }
 
 // checkParse parses data from base (which may be nil) and checks the
