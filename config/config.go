@@ -39,6 +39,8 @@ type Config struct {
 	// then the included files in include order. Each file's services are
 	// a contiguous run of Spec.Services, in file order.
 	parts []part
+	// nb is the number of backends of all services.
+	nb int
 	// execN is the number of services with an exec check, counted when
 	// execCounted; execUser is CheckUser looked up, when execN > 0.
 	execN       int
@@ -47,10 +49,13 @@ type Config struct {
 }
 
 // Backends returns the number of backends of all services.
-func (c *Config) Backends() int {
+func (c *Config) Backends() int { return c.nb }
+
+// countBackends returns the number of backends of services.
+func countBackends(services []lb.VirtualService) int {
 	n := 0
-	for i := range c.Spec.Services {
-		n += len(c.Spec.Services[i].Backends)
+	for i := range services {
+		n += len(services[i].Backends)
 	}
 	return n
 }
@@ -351,6 +356,7 @@ func parseWhole(main Text, included func(cfg *Config) ([]includedText, error)) (
 	if len(errs) > 0 {
 		return nil, errs
 	}
+	cfg.nb = countBackends(cfg.Spec.Services)
 	return cfg, nil
 }
 

@@ -487,6 +487,7 @@ func splice(base *Config, e edit) (*Config, bool) {
 	s := e.settings
 	cfg := &Config{File: base.File, Include: s.Include, Daemon: s.Daemon, Spec: s.Spec}
 	cfg.Spec.Services = services
+	cfg.nb = base.nb - countBackends(old) + countBackends(services[e.from:newTo])
 	cfg.Health = spliceHealth(base.Health, old, e.blocks)
 	if len(base.parts) > 0 {
 		parts := make([]part, 0, len(base.parts)+1)

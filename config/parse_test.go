@@ -54,6 +54,9 @@ func sameParse(got *Config, gotErr error, want *Config, wantErr error) string {
 	if got != nil && !bytes.Equal(got.Source(), want.Source()) {
 		return "source differs"
 	}
+	if got != nil && got.Backends() != want.Backends() {
+		return fmt.Sprintf("%d backends, want %d", got.Backends(), want.Backends())
+	}
 	return ""
 }
 
