@@ -801,6 +801,13 @@ func TestParseFromConcurrent(t *testing.T) {
 	results := make([]result, len(jobs))
 	var wg sync.WaitGroup
 	for round := range 4 {
+		wg.Go(func() {
+			// The included file removed, alongside.
+			cfg, d, err := ParseRemoved(base, incl)
+			if err != nil || len(cfg.Spec.Services) != 40 || d.Full || d.From != 40 || d.OldTo != 60 || d.NewTo != 40 {
+				t.Errorf("round %d: removing %s: %v, delta %+v", round, incl, err, d)
+			}
+		})
 		for i, j := range jobs {
 			wg.Go(func() {
 				cfg, d, err := ParseFrom(base, j.file, j.data)
