@@ -41,18 +41,7 @@ type Config struct {
 	// then the included files in include order. Each file's services are
 	// a contiguous run of Spec.Services, in file order.
 	parts []part
-	// idx holds the cross-service counts of the configuration that owns
-	// it, shared along a chain of incremental parses.
-	idx *index
-	// pred is the configuration this one was parsed from by an edit that
-	// kept the number of services: their services differ in
-	// [predFrom, predTo) only. Once pred is retired, the next edit of
-	// this configuration takes pred's service array instead of copying
-	// every service (see Retire).
-	pred             *Config
-	predFrom, predTo int
-	retired          bool
-	// nb is the number of backends plus one; 0 when not counted yet.
+	// nb is the number of backends of all services.
 	nb int
 	// execN is the number of services with an exec check, counted when
 	// execCounted; execUser is CheckUser looked up, when execN > 0.
@@ -61,21 +50,16 @@ type Config struct {
 	execUser    *health.User
 }
 
-// Retire says that c will not be used again, by anyone: a later ParseFrom
-// of the configuration parsed from c may then reuse c's memory. The daemon
-// retires its running configuration when a new one replaces it.
-func (c *Config) Retire() { c.retired = true }
-
 // Backends returns the number of backends of all services.
-func (c *Config) Backends() int {
-	if c.nb == 0 {
-		n := 0
-		for i := range c.Spec.Services {
-			n += len(c.Spec.Services[i].Backends)
-		}
-		c.nb = n + 1
+func (c *Config) Backends() int { return c.nb }
+
+// countBackends returns the number of backends of services.
+func countBackends(services []lb.VirtualService) int {
+	n := 0
+	for i := range services {
+		n += len(services[i].Backends)
 	}
-	return c.nb - 1
+	return n
 }
 
 // part is one file of a configuration.
@@ -86,8 +70,8 @@ type part struct {
 	// chunks holds the offset in src of each block: 0 for the preamble
 	// (everything before the first [[service]]), then the offset of each
 	// service's [[service]] line, one per service. It is nil when the
-	// file was not read block by block (see ParseFrom); such a file cannot
-	// be the base of an incremental parse.
+	// file was not read block by block (see ParseFrom); a parse from such
+	// a file decodes all of its next text.
 	chunks []int
 	// first is the index in Spec.Services of the file's first service.
 	first int
@@ -277,9 +261,9 @@ const DefaultDrainGrace = 2 * time.Second
 // DefaultStatsInterval is stats_interval's default. Prometheus scrapes
 // every 15 s or more, so a scraper never gets the data its previous
 // scrape took, and IPVS refreshes its rate estimates only every 2 s;
-// yet however many ask, the kernel is read at most once in 5 s, and a
-// read of a 10,000-service table, which takes seconds, then holds the
-// reconciler a minority of the time.
+// yet however many ask, the kernel is read at most once in 5 s, so that
+// the read of a large table, which is slow, holds the reconciler a
+// minority of the time.
 const DefaultStatsInterval = 5 * time.Second
 
 // Error is one problem in a configuration file.
@@ -374,6 +358,7 @@ func parseWhole(main Text, included func(cfg *Config) ([]includedText, error)) (
 	if len(errs) > 0 {
 		return nil, errs
 	}
+	cfg.nb = countBackends(cfg.Spec.Services)
 	return cfg, nil
 }
 

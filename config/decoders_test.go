@@ -2,11 +2,13 @@ package config
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/BurntSushi/toml"
@@ -14,7 +16,7 @@ import (
 
 // normalizeDecoded returns v as go-toml decodes it: arrays of tables as
 // []any, NaN as a string (NaN is not equal to itself). It reports false
-// for a date or a time, which the conversion never takes.
+// for a date or a time, which fill never takes.
 func normalizeDecoded(v any) (any, bool) {
 	switch x := v.(type) {
 	case map[string]any:
@@ -59,7 +61,8 @@ func normalizeDecoded(v any) (any, bool) {
 }
 
 // checkDecoders checks that whatever go-toml decodes for the block
-// parser, BurntSushi decodes too, into the same values.
+// parser, BurntSushi decodes too, into the same values, and that what
+// fill takes from those BurntSushi decodes into the same raw structure.
 func checkDecoders(t *testing.T, data []byte) {
 	t.Helper()
 	m, ok := decodeFast(data)
@@ -80,6 +83,19 @@ func checkDecoders(t *testing.T, data []byte) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("%q:\n go-toml    %#v\n BurntSushi %#v", data, got, want)
+	}
+	// What fill takes, BurntSushi decodes into the same raw structure.
+	var filled rawConfig
+	if !onlyKeys(m, []string{"include", "daemon", "service"}) || !fill(reflect.ValueOf(&filled).Elem(), m) {
+		return
+	}
+	var raw rawConfig
+	md, err := toml.NewDecoder(bytesReader(data)).Decode(&raw)
+	if err != nil || len(md.Undecoded()) > 0 {
+		t.Fatalf("fill takes what BurntSushi does not: %q: %v, undecoded %v", data, err, md.Undecoded())
+	}
+	if !reflect.DeepEqual(filled, raw) {
+		t.Fatalf("%q:\n fill       %+v\n BurntSushi %+v", data, filled, raw)
 	}
 }
 
@@ -158,4 +174,107 @@ func TestDecoders(t *testing.T) {
 	for _, s := range slices.Concat(decoderSeeds, decoderEdges) {
 		checkDecoders(t, []byte(s))
 	}
+}
+
+// TestFillEveryKey writes a configuration that sets every key of the raw
+// structures, read from their toml tags as fill reads them, and checks
+// that the fast path takes it and fills exactly what BurntSushi decodes:
+// the fast path knows every key and every type of value there is.
+func TestFillEveryKey(t *testing.T) {
+	var b strings.Builder
+	writeEveryKey(&b, "", reflect.TypeFor[rawConfig]())
+	data := []byte(b.String())
+	var want rawConfig
+	md, err := toml.Decode(b.String(), &want)
+	if err != nil {
+		t.Fatalf("%s\n%v", data, err)
+	}
+	if u := md.Undecoded(); len(u) > 0 {
+		t.Fatalf("undecoded keys %v in\n%s", u, data)
+	}
+	m, ok := decodeFast(data)
+	if !ok {
+		t.Fatalf("go-toml declines\n%s", data)
+	}
+	var got rawConfig
+	if !fill(reflect.ValueOf(&got).Elem(), m) {
+		t.Fatalf("fill declines\n%s", data)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("fill differs from BurntSushi:\n got %+v\nwant %+v", got, want)
+	}
+	// Every key was written: each leaf of the structure is set.
+	keys := map[string]bool{}
+	for _, k := range md.Keys() {
+		keys[k.String()] = true
+	}
+	for _, k := range []string{"include", "daemon.check_user", "service.backend.check.headers.k", "service.sorry", "service.check.jitter"} {
+		if !keys[k] {
+			t.Errorf("%s not written", k)
+		}
+	}
+	if n := len(md.Keys()); n < 100 {
+		t.Errorf("only %d keys written", n)
+	}
+}
+
+// writeEveryKey writes a table of type t at path (the top level for ""):
+// its values first, then its tables and arrays of tables.
+func writeEveryKey(b *strings.Builder, path string, t reflect.Type) {
+	var tables []reflect.StructField
+	for i := range t.NumField() {
+		f := t.Field(i)
+		k := f.Tag.Get("toml")
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer && !reflect.PointerTo(ft.Elem()).Implements(unmarshalerType) {
+			ft = ft.Elem()
+		}
+		if ft.Kind() == reflect.Struct || ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct {
+			tables = append(tables, f)
+			continue
+		}
+		fmt.Fprintf(b, "%s = %s\n", k, everyKeyValue(ft))
+	}
+	for _, f := range tables {
+		k := f.Tag.Get("toml")
+		if path != "" {
+			k = path + "." + k
+		}
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if ft.Kind() == reflect.Slice {
+			fmt.Fprintf(b, "[[%s]]\n", k)
+			writeEveryKey(b, k, ft.Elem())
+			continue
+		}
+		fmt.Fprintf(b, "[%s]\n", k)
+		writeEveryKey(b, k, ft)
+	}
+}
+
+// everyKeyValue returns a TOML value for a field of type t.
+func everyKeyValue(t reflect.Type) string {
+	if t.Kind() == reflect.Pointer {
+		if reflect.PointerTo(t.Elem()).Implements(unmarshalerType) {
+			return "1" // a duration or a number
+		}
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return `"x"`
+	case reflect.Int64:
+		return "7"
+	case reflect.Float64:
+		return "0.5"
+	case reflect.Bool:
+		return "true"
+	case reflect.Slice:
+		return "[" + everyKeyValue(t.Elem()) + "]"
+	case reflect.Map:
+		return "{ k = " + everyKeyValue(t.Elem()) + " }"
+	}
+	panic("unknown type " + t.String())
 }

@@ -11,8 +11,8 @@ import (
 )
 
 // MaxFileSize is the largest configuration file, main or included, that
-// vipd reads: 16 MiB, three times the single file of 10,000 services with
-// 10 backends each that the benchmark reads (about 5.3 MB). A larger file
+// vipd reads: 16 MiB, with room to spare above the single file of 10,000
+// services with 10 backends each that the benchmark reads. A larger file
 // is refused before it is read, and one that grows past the limit while it
 // is read is refused too, so that a stray log or disk image matched by an
 // include pattern cannot exhaust the daemon's memory.

@@ -302,25 +302,37 @@ func (s *limitScan) value(n name, depth int) {
 }
 
 func (s *limitScan) array(n name, depth int) {
+	s.container(']', "array has more than %d elements", depth, func() { s.value(n, depth) })
+}
+
+func (s *limitScan) inlineTable(n name, depth int) {
+	s.container('}', "inline table has more than %d keys", depth, func() { s.keyValue(n, depth) })
+}
+
+// container scans an array or inline table that opens at s.i, depth deep
+// and closed by end: its elements, each scanned by elem and counted
+// against the limit (format names it in the message), separated by
+// commas.
+func (s *limitScan) container(end byte, format string, depth int, elem func()) {
 	if !s.nest(depth) {
 		return
 	}
-	s.i++ // [
+	s.i++ // [ or {
 	elems := 0
 	for {
 		s.space()
 		if s.eof() {
 			return
 		}
-		if s.data[s.i] == ']' {
+		if s.data[s.i] == end {
 			s.i++
 			return
 		}
-		if !s.count(&elems, "array has more than %d elements") {
+		if !s.count(&elems, format) {
 			return
 		}
 		at := s.i
-		s.value(n, depth)
+		elem()
 		s.space()
 		if s.eof() {
 			return
@@ -328,43 +340,7 @@ func (s *limitScan) array(n name, depth int) {
 		switch s.data[s.i] {
 		case ',':
 			s.i++
-		case ']':
-		default:
-			if s.i == at {
-				s.i++ // an error of the decoders; move on
-			}
-		}
-	}
-}
-
-func (s *limitScan) inlineTable(n name, depth int) {
-	if !s.nest(depth) {
-		return
-	}
-	s.i++ // {
-	keys := 0
-	for {
-		s.space()
-		if s.eof() {
-			return
-		}
-		if s.data[s.i] == '}' {
-			s.i++
-			return
-		}
-		if !s.count(&keys, "inline table has more than %d keys") {
-			return
-		}
-		at := s.i
-		s.keyValue(n, depth)
-		s.space()
-		if s.eof() {
-			return
-		}
-		switch s.data[s.i] {
-		case ',':
-			s.i++
-		case '}':
+		case end:
 		default:
 			if s.i == at {
 				s.i++ // an error of the decoders; move on

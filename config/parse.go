@@ -3,16 +3,14 @@ package config
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"net/netip"
 	"path/filepath"
 	"reflect"
 	"runtime"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
-
-	"github.com/BurntSushi/toml"
 
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/monitor/health"
@@ -38,8 +36,9 @@ type Delta struct {
 // ParseFrom is Parse for a file that may be an edit of one that base was
 // parsed from: it returns exactly what Parse returns for the files of base
 // with file's text replaced by data, and the Delta from base. base may be
-// nil; file is then the main file. base is never modified, so the caller
-// may keep it (to roll back, or after a rejected reload).
+// nil; file is then the main file. base is never modified: the caller may
+// keep it (to roll back, or after a rejected reload), and calls of
+// ParseFrom on one base may run concurrently.
 //
 // file is base's main file (base.File), one of its included files, or a
 // new file that matches one of its include patterns (see Config.Include); the
@@ -50,24 +49,19 @@ type Delta struct {
 // A valid file is read block by block: the text before the first
 // [[service]] line (the preamble, with [daemon]) and each [[service]]
 // array element are decoded and validated on their own, in parallel. With
-// a base, only the blocks that span the bytes that differ from base's
-// text of the file are decoded again, and the others are taken from base;
-// that costs a comparison of the two texts, a copy of base's services and
-// the changed blocks, unless the change of the preamble changes how
-// services are validated (manage_iptables). Whatever this path does not
-// understand (a decode or validation error, a conflict between services, a
-// [[service]] line inside a multi-line string, a table other than the
-// service's inside its block, ...) is left to a parse of every file whole,
-// which reports every error with its file and line.
+// a base, the blocks at the start and at the end of the file whose text is
+// the same as in base's text of the file keep base's services, and only
+// the blocks between them are decoded again; the checks across services
+// then compare the new services with the others, without decoding them.
+// Whatever this path does not understand (a decode or validation error, a
+// conflict between services, a [[service]] line inside a multi-line
+// string, a table other than the service's inside its block, ...) is left
+// to a parse of every file whole, which reports every error with its file
+// and line.
 //
-// Configurations parsed from one another share an index of their services'
-// names, keys and VIPs, which belongs to the latest of them: calls of
-// ParseFrom on configurations of one such chain must not run concurrently.
-// The daemon calls it from its main loop only. The configuration keeps
-// data (see Texts): the caller must not modify it afterwards.
-//
-// When the configuration has exec checks, check_user is looked up (see
-// Config.resolveExec).
+// The configuration keeps data (see Texts): the caller must not modify it
+// afterwards. When the configuration has exec checks, check_user is looked
+// up (see Config.resolveExec).
 func ParseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
 	return resolved(base)(parseFrom(base, file, data))
 }
@@ -76,7 +70,7 @@ func ParseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
 // exec checks' user, or an error.
 func resolved(base *Config) func(*Config, Delta, error) (*Config, Delta, error) {
 	return func(cfg *Config, d Delta, err error) (*Config, Delta, error) {
-		if err != nil {
+		if err != nil || cfg == base {
 			return cfg, d, err
 		}
 		if err := cfg.resolveExec(base, d); err != nil {
@@ -92,19 +86,15 @@ func parseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
 	}
 	file = filepath.Clean(file)
 	pi := base.partOf(file)
-	if pi < 0 {
+	switch {
+	case pi == 0:
+		return parseMain(base, file, data)
+	case pi < 0:
 		rank := base.rankOf(file)
 		if rank < 0 {
 			return nil, Delta{Full: true}, Errors{{File: file, Msg: fmt.Sprintf("not part of the configuration: no include pattern of %s matches it", base.File)}}
 		}
 		return replacePart(base, partPos(base.parts, rank, file), true, &includedText{Text{File: file, Data: data}, rank})
-	}
-	cfg, d, st := parseDelta(base, pi, file, data)
-	switch st {
-	case deltaDone:
-		return cfg, d, nil
-	case deltaFallback:
-		return parseFallback(base, &Text{File: file, Data: data}, "")
 	}
 	return replacePart(base, pi, false, &includedText{Text{File: file, Data: data}, base.parts[pi].rank})
 }
@@ -251,97 +241,85 @@ type block struct {
 	health *ServiceHealth
 }
 
-// parseMain parses the main file whole, block by block. The included files
-// are base's when the include patterns are the same (and so are their
-// services, unless the settings that validate them changed), or else read
-// from disk.
+// edit is a change of one file of a configuration: base's services
+// [from, oldTo) become blocks, and the file's part becomes p (inserted
+// before part pi with insert; part pi is removed when p is nil).
+type edit struct {
+	pi     int
+	insert bool
+	p      *part
+	// from and oldTo index the replaced services in base.Spec.Services.
+	from, oldTo int
+	blocks      []block
+	// settings holds the daemon settings of the result.
+	settings *Config
+}
+
+// delta returns the Delta of e.
+func (e *edit) delta() Delta {
+	return Delta{From: e.from, OldTo: e.oldTo, NewTo: e.from + len(e.blocks)}
+}
+
+// parseMain parses the main file block by block. When the include
+// patterns and the settings that validate services are base's, only the
+// main file's blocks that changed are decoded and the included files are
+// base's; otherwise every file is decoded, the included ones from base's
+// texts when the patterns are the same, or else read from disk.
 func parseMain(base *Config, file string, data []byte) (*Config, Delta, error) {
+	fallback := func() (*Config, Delta, error) { return parseFallback(base, &Text{File: file, Data: data}, "") }
+	var old *part
 	if base != nil {
-		cfg, d, st := parseDelta(base, 0, file, data)
-		switch st {
-		case deltaDone:
-			return cfg, d, nil
-		case deltaFallback:
-			return parseFallback(base, &Text{File: file, Data: data}, "")
-		}
+		old = &base.parts[0]
 	}
-	chunks := appendHeaders([]int{0}, data, 0, len(data))
-	end := len(data)
-	if len(chunks) > 1 {
-		end = chunks[1]
-	}
+	chunks, keep, keepEnd := splitBlocks(data, old)
 	settings := &Config{}
-	if !decodePreamble(file, data[:end], settings) {
-		return parseFallback(base, &Text{File: file, Data: data}, "")
+	if !decodePreamble(file, data[:preambleEnd(data, chunks)], settings) {
+		return fallback()
 	}
-	n := len(chunks) - 1
-	blocks := make([]block, n)
-	if !decodeBlocks(file, data, chunks[1:], len(data), 0, settings, blocks) {
-		return parseFallback(base, &Text{File: file, Data: data}, "")
+	same := base != nil && slices.Equal(settings.Include, base.Include)
+	if same && settings.Daemon.ManageIPTables == base.Daemon.ManageIPTables {
+		blocks, ok := readBlocks(file, data, chunks, keep, keepEnd, settings)
+		if !ok {
+			return fallback()
+		}
+		e := edit{p: &part{file: file, src: data, chunks: chunks, rank: -1}, from: keep, oldTo: base.partEnd(0) - keepEnd, blocks: blocks, settings: settings}
+		cfg, ok := splice(base, e)
+		if !ok {
+			return fallback()
+		}
+		if !sameSettings(settings, base) {
+			return cfg, fullDelta(base, cfg), nil
+		}
+		return cfg, e.delta(), nil
+	}
+
+	blocks, ok := readBlocks(file, data, chunks, 0, 0, settings)
+	if !ok {
+		return fallback()
 	}
 	parts := []part{{file: file, src: data, chunks: chunks, rank: -1}}
-	same := base != nil && slices.Equal(settings.Include, base.Include)
-	reuse := same && settings.Daemon.ManageIPTables == base.Daemon.ManageIPTables
-	var kept []lb.VirtualService // base's services of the included files
-	if reuse {
-		mainEnd := base.partEnd(0)
-		kept = base.Spec.Services[mainEnd:]
-		for _, q := range base.parts[1:] {
-			q.first += n - mainEnd
-			parts = append(parts, q)
-		}
-	} else {
-		var incl []includedText
-		if same {
-			incl = base.included()
-		} else if len(settings.Include) > 0 {
-			var err error
-			if incl, err = readIncluded(file, settings.Include); err != nil {
-				return nil, Delta{Full: true}, includeErrors(Text{File: file, Data: data}, err)
-			}
-		}
-		for _, t := range incl {
-			ch, bl, ok := parsePart(t.Text, settings)
-			if !ok {
-				return parseFallback(base, &Text{File: file, Data: data}, "")
-			}
-			parts = append(parts, part{file: t.File, src: t.Data, chunks: ch, first: len(blocks), rank: t.rank})
-			blocks = append(blocks, bl...)
+	var incl []includedText
+	if same {
+		incl = base.included()
+	} else if len(settings.Include) > 0 {
+		var err error
+		if incl, err = readIncluded(file, settings.Include); err != nil {
+			return nil, Delta{Full: true}, includeErrors(Text{File: file, Data: data}, err)
 		}
 	}
-	cfg := &Config{File: file, Include: settings.Include, Daemon: settings.Daemon, Spec: settings.Spec, parts: parts}
-	if total := len(blocks) + len(kept); total > 0 {
-		cfg.Spec.Services = make([]lb.VirtualService, total)
-	}
-	copy(cfg.Spec.Services[len(blocks):], kept)
-	idx := &index{}
-	idx.reset()
-	for i := range blocks {
-		cfg.Spec.Services[i] = blocks[i].vs
-	}
-	for i := range cfg.Spec.Services {
-		idx.add(&cfg.Spec.Services[i], 1)
-	}
-	if idx.bad > 0 {
-		return parseFallback(base, &Text{File: file, Data: data}, "")
-	}
-	if reuse {
-		cfg.Health = spliceHealth(base.Health, base.Spec.Services[:base.partEnd(0)], blocks)
-	} else {
-		for i := range blocks {
-			if h := blocks[i].health; h != nil {
-				if cfg.Health == nil {
-					cfg.Health = map[string]ServiceHealth{}
-				}
-				cfg.Health[blocks[i].vs.Name] = *h
-			}
+	for _, t := range incl {
+		ch, bl, ok := parsePart(t.Text, settings)
+		if !ok {
+			return fallback()
 		}
+		parts = append(parts, part{file: t.File, src: t.Data, chunks: ch, first: len(blocks), rank: t.rank})
+		blocks = append(blocks, bl...)
 	}
-	cfg.idx = idx
-	idx.owner = cfg
-	if reuse && sameSettings(settings, base) {
-		return cfg, Delta{OldTo: base.partEnd(0), NewTo: n}, nil
+	cfg, ok := splice(&Config{}, edit{from: 0, oldTo: 0, blocks: blocks, settings: settings})
+	if !ok {
+		return fallback()
 	}
+	cfg.File, cfg.parts = file, parts
 	return cfg, fullDelta(base, cfg), nil
 }
 
@@ -349,19 +327,91 @@ func parseMain(base *Config, file string, data []byte) (*Config, Delta, error) {
 // settings of settings. It reports false for anything but [[service]]
 // blocks that are each valid.
 func parsePart(t Text, settings *Config) ([]int, []block, bool) {
-	chunks := appendHeaders([]int{0}, t.Data, 0, len(t.Data))
-	end := len(t.Data)
+	chunks := blockStarts(t.Data)
+	if !emptyPreamble(t.Data[:preambleEnd(t.Data, chunks)]) {
+		return nil, nil, false
+	}
+	blocks, ok := readBlocks(t.File, t.Data, chunks, 0, 0, settings)
+	return chunks, blocks, ok
+}
+
+// blockStarts returns the offsets of data's blocks: 0 for the preamble,
+// then the offset of each [[service]] line (see appendHeaders).
+func blockStarts(data []byte) []int {
+	return appendHeaders([]int{0}, data, 0, len(data))
+}
+
+// preambleEnd returns where the preamble of data, whose blocks start at
+// chunks, ends.
+func preambleEnd(data []byte, chunks []int) int {
 	if len(chunks) > 1 {
-		end = chunks[1]
+		return chunks[1]
 	}
-	if !emptyPreamble(t.Data[:end]) {
-		return nil, nil, false
+	return len(data)
+}
+
+// splitBlocks returns the offsets of data's blocks, as blockStarts does.
+// With old, the part of the same file in a base configuration, it also
+// returns how many service blocks at the start of data (keep) and at its
+// end (keepEnd) have the text of old's blocks there, and it looks for
+// [[service]] lines only between those: blocks of the same text at the
+// same offsets, from the start or from the end, start where old's did.
+func splitBlocks(data []byte, old *part) (chunks []int, keep, keepEnd int) {
+	if old == nil || old.chunks == nil {
+		return blockStarts(data), 0, 0
 	}
-	blocks := make([]block, len(chunks)-1)
-	if !decodeBlocks(t.File, t.Data, chunks[1:], len(t.Data), 0, settings, blocks) {
-		return nil, nil, false
+	oc, src := old.chunks, old.src
+	n, d := len(oc), len(data)-len(src)
+	end := func(j int) int { // the end of old's block j
+		if j+1 < n {
+			return oc[j+1]
+		}
+		return len(src)
 	}
-	return chunks, blocks, true
+	// The same blocks from the start, but the last (which ends with the
+	// file); after them, a block starts where old's did, unless its
+	// [[service]] line changed.
+	p := 0
+	for p < n-1 && end(p) <= len(data) && bytes.Equal(src[oc[p]:end(p)], data[oc[p]:end(p)]) {
+		p++
+	}
+	if p > 0 && nextHeader(data, oc[p], lineEnd(data, oc[p])) != oc[p] {
+		p--
+	}
+	lo := oc[p] // where the blocks read again start
+	// The same service blocks from the end, each on a line of its own.
+	s := 0
+	for j := n - 1; j >= max(p, 1) && oc[j]+d >= lo; j-- {
+		at := oc[j] + d
+		if !bytes.Equal(src[oc[j]:end(j)], data[at:end(j)+d]) || at > 0 && data[at-1] != '\n' {
+			break
+		}
+		s++
+	}
+	hi := len(data)
+	if s > 0 {
+		hi = oc[n-s] + d
+	}
+	chunks = make([]int, 0, n+8)
+	chunks = append(chunks, oc[:max(p, 1)]...)
+	chunks = appendHeaders(chunks, data, lo, hi)
+	for _, c := range oc[n-s:] {
+		chunks = append(chunks, c+d)
+	}
+	return chunks, max(p-1, 0), s
+}
+
+// readBlocks decodes and validates data's service blocks, which start at
+// chunks[1:], with the daemon settings of settings, but the first keep and
+// the last keepEnd: it returns the blocks between those.
+func readBlocks(file string, data []byte, chunks []int, keep, keepEnd int, settings *Config) ([]block, bool) {
+	n := len(chunks) - 1
+	end := len(data)
+	if keepEnd > 0 {
+		end = chunks[n-keepEnd+1]
+	}
+	blocks := make([]block, n-keep-keepEnd)
+	return blocks, decodeBlocks(file, data, chunks[1+keep:1+n-keepEnd], end, keep, settings, blocks)
 }
 
 // emptyPreamble reports whether the text before an included file's first
@@ -374,9 +424,8 @@ func emptyPreamble(data []byte) bool {
 	return ok && len(m) == 0
 }
 
-// replacePart returns base with its part pi replaced by t, parsed whole
-// block by block: inserted before part pi with insert, removed when t is
-// nil.
+// replacePart returns base with its part pi replaced by t, parsed block
+// by block: inserted before part pi with insert, removed when t is nil.
 func replacePart(base *Config, pi int, insert bool, t *includedText) (*Config, Delta, error) {
 	e := edit{pi: pi, insert: insert, settings: base}
 	if insert {
@@ -388,268 +437,75 @@ func replacePart(base *Config, pi int, insert bool, t *includedText) (*Config, D
 	} else {
 		e.from, e.oldTo = base.parts[pi].first, base.partEnd(pi)
 	}
-	gone := ""
-	var ft *Text
-	if t != nil {
-		ch, bl, ok := parsePart(t.Text, base)
-		if !ok {
-			return parseFallback(base, &t.Text, "")
+	if t == nil {
+		if cfg, ok := splice(base, e); ok {
+			return cfg, e.delta(), nil
 		}
-		e.p = &part{file: t.File, src: t.Data, chunks: ch, first: e.from, rank: t.rank}
-		e.blocks = bl
-		ft = &t.Text
-	} else {
-		gone = base.parts[pi].file
+		return parseFallback(base, nil, base.parts[pi].file)
 	}
-	cfg, st := splice(base, e)
-	if st != deltaDone {
-		return parseFallback(base, ft, gone)
+	var old *part
+	if !insert {
+		old = &base.parts[pi]
 	}
-	return cfg, Delta{From: e.from, OldTo: e.oldTo, NewTo: e.from + len(e.blocks)}, nil
+	chunks, keep, keepEnd := splitBlocks(t.Data, old)
+	if !emptyPreamble(t.Data[:preambleEnd(t.Data, chunks)]) {
+		return parseFallback(base, &t.Text, "")
+	}
+	blocks, ok := readBlocks(t.File, t.Data, chunks, keep, keepEnd, base)
+	if !ok {
+		return parseFallback(base, &t.Text, "")
+	}
+	e.p = &part{file: t.File, src: t.Data, chunks: chunks, first: e.from, rank: t.rank}
+	e.from += keep
+	e.oldTo -= keepEnd
+	e.blocks = blocks
+	cfg, ok := splice(base, e)
+	if !ok {
+		return parseFallback(base, &t.Text, "")
+	}
+	return cfg, e.delta(), nil
 }
 
-type deltaStatus int
-
-const (
-	// deltaDone: the incremental parse succeeded.
-	deltaDone deltaStatus = iota
-	// deltaCold: base cannot help (the preamble changed, ...); parse
-	// block by block from scratch.
-	deltaCold
-	// deltaFallback: the file has a problem; parse it whole for the
-	// errors.
-	deltaFallback
-)
-
-// parseDelta parses data, the new text of base's part pi, again only
-// where it differs from the part's text.
-func parseDelta(base *Config, pi int, file string, data []byte) (*Config, Delta, deltaStatus) {
-	bp := &base.parts[pi]
-	nc := len(bp.chunks)
-	if nc < 2 || bp.file != file {
-		// Without services, any change is in the preamble.
-		return nil, Delta{}, deltaCold
-	}
-	a, b := bp.src, data
-	d := len(b) - len(a)
-	k, m := nc, nc // the blocks bp.chunks[k:m] are parsed again
-	// The daemon settings, from base unless the preamble changed.
-	settings := base
-	var (
-		starts []int
-		blocks []block
-		decode func() bool // decodes the changed blocks
-	)
-	if p, s := diffRange(a, b); p+s < len(a) || d != 0 {
-		ea := len(a) - s // a[p:ea] became b[p:len(b)-s]
-
-		// Block k is the last whose [[service]] line lies wholly in the
-		// common prefix: blocks before it are unchanged and still end
-		// where block k starts, at the same offset in both texts (loA
-		// and loB).
-		k = sort.SearchInts(bp.chunks, p) - 1 // the last block starting before p
-		for k >= 1 && lineEnd(a, bp.chunks[k]) >= p {
-			k--
-		}
-		loA, loB := 0, 0
-		if k >= 1 {
-			loA, loB = bp.chunks[k], bp.chunks[k]
-		} else {
-			// The preamble may have changed: read it again. The blocks
-			// from the first one on can be kept as long as their
-			// validation does not change.
-			h := nextHeader(b, 0, len(b))
-			if h < 0 {
-				return nil, Delta{}, deltaCold
-			}
-			if pi == 0 {
-				settings = &Config{}
-				if !decodePreamble(file, b[:h], settings) {
-					return nil, Delta{}, deltaFallback
-				}
-				if settings.Daemon.ManageIPTables != base.Daemon.ManageIPTables || !slices.Equal(settings.Include, base.Include) {
-					return nil, Delta{}, deltaCold
-				}
-			} else if !emptyPreamble(b[:h]) {
-				return nil, Delta{}, deltaFallback
-			}
-			k, loA, loB = 1, bp.chunks[1], h
-		}
-		// Block m is the first after k whose [[service]] line, and the
-		// newline before it, lie wholly in the common suffix: it and the
-		// blocks after it are unchanged. nc stands for the end of the
-		// file.
-		m = sort.Search(nc, func(i int) bool { return bp.chunks[i] > ea })
-		hiA := len(a)
-		if m < nc {
-			hiA = bp.chunks[m]
-		}
-		hiB := hiA + d
-		if hiA < loA || hiB < loB {
-			return nil, Delta{}, deltaCold // cannot happen
-		}
-		starts = appendHeaders(nil, b, loB, hiB)
-		if loB < hiB && (len(starts) == 0 || starts[0] != loB) {
-			return nil, Delta{}, deltaCold // cannot happen: a block starts at loB
-		}
-		blocks = make([]block, len(starts))
-		decode = func() bool { return decodeBlocks(file, b, starts, hiB, k-1, settings, blocks) }
-	}
-	chunks := make([]int, 0, nc-(m-k)+len(starts))
-	chunks = append(chunks, bp.chunks[:k]...)
-	chunks = append(chunks, starts...)
-	for _, c := range bp.chunks[m:] {
-		chunks = append(chunks, c+d)
-	}
-	e := edit{
-		pi: pi, p: &part{file: bp.file, src: b, chunks: chunks, first: bp.first, rank: bp.rank},
-		from: bp.first + k - 1, oldTo: bp.first + m - 1,
-		blocks: blocks, decode: decode, settings: settings,
-	}
-	cfg, st := splice(base, e)
-	if st != deltaDone {
-		return nil, Delta{}, st
-	}
-	if settings != base && !sameSettings(settings, base) {
-		return cfg, fullDelta(base, cfg), deltaDone
-	}
-	return cfg, Delta{From: e.from, OldTo: e.oldTo, NewTo: e.from + len(blocks)}, deltaDone
-}
-
-// edit is a change of one file of a configuration: its services
-// [from, oldTo) become blocks and its part becomes p (inserted before part
-// pi with insert; part pi is removed when p is nil).
-type edit struct {
-	pi     int
-	insert bool
-	p      *part
-	// from and oldTo index the replaced services in base.Spec.Services.
-	from, oldTo int
-	blocks      []block
-	// decode, if not nil, fills blocks; it runs while the services that
-	// stay are copied.
-	decode func() bool
-	// settings holds the daemon settings of the result.
-	settings *Config
-}
-
-// splice applies e to base.
-//
-// An edit that keeps the number of services, of a configuration that is
-// the latest of its chain and was itself made by such an edit of a
-// configuration since retired (the daemon's running configuration, made
-// from the one it replaced), takes the retired configuration's service
-// array: it differs from base's only where base's edit was, so bringing
-// it up to date and writing e's services costs the two edits, not a copy
-// of every service.
-func splice(base *Config, e edit) (*Config, deltaStatus) {
+// splice returns base with e applied, a new configuration that shares
+// nothing with base that either may change. It reports false when the
+// services conflict with one another (see conflicts).
+func splice(base *Config, e edit) (*Config, bool) {
 	old := base.Spec.Services[e.from:e.oldTo]
 	newTo := e.from + len(e.blocks)
-	var reuse []lb.VirtualService
-	if p := base.pred; p != nil && p.retired && base.idx != nil && base.idx.owner == base &&
-		len(e.blocks) == len(old) && len(p.Spec.Services) == len(base.Spec.Services) {
-		reuse = p.Spec.Services
-	}
-
-	// Copy the services that stay while the changed blocks are decoded:
-	// both take about as long for a large file.
 	var services []lb.VirtualService
-	n := len(base.Spec.Services) - len(old) + len(e.blocks)
-	spliceCopy := func() {
-		if n > 0 && reuse == nil {
-			services = make([]lb.VirtualService, n)
-			copy(services, base.Spec.Services[:e.from])
-			copy(services[newTo:], base.Spec.Services[e.oldTo:])
-		}
-	}
-	decoded := true
-	if e.decode != nil && n >= parallelSpliceMin && reuse == nil && runtime.GOMAXPROCS(0) > 1 {
-		var wg sync.WaitGroup
-		wg.Go(func() { decoded = e.decode() })
-		spliceCopy()
-		wg.Wait()
-	} else {
-		if e.decode != nil {
-			decoded = e.decode()
-		}
-		if decoded {
-			spliceCopy()
-		}
-	}
-	if !decoded {
-		return nil, deltaFallback
-	}
-
-	idx := base.idx
-	if idx == nil || idx.owner != base {
-		if idx == nil {
-			idx = &index{}
-		}
-		idx.rebuild(base)
-	}
-	for i := range old {
-		idx.add(&old[i], -1)
-	}
-	for i := range e.blocks {
-		idx.add(&e.blocks[i].vs, 1)
-	}
-	if idx.bad > 0 {
-		// Undo, so that the index still describes base.
+	if n := len(base.Spec.Services) - len(old) + len(e.blocks); n > 0 {
+		services = make([]lb.VirtualService, n)
+		copy(services, base.Spec.Services[:e.from])
 		for i := range e.blocks {
-			idx.add(&e.blocks[i].vs, -1)
+			services[e.from+i] = e.blocks[i].vs
 		}
-		for i := range old {
-			idx.add(&old[i], 1)
-		}
-		return nil, deltaFallback
+		copy(services[newTo:], base.Spec.Services[e.oldTo:])
 	}
-
+	if conflicts(services, e.from, newTo, old) {
+		return nil, false
+	}
 	s := e.settings
-	cfg := &Config{File: base.File, Include: s.Include, Daemon: s.Daemon, Spec: s.Spec, idx: idx}
-	if reuse != nil {
-		// Only now that the edit cannot fail: the array then stays as
-		// it was for the next attempt.
-		copy(reuse[base.predFrom:base.predTo], base.Spec.Services[base.predFrom:base.predTo])
-		services = reuse
-		base.pred.Spec.Services = nil // it is cfg's now
-	}
-	// base's predecessor is never reused from base again: its array is
-	// cfg's, or base is no longer the latest of its chain.
-	base.pred = nil
-	if len(e.blocks) == len(old) {
-		cfg.pred, cfg.predFrom, cfg.predTo = base, e.from, e.oldTo
-	}
-	for i := range e.blocks {
-		services[e.from+i] = e.blocks[i].vs
-	}
-	if base.nb > 0 {
-		cfg.nb = base.nb
-		for i := range old {
-			cfg.nb -= len(old[i].Backends)
-		}
-		for i := range e.blocks {
-			cfg.nb += len(e.blocks[i].vs.Backends)
-		}
-	}
+	cfg := &Config{File: base.File, Include: s.Include, Daemon: s.Daemon, Spec: s.Spec}
 	cfg.Spec.Services = services
+	cfg.nb = base.nb - countBackends(old) + countBackends(services[e.from:newTo])
 	cfg.Health = spliceHealth(base.Health, old, e.blocks)
-
-	parts := make([]part, 0, len(base.parts)+1)
-	parts = append(parts, base.parts[:e.pi]...)
-	if e.p != nil {
-		parts = append(parts, *e.p)
+	if len(base.parts) > 0 {
+		parts := make([]part, 0, len(base.parts)+1)
+		parts = append(parts, base.parts[:e.pi]...)
+		if e.p != nil {
+			parts = append(parts, *e.p)
+		}
+		rest := base.parts[e.pi:]
+		if !e.insert {
+			rest = rest[1:]
+		}
+		for _, q := range rest {
+			q.first += newTo - e.oldTo
+			parts = append(parts, q)
+		}
+		cfg.parts = parts
 	}
-	rest := base.parts[e.pi:]
-	if !e.insert {
-		rest = rest[1:]
-	}
-	for _, q := range rest {
-		q.first += newTo - e.oldTo
-		parts = append(parts, q)
-	}
-	cfg.parts = parts
-	idx.owner = cfg
-	return cfg, deltaDone
+	return cfg, true
 }
 
 // sameSettings reports whether a and b have the same settings outside
@@ -663,25 +519,14 @@ func sameSettings(a, b *Config) bool {
 // spliceHealth returns h without the entries of the services in old and
 // with those of blocks, copying h only if that changes anything.
 func spliceHealth(h map[string]ServiceHealth, old []lb.VirtualService, blocks []block) map[string]ServiceHealth {
-	touched := false
-	for i := range old {
-		if _, ok := h[old[i].Name]; ok {
-			touched = true
-			break
-		}
-	}
-	for i := range blocks {
-		if blocks[i].health != nil {
-			touched = true
-			break
-		}
-	}
+	touched := slices.ContainsFunc(old, func(vs lb.VirtualService) bool { _, ok := h[vs.Name]; return ok }) ||
+		slices.ContainsFunc(blocks, func(b block) bool { return b.health != nil })
 	if !touched {
 		return h
 	}
-	out := make(map[string]ServiceHealth, len(h)+len(blocks))
-	for name, sh := range h {
-		out[name] = sh
+	out := maps.Clone(h)
+	if out == nil {
+		out = make(map[string]ServiceHealth, len(blocks))
 	}
 	for i := range old {
 		delete(out, old[i].Name)
@@ -701,37 +546,13 @@ func spliceHealth(h map[string]ServiceHealth, old []lb.VirtualService, blocks []
 // [[service]] line into cfg's daemon settings and include patterns. It
 // reports false for anything but a clean include key and [daemon] section.
 func decodePreamble(file string, data []byte, cfg *Config) bool {
-	if !withinLimits(data) || tooManyKeys(data) {
+	var raw rawConfig
+	if !withinLimits(data) || !decodeRaw(data, &raw, "daemon", "include") || len(raw.Service) > 0 {
 		return false
 	}
-	var pre *rawConfig
-	if m, ok := decodeFast(data); ok {
-		c := converter{ok: true}
-		if pre = c.preamble(m); !c.ok {
-			pre = nil
-		}
-	}
-	if pre == nil {
-		// Something go-toml or the conversion does not know: let
-		// BurntSushi fill the raw structure as it does for the whole file.
-		var raw rawConfig
-		md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&raw)
-		if err != nil || len(raw.Service) > 0 || len(md.Undecoded()) > 0 {
-			return false
-		}
-		for _, k := range md.Keys() {
-			// Only [daemon] and include, spelt exactly so: the decoder
-			// also matches keys such as "Service" to fields, which the
-			// whole file could spell both ways.
-			if k[0] != "daemon" && k[0] != "include" {
-				return false
-			}
-		}
-		pre = &raw
-	}
 	v := &validator{file: file}
-	v.daemon(&pre.Daemon, cfg)
-	cfg.Include = v.include(pre.Include, cfg.Daemon.Watch)
+	v.daemon(&raw.Daemon, cfg)
+	cfg.Include = v.include(raw.Include, cfg.Daemon.Watch)
 	return len(v.errs) == 0
 }
 
@@ -744,31 +565,11 @@ type rawServiceBlock struct {
 // daemon settings of cfg. It reports false for anything but one valid
 // service and nothing else.
 func decodeBlock(file string, data []byte, i int, cfg *Config) (block, bool) {
-	if !withinLimits(data) || tooManyKeys(data) {
+	var raw rawServiceBlock
+	if !withinLimits(data) || !decodeRaw(data, &raw, "service") || len(raw.Service) != 1 {
 		return block{}, false
 	}
-	var r *rawService
-	if m, ok := decodeFast(data); ok {
-		c := converter{ok: true}
-		if r = c.serviceBlock(m); !c.ok {
-			r = nil
-		}
-	}
-	if r == nil {
-		// Something go-toml or the conversion does not know: let
-		// BurntSushi fill the raw structure as it does for the whole file.
-		var raw rawServiceBlock
-		md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&raw)
-		if err != nil || len(raw.Service) != 1 || len(md.Undecoded()) > 0 {
-			return block{}, false
-		}
-		for _, k := range md.Keys() {
-			if k[0] != "service" {
-				return block{}, false
-			}
-		}
-		r = &raw.Service[0]
-	}
+	r := &raw.Service[0]
 	v := &validator{file: file}
 	vs, ok := v.service(i, r, cfg)
 	if !ok {
@@ -912,79 +713,6 @@ func lineEnd(data []byte, i int) int {
 	return len(data)
 }
 
-// The steps by which commonPrefix and commonSuffix narrow down the first
-// difference: large steps compare at memory speed, each later one
-// searches the one step the previous one stopped at.
-var equalSteps = [...]int{64 << 10, 4 << 10, 256, 16, 1}
-
-// parallelSpliceMin is the number of services from which an incremental
-// parse copies the unchanged ones while it decodes the changed ones.
-const parallelSpliceMin = 1000
-
-// parallelDiffMin is the size from which diffRange compares from both ends
-// at once.
-const parallelDiffMin = 1 << 20
-
-// diffRange returns lengths p and s of a common prefix and a common suffix
-// of a and b that do not overlap (p+s <= min(len(a), len(b))), so that
-// a[p:len(a)-s] became b[p:len(b)-s]. For a large text the prefix and the
-// suffix are compared at once, on two processors; they then stop where
-// they meet, and the range may be wider than the smallest one (at most by
-// a step of the comparison), which is still correct.
-func diffRange(a, b []byte) (p, s int) {
-	n := min(len(a), len(b))
-	if n < parallelDiffMin || runtime.GOMAXPROCS(0) < 2 {
-		p = commonPrefix(a, b)
-		return p, commonSuffix(a[p:], b[p:])
-	}
-	// Each side publishes how far it has compared; each stops once the two
-	// cover everything.
-	var pDone, sDone atomic.Int64
-	var wg sync.WaitGroup
-	wg.Go(func() { s = scanEqual(a, b, n, true, &sDone, &pDone) })
-	p = scanEqual(a, b, n, false, &pDone, &sDone)
-	wg.Wait()
-	return p, min(s, n-p)
-}
-
-// scanEqual returns the length of the common prefix (or, with suffix, the
-// common suffix) of a and b within n bytes, or less once it and the other
-// side together cover n. It publishes its progress in done.
-func scanEqual(a, b []byte, n int, suffix bool, done, other *atomic.Int64) int {
-	la, lb := len(a), len(b)
-	eq := func(i, step int) bool {
-		if suffix {
-			return bytes.Equal(a[la-i-step:la-i], b[lb-i-step:lb-i])
-		}
-		return bytes.Equal(a[i:i+step], b[i:i+step])
-	}
-	i := 0
-	for _, step := range equalSteps {
-		for i+step <= n && eq(i, step) {
-			i += step
-			if step == equalSteps[0] {
-				done.Store(int64(i))
-				if i+int(other.Load()) >= n {
-					return i
-				}
-			}
-		}
-	}
-	return i
-}
-
-// commonPrefix returns the length of the longest common prefix of a and b.
-func commonPrefix(a, b []byte) int {
-	var done, other atomic.Int64
-	return scanEqual(a, b, min(len(a), len(b)), false, &done, &other)
-}
-
-// commonSuffix returns the length of the longest common suffix of a and b.
-func commonSuffix(a, b []byte) int {
-	var done, other atomic.Int64
-	return scanEqual(a, b, min(len(a), len(b)), true, &done, &other)
-}
-
 // svcKey identifies a service for the duplicate check: NodePort services
 // are compared among themselves, by protocol, port and family.
 type svcKey struct {
@@ -992,107 +720,111 @@ type svcKey struct {
 	nodePort bool
 }
 
-// index counts what must be unique among services, so that an incremental
-// parse checks the cross-service rules of validator.config in the time of
-// the blocks it replaces. It describes the services of owner only; the
-// configurations of a chain of incremental parses share it.
+// index holds what must be unique among some services, for the checks
+// across services of validator.services: their names, keys, VIPs (by
+// announce, false and true) and backends' addresses.
 type index struct {
-	owner *Config
-	names map[string]int32
-	keys  map[svcKey]int32
-	// vips counts the services on each VIP by announce (false, true).
-	vips map[netip.Addr][2]int32
-	// backends counts the backends on each address.
+	names    map[string]int32
+	keys     map[svcKey]int32
+	vips     map[netip.Addr][2]int32
 	backends map[netip.Addr]int32
-	// bad is the number of names, keys and VIPs in conflict, and of
-	// addresses that are both a VIP and a backend.
-	bad int
+	// bad says that the services conflict: a name or key used twice, a
+	// VIP announced and not, an address both a VIP and a backend's.
+	bad bool
 }
 
-func (x *index) reset() {
-	if x.names == nil {
-		x.names = map[string]int32{}
-		x.keys = map[svcKey]int32{}
-		x.vips = map[netip.Addr][2]int32{}
-		x.backends = map[netip.Addr]int32{}
-	} else {
-		clear(x.names)
-		clear(x.keys)
-		clear(x.vips)
-		clear(x.backends)
+// newIndex returns the index of services.
+func newIndex(services []lb.VirtualService) *index {
+	nb := 0
+	for i := range services {
+		nb += len(services[i].Backends)
 	}
-	x.bad = 0
-	x.owner = nil
+	x := &index{
+		names:    make(map[string]int32, len(services)),
+		keys:     make(map[svcKey]int32, len(services)),
+		vips:     make(map[netip.Addr][2]int32, len(services)),
+		backends: make(map[netip.Addr]int32, nb),
+	}
+	for i := range services {
+		x.add(&services[i])
+	}
+	return x
 }
 
-// rebuild makes x describe base.
-func (x *index) rebuild(base *Config) {
-	x.reset()
-	for i := range base.Spec.Services {
-		x.add(&base.Spec.Services[i], 1)
-	}
-	x.owner = base
-}
-
-// add counts vs in (d = 1) or out (d = -1).
-func (x *index) add(vs *lb.VirtualService, d int32) {
-	n := x.names[vs.Name]
-	x.bad -= b2i(n > 1)
-	n += d
-	x.bad += b2i(n > 1)
-	if n == 0 {
-		delete(x.names, vs.Name)
-	} else {
-		x.names[vs.Name] = n
-	}
-
+func (x *index) add(vs *lb.VirtualService) {
+	x.names[vs.Name]++
 	k := svcKey{vs.Service.Key, vs.NodePort}
-	n = x.keys[k]
-	x.bad -= b2i(n > 1)
-	n += d
-	x.bad += b2i(n > 1)
-	if n == 0 {
-		delete(x.keys, k)
-	} else {
-		x.keys[k] = n
-	}
-
+	x.keys[k]++
+	x.bad = x.bad || x.names[vs.Name] > 1 || x.keys[k] > 1
 	if vs.VIP.IsValid() {
 		c := x.vips[vs.VIP]
-		x.bad -= b2i(c[0] > 0 && c[1] > 0) + b2i(x.onVIP(vs.VIP))
-		c[b2i(vs.Announce)] += d
-		if c == [2]int32{} {
-			delete(x.vips, vs.VIP)
-		} else {
-			x.vips[vs.VIP] = c
-		}
-		x.bad += b2i(c[0] > 0 && c[1] > 0) + b2i(x.onVIP(vs.VIP))
+		c[b2i(vs.Announce)]++
+		x.vips[vs.VIP] = c
+		x.bad = x.bad || c[0] > 0 && c[1] > 0 || x.backends[vs.VIP] > 0
 	}
 	for i := range vs.Backends {
 		a := vs.Backends[i].Addr.Addr()
-		n := x.backends[a]
-		if n+d == 0 {
-			delete(x.backends, a)
-		} else {
-			x.backends[a] = n + d
-		}
-		// The address's conflict changes only when its first backend
-		// comes or its last one goes.
-		if (n == 0) != (n+d == 0) {
-			if _, ok := x.vips[a]; ok {
-				x.bad += b2i(n == 0) - b2i(n+d == 0)
-			}
-		}
+		x.backends[a]++
+		_, onVIP := x.vips[a]
+		x.bad = x.bad || onVIP
 	}
 }
 
-// onVIP reports whether a is both a VIP and a backend's address.
-func (x *index) onVIP(a netip.Addr) bool {
-	if x.backends[a] == 0 {
+// conflicts reports whether services conflict with one another (see
+// index), knowing that they did not with removed in place of the added
+// services[from:to]. A conflict then involves an added service, and one of
+// the others only for what the added services hold that the removed ones
+// did not: the others are walked only for that, and not at all when an
+// edit keeps every name, key, VIP and backend address.
+func conflicts(services []lb.VirtualService, from, to int, removed []lb.VirtualService) bool {
+	a := newIndex(services[from:to])
+	if a.bad {
+		return true
+	}
+	if from == 0 && to == len(services) {
 		return false
 	}
-	_, ok := x.vips[a]
-	return ok
+	r := newIndex(removed)
+	walkServices := !subset(a.names, r.names) || !subset(a.keys, r.keys) || !subset(a.backends, r.backends)
+	walkBackends := false
+	for v, c := range a.vips {
+		rc := r.vips[v]
+		walkBackends = walkBackends || rc == [2]int32{}
+		walkServices = walkServices || c[0] > 0 && rc[0] == 0 || c[1] > 0 && rc[1] == 0
+	}
+	if !walkServices && !walkBackends {
+		return false
+	}
+	for i := range services {
+		if i >= from && i < to {
+			continue
+		}
+		vs := &services[i]
+		if a.names[vs.Name] > 0 || a.keys[svcKey{vs.Service.Key, vs.NodePort}] > 0 {
+			return true
+		}
+		if vs.VIP.IsValid() && (a.vips[vs.VIP][b2i(!vs.Announce)] > 0 || a.backends[vs.VIP] > 0) {
+			return true
+		}
+		if walkBackends {
+			for j := range vs.Backends {
+				if _, ok := a.vips[vs.Backends[j].Addr.Addr()]; ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// subset reports whether every key of a is a key of b.
+func subset[K comparable, V any](a map[K]V, b map[K]V) bool {
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 func b2i(b bool) int {

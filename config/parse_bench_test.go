@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"path/filepath"
 	"testing"
 
 	"github.com/vipd/vipd/test/bench"
@@ -66,7 +67,61 @@ func benchOneChange(b *testing.B, n int) {
 		if d.Full || d.From != n/2 || d.OldTo != n/2+1 || d.NewTo != n/2+1 {
 			b.Fatalf("delta = %+v", d)
 		}
-		// Alternate, so that every round parses against its owner.
+		// Alternate, so that every round parses from the last result.
 		prev, changed = cfg, prev.Source()
+	}
+}
+
+// BenchmarkLoadSplit loads the 10,000 x 10 fixture in the split layout of
+// `make bench` (a main file including services.d/*.toml, 100 services to a
+// file) from scratch.
+func BenchmarkLoadSplit(b *testing.B) {
+	_, f := benchFixture(b, 10000, 10)
+	dir := b.TempDir()
+	if _, err := f.WriteSplit(dir, bench.Daemon{}, 0); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Load(filepath.Join(dir, "vipd.toml")); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseFromSplitOneChange re-parses one included file of the
+// split 10,000 x 10 fixture after the weight of one backend of the middle
+// service changed.
+func BenchmarkParseFromSplitOneChange(b *testing.B) {
+	const n = 10000
+	_, f := benchFixture(b, n, 10)
+	dir := b.TempDir()
+	parts, err := f.WriteSplit(dir, bench.Daemon{}, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := parts[n/2/bench.PerFile]
+	var v1, v2 bytes.Buffer
+	if err := f.WriteServices(&v1, p); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.WithWeight(n/2, 3, 7).WriteServices(&v2, p); err != nil {
+		b.Fatal(err)
+	}
+	prev, err := Load(filepath.Join(dir, "vipd.toml"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	file, changed := filepath.Join(dir, p.Name), v2.Bytes()
+	b.ReportAllocs()
+	for b.Loop() {
+		cfg, d, err := ParseFrom(prev, file, changed)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if d.Full || d.From != n/2 || d.OldTo != n/2+1 || d.NewTo != n/2+1 {
+			b.Fatalf("delta = %+v", d)
+		}
+		prev, changed = cfg, prev.Texts()[1+n/2/bench.PerFile].Data
 	}
 }

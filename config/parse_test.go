@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/vipd/vipd/lb"
@@ -52,6 +53,9 @@ func sameParse(got *Config, gotErr error, want *Config, wantErr error) string {
 	}
 	if got != nil && !bytes.Equal(got.Source(), want.Source()) {
 		return "source differs"
+	}
+	if got != nil && got.Backends() != want.Backends() {
+		return fmt.Sprintf("%d backends, want %d", got.Backends(), want.Backends())
 	}
 	return ""
 }
@@ -296,6 +300,9 @@ func reparse(t *testing.T, prev *Config, data []byte) (*Config, Delta, error) {
 		before = exported(prev)
 		before.Spec.Services = slices.Clone(before.Spec.Services)
 	}
+	if prev != nil {
+		checkSplit(t, data, &prev.parts[0])
+	}
 	got, d, err := ParseFrom(prev, "s.toml", data)
 	want, wantErr := parseWholeFile("s.toml", data)
 	if diff := sameParse(got, err, want, wantErr); diff != "" {
@@ -409,9 +416,10 @@ func TestParseFromScenario(t *testing.T) {
 	}
 }
 
-// TestParseFromNotOwner parses B from A, then C from A again (a rejected
-// reload keeps A): A no longer owns the index, which must be rebuilt.
-func TestParseFromNotOwner(t *testing.T) {
+// TestParseFromOlderBase parses B from A, then C from A again (a rejected
+// reload keeps A): each parse checks against its own base's services,
+// whatever was parsed from that base since.
+func TestParseFromOlderBase(t *testing.T) {
 	s := newScenario(12)
 	a, _, err := reparse(t, nil, s.text())
 	if err != nil {
@@ -423,7 +431,7 @@ func TestParseFromNotOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// From A, "svc5" is taken: an index still describing B would miss it.
+	// From A, "svc5" is taken: a check against B's services would miss it.
 	sc := s.clone()
 	sc.services[8].name = "svc5"
 	if _, _, err := reparse(t, a, sc.text()); err == nil || !strings.Contains(err.Error(), "name already used") {
@@ -438,7 +446,7 @@ func TestParseFromNotOwner(t *testing.T) {
 	if d.Full || d.From != 8 || d.OldTo != 9 || d.NewTo != 9 {
 		t.Fatalf("delta = %+v", d)
 	}
-	// B is not the owner now either; from B, "b-name" is taken.
+	// From B, "b-name" is taken.
 	sd := sb.clone()
 	sd.services[9].name = "b-name"
 	if _, _, err := reparse(t, b, sd.text()); err == nil || !strings.Contains(err.Error(), "name already used") {
@@ -502,7 +510,44 @@ func checkEdit(t *testing.T, a, edited []byte) {
 			base = c
 		}
 	}
+	if base != nil {
+		checkSplit(t, edited, &base.parts[0])
+	}
 	checkParse(t, base, edited, nil, nil)
+}
+
+// checkSplit checks splitBlocks' result for data against a scan of the
+// whole text, and that the blocks it keeps have the text of old's.
+func checkSplit(t *testing.T, data []byte, old *part) {
+	t.Helper()
+	chunks, keep, keepEnd := splitBlocks(data, old)
+	if want := blockStarts(data); !slices.Equal(chunks, want) {
+		t.Fatalf("splitBlocks(%q) = %v, want %v", data, chunks, want)
+	}
+	if old.chunks == nil {
+		return
+	}
+	n, on := len(chunks)-1, len(old.chunks)-1
+	if keep+keepEnd > min(n, on) {
+		t.Fatalf("splitBlocks(%q) keeps %d+%d of %d and %d blocks", data, keep, keepEnd, n, on)
+	}
+	text := func(d []byte, c []int, i int) []byte {
+		end := len(d)
+		if i+2 < len(c) {
+			end = c[i+2]
+		}
+		return d[c[i+1]:end]
+	}
+	for i := range keep {
+		if !bytes.Equal(text(data, chunks, i), text(old.src, old.chunks, i)) {
+			t.Fatalf("splitBlocks(%q) keeps block %d, which changed", data, i)
+		}
+	}
+	for i := range keepEnd {
+		if !bytes.Equal(text(data, chunks, n-1-i), text(old.src, old.chunks, on-1-i)) {
+			t.Fatalf("splitBlocks(%q) keeps block %d from the end, which changed", data, i)
+		}
+	}
 }
 
 // checkParse parses data from base (which may be nil) and checks the
@@ -567,16 +612,13 @@ func FuzzIncremental(f *testing.F) {
 	})
 }
 
-// TestParseFromLarge edits a file large enough for the parallel paths
-// (comparing from both ends, copying while decoding).
+// TestParseFromLarge edits a file large enough for the parallel decoding
+// of blocks.
 func TestParseFromLarge(t *testing.T) {
 	if testing.Short() {
 		t.Skip("large file")
 	}
 	data, f := benchFixture(t, 2500, 10)
-	if len(data) < parallelDiffMin {
-		t.Fatalf("fixture of %d bytes is too small", len(data))
-	}
 	prev, err := Parse("bench.toml", data)
 	if err != nil {
 		t.Fatal(err)
@@ -694,55 +736,191 @@ func TestParseFromRandomEdits(t *testing.T) {
 	}
 }
 
-// TestParseFromRetired edits a configuration as the daemon does, retiring
-// each configuration once the next replaces it: edits that keep the
-// number of services reuse the retired configuration's service array
-// instead of copying every service, and every result is still the whole
-// parse's, with the running configuration untouched. Rejected edits and
-// edits that add or remove services are mixed in.
-func TestParseFromRetired(t *testing.T) {
+// TestParseFromConcurrent parses edits of one base from many goroutines
+// at once, the main file's and an included file's, as a daemon that checks
+// a file while it reloads another would: run with -race. Each result is
+// the whole parse's, and the base stays as it was.
+func TestParseFromConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	main := filepath.Join(dir, "vipd.toml")
+	incl := filepath.Join(dir, "more.toml")
 	s := newScenario(40)
-	cur, _, err := reparse(t, nil, s.text())
+	more := newScenario(0)
+	for i := range 20 {
+		id := 500 + i
+		more.services = append(more.services, scenarioService{id: id, name: fmt.Sprintf("m%d", id), vip: "198.51.100.7", port: id, weights: []int{1, 2}})
+	}
+	moreText := func(sc scenario) []byte {
+		_, after, _ := bytes.Cut(sc.text(), []byte("[[service]]"))
+		return append([]byte("[[service]]"), after...)
+	}
+	mainText := func(sc scenario) []byte { return append([]byte("include = [\"more.toml\"]\n"), sc.text()...) }
+	if err := os.WriteFile(main, mainText(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(incl, moreText(more), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base, err := Load(main)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rng := rand.New(rand.NewPCG(3, 4))
-	reused := 0
-	for step := range 300 {
-		next := s.clone()
-		bad := false
-		switch op := rng.IntN(10); {
-		case op < 7:
-			vs := &next.services[rng.IntN(len(next.services))]
-			vs.weights[rng.IntN(len(vs.weights))] = rng.IntN(50)
-		case op == 7:
-			i := rng.IntN(len(next.services))
-			next.services[i].name = next.services[(i+1+rng.IntN(len(next.services)-1))%len(next.services)].name
-			bad = true
-		case op == 8 && len(next.services) > 20:
-			next.services = slices.Delete(next.services, 3, 4)
-		default:
-			id := 1000 + step
-			next.services = append(next.services, scenarioService{id: id, name: fmt.Sprintf("x%d", id), vip: "198.51.100.1", port: id, weights: []int{1}})
-		}
-		var spare []lb.VirtualService
-		if p := cur.pred; p != nil && p.retired {
-			spare = p.Spec.Services
-		}
-		got, _, err := reparse(t, cur, next.text())
-		if bad != (err != nil) {
-			t.Fatalf("step %d: err %v, want one: %v", step, err, bad)
-		}
-		if err != nil {
-			continue // the daemon keeps running cur
-		}
-		if spare != nil && len(got.Spec.Services) > 0 && &spare[0] == &got.Spec.Services[0] {
-			reused++
-		}
-		cur.Retire()
-		cur, s = got, next
+	before := exported(base)
+	before.Spec.Services = slices.Clone(before.Spec.Services)
+	beforeTexts := base.Texts()
+
+	type job struct {
+		file string
+		data []byte
+		bad  bool
 	}
-	if reused < 100 {
-		t.Fatalf("the retired array was reused %d times in 300 edits", reused)
+	var jobs []job
+	for i := range 16 {
+		m, o := s.clone(), more.clone()
+		switch i % 4 {
+		case 0:
+			m.services[i].weights[0] = 100 + i
+		case 1:
+			o.services[i].weights[1] = 100 + i
+		case 2:
+			m.services[i].name = m.services[i+1].name
+		case 3:
+			o.services[i].name = m.services[0].name // a conflict across files
+		}
+		if i%2 == 0 {
+			jobs = append(jobs, job{main, mainText(m), i%4 == 2})
+		} else {
+			jobs = append(jobs, job{incl, moreText(o), i%4 == 3})
+		}
+	}
+	type result struct {
+		cfg *Config
+		d   Delta
+		err error
+	}
+	results := make([]result, len(jobs))
+	var wg sync.WaitGroup
+	for round := range 4 {
+		wg.Go(func() {
+			// The included file removed, alongside.
+			cfg, d, err := ParseRemoved(base, incl)
+			if err != nil || len(cfg.Spec.Services) != 40 || d.Full || d.From != 40 || d.OldTo != 60 || d.NewTo != 40 {
+				t.Errorf("round %d: removing %s: %v, delta %+v", round, incl, err, d)
+			}
+		})
+		for i, j := range jobs {
+			wg.Go(func() {
+				cfg, d, err := ParseFrom(base, j.file, j.data)
+				if round == 0 {
+					results[i] = result{cfg, d, err}
+				}
+				if err == nil {
+					_ = cfg.Backends()
+					_ = cfg.Files()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for i, j := range jobs {
+		r := results[i]
+		if j.bad != (r.err != nil) {
+			t.Fatalf("job %d: err %v, want one: %v", i, r.err, j.bad)
+		}
+		// The reference: the whole parse of base's files with this one's
+		// text.
+		mainData, inclData := beforeTexts[0].Data, beforeTexts[1].Data
+		if j.file == main {
+			mainData = j.data
+		} else {
+			inclData = j.data
+		}
+		want, wantErr := parseWhole(Text{File: main, Data: mainData}, func(cfg *Config) ([]includedText, error) {
+			return []includedText{{Text{File: incl, Data: inclData}, 0}}, nil
+		})
+		if diff := sameParse(r.cfg, r.err, want, wantErr); diff != "" {
+			t.Fatalf("job %d: %s", i, diff)
+		}
+		if r.err == nil {
+			checkDelta(t, base, r.cfg, r.d)
+			if r.d.Full {
+				t.Errorf("job %d: full delta", i)
+			}
+		}
+	}
+	if !reflect.DeepEqual(exported(base), before) || !reflect.DeepEqual(base.Texts(), beforeTexts) {
+		t.Fatal("the base changed")
+	}
+}
+
+// TestParseFromConflicts edits one file of two so that a service of the
+// edit conflicts with one of the other file, which the edit keeps, in
+// every way services can conflict: each edit fails as the whole parse
+// does, and the edits without conflict succeed with a partial delta.
+func TestParseFromConflicts(t *testing.T) {
+	dir := t.TempDir()
+	main, more := filepath.Join(dir, "vipd.toml"), filepath.Join(dir, "more.toml")
+	svc := func(name, vip string, port int, extra, backend string) string {
+		return fmt.Sprintf("[[service]]\nname = %q\nvip = %q\nport = %d\n%sbackend = [{ address = %q }]\n\n", name, vip, port, extra, backend)
+	}
+	mainText := func(b string) []byte {
+		return []byte("include = [\"more.toml\"]\n[daemon]\nwatch = false\n\n" + svc("a", "192.0.2.1", 80, "", "10.0.0.1") + b)
+	}
+	b := svc("b", "192.0.2.2", 80, "", "10.0.0.2")
+	c := svc("c", "192.0.2.3", 80, "", "10.0.0.3")
+	d := svc("d", "192.0.2.4", 80, "", "10.0.0.4")
+	if err := os.WriteFile(main, mainText(b), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(more, []byte(c+d), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base, err := Load(main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, file string
+		data       []byte
+		bad        bool
+	}{
+		{"name", more, []byte(svc("a", "192.0.2.3", 80, "", "10.0.0.3") + d), true},
+		{"key", more, []byte(svc("c", "192.0.2.1", 80, "", "10.0.0.3") + d), true},
+		{"announce", more, []byte(svc("c", "192.0.2.1", 81, "announce = false\n", "10.0.0.3") + d), true},
+		{"vip on a backend", more, []byte(svc("c", "10.0.0.1", 80, "", "10.0.0.3") + d), true},
+		{"backend on a vip", more, []byte(svc("c", "192.0.2.3", 80, "", "192.0.2.2") + d), true},
+		{"main: name", main, mainText(svc("c", "192.0.2.2", 80, "", "10.0.0.2")), true},
+		{"main: backend on a vip", main, mainText(svc("b", "192.0.2.2", 80, "", "192.0.2.4")), true},
+		{"main: vip on a backend", main, mainText(svc("b", "10.0.0.4", 80, "", "10.0.0.2")), true},
+		{"main: announce", main, mainText(svc("b", "192.0.2.3", 81, "announce = false\n", "10.0.0.2")), true},
+		{"shared vip", more, []byte(svc("c", "192.0.2.1", 81, "", "10.0.0.3") + d), false},
+		{"shared backend", more, []byte(svc("c", "192.0.2.3", 80, "", "10.0.0.1") + d), false},
+		{"names swapped", more, []byte(svc("d", "192.0.2.3", 80, "", "10.0.0.3") + svc("c", "192.0.2.4", 80, "", "10.0.0.4")), false},
+		{"main: new service", main, mainText(b + svc("e", "192.0.2.5", 80, "", "10.0.0.5")), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, delta, err := ParseFrom(base, tc.file, tc.data)
+			texts := base.Texts()
+			for i := range texts {
+				if texts[i].File == tc.file {
+					texts[i].Data = tc.data
+				}
+			}
+			want, wantErr := parseWhole(texts[0], func(*Config) ([]includedText, error) {
+				return []includedText{{texts[1], 0}}, nil
+			})
+			if diff := sameParse(got, err, want, wantErr); diff != "" {
+				t.Fatal(diff)
+			}
+			if tc.bad != (err != nil) {
+				t.Fatalf("err %v, want one: %v", err, tc.bad)
+			}
+			if err == nil {
+				checkDelta(t, base, got, delta)
+				if delta.Full || delta.NewTo-delta.From > 2 {
+					t.Fatalf("delta %+v", delta)
+				}
+			}
+		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -338,12 +339,8 @@ func (w *Watcher) Run(ctx context.Context) {
 		case <-poll:
 			w.rescan(ctx, false)
 		case <-debounce.C:
-			files := make([]string, 0, len(w.pending))
-			for f := range w.pending {
-				files = append(files, f)
-			}
+			files := slices.Sorted(maps.Keys(w.pending))
 			clear(w.pending)
-			slices.Sort(files)
 			for _, f := range files {
 				w.check(ctx, f, false)
 			}
