@@ -61,6 +61,8 @@ type daemon struct {
 	done chan struct{}
 	// starts counts the processes started, to tell their logs apart.
 	starts int
+	// ns, when set, is the network namespace vipd runs in.
+	ns string
 }
 
 // header is the [daemon] table every test config starts with.
@@ -114,6 +116,10 @@ func (d *daemon) start() {
 	d.starts++
 	fmt.Fprintf(d.log, "---- start %d\n", d.starts)
 	d.cmd = exec.Command(vipdBin(), "run", "-c", d.path)
+	if d.ns != "" {
+		// ip netns exec execs vipd: the process is vipd's.
+		d.cmd = exec.Command("ip", "netns", "exec", d.ns, vipdBin(), "run", "-c", d.path)
+	}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)

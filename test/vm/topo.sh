@@ -2,7 +2,7 @@
 # topo.sh — test topologies for the real-kernel rig. Runs INSIDE the guest only.
 #
 #   source /payload/topo.sh
-#   topo_nat 2          # or: topo_nat 2 onearm | topo_dr 2 | topo_tun 2 [ipip|gue|gre]
+#   topo_nat 2          # or: topo_nat 2 onearm | topo_dr 2 | topo_tun 2 [ipip|gue|gre] | topo_ha 2
 #   topo_vip_add        # put TOPO_VIP/TOPO_VIP6 on dummy 'rigvip0' (plain-ipvsadm tests;
 #                       # vipd adds its VIPs itself)
 #   ipvsadm -A -t "$TOPO_VIP:80" -s rr; ...
@@ -262,6 +262,23 @@ topo_dr() {
 
 # topo_tun N [ipip|gue|gre]: LVS-TUN topology; backends decapsulate. For gue
 # the backends listen on UDP port $TOPO_TUN_GUE_PORT (ipvsadm --tun-port).
+# topo_ha N: the DR LAN (as topo_dr) with two load balancers as namespaces,
+# lb1 (eth0 10.0.3.21) and lb2 (eth0 10.0.3.22), for a pair of vipd nodes
+# that share the VIP 10.0.3.100 by VRRP. The root namespace only bridges: it
+# holds no VIP and no IPVS service. Each node runs vipd in its namespace
+# (ip netns exec lbI vipd run ...), which makes its dummy interface there.
+topo_ha() {
+	_topo_lan "${1:-2}" ha || return 1
+	local i
+	for i in 1 2; do
+		_topo_ns "lb$i"
+		_topo_veth "lb$i" "vlb$i" brlan
+		_topo_in "lb$i" "addr add 10.0.3.$((20 + i))/24 dev eth0" "addr add fd00:3::$((20 + i))/64 dev eth0 nodad"
+	done
+	TOPO_LB_IP=10.0.3.21 TOPO_LB_IF=eth0
+	_topo_finish
+}
+
 topo_tun() {
 	local n=${1:-2} encap=${2:-ipip} ns
 	case $encap in ipip | gue | gre) ;; *) _topo_fail "topo_tun: unknown encapsulation '$encap'" || return 1 ;; esac
