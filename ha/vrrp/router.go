@@ -46,9 +46,10 @@ type Options struct {
 	// family is the router's.
 	Addrs []netip.Addr
 	// Peers, when set, are sent advertisements by unicast instead of the
-	// multicast group, and are the only sources accepted. They must be on
-	// the interface's link: advertisements arriving with a TTL below 255
-	// are discarded.
+	// multicast group, and are the only sources accepted. Unicast
+	// advertisements are sent with TTL (hop limit) 255 but accepted with
+	// any, as keepalived does (it sends IPv6 unicast with hop limit 64):
+	// the peer list, not the TTL, tells who may speak.
 	Peers []netip.Addr
 	// Source is the primary address advertisements are sent from and ties
 	// are broken with; unset, the interface's first IPv4 address or its
@@ -385,7 +386,8 @@ func (r *Router) runOps() {
 
 // receive applies the receive rules of RFC 5798 section 7.1 that need
 // the IP header and the configuration, then hands the advertisement to
-// the machine.
+// the machine. The TTL rule applies to the multicast group; unicast
+// advertisements must come from a configured peer instead.
 func (r *Router) receive(p received) {
 	drop := func(why string, args ...any) {
 		r.mu.Lock()
@@ -399,7 +401,7 @@ func (r *Router) receive(p received) {
 		return
 	case p.src == r.self:
 		return // our own, looped back
-	case p.ttl != ttl:
+	case p.ttl != ttl && p.dst.IsMulticast():
 		drop("ttl", "ttl", p.ttl)
 		return
 	case len(r.opts.Peers) > 0 && !slices.Contains(r.opts.Peers, p.src):
