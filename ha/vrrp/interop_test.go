@@ -40,7 +40,8 @@ const slack = 50 * time.Millisecond
 // is master and the Router its backup; keepalived killed, the Router
 // takes over within its master down interval; the Router raising its
 // priority preempts keepalived; the Router resigning hands over to
-// keepalived in about keepalived's skew time.
+// keepalived in about keepalived's skew time; keepalived stopped
+// (SIGTERM) hands over to the Router in about the Router's.
 func TestNetnsKeepalived(t *testing.T) {
 	bin := needKeepalived(t)
 	for _, f := range families {
@@ -101,6 +102,25 @@ func TestNetnsKeepalived(t *testing.T) {
 				} else {
 					t.Logf("keepalived took over %v after the Router resigned", took)
 				}
+				n.await(Init, time.Second)
+
+				// (5) back at priority 100 the Router is keepalived's
+				// backup again; keepalived stopped gracefully advertises
+				// priority 0, and the Router takes over in its skew time.
+				if err := n.r.SetPriority(100); err != nil {
+					t.Fatal(err)
+				}
+				n.r.Resume()
+				n.await(Backup, time.Second)
+				n.awaitMaster(kaAddr, 200)
+				stopped := time.Now()
+				k.stop()
+				e = n.await(Master, time.Second)
+				if took := e.at.Sub(stopped); took > SkewTime(100, 10)+slack {
+					t.Errorf("took over %v after keepalived stopped, want about %v", took, SkewTime(100, 10))
+				} else {
+					t.Logf("took over %v after keepalived stopped", took)
+				}
 				if st := n.r.Status(); st.Dropped != 0 || st.SendErrors != 0 || st.Received == 0 {
 					t.Errorf("status %+v", st)
 				}
@@ -109,25 +129,18 @@ func TestNetnsKeepalived(t *testing.T) {
 	}
 }
 
-// TestNetnsKeepalivedTakeover measures, VIPD_VRRP_RUNS times (3 unless
-// set), how long after keepalived's VRRP process is killed the Router,
-// its backup at 100 ms adverts, becomes master.
+// TestNetnsKeepalivedTakeover measures, VIPD_VRRP_RUNS times, how long
+// after keepalived's VRRP process, master at 100 ms adverts, is killed
+// the Router, its backup, becomes master.
 func TestNetnsKeepalivedTakeover(t *testing.T) {
 	bin := needKeepalived(t)
-	runs := 3
-	if s := os.Getenv("VIPD_VRRP_RUNS"); s != "" {
-		var err error
-		if runs, err = strconv.Atoi(s); err != nil || runs < 1 {
-			t.Fatalf("VIPD_VRRP_RUNS=%q", s)
-		}
-	}
 	l := newLink(t)
 	vips := []netip.Addr{netip.MustParseAddr("10.19.0.100")}
 	n := startLive(t, nil, Options{Interface: "vl", VRID: 19, Priority: 100, Interval: 10, Preempt: true, Addrs: vips})
 	n.await(Backup, time.Second)
 	n.await(Master, time.Second)
 	var took []time.Duration
-	for range runs {
+	for range runs(t) {
 		k := startKeepalived(t, bin, l.peer, kaConfig{priority: 200, vips: vips})
 		k.await("MASTER", 5*time.Second)
 		n.await(Backup, time.Second)
@@ -137,12 +150,7 @@ func TestNetnsKeepalivedTakeover(t *testing.T) {
 		e := n.await(Master, 2*time.Second)
 		took = append(took, e.at.Sub(killed))
 	}
-	slices.Sort(took)
-	t.Logf("takeover after keepalived killed, %d runs: min %v p50 %v max %v (master down interval %v)",
-		runs, took[0], took[len(took)/2], took[len(took)-1], MasterDownInterval(100, 10))
-	if max := took[len(took)-1]; max > MasterDownInterval(100, 10)+slack {
-		t.Errorf("slowest takeover %v, want at most %v", max, MasterDownInterval(100, 10)+slack)
-	}
+	report(t, "takeover after keepalived was killed", took, MasterDownInterval(100, 10))
 }
 
 // TestNetnsKeepalivedPackets decodes keepalived's own advertisements as
@@ -217,4 +225,56 @@ func TestNetnsKeepalivedPackets(t *testing.T) {
 			})
 		}
 	}
+}
+
+// runs is VIPD_VRRP_RUNS, 3 unless set.
+func runs(t *testing.T) int {
+	t.Helper()
+	s := os.Getenv("VIPD_VRRP_RUNS")
+	if s == "" {
+		return 3
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("VIPD_VRRP_RUNS=%q", s)
+	}
+	return n
+}
+
+// report logs the distribution of takeover times and fails the test if
+// the slowest exceeds limit.
+func report(t *testing.T, what string, took []time.Duration, limit time.Duration) {
+	t.Helper()
+	slices.Sort(took)
+	t.Logf("%s, %d runs: min %v p50 %v max %v (bound %v)", what, len(took), took[0], took[len(took)/2], took[len(took)-1], limit)
+	if max := took[len(took)-1]; max > limit+slack {
+		t.Errorf("slowest %v, want at most %v", max, limit+slack)
+	}
+}
+
+// TestNetnsVipdTakeover measures, VIPD_VRRP_RUNS times, how long after a
+// Router master (priority 200) goes silent its backup (priority 100)
+// takes over, at 100 ms adverts.
+func TestNetnsVipdTakeover(t *testing.T) {
+	l := newLink(t)
+	vips := []netip.Addr{netip.MustParseAddr("10.19.0.100")}
+	opts := Options{VRID: 19, Interval: 10, Preempt: true, Addrs: vips}
+	a, b := opts, opts
+	a.Interface, a.Priority = "vl", 100
+	b.Interface, b.Priority = "vp", 200
+	na := startLive(t, nil, a)
+	na.await(Backup, time.Second)
+	na.await(Master, time.Second)
+	var took []time.Duration
+	for range runs(t) {
+		nb := startLive(t, l.peer, b)
+		nb.await(Master, time.Second)
+		na.await(Backup, time.Second)
+		time.Sleep(200*time.Millisecond + rand.N(100*time.Millisecond))
+		killed := time.Now()
+		nb.kill()
+		e := na.await(Master, time.Second)
+		took = append(took, e.at.Sub(killed))
+	}
+	report(t, "takeover after the master went silent", took, MasterDownInterval(100, 10))
 }
