@@ -165,7 +165,10 @@ func TestNetnsKeepalivedPackets(t *testing.T) {
 	bin := needKeepalived(t)
 	for _, f := range families {
 		for _, unicast := range []bool{false, true} {
-			name := fmt.Sprintf("%s-unicast=%v", f.name, unicast)
+			name := f.name + "-multicast"
+			if unicast {
+				name = f.name + "-unicast"
+			}
 			t.Run(name, func(t *testing.T) {
 				l := newLink(t)
 				kc := kaConfig{priority: 200, vips: f.vips}
