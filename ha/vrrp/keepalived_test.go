@@ -3,7 +3,9 @@ package vrrp
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/lb/lbtest/nstest"
@@ -43,6 +46,8 @@ func needKeepalived(t *testing.T) string {
 // kaConfig is a keepalived VRRP instance on the peer's interface "vp".
 type kaConfig struct {
 	priority uint8
+	// interval is advert_int in centiseconds.
+	interval uint16
 	vips     []netip.Addr
 	// unicast, when set, is the source and peer for unicast mode.
 	src, peer netip.Addr
@@ -52,6 +57,8 @@ type kaConfig struct {
 // peer namespace, whose states its notify FIFO reports.
 type keepalived struct {
 	t      *testing.T
+	peer   *nstest.Peer
+	vips   []netip.Addr
 	dir    string
 	cmd    *exec.Cmd
 	out    *lockedBuffer
@@ -88,7 +95,7 @@ func startKeepalived(t *testing.T, bin string, p *nstest.Peer, c kaConfig) *keep
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &keepalived{t: t, dir: dir, out: &lockedBuffer{}, states: make(chan kaState, 64), done: make(chan struct{})}
+	k := &keepalived{t: t, peer: p, vips: c.vips, dir: dir, out: &lockedBuffer{}, states: make(chan kaState, 64), done: make(chan struct{})}
 	fifo := filepath.Join(dir, "fifo")
 	if err := unix.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
@@ -100,7 +107,7 @@ func startKeepalived(t *testing.T, bin string, p *nstest.Peer, c kaConfig) *keep
 	go k.readStates()
 	var b strings.Builder
 	fmt.Fprintf(&b, "global_defs {\n  router_id vrrp-test\n  vrrp_version 3\n  notify_fifo %s\n}\n", fifo)
-	fmt.Fprintf(&b, "vrrp_instance VI_19 {\n  state BACKUP\n  interface vp\n  virtual_router_id 19\n  priority %d\n  advert_int 0.1\n", c.priority)
+	fmt.Fprintf(&b, "vrrp_instance VI_19 {\n  state BACKUP\n  interface vp\n  virtual_router_id 19\n  priority %d\n  advert_int %.2f\n", c.priority, float64(c.interval)/100)
 	if c.src.IsValid() {
 		fmt.Fprintf(&b, "  unicast_src_ip %v\n  unicast_peer {\n    %v\n  }\n", c.src, c.peer)
 	}
@@ -124,7 +131,7 @@ func startKeepalived(t *testing.T, bin string, p *nstest.Peer, c kaConfig) *keep
 		close(k.done)
 	}()
 	t.Cleanup(func() {
-		k.stop()
+		k.kill()
 		k.fifo.Close()
 		k.checkLog()
 		if t.Failed() {
@@ -150,11 +157,17 @@ func (k *keepalived) readStates() {
 // within.
 func (k *keepalived) await(state string, within time.Duration) time.Time {
 	k.t.Helper()
+	return k.awaitSince(time.Time{}, state, within)
+}
+
+// awaitSince waits for keepalived to report state at since or later.
+func (k *keepalived) awaitSince(since time.Time, state string, within time.Duration) time.Time {
+	k.t.Helper()
 	deadline := time.After(within)
 	for {
 		select {
 		case s := <-k.states:
-			if s.state == state {
+			if s.state == state && !s.at.Before(since) {
 				return s.at
 			}
 		case <-deadline:
@@ -163,14 +176,17 @@ func (k *keepalived) await(state string, within time.Duration) time.Time {
 	}
 }
 
-// quiet fails the test if keepalived reports a state within d.
-func (k *keepalived) quiet(d time.Duration) {
+// logged fails the test unless keepalived's log has a line containing
+// s.
+func (k *keepalived) logged(s string) {
 	k.t.Helper()
-	select {
-	case s := <-k.states:
-		k.t.Fatalf("keepalived unexpectedly reported %s", s.state)
-	case <-time.After(d):
+	for range 100 {
+		if strings.Contains(k.out.String(), s) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
+	k.t.Errorf("keepalived logged no %q", s)
 }
 
 // checkLog fails the test if keepalived complained about a packet: a bad
@@ -200,31 +216,45 @@ func (k *keepalived) vrrpPID() int {
 	return 0
 }
 
-// kill kills keepalived's VRRP child with SIGKILL, so that it goes silent
-// without advertising priority 0, and returns when that was done; the
-// parent (-R) does not respawn it.
+// kill kills keepalived's VRRP child and then keepalived with SIGKILL,
+// so that it goes silent without advertising priority 0, and returns
+// when the child was killed. It removes the virtual addresses keepalived
+// left on the peer's interface, as a restarted host would not have them.
 func (k *keepalived) kill() time.Time {
 	k.t.Helper()
+	select {
+	case <-k.done:
+		return time.Now()
+	default:
+	}
 	if err := syscall.Kill(k.vrrpPID(), syscall.SIGKILL); err != nil {
 		k.t.Fatal(err)
 	}
 	at := time.Now()
-	k.stop()
+	k.cmd.Process.Kill()
+	<-k.done
+	k.peer.Do(k.t, func() error {
+		l, err := netlink.LinkByName("vp")
+		if err != nil {
+			return err
+		}
+		for _, a := range k.vips {
+			ipn := &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
+			if err := netlink.AddrDel(l, &netlink.Addr{IPNet: ipn}); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("remove %v from vp: %w", a, err)
+			}
+		}
+		return nil
+	})
 	return at
 }
 
-// stop ends keepalived gracefully (SIGTERM) and waits for it.
-func (k *keepalived) stop() {
-	select {
-	case <-k.done:
-		return
-	default:
+// terminate asks keepalived to stop gracefully (SIGTERM), which
+// advertises priority 0, and returns when it was sent the signal.
+func (k *keepalived) terminate() time.Time {
+	k.t.Helper()
+	if err := k.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		k.t.Fatal(err)
 	}
-	k.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-k.done:
-	case <-time.After(5 * time.Second):
-		k.cmd.Process.Kill()
-		<-k.done
-	}
+	return time.Now()
 }
