@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,10 +29,15 @@ import (
 func needKeepalived(t *testing.T) string {
 	t.Helper()
 	nstest.Need(t)
-	if p, err := exec.LookPath("keepalived"); err == nil {
+	return lookKeepalived(t, "keepalived", []string{"/usr/sbin/keepalived", "/sbin/keepalived"})
+}
+
+func lookKeepalived(t testing.TB, name string, paths []string) string {
+	t.Helper()
+	if p, err := exec.LookPath(name); err == nil {
 		return p
 	}
-	for _, p := range []string{"/usr/sbin/keepalived", "/sbin/keepalived"} {
+	for _, p := range paths {
 		if _, err := os.Stat(p); err == nil {
 			return p
 		}
@@ -41,6 +47,42 @@ func needKeepalived(t *testing.T) string {
 	}
 	t.Skip("keepalived is not installed (apt-get install keepalived)")
 	return ""
+}
+
+// recordTB records what a test helper fails or skips with.
+type recordTB struct {
+	testing.TB
+	fatal, skip string
+}
+
+func (r *recordTB) Helper() {}
+
+func (r *recordTB) Fatal(args ...any) {
+	r.fatal = fmt.Sprint(args...)
+	runtime.Goexit()
+}
+
+func (r *recordTB) Skip(args ...any) {
+	r.skip = fmt.Sprint(args...)
+	runtime.Goexit()
+}
+
+// TestKeepalivedMissing: without keepalived the interop tests skip, and
+// fail when CI is set.
+func TestKeepalivedMissing(t *testing.T) {
+	for _, ci := range []string{"", "true"} {
+		t.Setenv("CI", ci)
+		r := &recordTB{TB: t}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			lookKeepalived(r, "no-such-keepalived", []string{filepath.Join(t.TempDir(), "keepalived")})
+		}()
+		<-done
+		if ci == "" && (r.skip == "" || r.fatal != "") || ci != "" && (r.fatal == "" || r.skip != "") {
+			t.Errorf("CI=%q: fatal %q, skip %q", ci, r.fatal, r.skip)
+		}
+	}
 }
 
 // kaConfig is a keepalived VRRP instance on the peer's interface "vp".

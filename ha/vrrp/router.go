@@ -292,7 +292,7 @@ type received struct {
 }
 
 // Run runs the router until ctx ends or receiving fails, and closes its
-// socket. It starts the router (Startup) at once. When ctx ends, Run
+// socket; a Router runs once. It starts the router (Startup) at once. When ctx ends, Run
 // returns nil without advertising anything and without a transition:
 // resign first to hand over at once. When receiving fails, the router
 // resigns, reports Init and Run returns the error.
