@@ -1,0 +1,297 @@
+package vrrp
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Role is a virtual router's state in RFC 5798 section 6.4.
+type Role int
+
+const (
+	// Init is the Initialize state: not started, resigned or stopped; the
+	// router neither answers for the addresses nor takes over.
+	Init Role = iota
+	// Backup monitors the master and takes over when it goes silent.
+	Backup
+	// Master owns the virtual addresses and advertises.
+	Master
+)
+
+func (r Role) String() string {
+	switch r {
+	case Init:
+		return "init"
+	case Backup:
+		return "backup"
+	case Master:
+		return "master"
+	}
+	return fmt.Sprintf("role(%d)", int(r))
+}
+
+// Transition is a change of role and why it happened.
+type Transition struct {
+	From, To Role
+	// Reason says why, in words fit for a log line.
+	Reason string
+	// Master is the master's primary address when known: the sender of
+	// the advertisement that made this router a backup, or the router's
+	// own address when it became master.
+	Master netip.Addr
+	// Priority is the router's own priority at the transition.
+	Priority uint8
+}
+
+// Step is what the machine asks its runner to do after an event: send an
+// advertisement (first), then report a transition.
+type Step struct {
+	// Send asks for an advertisement with SendPriority.
+	Send         bool
+	SendPriority uint8
+	// Transition is set when the role changed.
+	Transition *Transition
+}
+
+// MachineConfig is a virtual router's configuration as the state machine
+// sees it.
+type MachineConfig struct {
+	// Self is the router's primary address, which breaks ties between
+	// masters of equal priority.
+	Self netip.Addr
+	// Priority is 1 to 255; 255 is the address owner's and makes the
+	// router master at once on start.
+	Priority uint8
+	// Interval is the advertisement interval in centiseconds, 1 to 4095.
+	Interval uint16
+	// Preempt lets a backup of higher priority take over from a master
+	// of lower priority.
+	Preempt bool
+	// PreemptDelay is how long a backup keeps accepting a master of lower
+	// priority, counted from the first such advertisement, before it
+	// stops accepting it and takes over when the master down timer fires.
+	PreemptDelay time.Duration
+	// StartAsMaster starts the router as master, advertising at once, as
+	// the address owner does: for a restart that must not hand the
+	// addresses to a peer of lower priority. A peer of higher priority
+	// wins with its next advertisement.
+	StartAsMaster bool
+}
+
+// Machine is the VRRPv3 state machine of RFC 5798 section 6.4, without
+// sockets or clocks: the runner passes the time of every event and arms
+// one timer for Deadline.
+type Machine struct {
+	cfg  MachineConfig
+	role Role
+
+	// masterInterval is Master_Adver_Interval in centiseconds.
+	masterInterval uint16
+	master         netip.Addr
+	masterPriority uint8
+
+	// downAt is the Master_Down_Timer's deadline (backup), advertAt the
+	// Adver_Timer's (master).
+	downAt, advertAt time.Time
+	// downReason is why the master down timer will have fired.
+	downReason string
+	// preemptAt is when a backup stops accepting a master of lower
+	// priority; zero while it has seen none since the last acceptable
+	// one.
+	preemptAt time.Time
+}
+
+// NewMachine returns a machine in the Initialize state.
+func NewMachine(cfg MachineConfig) (*Machine, error) {
+	if !cfg.Self.IsValid() {
+		return nil, fmt.Errorf("vrrp machine: no primary address")
+	}
+	if cfg.Priority == 0 {
+		return nil, fmt.Errorf("vrrp machine: priority 0 is reserved for resigning")
+	}
+	if cfg.Interval == 0 || cfg.Interval > MaxInterval {
+		return nil, fmt.Errorf("vrrp machine: interval %d cs out of 1..%d", cfg.Interval, MaxInterval)
+	}
+	if cfg.PreemptDelay < 0 {
+		return nil, fmt.Errorf("vrrp machine: negative preempt delay %v", cfg.PreemptDelay)
+	}
+	return &Machine{cfg: cfg, role: Init, masterInterval: cfg.Interval}, nil
+}
+
+// centis converts centiseconds to a duration.
+func centis(cs uint16) time.Duration { return time.Duration(cs) * 10 * time.Millisecond }
+
+// SkewTime is ((256 - priority) * Master_Adver_Interval) / 256.
+func SkewTime(priority uint8, masterInterval uint16) time.Duration {
+	return time.Duration(256-int(priority)) * centis(masterInterval) / 256
+}
+
+// MasterDownInterval is 3 * Master_Adver_Interval + Skew_Time.
+func MasterDownInterval(priority uint8, masterInterval uint16) time.Duration {
+	return 3*centis(masterInterval) + SkewTime(priority, masterInterval)
+}
+
+// Role is the current role.
+func (m *Machine) Role() Role { return m.role }
+
+// Priority is the router's own current priority.
+func (m *Machine) Priority() uint8 { return m.cfg.Priority }
+
+// MasterAddr is the master's primary address as last learned, and its
+// priority; the zero address when unknown.
+func (m *Machine) MasterAddr() (netip.Addr, uint8) { return m.master, m.masterPriority }
+
+// Deadline is when Expire must next be called; zero in Initialize.
+func (m *Machine) Deadline() time.Time {
+	switch m.role {
+	case Backup:
+		return m.downAt
+	case Master:
+		return m.advertAt
+	}
+	return time.Time{}
+}
+
+func (m *Machine) transition(to Role, reason string) *Transition {
+	t := &Transition{From: m.role, To: to, Reason: reason, Priority: m.cfg.Priority}
+	m.role = to
+	switch to {
+	case Master:
+		m.master, m.masterPriority = m.cfg.Self, m.cfg.Priority
+		m.downAt = time.Time{}
+	case Backup:
+		m.advertAt = time.Time{}
+	case Init:
+		m.master, m.masterPriority = netip.Addr{}, 0
+		m.downAt, m.advertAt, m.preemptAt = time.Time{}, time.Time{}, time.Time{}
+	}
+	t.Master = m.master
+	return t
+}
+
+func (m *Machine) becomeMaster(now time.Time, reason string) Step {
+	m.advertAt = now.Add(centis(m.cfg.Interval))
+	return Step{Send: true, SendPriority: m.cfg.Priority, Transition: m.transition(Master, reason)}
+}
+
+func (m *Machine) armDown(now time.Time) {
+	m.downAt = now.Add(MasterDownInterval(m.cfg.Priority, m.masterInterval))
+	m.downReason = "master down timer expired"
+}
+
+// Start handles the Startup event in Initialize; elsewhere it does
+// nothing.
+func (m *Machine) Start(now time.Time) Step {
+	if m.role != Init {
+		return Step{}
+	}
+	switch {
+	case m.cfg.Priority == 255:
+		return m.becomeMaster(now, "address owner (priority 255)")
+	case m.cfg.StartAsMaster:
+		return m.becomeMaster(now, "started as master")
+	}
+	m.masterInterval = m.cfg.Interval
+	m.preemptAt = time.Time{}
+	t := m.transition(Backup, "started")
+	m.armDown(now)
+	return Step{Transition: t}
+}
+
+// Expire handles the timer that Deadline named, when now has reached it.
+func (m *Machine) Expire(now time.Time) Step {
+	switch {
+	case m.role == Backup && !now.Before(m.downAt):
+		return m.becomeMaster(now, m.downReason)
+	case m.role == Master && !now.Before(m.advertAt):
+		m.advertAt = now.Add(centis(m.cfg.Interval))
+		return Step{Send: true, SendPriority: m.cfg.Priority}
+	}
+	return Step{}
+}
+
+// Receive handles an advertisement for this virtual router from src,
+// which the runner has checked as RFC 5798 section 7.1 asks (TTL,
+// version, checksum, VRID). An advertisement with interval 0 is ignored:
+// it would make the master down interval zero.
+func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
+	if p.Interval == 0 {
+		return Step{}
+	}
+	switch m.role {
+	case Backup:
+		if p.Priority == 0 {
+			m.downAt = now.Add(SkewTime(m.cfg.Priority, m.masterInterval))
+			m.downReason = fmt.Sprintf("master %v resigned (priority 0)", src)
+			return Step{}
+		}
+		if m.cfg.Preempt && p.Priority < m.cfg.Priority {
+			if m.preemptAt.IsZero() {
+				m.preemptAt = now.Add(m.cfg.PreemptDelay)
+			}
+			if !now.Before(m.preemptAt) {
+				// Discard: the master down timer will fire and this
+				// router take over.
+				m.downReason = fmt.Sprintf("preempting master %v of priority %d", src, p.Priority)
+				return Step{}
+			}
+		} else {
+			m.preemptAt = time.Time{}
+		}
+		m.masterInterval = p.Interval
+		m.master, m.masterPriority = src, p.Priority
+		m.armDown(now)
+	case Master:
+		if p.Priority == 0 {
+			m.advertAt = now.Add(centis(m.cfg.Interval))
+			return Step{Send: true, SendPriority: m.cfg.Priority}
+		}
+		if p.Priority > m.cfg.Priority || p.Priority == m.cfg.Priority && src.Compare(m.cfg.Self) > 0 {
+			reason := fmt.Sprintf("advertisement from %v with priority %d", src, p.Priority)
+			if p.Priority == m.cfg.Priority {
+				reason += " and a higher address"
+			}
+			m.masterInterval = p.Interval
+			t := m.transition(Backup, reason)
+			m.master, m.masterPriority = src, p.Priority
+			t.Master = src
+			m.preemptAt = time.Time{}
+			m.armDown(now)
+			return Step{Transition: t}
+		}
+	}
+	return Step{}
+}
+
+// SetPriority changes the router's priority (1 to 255), as tracking does.
+// A master advertises the new priority at once, so that a backup of
+// higher priority can preempt it without waiting for the next interval.
+func (m *Machine) SetPriority(now time.Time, p uint8) (Step, error) {
+	if p == 0 {
+		return Step{}, fmt.Errorf("vrrp machine: priority 0 is reserved for resigning")
+	}
+	if p == m.cfg.Priority {
+		return Step{}, nil
+	}
+	m.cfg.Priority = p
+	if m.role == Master {
+		m.masterPriority = p
+		m.advertAt = now.Add(centis(m.cfg.Interval))
+		return Step{Send: true, SendPriority: p}, nil
+	}
+	return Step{}, nil
+}
+
+// Resign handles the Shutdown event: a master advertises priority 0, so
+// that a backup takes over after its skew time, and every role returns to
+// Initialize until the next Start.
+func (m *Machine) Resign(now time.Time, reason string) Step {
+	switch m.role {
+	case Master:
+		return Step{Send: true, SendPriority: 0, Transition: m.transition(Init, reason)}
+	case Backup:
+		return Step{Transition: m.transition(Init, reason)}
+	}
+	return Step{}
+}

@@ -1,0 +1,452 @@
+package vrrp
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func TestTimers(t *testing.T) {
+	for _, c := range []struct {
+		prio     uint8
+		interval uint16
+		skew     time.Duration
+		down     time.Duration
+	}{
+		{100, 100, 609375 * time.Microsecond, 3609375 * time.Microsecond},
+		{100, 10, 60937500, 360937500},
+		{254, 10, 781250, 300781250},
+		{1, 10, 99609375, 399609375},
+		{255, 1, 39062, 30039062},
+		{200, MaxInterval, 89578125 * 100 * time.Nanosecond, 3*40950*time.Millisecond + 89578125*100*time.Nanosecond},
+	} {
+		if got := SkewTime(c.prio, c.interval); got != c.skew {
+			t.Errorf("SkewTime(%d, %d) = %v, want %v", c.prio, c.interval, got, c.skew)
+		}
+		if got := MasterDownInterval(c.prio, c.interval); got != c.down {
+			t.Errorf("MasterDownInterval(%d, %d) = %v, want %v", c.prio, c.interval, got, c.down)
+		}
+	}
+}
+
+func TestNewMachineRejects(t *testing.T) {
+	ok := MachineConfig{Self: netip.MustParseAddr("10.0.0.1"), Priority: 100, Interval: 100}
+	for name, mod := range map[string]func(*MachineConfig){
+		"no address":     func(c *MachineConfig) { c.Self = netip.Addr{} },
+		"priority 0":     func(c *MachineConfig) { c.Priority = 0 },
+		"interval 0":     func(c *MachineConfig) { c.Interval = 0 },
+		"interval 4096":  func(c *MachineConfig) { c.Interval = 4096 },
+		"negative delay": func(c *MachineConfig) { c.PreemptDelay = -time.Second },
+	} {
+		c := ok
+		mod(&c)
+		if _, err := NewMachine(c); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := NewMachine(ok); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sim is a segment of virtual routers that deliver their advertisements
+// to each other at once, in virtual time.
+type sim struct {
+	t     *testing.T
+	now   time.Time
+	nodes []*node
+	log   []string
+}
+
+type node struct {
+	name string
+	m    *Machine
+	up   bool
+}
+
+func newSim(t *testing.T) *sim { return &sim{t: t, now: t0} }
+
+func (s *sim) add(name, addr string, prio uint8, mod func(*MachineConfig)) *node {
+	c := MachineConfig{Self: netip.MustParseAddr(addr), Priority: prio, Interval: 100, Preempt: true}
+	if mod != nil {
+		mod(&c)
+	}
+	m, err := NewMachine(c)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	n := &node{name: name, m: m}
+	s.nodes = append(s.nodes, n)
+	return n
+}
+
+func (s *sim) logf(format string, args ...any) {
+	s.log = append(s.log, fmt.Sprintf("%v ", s.now.Sub(t0))+fmt.Sprintf(format, args...))
+}
+
+func (s *sim) apply(n *node, st Step) {
+	if st.Send {
+		s.logf("%s sends priority %d", n.name, st.SendPriority)
+	}
+	if tr := st.Transition; tr != nil {
+		s.logf("%s %v -> %v: %s", n.name, tr.From, tr.To, tr.Reason)
+		if tr.To == Master && tr.Master != n.m.cfg.Self {
+			s.t.Errorf("%s became master with master address %v", n.name, tr.Master)
+		}
+	}
+	if !st.Send {
+		return
+	}
+	p := Packet{VRID: 1, Priority: st.SendPriority, Interval: n.m.cfg.Interval}
+	for _, o := range s.nodes {
+		if o != n && o.up {
+			s.apply(o, o.m.Receive(s.now, n.m.cfg.Self, p))
+		}
+	}
+}
+
+func (s *sim) start(n *node) {
+	n.up = true
+	s.apply(n, n.m.Start(s.now))
+}
+
+// run fires timers in deadline order until d after t0.
+func (s *sim) run(d time.Duration) {
+	end := t0.Add(d)
+	for {
+		var next *node
+		for _, n := range s.nodes {
+			dl := n.m.Deadline()
+			if n.up && !dl.IsZero() && (next == nil || dl.Before(next.m.Deadline())) {
+				next = n
+			}
+		}
+		if next == nil || next.m.Deadline().After(end) {
+			s.now = end
+			return
+		}
+		s.now = next.m.Deadline()
+		s.apply(next, next.m.Expire(s.now))
+	}
+}
+
+// transitions are the log lines that are transitions, not sends.
+func (s *sim) transitions() string {
+	var out []string
+	for _, l := range s.log {
+		if !strings.Contains(l, " sends ") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func (s *sim) check(want string) {
+	s.t.Helper()
+	got := s.transitions()
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(want), "\n") {
+		lines = append(lines, strings.TrimSpace(l))
+	}
+	want = strings.Join(lines, "\n")
+	if got != want {
+		s.t.Errorf("transitions:\n%s\nwant:\n%s\nfull log:\n%s", got, want, strings.Join(s.log, "\n"))
+	}
+}
+
+func (s *sim) roles() string {
+	var out []string
+	for _, n := range s.nodes {
+		out = append(out, n.name+"="+n.m.Role().String())
+	}
+	return strings.Join(out, " ")
+}
+
+func TestElectionByPriority(t *testing.T) {
+	s := newSim(t)
+	a := s.add("a", "10.0.0.1", 100, nil)
+	b := s.add("b", "10.0.0.2", 200, nil)
+	s.start(a)
+	s.start(b)
+	s.run(10 * time.Second)
+	// b's master down interval, 3s + 56/256 s, is shorter than a's.
+	s.check(`
+		0s a init -> backup: started
+		0s b init -> backup: started
+		3.21875s b backup -> master: master down timer expired
+	`)
+	if got := s.roles(); got != "a=backup b=master" {
+		t.Errorf("roles %s", got)
+	}
+	if addr, prio := a.m.MasterAddr(); addr != b.m.cfg.Self || prio != 200 {
+		t.Errorf("a sees master %v priority %d", addr, prio)
+	}
+}
+
+func TestMasterFailsBackupTakesOver(t *testing.T) {
+	s := newSim(t)
+	a := s.add("a", "10.0.0.1", 100, func(c *MachineConfig) { c.Interval = 10 })
+	b := s.add("b", "10.0.0.2", 200, func(c *MachineConfig) { c.Interval = 10 })
+	s.start(a)
+	s.start(b)
+	s.run(time.Second)
+	// b became master at 321.875 ms and advertised every 100 ms; the
+	// last advertisement before the failure was at 921.875 ms.
+	b.up = false
+	s.run(2 * time.Second)
+	s.check(`
+		0s a init -> backup: started
+		0s b init -> backup: started
+		321.875ms b backup -> master: master down timer expired
+		1.2828125s a backup -> master: master down timer expired
+	`)
+	// 921.875 ms + 300 ms + 156/256 * 100 ms.
+	if want := 921875*time.Microsecond + MasterDownInterval(100, 10); want != 1282812500 {
+		t.Errorf("expected takeover %v", want)
+	}
+}
+
+func TestEqualPriorityHigherAddressWins(t *testing.T) {
+	for _, c := range []struct {
+		self, peer string
+		want       Role
+	}{
+		{"10.0.0.1", "10.0.0.2", Backup},
+		{"10.0.0.2", "10.0.0.1", Master},
+		{"fe80::1", "fe80::2", Backup},
+		{"fe80::2", "fe80::1", Master},
+		{"10.0.0.9", "10.0.0.10", Backup},
+	} {
+		m, err := NewMachine(MachineConfig{Self: netip.MustParseAddr(c.self), Priority: 100, Interval: 100, StartAsMaster: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Start(t0)
+		st := m.Receive(t0.Add(time.Millisecond), netip.MustParseAddr(c.peer), Packet{Priority: 100, Interval: 100})
+		if m.Role() != c.want {
+			t.Errorf("%s seeing %s of equal priority: %v, want %v", c.self, c.peer, m.Role(), c.want)
+		}
+		if (st.Transition != nil) != (c.want == Backup) || st.Send {
+			t.Errorf("%s seeing %s: step %+v", c.self, c.peer, st)
+		}
+	}
+}
+
+func TestMasterIgnoresLowerPriority(t *testing.T) {
+	m, _ := NewMachine(MachineConfig{Self: netip.MustParseAddr("10.0.0.1"), Priority: 100, Interval: 100, StartAsMaster: true})
+	m.Start(t0)
+	if st := m.Receive(t0, netip.MustParseAddr("10.0.0.2"), Packet{Priority: 99, Interval: 100}); st != (Step{}) || m.Role() != Master {
+		t.Errorf("lower priority: step %+v role %v", st, m.Role())
+	}
+	// A resigning peer makes the master advertise at once, so that the
+	// backups' skew timers give way to it.
+	st := m.Receive(t0.Add(50*time.Millisecond), netip.MustParseAddr("10.0.0.2"), Packet{Priority: 0, Interval: 100})
+	if !st.Send || st.SendPriority != 100 || m.Deadline() != t0.Add(1050*time.Millisecond) {
+		t.Errorf("priority 0: step %+v deadline %v", st, m.Deadline().Sub(t0))
+	}
+}
+
+func TestPreemption(t *testing.T) {
+	for _, preempt := range []bool{true, false} {
+		t.Run(fmt.Sprint("preempt=", preempt), func(t *testing.T) {
+			s := newSim(t)
+			a := s.add("a", "10.0.0.1", 100, nil)
+			b := s.add("b", "10.0.0.2", 200, func(c *MachineConfig) { c.Preempt = preempt })
+			s.start(a)
+			s.run(5 * time.Second)
+			s.start(b)
+			s.run(20 * time.Second)
+			if preempt {
+				// a is master from 3.609375 s and advertises each second;
+				// b starts at 5 s, discards a's advertisements and takes
+				// over after its master down interval.
+				s.check(`
+					0s a init -> backup: started
+					3.609375s a backup -> master: master down timer expired
+					5s b init -> backup: started
+					8.21875s b backup -> master: preempting master 10.0.0.1 of priority 100
+					8.21875s a master -> backup: advertisement from 10.0.0.2 with priority 200
+				`)
+			} else {
+				s.check(`
+					0s a init -> backup: started
+					3.609375s a backup -> master: master down timer expired
+					5s b init -> backup: started
+				`)
+			}
+		})
+	}
+}
+
+func TestPreemptDelay(t *testing.T) {
+	s := newSim(t)
+	a := s.add("a", "10.0.0.1", 100, nil)
+	b := s.add("b", "10.0.0.2", 200, func(c *MachineConfig) { c.PreemptDelay = 5 * time.Second })
+	s.start(a)
+	s.run(4 * time.Second)
+	s.start(b)
+	s.run(20 * time.Second)
+	// a advertises at 4.609375 s and each second after; b accepts those
+	// until 9.609375 s (5 s after the first), discards the one then, and
+	// its timer, armed at 8.609375 s, fires 3.21875 s later.
+	s.check(`
+		0s a init -> backup: started
+		3.609375s a backup -> master: master down timer expired
+		4s b init -> backup: started
+		11.828125s b backup -> master: preempting master 10.0.0.1 of priority 100
+		11.828125s a master -> backup: advertisement from 10.0.0.2 with priority 200
+	`)
+}
+
+func TestPreemptDelayResetsOnHigherMaster(t *testing.T) {
+	m, _ := NewMachine(MachineConfig{Self: netip.MustParseAddr("10.0.0.1"), Priority: 100, Interval: 100, Preempt: true, PreemptDelay: 2 * time.Second})
+	m.Start(t0)
+	low, high := Packet{Priority: 50, Interval: 100}, Packet{Priority: 150, Interval: 100}
+	peer := netip.MustParseAddr("10.0.0.2")
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	m.Receive(at(1), peer, low)  // the delay starts: until 3 s
+	m.Receive(at(2), peer, high) // a master of higher priority resets it
+	m.Receive(at(3), peer, low)  // starts again: until 5 s
+	m.Receive(at(4), peer, low)
+	if m.Deadline() != at(4).Add(MasterDownInterval(100, 100)) {
+		t.Errorf("advertisement at 4 s discarded: deadline %v", m.Deadline().Sub(t0))
+	}
+	m.Receive(at(5), peer, low)
+	if m.Deadline() != at(4).Add(MasterDownInterval(100, 100)) {
+		t.Errorf("advertisement at 5 s accepted: deadline %v", m.Deadline().Sub(t0))
+	}
+	if st := m.Expire(m.Deadline()); st.Transition == nil || st.Transition.To != Master {
+		t.Errorf("no takeover: %+v", st)
+	}
+}
+
+func TestPriorityChange(t *testing.T) {
+	s := newSim(t)
+	a := s.add("a", "10.0.0.1", 100, nil)
+	b := s.add("b", "10.0.0.2", 200, nil)
+	s.start(a)
+	s.start(b)
+	s.run(5 * time.Second)
+	// Tracking lowers b below a: b advertises 50 at once, a discards it
+	// and every later one, and takes over a master down interval after
+	// the last advertisement it accepted (4.21875 s + 3.609375 s).
+	st, err := b.m.SetPriority(s.now, 50)
+	if err != nil || !st.Send || st.SendPriority != 50 {
+		t.Fatalf("SetPriority: %+v, %v", st, err)
+	}
+	s.apply(b, st)
+	s.run(12 * time.Second)
+	// b's priority comes back: as a preempting backup it discards a's
+	// advertisements from then on, and its timer, armed at 11.828125 s
+	// with priority 50's master down interval (3.8046875 s), fires.
+	st, _ = b.m.SetPriority(s.now, 200)
+	s.apply(b, st)
+	s.run(20 * time.Second)
+	s.check(`
+		0s a init -> backup: started
+		0s b init -> backup: started
+		3.21875s b backup -> master: master down timer expired
+		7.828125s a backup -> master: preempting master 10.0.0.2 of priority 50
+		7.828125s b master -> backup: advertisement from 10.0.0.1 with priority 100
+		15.6328125s b backup -> master: preempting master 10.0.0.1 of priority 100
+		15.6328125s a master -> backup: advertisement from 10.0.0.2 with priority 200
+	`)
+	if _, err := b.m.SetPriority(s.now, 0); err == nil {
+		t.Error("SetPriority(0) accepted")
+	}
+	if st, _ := b.m.SetPriority(s.now, 200); st != (Step{}) {
+		t.Errorf("SetPriority to the same priority: %+v", st)
+	}
+}
+
+func TestResign(t *testing.T) {
+	s := newSim(t)
+	a := s.add("a", "10.0.0.1", 100, func(c *MachineConfig) { c.Interval = 10 })
+	b := s.add("b", "10.0.0.2", 200, func(c *MachineConfig) { c.Interval = 10 })
+	s.start(a)
+	s.start(b)
+	s.run(time.Second)
+	st := b.m.Resign(s.now, "draining")
+	if !st.Send || st.SendPriority != 0 {
+		t.Fatalf("resign: %+v", st)
+	}
+	s.apply(b, st)
+	s.run(2 * time.Second)
+	// a takes over after its skew time, 156/256 of 100 ms. Then b comes
+	// back, preempts, and the roles are as before.
+	s.start(b)
+	s.run(3 * time.Second)
+	s.check(`
+		0s a init -> backup: started
+		0s b init -> backup: started
+		321.875ms b backup -> master: master down timer expired
+		1s b master -> init: draining
+		1.0609375s a backup -> master: master 10.0.0.2 resigned (priority 0)
+		2s b init -> backup: started
+		2.321875s b backup -> master: preempting master 10.0.0.1 of priority 100
+		2.321875s a master -> backup: advertisement from 10.0.0.2 with priority 200
+	`)
+	if st := a.m.Resign(s.now, "stop"); st.Send || st.Transition == nil || st.Transition.To != Init {
+		t.Errorf("backup resigns: %+v", st)
+	}
+	if st := a.m.Resign(s.now, "stop"); st != (Step{}) {
+		t.Errorf("resign in init: %+v", st)
+	}
+}
+
+func TestAddressOwnerAndStartAsMaster(t *testing.T) {
+	s := newSim(t)
+	a := s.add("a", "10.0.0.1", 255, func(c *MachineConfig) { c.Preempt = false })
+	b := s.add("b", "10.0.0.2", 100, func(c *MachineConfig) { c.StartAsMaster = true })
+	c := s.add("c", "10.0.0.3", 50, func(c *MachineConfig) { c.StartAsMaster = true })
+	s.start(c)
+	s.run(time.Second)
+	s.start(b)
+	s.run(2 * time.Second)
+	s.start(a)
+	s.run(4 * time.Second)
+	// c and then b start as masters; each one of higher priority takes
+	// over with its first advertisement, and the owner at once.
+	s.check(`
+		0s c init -> master: started as master
+		1s b init -> master: started as master
+		1s c master -> backup: advertisement from 10.0.0.2 with priority 100
+		2s a init -> master: address owner (priority 255)
+		2s b master -> backup: advertisement from 10.0.0.1 with priority 255
+	`)
+	if got := s.roles(); got != "a=master b=backup c=backup" {
+		t.Errorf("roles %s", got)
+	}
+}
+
+func TestBackupLearnsMasterInterval(t *testing.T) {
+	m, _ := NewMachine(MachineConfig{Self: netip.MustParseAddr("10.0.0.1"), Priority: 100, Interval: 100})
+	m.Start(t0)
+	peer := netip.MustParseAddr("10.0.0.2")
+	m.Receive(t0, peer, Packet{Priority: 200, Interval: 10})
+	if got, want := m.Deadline(), t0.Add(MasterDownInterval(100, 10)); got != want {
+		t.Errorf("deadline %v, want %v", got.Sub(t0), want.Sub(t0))
+	}
+	// Interval 0 would make the master down interval zero: ignored.
+	if st := m.Receive(t0.Add(time.Millisecond), peer, Packet{Priority: 200, Interval: 0}); st != (Step{}) || m.Deadline() != t0.Add(MasterDownInterval(100, 10)) {
+		t.Errorf("interval 0 changed the timer: %v", m.Deadline().Sub(t0))
+	}
+	if st := m.Expire(t0.Add(MasterDownInterval(100, 10) - 1)); st != (Step{}) {
+		t.Errorf("fired early: %+v", st)
+	}
+	if st := m.Expire(t0.Add(MasterDownInterval(100, 10))); st.Transition == nil || !st.Send {
+		t.Errorf("did not fire: %+v", st)
+	}
+	// A master advertises at its own interval, not the one it learned.
+	if got, want := m.Deadline(), t0.Add(MasterDownInterval(100, 10)+time.Second); got != want {
+		t.Errorf("advert deadline %v, want %v", got.Sub(t0), want.Sub(t0))
+	}
+	if slices.Contains([]Role{Init, Backup}, m.Role()) {
+		t.Errorf("role %v", m.Role())
+	}
+}

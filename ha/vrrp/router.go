@@ -1,0 +1,485 @@
+// Package vrrp is a VRRPv3 virtual router (RFC 5798) for IPv4 or IPv6
+// that speaks the standard's packets, so that vipd and keepalived
+// (vrrp_version 3) can be peers in one virtual router.
+//
+// A Router elects a master among its peers and reports its role; it does
+// not add, answer or announce addresses itself: what a role means is the
+// caller's to decide. The protocol is a pure state machine (Machine) fed
+// with the time of every event, and packets (Packet) that Parse checks as
+// the RFC's receive rules ask; the Router runs them over a raw socket for
+// IP protocol 112 on one interface, joined to 224.0.0.18 or ff02::12, or
+// sending to unicast peers, with TTL (hop limit) 255 sent and required.
+package vrrp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Options configure a Router.
+type Options struct {
+	// Interface names the interface the router advertises and listens on.
+	Interface string
+	// VRID is the virtual router id, 1 to 255.
+	VRID uint8
+	// Priority is 1 to 255; 255 is the address owner's.
+	Priority uint8
+	// Interval is the advertisement interval in centiseconds, 1 to 4095.
+	Interval uint16
+	// Preempt lets this router, as a backup, take over from a master of
+	// lower priority; PreemptDelay is how long it keeps accepting such a
+	// master first (see MachineConfig).
+	Preempt      bool
+	PreemptDelay time.Duration
+	// StartAsMaster starts as master, advertising at once: for a restart
+	// that must keep the addresses from a peer of lower priority.
+	StartAsMaster bool
+	// Addrs are the virtual addresses advertised, all IPv4 or all IPv6
+	// (for IPv6 the first should be link-local, as RFC 5798 asks); their
+	// family is the router's.
+	Addrs []netip.Addr
+	// Peers, when set, are sent advertisements by unicast instead of the
+	// multicast group, and are the only sources accepted. Unicast
+	// advertisements are sent with TTL (hop limit) 255 but accepted with
+	// any, as keepalived does (it sends IPv6 unicast with hop limit 64):
+	// the peer list, not the TTL, tells who may speak.
+	Peers []netip.Addr
+	// Source is the primary address advertisements are sent from and ties
+	// are broken with; unset, the interface's first IPv4 address or its
+	// IPv6 link-local address.
+	Source netip.Addr
+	// OnTransition is called on every change of role, from Run's
+	// goroutine, after the advertisement that went with it was sent. It
+	// must not block for long; it may call the Router's methods except
+	// Resign.
+	OnTransition func(Transition)
+	// Logger receives a record per transition and per failure. Nil
+	// discards them.
+	Logger *slog.Logger
+	// Clock is the time source; nil means the system's.
+	Clock Clock
+}
+
+// Clock is a time source.
+type Clock interface {
+	Now() time.Time
+	// Timer returns a channel that receives once d has passed, and a
+	// function that stops it.
+	Timer(d time.Duration) (<-chan time.Time, func() bool)
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) Timer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
+}
+
+// Status is a router's view of its virtual router.
+type Status struct {
+	Role     Role
+	Priority uint8
+	// Master is the master's primary address and MasterPriority its
+	// priority, when known.
+	Master         netip.Addr
+	MasterPriority uint8
+	// Sent counts advertisements sent, SendErrors those that failed;
+	// Received counts advertisements for this virtual router that passed
+	// the receive checks, Dropped the packets that failed them.
+	Sent, SendErrors, Received, Dropped uint64
+}
+
+// Router is one VRRP virtual router on one interface. Its methods are
+// safe for concurrent use.
+type Router struct {
+	opts  Options
+	log   *slog.Logger
+	clock Clock
+	c     conn
+	self  netip.Addr
+	dsts  []netip.Addr
+	m     *Machine
+
+	mu       sync.Mutex
+	ops      []op
+	status   Status
+	mismatch string
+	sendFail bool
+
+	wake chan struct{}
+	done chan struct{}
+}
+
+type opKind int
+
+const (
+	opPriority opKind = iota
+	opResign
+	opResume
+)
+
+type op struct {
+	kind     opKind
+	priority uint8
+	reason   string
+	done     chan struct{}
+}
+
+// New checks opts and opens the router's socket on the interface, in the
+// network namespace of the calling thread.
+func New(opts Options) (*Router, error) {
+	v6, err := checkOptions(&opts)
+	if err != nil {
+		return nil, err
+	}
+	ifi, err := net.InterfaceByName(opts.Interface)
+	if err != nil {
+		return nil, fmt.Errorf("vrrp: interface %q: %w", opts.Interface, err)
+	}
+	if !opts.Source.IsValid() {
+		if opts.Source, err = primaryAddr(ifi, v6); err != nil {
+			return nil, fmt.Errorf("vrrp: %w", err)
+		}
+	}
+	c, err := listen(ifi, v6)
+	if err != nil {
+		return nil, fmt.Errorf("vrrp: %w", err)
+	}
+	r, err := newRouter(opts, c)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// checkOptions validates opts, fills in defaults and tells the family.
+func checkOptions(opts *Options) (v6 bool, err error) {
+	if opts.Interface == "" {
+		return false, errors.New("vrrp: no interface")
+	}
+	if opts.VRID == 0 {
+		return false, errors.New("vrrp: virtual router id 0 is not valid (1 to 255)")
+	}
+	if len(opts.Addrs) == 0 || len(opts.Addrs) > 255 {
+		return false, fmt.Errorf("vrrp: %d virtual addresses (1 to 255)", len(opts.Addrs))
+	}
+	v6 = opts.Addrs[0].Is6()
+	check := func(what string, a netip.Addr) error {
+		if !a.IsValid() || a.Is6() != v6 || a.Is4In6() {
+			return fmt.Errorf("vrrp: %s %v: one family per virtual router, as %v", what, a, opts.Addrs[0])
+		}
+		return nil
+	}
+	for _, a := range opts.Addrs {
+		if err := check("virtual address", a); err != nil {
+			return false, err
+		}
+	}
+	for _, a := range opts.Peers {
+		if err := check("peer", a); err != nil {
+			return false, err
+		}
+	}
+	if opts.Source.IsValid() {
+		if err := check("source", opts.Source); err != nil {
+			return false, err
+		}
+	}
+	return v6, nil
+}
+
+func newRouter(opts Options, c conn) (*Router, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Clock == nil {
+		opts.Clock = systemClock{}
+	}
+	m, err := NewMachine(MachineConfig{
+		Self: opts.Source, Priority: opts.Priority, Interval: opts.Interval,
+		Preempt: opts.Preempt, PreemptDelay: opts.PreemptDelay, StartAsMaster: opts.StartAsMaster,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("vrrp: %w", err)
+	}
+	dsts := opts.Peers
+	if len(dsts) == 0 {
+		dsts = []netip.Addr{Group4}
+		if opts.Source.Is6() {
+			dsts = []netip.Addr{Group6}
+		}
+	}
+	return &Router{
+		opts:   opts,
+		log:    opts.Logger.With("interface", opts.Interface, "vrid", opts.VRID),
+		clock:  opts.Clock,
+		c:      c,
+		self:   opts.Source,
+		dsts:   dsts,
+		m:      m,
+		status: Status{Role: Init, Priority: opts.Priority},
+		wake:   make(chan struct{}, 1),
+		done:   make(chan struct{}),
+	}, nil
+}
+
+// Source is the router's primary address.
+func (r *Router) Source() netip.Addr { return r.self }
+
+// Status is the router's current view.
+func (r *Router) Status() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status
+}
+
+// SetPriority changes the router's priority (1 to 255), as tracking does;
+// a master advertises it at once.
+func (r *Router) SetPriority(p uint8) error {
+	if p == 0 {
+		return errors.New("vrrp: priority 0 is reserved for resigning")
+	}
+	r.enqueue(op{kind: opPriority, priority: p})
+	return nil
+}
+
+// Resign hands the virtual router over: a master advertises priority 0,
+// so that a backup takes over after its skew time instead of the master
+// down interval, and the router stays in Init, neither master nor backup,
+// until Resume. Resign returns once that advertisement was sent, or when
+// ctx ends or Run has returned.
+func (r *Router) Resign(ctx context.Context, reason string) error {
+	done := make(chan struct{})
+	r.enqueue(op{kind: opResign, reason: reason, done: done})
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("vrrp: resign: %w", ctx.Err())
+	case <-r.done:
+		return errors.New("vrrp: resign: router stopped")
+	}
+}
+
+// Resume starts a resigned router again, as a backup (or master, as on
+// start).
+func (r *Router) Resume() { r.enqueue(op{kind: opResume}) }
+
+func (r *Router) enqueue(o op) {
+	r.mu.Lock()
+	r.ops = append(r.ops, o)
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+type received struct {
+	b        []byte
+	src, dst netip.Addr
+	ttl      int
+}
+
+// Run runs the router until ctx ends or receiving fails, and closes its
+// socket; a Router runs once. It starts the router (Startup) at once. When ctx ends, Run
+// returns nil without advertising anything and without a transition:
+// resign first to hand over at once. When receiving fails, the router
+// resigns, reports Init and Run returns the error.
+func (r *Router) Run(ctx context.Context) error {
+	defer close(r.done)
+	stop := make(chan struct{})
+	pkts := make(chan received, 16)
+	errc := make(chan error, 1)
+	go r.read(pkts, errc, stop)
+	defer func() {
+		close(stop)
+		r.c.Close()
+	}()
+	r.apply(r.m.Start(r.clock.Now()))
+	for {
+		var timer <-chan time.Time
+		stopTimer := func() bool { return false }
+		if dl := r.m.Deadline(); !dl.IsZero() {
+			timer, stopTimer = r.clock.Timer(dl.Sub(r.clock.Now()))
+		}
+		select {
+		case <-ctx.Done():
+			stopTimer()
+			return nil
+		case err := <-errc:
+			stopTimer()
+			r.apply(r.m.Resign(r.clock.Now(), "receive failed: "+err.Error()))
+			return fmt.Errorf("vrrp: receive on %s: %w", r.opts.Interface, err)
+		case <-timer:
+			r.apply(r.m.Expire(r.clock.Now()))
+		case p := <-pkts:
+			stopTimer()
+			r.receive(p)
+		case <-r.wake:
+			stopTimer()
+			r.runOps()
+		}
+	}
+}
+
+func (r *Router) read(pkts chan<- received, errc chan<- error, stop <-chan struct{}) {
+	for {
+		b := make([]byte, 1500)
+		n, src, dst, ttl, err := r.c.Recv(b)
+		if err != nil {
+			select {
+			case errc <- err:
+			case <-stop:
+			}
+			return
+		}
+		select {
+		case pkts <- received{b: b[:n], src: src, dst: dst, ttl: ttl}:
+		case <-stop:
+			return
+		}
+	}
+}
+
+func (r *Router) runOps() {
+	r.mu.Lock()
+	ops := r.ops
+	r.ops = nil
+	r.mu.Unlock()
+	now := r.clock.Now()
+	for _, o := range ops {
+		switch o.kind {
+		case opPriority:
+			old := r.m.Priority()
+			st, err := r.m.SetPriority(now, o.priority)
+			if err != nil {
+				r.log.Error("vrrp priority change", "error", err)
+				continue
+			}
+			if old != o.priority {
+				r.log.Info("vrrp priority changed", "from", old, "to", o.priority, "role", r.m.Role())
+			}
+			r.apply(st)
+		case opResign:
+			reason := o.reason
+			if reason == "" {
+				reason = "resigned"
+			}
+			r.apply(r.m.Resign(now, reason))
+			close(o.done)
+		case opResume:
+			r.apply(r.m.Start(now))
+		}
+	}
+}
+
+// receive applies the receive rules of RFC 5798 section 7.1 that need
+// the IP header and the configuration, then hands the advertisement to
+// the machine. The TTL rule applies to the multicast group; unicast
+// advertisements must come from a configured peer instead.
+func (r *Router) receive(p received) {
+	drop := func(why string, args ...any) {
+		r.mu.Lock()
+		r.status.Dropped++
+		r.mu.Unlock()
+		r.log.Debug("vrrp packet dropped", append([]any{"reason", why, "source", p.src}, args...)...)
+	}
+	switch {
+	case p.src.Is6() != r.self.Is6():
+		drop("address family")
+		return
+	case p.src == r.self:
+		return // our own, looped back
+	case p.ttl != ttl && p.dst.IsMulticast():
+		drop("ttl", "ttl", p.ttl)
+		return
+	case len(r.opts.Peers) > 0 && !slices.Contains(r.opts.Peers, p.src):
+		drop("not a configured peer")
+		return
+	}
+	pkt, err := Parse(p.b, p.src, p.dst)
+	if err != nil {
+		drop(err.Error())
+		return
+	}
+	if pkt.VRID != r.opts.VRID {
+		return // another virtual router's
+	}
+	r.checkAddrs(p.src, pkt.Addrs)
+	r.mu.Lock()
+	r.status.Received++
+	r.mu.Unlock()
+	r.apply(r.m.Receive(r.clock.Now(), p.src, pkt))
+}
+
+// checkAddrs logs, once per difference, an advertisement whose addresses
+// differ from the configured ones: RFC 5798 accepts it all the same.
+func (r *Router) checkAddrs(src netip.Addr, addrs []netip.Addr) {
+	want := slices.Clone(r.opts.Addrs)
+	got := slices.Clone(addrs)
+	slices.SortFunc(want, netip.Addr.Compare)
+	slices.SortFunc(got, netip.Addr.Compare)
+	diff := ""
+	if !slices.Equal(want, got) {
+		diff = fmt.Sprint(src, got)
+	}
+	if diff != r.mismatch && diff != "" {
+		r.log.Warn("vrrp advertisement with other addresses", "source", src, "addresses", got, "configured", want)
+	}
+	r.mismatch = diff
+}
+
+// apply sends the step's advertisement, then reports its transition.
+func (r *Router) apply(st Step) {
+	if st.Send {
+		r.send(st.SendPriority)
+	}
+	r.mu.Lock()
+	r.status.Role = r.m.Role()
+	r.status.Priority = r.m.Priority()
+	r.status.Master, r.status.MasterPriority = r.m.MasterAddr()
+	r.mu.Unlock()
+	if t := st.Transition; t != nil {
+		r.log.Info("vrrp transition", "from", t.From, "to", t.To, "reason", t.Reason, "master", t.Master, "priority", t.Priority)
+		if r.opts.OnTransition != nil {
+			r.opts.OnTransition(*t)
+		}
+	}
+}
+
+func (r *Router) send(prio uint8) {
+	p := Packet{VRID: r.opts.VRID, Priority: prio, Interval: r.opts.Interval, Addrs: r.opts.Addrs}
+	var errs []error
+	for _, dst := range r.dsts {
+		b, err := p.Marshal(r.self, dst)
+		if err == nil {
+			err = r.c.Send(b, r.self, dst)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("to %v: %w", dst, err))
+		}
+	}
+	r.mu.Lock()
+	r.status.Sent += uint64(len(r.dsts) - len(errs))
+	r.status.SendErrors += uint64(len(errs))
+	was := r.sendFail
+	r.sendFail = len(errs) > 0
+	r.mu.Unlock()
+	switch {
+	case len(errs) > 0 && !was:
+		r.log.Warn("vrrp advertisement not sent", "error", errors.Join(errs...))
+	case len(errs) == 0 && was:
+		r.log.Info("vrrp advertisements sent again")
+	}
+}

@@ -1,0 +1,306 @@
+package vrrp
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock is a clock the test moves; a timer whose time has come fires
+// when made or when the clock reaches it.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []fakeTimer
+}
+
+type fakeTimer struct {
+	at time.Time
+	c  chan time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Timer(d time.Duration) (<-chan time.Time, func() bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := fakeTimer{at: c.now.Add(d), c: make(chan time.Time, 1)}
+	if !t.at.After(c.now) {
+		t.c <- c.now
+		return t.c, func() bool { return false }
+	}
+	c.timers = append(c.timers, t)
+	return t.c, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for i, o := range c.timers {
+			if o.c == t.c {
+				c.timers = append(c.timers[:i], c.timers[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// set moves the clock to t0+d and fires the timers due.
+func (c *fakeClock) set(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t0.Add(d)
+	kept := c.timers[:0]
+	for _, t := range c.timers {
+		if t.at.After(c.now) {
+			kept = append(kept, t)
+		} else {
+			t.c <- c.now
+		}
+	}
+	c.timers = kept
+}
+
+// fakeConn hands the test's packets to the Router and its
+// advertisements to the test.
+type fakeConn struct {
+	in     chan received
+	out    chan sent
+	closed chan struct{}
+	once   sync.Once
+}
+
+type sent struct {
+	src, dst netip.Addr
+	p        Packet
+}
+
+func newFakeConn() *fakeConn {
+	return &fakeConn{in: make(chan received), out: make(chan sent, 16), closed: make(chan struct{})}
+}
+
+func (c *fakeConn) Recv(b []byte) (int, netip.Addr, netip.Addr, int, error) {
+	select {
+	case r := <-c.in:
+		return copy(b, r.b), r.src, r.dst, r.ttl, nil
+	case <-c.closed:
+		return 0, netip.Addr{}, netip.Addr{}, 0, errors.New("closed")
+	}
+}
+
+func (c *fakeConn) Send(b []byte, src, dst netip.Addr) error {
+	p, err := Parse(b, src, dst)
+	if err != nil {
+		return err
+	}
+	c.out <- sent{src, dst, p}
+	return nil
+}
+
+func (c *fakeConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return nil
+}
+
+// routerRig runs a Router on a fakeConn and a fakeClock.
+type routerRig struct {
+	t      *testing.T
+	r      *Router
+	conn   *fakeConn
+	clock  *fakeClock
+	trs    chan Transition
+	cancel context.CancelFunc
+	done   chan error
+}
+
+var (
+	self4 = netip.MustParseAddr("10.19.0.1")
+	peer4 = netip.MustParseAddr("10.19.0.2")
+	vip4  = netip.MustParseAddr("10.19.0.100")
+)
+
+func newRig(t *testing.T, opts Options) *routerRig {
+	t.Helper()
+	g := &routerRig{t: t, conn: newFakeConn(), clock: &fakeClock{now: t0}, trs: make(chan Transition, 16), done: make(chan error, 1)}
+	opts.Interface, opts.VRID, opts.Source = "eth0", 19, self4
+	if opts.Addrs == nil {
+		opts.Addrs = []netip.Addr{vip4}
+	}
+	opts.Clock = g.clock
+	opts.OnTransition = func(tr Transition) { g.trs <- tr }
+	opts.Logger = newTestLogger(t, "rig")
+	if _, err := checkOptions(&opts); err != nil {
+		t.Fatal(err)
+	}
+	r, err := newRouter(opts, g.conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.r = r
+	ctx, cancel := context.WithCancel(context.Background())
+	g.cancel = cancel
+	go func() { g.done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-g.done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	return g
+}
+
+// deliver hands the Router an advertisement, checksummed for dst.
+func (g *routerRig) deliver(src, dst netip.Addr, ttl int, p Packet) {
+	g.t.Helper()
+	if p.Interval == 0 {
+		p.Interval = 100
+	}
+	if p.Addrs == nil {
+		p.Addrs = []netip.Addr{vip4}
+	}
+	b, err := p.Marshal(src, dst)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.conn.in <- received{b: b, src: src, dst: dst, ttl: ttl}
+}
+
+func (g *routerRig) sent(dst netip.Addr, prio uint8) {
+	g.t.Helper()
+	select {
+	case s := <-g.conn.out:
+		if s.dst != dst || s.src != self4 || s.p.Priority != prio || s.p.VRID != 19 || s.p.Interval != 100 {
+			g.t.Fatalf("sent %+v, want priority %d to %v", s, prio, dst)
+		}
+	case <-time.After(5 * time.Second):
+		g.t.Fatalf("nothing sent; want priority %d to %v", prio, dst)
+	}
+}
+
+func (g *routerRig) transition(to Role) Transition {
+	g.t.Helper()
+	select {
+	case tr := <-g.trs:
+		if tr.To != to {
+			g.t.Fatalf("transition %+v, want to %v", tr, to)
+		}
+		return tr
+	case <-time.After(5 * time.Second):
+		g.t.Fatalf("no transition to %v", to)
+	}
+	return Transition{}
+}
+
+// TestRouterReceiveRules feeds a master packets that RFC 5798's receive
+// rules discard; none moves it, and a resigning peer, which makes it
+// advertise at once, shows that they were all handled.
+func TestRouterReceiveRules(t *testing.T) {
+	g := newRig(t, Options{Priority: 100, Interval: 100, StartAsMaster: true})
+	g.sent(Group4, 100)
+	g.transition(Master)
+
+	g.deliver(peer4, Group4, 64, Packet{VRID: 19, Priority: 255})  // TTL
+	g.deliver(peer4, Group4, 255, Packet{VRID: 18, Priority: 255}) // another VRID
+	g.deliver(self4, Group4, 255, Packet{VRID: 19, Priority: 255}) // our own
+	g.deliver(netip.MustParseAddr("fe80::2"), Group6, 255, Packet{VRID: 19, Priority: 255, Addrs: []netip.Addr{netip.MustParseAddr("fe80::100")}})
+	b, _ := Packet{VRID: 19, Priority: 255, Interval: 100, Addrs: []netip.Addr{vip4}}.Marshal(peer4, Group4)
+	b[2] = 254 // the checksum no longer matches
+	g.conn.in <- received{b: b, src: peer4, dst: Group4, ttl: 255}
+	g.deliver(peer4, Group4, 255, Packet{VRID: 19, Priority: 0})
+	g.sent(Group4, 100)
+	if st := g.r.Status(); st.Role != Master || st.Dropped != 3 || st.Received != 1 || st.Sent != 2 {
+		t.Fatalf("status %+v", st)
+	}
+
+	// A master of higher priority (and other addresses, which RFC 5798
+	// accepts with a warning) makes it a backup.
+	g.deliver(peer4, Group4, 255, Packet{VRID: 19, Priority: 200, Addrs: []netip.Addr{netip.MustParseAddr("10.19.0.200")}})
+	if tr := g.transition(Backup); tr.Master != peer4 {
+		t.Errorf("master %v", tr.Master)
+	}
+	// Silence: at the master down interval it takes over.
+	g.clock.set(MasterDownInterval(100, 100))
+	g.sent(Group4, 100)
+	if tr := g.transition(Master); tr.Reason != "master down timer expired" {
+		t.Errorf("reason %q", tr.Reason)
+	}
+	// The next advertisement is one interval later.
+	g.clock.set(MasterDownInterval(100, 100) + time.Second)
+	g.sent(Group4, 100)
+
+	// Tracking lowers the priority: advertised at once.
+	if err := g.r.SetPriority(50); err != nil {
+		t.Fatal(err)
+	}
+	g.sent(Group4, 50)
+	if err := g.r.SetPriority(0); err == nil {
+		t.Error("SetPriority(0) accepted")
+	}
+
+	// Resign returns once priority 0 is sent; Resume starts again.
+	if err := g.r.Resign(context.Background(), "drain"); err != nil {
+		t.Fatal(err)
+	}
+	g.sent(Group4, 0)
+	if tr := g.transition(Init); tr.Reason != "drain" {
+		t.Errorf("reason %q", tr.Reason)
+	}
+	g.r.Resume()
+	g.sent(Group4, 50) // StartAsMaster
+	g.transition(Master)
+}
+
+// TestRouterUnicast sends to every peer and accepts only peers, with any
+// TTL.
+func TestRouterUnicast(t *testing.T) {
+	other := netip.MustParseAddr("10.19.0.3")
+	g := newRig(t, Options{Priority: 100, Interval: 100, StartAsMaster: true, Peers: []netip.Addr{peer4, other}})
+	g.sent(peer4, 100)
+	g.sent(other, 100)
+	g.transition(Master)
+	g.deliver(netip.MustParseAddr("10.19.0.4"), self4, 255, Packet{VRID: 19, Priority: 255}) // not a peer
+	g.deliver(other, self4, 64, Packet{VRID: 19, Priority: 0})                               // a peer resigns
+	g.sent(peer4, 100)
+	g.sent(other, 100)
+	if st := g.r.Status(); st.Role != Master || st.Dropped != 1 || st.Received != 1 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+func TestOptionsRejects(t *testing.T) {
+	ok := Options{Interface: "eth0", VRID: 1, Priority: 100, Interval: 100, Addrs: []netip.Addr{vip4}}
+	for name, mod := range map[string]func(*Options){
+		"no interface":    func(o *Options) { o.Interface = "" },
+		"vrid 0":          func(o *Options) { o.VRID = 0 },
+		"no addresses":    func(o *Options) { o.Addrs = nil },
+		"mixed addresses": func(o *Options) { o.Addrs = append(o.Addrs, netip.MustParseAddr("fd19::1")) },
+		"peer family":     func(o *Options) { o.Peers = []netip.Addr{netip.MustParseAddr("fd19::1")} },
+		"source family":   func(o *Options) { o.Source = netip.MustParseAddr("fd19::1") },
+	} {
+		o := ok
+		mod(&o)
+		if _, err := checkOptions(&o); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	o := ok
+	o.Source = self4
+	for name, mod := range map[string]func(*Options){
+		"priority 0": func(o *Options) { o.Priority = 0 },
+		"interval 0": func(o *Options) { o.Interval = 0 },
+	} {
+		o := o
+		mod(&o)
+		if _, err := newRouter(o, newFakeConn()); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := New(Options{Interface: "no-such-interface0", VRID: 1, Priority: 100, Interval: 100, Addrs: []netip.Addr{vip4}}); err == nil {
+		t.Error("missing interface accepted")
+	}
+}
