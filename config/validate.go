@@ -27,6 +27,7 @@ import (
 type rawConfig struct {
 	Include []string     `toml:"include"`
 	Daemon  rawDaemon    `toml:"daemon"`
+	HA      rawHA        `toml:"ha"`
 	Service []rawService `toml:"service"`
 }
 
@@ -218,6 +219,7 @@ func validIfName(s string) error {
 func (v *validator) config(raw *rawConfig, x *cross) *Config {
 	cfg := &Config{}
 	v.daemon(&raw.Daemon, cfg)
+	v.ha(&raw.HA, cfg)
 	cfg.Include = v.include(raw.Include, cfg.Daemon.Watch)
 	v.services(raw.Service, cfg, x)
 	return cfg
