@@ -130,6 +130,9 @@ type Agent struct {
 	ha *ha
 	// last is the spec of the last full pass.
 	last *lb.Spec
+	// spare is a configuration no one uses, which the next reload may
+	// build the new one in (see config.Spare).
+	spare config.Spare
 }
 
 // New returns an agent for opts; Run runs it.
@@ -218,10 +221,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer func() { stopElector(); <-electorDone }()
 	}
 	log.Info("starting", "version", a.opts.Version, "config", a.opts.Path, "services", len(cfg.Spec.Services), "pid", os.Getpid())
-	res, err := a.firstPass(ctx, a.effective(cfg))
+	first := a.effective(cfg)
+	res, err := a.firstPass(ctx, first)
 	if err != nil {
 		return err
 	}
+	a.last = first
+	a.track(first)
 	a.remember(res)
 	a.gen++
 	a.m.ConfigLoaded(a.gen, &cfg.Spec)

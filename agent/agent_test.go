@@ -6,10 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -65,6 +69,8 @@ type rig struct {
 	log  *logBuffer
 	done chan error
 	stop context.CancelFunc
+	// options, when set, changes the agent's options.
+	options func(*Options)
 }
 
 const header = `[daemon]
@@ -77,8 +83,15 @@ metrics_listen = ""
 // srcs; it returns once the agent is ready.
 func newRig(t *testing.T, services string, srcs ...source.Source) *rig {
 	t.Helper()
+	return newRigWith(t, services, nil, srcs...)
+}
+
+// newRigWith is newRig with options changing the agent's options.
+func newRigWith(t *testing.T, services string, options func(*Options), srcs ...source.Source) *rig {
+	t.Helper()
 	dir := t.TempDir()
-	r := &rig{t: t, dir: dir, path: filepath.Join(dir, "vipd.toml"), k: lbtest.New(), log: &logBuffer{}, done: make(chan error, 1)}
+	r := &rig{t: t, dir: dir, path: filepath.Join(dir, "vipd.toml"), k: lbtest.New(), log: &logBuffer{}, done: make(chan error, 1),
+		options: options}
 	r.write(services)
 	r.start(srcs...)
 	return r
@@ -88,7 +101,7 @@ func newRig(t *testing.T, services string, srcs ...source.Source) *rig {
 // vipd does, once r's has stopped.
 func (r *rig) restart(t *testing.T) *rig {
 	t.Helper()
-	n := &rig{t: t, dir: r.dir, path: r.path, k: r.k, log: &logBuffer{}, done: make(chan error, 1)}
+	n := &rig{t: t, dir: r.dir, path: r.path, k: r.k, log: &logBuffer{}, done: make(chan error, 1), options: r.options}
 	n.start()
 	return n
 }
@@ -97,7 +110,7 @@ func (r *rig) start(srcs ...source.Source) {
 	t := r.t
 	t.Helper()
 	n := &readyNotifier{ready: make(chan struct{})}
-	r.a = New(Options{
+	opts := Options{
 		Path:     r.path,
 		Logger:   slog.New(slog.NewTextHandler(r.log, nil)),
 		Notifier: n,
@@ -106,7 +119,11 @@ func (r *rig) start(srcs ...source.Source) {
 		},
 		KernelRelease: "6.1.0",
 		Sources:       srcs,
-	})
+	}
+	if r.options != nil {
+		r.options(&opts)
+	}
+	r.a = New(opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.stop = cancel
 	go func() { r.done <- r.a.Run(ctx) }()
@@ -409,5 +426,67 @@ func (r *rig) eventually(t *testing.T, want ...string) {
 			t.Fatalf("the kernel never had %q:\n%s", want, d)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestReloadSequence runs reloads of one-service edits, some rolled
+// back, and checks after each that the running configuration is what a
+// fresh parse of the file it kept gives: reloads build the next
+// configuration in the memory of one no longer used (config.Spare), and
+// none may leak into another.
+func TestReloadSequence(t *testing.T) {
+	weights := map[int]int{}
+	text := func(w map[int]int) string {
+		var b strings.Builder
+		for i := range 20 {
+			fmt.Fprintf(&b, "[[service]]\nname = \"s%d\"\nvip = \"192.0.2.%d\"\nport = 80\nbackend = [{ address = \"10.0.%d.1\", weight = %d }]\n", i, 10+i, i, max(w[i], 1))
+		}
+		return b.String()
+	}
+	r := newRig(t, text(weights))
+	rng := rand.New(rand.NewPCG(1, 2))
+	kept := text(weights)
+	for step := range 60 {
+		next := maps.Clone(weights)
+		next[rng.IntN(20)] = 1 + rng.IntN(9)
+		fail := step%7 == 3
+		r.k.FailWith(func(call string) error {
+			if fail && strings.HasPrefix(call, "update-dest") {
+				return errors.New("injected")
+			}
+			return nil
+		})
+		// As the watcher hands a changed file over.
+		r.write(text(next))
+		data, rerr := os.ReadFile(r.path)
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		var err error
+		r.a.do(context.Background(), func(ctx context.Context) {
+			_, err = r.a.reload(ctx, fileRead{why: "file changed", file: r.path, data: data}, false)
+		})
+		switch {
+		case fail && maps.Equal(next, weights):
+		case fail && (err == nil || !strings.Contains(err.Error(), "rolled back")):
+			t.Fatalf("step %d: %v, want a rollback", step, err)
+		case !fail && err != nil:
+			t.Fatalf("step %d: %v", step, err)
+		case !fail:
+			weights, kept = next, text(next)
+		}
+		want, err := config.Parse(r.path, []byte(header+fmt.Sprintf("state_dir = %q\ncontrol_socket = %q\n", filepath.Join(r.dir, "state"), filepath.Join(r.dir, "vipd.sock"))+kept))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []lb.VirtualService
+		r.a.do(context.Background(), func(context.Context) { got = slices.Clone(r.a.cfg.Spec.Services) })
+		if !reflect.DeepEqual(got, want.Spec.Services) {
+			t.Fatalf("step %d: the running configuration's services are not the file's", step)
+		}
+	}
+	r.k.FailWith(nil)
+	if r.a.spare.Config == nil {
+		t.Error("no spare after the last reload")
 	}
 }

@@ -3,10 +3,16 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/vipd/vipd/agent/ledger"
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/kernel/ipvs"
 	"github.com/vipd/vipd/lb"
@@ -32,6 +38,9 @@ type Elector interface {
 type ElectorOptions struct {
 	// HA is the configuration's [ha] section.
 	HA config.HA
+	// Addrs are the addresses to advertise: the configuration's VIPs of
+	// one family, IPv4 when it has any, sorted, at most maxAdvertised.
+	Addrs []netip.Addr
 	// StartAsMaster starts the node as master: it was master when it
 	// stopped and its VIPs are still programmed.
 	StartAsMaster bool
@@ -87,13 +96,71 @@ func (a *Agent) openHA(cfg *config.Config) error {
 		return fmt.Errorf("%s: [ha] mode = %q: this vipd has no elector", cfg.File, cfg.HA.Mode)
 	}
 	h := &ha{cfg: cfg.HA, priority: cfg.HA.Priority, changed: make(chan struct{}, 1)}
-	el, err := a.opts.OpenElector(ElectorOptions{HA: cfg.HA, Report: h.report})
+	addrs := advertised(cfg)
+	if len(addrs) == 0 {
+		return fmt.Errorf("%s: [ha]: no VIP to advertise: high availability needs a service with a vip", cfg.File)
+	}
+	master := a.wasMaster(cfg)
+	el, err := a.opts.OpenElector(ElectorOptions{HA: cfg.HA, Addrs: addrs, StartAsMaster: master, Report: h.report})
 	if err != nil {
-		return err
+		return fmt.Errorf("[ha]: %w", err)
+	}
+	if master {
+		a.log.Info("high availability: starting as master, as this node was when it stopped")
+		h.master = true
 	}
 	h.el = el
 	a.ha = h
 	return nil
+}
+
+// maxAdvertised bounds the addresses an advertisement lists, so that it
+// fits in one packet: the peers need not list the same ones (keepalived
+// logs a difference and goes on).
+const maxAdvertised = 64
+
+// advertised returns the addresses the elector advertises for cfg.
+func advertised(cfg *config.Config) []netip.Addr {
+	set := map[netip.Addr]bool{}
+	v4 := false
+	for _, vs := range cfg.Spec.Services {
+		if vs.VIP.IsValid() {
+			set[vs.VIP] = true
+			v4 = v4 || vs.VIP.Is4()
+		}
+	}
+	var out []netip.Addr
+	for _, a := range slices.SortedFunc(maps.Keys(set), netip.Addr.Compare) {
+		if a.Is4() == v4 && len(out) < maxAdvertised {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// roleFile is the file in state_dir that records the node's role, so
+// that a restarted node that was master starts as master.
+const roleFile = "ha-role"
+
+// wasMaster reports whether the node was master when it stopped, with
+// on_stop = "keep" (its VIPs are still programmed).
+func (a *Agent) wasMaster(cfg *config.Config) bool {
+	if cfg.Daemon.OnStop != config.StopKeep {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(cfg.Daemon.StateDir, roleFile))
+	return err == nil && strings.TrimSpace(string(b)) == "master"
+}
+
+// recordRole records the node's role for the next start.
+func (a *Agent) recordRole(master bool) {
+	role := "backup"
+	if master {
+		role = "master"
+	}
+	if err := ledger.WriteFile(filepath.Join(a.cfg.Daemon.StateDir, roleFile), []byte(role+"\n"), 0o640); err != nil {
+		a.log.Warn("high availability: cannot record the role", "err", err)
+	}
 }
 
 // serving applies the node's role to spec: a node that is not the
@@ -119,6 +186,7 @@ func (a *Agent) roleChanged(ctx context.Context) {
 			continue
 		}
 		a.ha.master = r.master
+		a.recordRole(r.master)
 		start := time.Now()
 		res, err := a.r.ReconcileAnnouncements(ctx, a.effective(a.cfg))
 		role := "backup"

@@ -94,9 +94,25 @@ func (a *Agent) reload(ctx context.Context, in fileRead, force bool) (Outcome, e
 		cfg, delta, err = config.Reload(a.cfg)
 	case in.removed:
 		cfg, delta, err = config.ParseRemoved(a.cfg, in.file)
+	case a.spare.Config != nil:
+		cfg, delta, err = config.ParseFromReusing(a.cfg, in.file, in.data, a.spare)
 	default:
 		cfg, delta, err = config.ParseFrom(a.cfg, in.file, in.data)
 	}
+	// The spare is handed over whatever the outcome. The configuration
+	// that is not kept, the new one or the running one it replaces,
+	// differs from the kept one by delta: it is the next spare.
+	a.spare = config.Spare{}
+	running := a.cfg
+	defer func() {
+		if err == nil && cfg != nil && cfg != running && !delta.Full {
+			if a.cfg == cfg {
+				a.spare = config.Spare{Config: running, Delta: delta}
+			} else {
+				a.spare = config.Spare{Config: cfg, Delta: delta}
+			}
+		}
+	}()
 	parsed := time.Now()
 	if err == nil {
 		err = canRunChecks(cfg)

@@ -63,7 +63,42 @@ type Delta struct {
 // afterwards. When the configuration has exec checks, check_user is looked
 // up (see Config.resolveExec).
 func ParseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
-	return resolved(base)(parseFrom(base, file, data))
+	return resolved(base)(parseFrom(base, file, data, nil))
+}
+
+// Spare is a configuration its owner hands over to ParseFromReusing: its
+// service list may become the new configuration's, so that an edit that
+// keeps the number of services costs the services it changes, not a
+// copy of every service. Delta says how Config differs from the base of
+// the parse: either was parsed from the other with that Delta.
+type Spare struct {
+	Config *Config
+	Delta  Delta
+}
+
+// ParseFromReusing is ParseFrom that may build the new configuration in
+// spare's memory. The caller hands spare over: neither it nor anything
+// read from its Spec may be used afterwards, whatever the outcome. A
+// spare that does not fit (another number of services, a full Delta, or
+// base's own memory) is ignored.
+func ParseFromReusing(base *Config, file string, data []byte, spare Spare) (*Config, Delta, error) {
+	return resolved(base)(parseFrom(base, file, data, &spare))
+}
+
+// take returns the spare's service list made equal to base's, or nil
+// when the spare does not fit an edit that keeps the number of base's
+// services.
+func (sp *Spare) take(base *Config) []lb.VirtualService {
+	if sp == nil || sp.Config == nil || sp.Delta.Full || sp.Delta.OldTo != sp.Delta.NewTo {
+		return nil
+	}
+	svcs, want := sp.Config.Spec.Services, base.Spec.Services
+	if len(svcs) != len(want) || len(svcs) == 0 || &svcs[0] == &want[0] || sp.Delta.NewTo > len(svcs) {
+		return nil
+	}
+	copy(svcs[sp.Delta.From:sp.Delta.NewTo], want[sp.Delta.From:sp.Delta.NewTo])
+	sp.Config = nil // taken once
+	return svcs
 }
 
 // resolved returns what completes the result of a parse from base: the
@@ -80,23 +115,23 @@ func resolved(base *Config) func(*Config, Delta, error) (*Config, Delta, error) 
 	}
 }
 
-func parseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
+func parseFrom(base *Config, file string, data []byte, sp *Spare) (*Config, Delta, error) {
 	if base == nil || file == base.File {
-		return parseMain(base, file, data)
+		return parseMain(base, file, data, sp)
 	}
 	file = filepath.Clean(file)
 	pi := base.partOf(file)
 	switch {
 	case pi == 0:
-		return parseMain(base, file, data)
+		return parseMain(base, file, data, sp)
 	case pi < 0:
 		rank := base.rankOf(file)
 		if rank < 0 {
 			return nil, Delta{Full: true}, Errors{{File: file, Msg: fmt.Sprintf("not part of the configuration: no include pattern of %s matches it", base.File)}}
 		}
-		return replacePart(base, partPos(base.parts, rank, file), true, &includedText{Text{File: file, Data: data}, rank})
+		return replacePart(base, partPos(base.parts, rank, file), true, &includedText{Text{File: file, Data: data}, rank}, nil)
 	}
-	return replacePart(base, pi, false, &includedText{Text{File: file, Data: data}, base.parts[pi].rank})
+	return replacePart(base, pi, false, &includedText{Text{File: file, Data: data}, base.parts[pi].rank}, sp)
 }
 
 // ParseRemoved returns the configuration base becomes without the
@@ -115,7 +150,7 @@ func parseRemoved(base *Config, file string) (*Config, Delta, error) {
 	if pi == 0 {
 		return nil, Delta{Full: true}, Errors{{File: file, Msg: "the main configuration file was removed"}}
 	}
-	return replacePart(base, pi, false, nil)
+	return replacePart(base, pi, false, nil, nil)
 }
 
 // Reload reads base's main file and every file it includes again, and
@@ -253,6 +288,8 @@ type edit struct {
 	blocks      []block
 	// settings holds the daemon settings of the result.
 	settings *Config
+	// spare, when set, may hold the result's services (see Spare).
+	spare *Spare
 }
 
 // delta returns the Delta of e.
@@ -265,7 +302,7 @@ func (e *edit) delta() Delta {
 // main file's blocks that changed are decoded and the included files are
 // base's; otherwise every file is decoded, the included ones from base's
 // texts when the patterns are the same, or else read from disk.
-func parseMain(base *Config, file string, data []byte) (*Config, Delta, error) {
+func parseMain(base *Config, file string, data []byte, sp *Spare) (*Config, Delta, error) {
 	fallback := func() (*Config, Delta, error) { return parseFallback(base, &Text{File: file, Data: data}, "") }
 	var old *part
 	if base != nil {
@@ -282,7 +319,7 @@ func parseMain(base *Config, file string, data []byte) (*Config, Delta, error) {
 		if !ok {
 			return fallback()
 		}
-		e := edit{p: &part{file: file, src: data, chunks: chunks, rank: -1}, from: keep, oldTo: base.partEnd(0) - keepEnd, blocks: blocks, settings: settings}
+		e := edit{p: &part{file: file, src: data, chunks: chunks, rank: -1}, from: keep, oldTo: base.partEnd(0) - keepEnd, blocks: blocks, settings: settings, spare: sp}
 		cfg, ok := splice(base, e)
 		if !ok {
 			return fallback()
@@ -426,8 +463,8 @@ func emptyPreamble(data []byte) bool {
 
 // replacePart returns base with its part pi replaced by t, parsed block
 // by block: inserted before part pi with insert, removed when t is nil.
-func replacePart(base *Config, pi int, insert bool, t *includedText) (*Config, Delta, error) {
-	e := edit{pi: pi, insert: insert, settings: base}
+func replacePart(base *Config, pi int, insert bool, t *includedText, sp *Spare) (*Config, Delta, error) {
+	e := edit{pi: pi, insert: insert, settings: base, spare: sp}
 	if insert {
 		e.from = len(base.Spec.Services)
 		if pi < len(base.parts) {
@@ -473,7 +510,14 @@ func splice(base *Config, e edit) (*Config, bool) {
 	old := base.Spec.Services[e.from:e.oldTo]
 	newTo := e.from + len(e.blocks)
 	var services []lb.VirtualService
-	if n := len(base.Spec.Services) - len(old) + len(e.blocks); n > 0 {
+	if len(old) == len(e.blocks) {
+		services = e.spare.take(base)
+	}
+	if services != nil {
+		for i := range e.blocks {
+			services[e.from+i] = e.blocks[i].vs
+		}
+	} else if n := len(base.Spec.Services) - len(old) + len(e.blocks); n > 0 {
 		services = make([]lb.VirtualService, n)
 		copy(services, base.Spec.Services[:e.from])
 		for i := range e.blocks {

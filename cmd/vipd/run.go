@@ -100,7 +100,8 @@ type daemonOptions struct {
 func runDaemon(ctx context.Context, opts daemonOptions) error {
 	log := opts.Logger
 	aopts := agent.Options{Path: opts.Path, Logger: log, OpenKernel: opts.OpenKernel, KernelRelease: opts.KernelRelease,
-		KernelLock: opts.KernelLock, StartRetry: opts.StartRetry, Version: versionString()}
+		KernelLock: opts.KernelLock, StartRetry: opts.StartRetry, Version: versionString(),
+		OpenElector: openElector(log), LinkUp: linkUp}
 	if opts.Notifier != nil {
 		aopts.Notifier = opts.Notifier
 	}

@@ -1,0 +1,231 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/lbtest"
+)
+
+// fakeElector is an election the test decides.
+type fakeElector struct {
+	mu         sync.Mutex
+	opts       ElectorOptions
+	priorities []uint8
+	resigned   []string
+	resumed    int
+}
+
+func (e *fakeElector) Run(ctx context.Context) error { <-ctx.Done(); return nil }
+
+func (e *fakeElector) SetPriority(p uint8) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.priorities = append(e.priorities, p)
+	return nil
+}
+
+func (e *fakeElector) Resign(ctx context.Context, reason string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.resigned = append(e.resigned, reason)
+	return nil
+}
+
+func (e *fakeElector) Resume() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.resumed++
+}
+
+func (e *fakeElector) lastPriority() uint8 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.priorities) == 0 {
+		return 0
+	}
+	return e.priorities[len(e.priorities)-1]
+}
+
+// haRig starts an agent with [ha] (plus extra settings) on services and
+// a fake elector.
+func haRig(t *testing.T, extra, services string) (*rig, *fakeElector) {
+	t.Helper()
+	e := &fakeElector{}
+	r := newRigWith(t, haSection(extra)+services, func(o *Options) {
+		o.OpenElector = func(opts ElectorOptions) (Elector, error) {
+			e.opts = opts
+			return e, nil
+		}
+	})
+	return r, e
+}
+
+func haSection(extra string) string {
+	return "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 51\npriority = 150\n" + extra + "\n"
+}
+
+// waitFor waits until the kernel dump has every one of want, and none
+// of unwanted.
+func (r *rig) waitFor(t *testing.T, want, unwanted []string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		d := r.k.Dump()
+		ok := true
+		for _, w := range want {
+			ok = ok && strings.Contains(d, w)
+		}
+		for _, u := range unwanted {
+			ok = ok && !strings.Contains(d, u)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the kernel never had %q without %q:\n%s\n%s", want, unwanted, d, r.log)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestHARoles(t *testing.T) {
+	r, e := haRig(t, "", services(3, 1))
+	if got := e.opts.Addrs; !slices.Equal(got, []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11"), netip.MustParseAddr("192.0.2.12")}) {
+		t.Errorf("advertised %v, want the three VIPs", got)
+	}
+	if e.opts.StartAsMaster {
+		t.Error("a first start started as master")
+	}
+	// A backup programs everything and announces nothing.
+	r.has(t, "vip 192.0.2.10", "service tcp 192.0.2.10:80", "10.0.0.1:80 masq weight=1")
+	r.hasNot(t, "announce ")
+	r.k.Reads()
+	r.k.Calls()
+	e.opts.Report(true, "master down timer expired")
+	r.waitFor(t, []string{"announce 192.0.2.10", "announce 192.0.2.11", "announce 192.0.2.12"}, nil)
+	if reads := r.k.Reads(); len(reads) != 0 {
+		t.Errorf("taking over read IPVS: %v", reads)
+	}
+	for _, c := range r.k.Calls() {
+		if !strings.HasPrefix(c, "announce ") {
+			t.Errorf("taking over made %q", c)
+		}
+	}
+	// Full passes keep the role: a reload as master announces a new VIP.
+	r.write(haSection("") + services(4, 1))
+	if _, err := r.a.Reload(context.Background(), ReloadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.has(t, "announce 192.0.2.13")
+	e.opts.Report(false, "preempted")
+	r.waitFor(t, []string{"vip 192.0.2.13"}, []string{"announce "})
+	// A full pass as backup announces nothing either.
+	if _, err := r.a.Reload(context.Background(), ReloadOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	r.hasNot(t, "announce ")
+	// Stopping resigns.
+	r.stop()
+	<-r.done
+	r.done <- nil
+	if len(e.resigned) != 1 {
+		t.Errorf("resigned %v, want once on stop", e.resigned)
+	}
+}
+
+func TestHARestartAsMaster(t *testing.T) {
+	r, e := haRig(t, "", services(1, 1))
+	e.opts.Report(true, "master down timer expired")
+	r.waitFor(t, []string{"announce 192.0.2.10"}, nil)
+	r.stop()
+	<-r.done
+	r.done <- nil
+	r2 := r.restart(t)
+	if !e.opts.StartAsMaster {
+		t.Error("a master restarted with on_stop = \"keep\" did not start as master")
+	}
+	r2.has(t, "announce 192.0.2.10")
+}
+
+func TestHATracking(t *testing.T) {
+	r, e := haRig(t, "track_backends = true\ntrack_priority = 40\n", services(2, 1))
+	if p := e.lastPriority(); p != 0 {
+		t.Fatalf("priority set to %d with every backend serving", p)
+	}
+	// Every backend of s1 drained by hand: s1 cannot serve.
+	ctx := context.Background()
+	for _, b := range []string{"10.0.1.1:80", "10.0.1.2:80"} {
+		if _, err := r.a.Drain(ctx, DrainOptions{Service: "s1", Backend: netip.MustParseAddrPort(b)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := e.lastPriority(); p != 110 {
+		t.Errorf("priority %d with a service that cannot serve, want 150 - 40", p)
+	}
+	if _, err := r.a.Undrain(ctx, DrainOptions{Service: "s1", Backend: netip.MustParseAddrPort("10.0.1.1:80")}); err != nil {
+		t.Fatal(err)
+	}
+	if p := e.lastPriority(); p != 150 {
+		t.Errorf("priority %d once the service serves again, want 150", p)
+	}
+}
+
+func TestHATrackInterfaces(t *testing.T) {
+	var mu sync.Mutex
+	up := true
+	e := &fakeElector{}
+	newRigWith(t, haSection("track_interfaces = [\"eth1\"]")+services(1, 1), func(o *Options) {
+		o.OpenElector = func(opts ElectorOptions) (Elector, error) { e.opts = opts; return e, nil }
+		o.LinkUp = func(name string) (bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if name != "eth1" {
+				return false, fmt.Errorf("no interface %s", name)
+			}
+			return up, nil
+		}
+	})
+	mu.Lock()
+	up = false
+	mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for e.lastPriority() != 100 {
+		if time.Now().After(deadline) {
+			t.Fatalf("priority %d with eth1 down, want 150 - 50", e.lastPriority())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestHAErrors(t *testing.T) {
+	// No elector: a configuration with [ha] is refused.
+	dir := t.TempDir()
+	r := &rig{t: t, dir: dir, path: dir + "/vipd.toml"}
+	r.write(haSection("") + services(1, 1))
+	fake := func(*config.Config, *slog.Logger) (lb.Kernel, func(), error) {
+		return lbtest.New().Interface(), func() {}, nil
+	}
+	a := New(Options{Path: r.path, OpenKernel: fake})
+	if err := a.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "this vipd has no elector") {
+		t.Errorf("run without an elector: %v", err)
+	}
+	// Connection sync needs a kernel adapter that runs it.
+	e := &fakeElector{}
+	dir = t.TempDir()
+	r = &rig{t: t, dir: dir, path: dir + "/vipd.toml"}
+	r.write(haSection("sync_interface = \"eth0\"") + services(1, 1))
+	a = New(Options{Path: r.path, OpenKernel: fake, OpenElector: func(o ElectorOptions) (Elector, error) { return e, nil }})
+	if err := a.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "cannot run IPVS connection synchronization") {
+		t.Errorf("run with sync on a fake kernel: %v", err)
+	}
+}
