@@ -210,7 +210,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		roles = a.ha.changed
-		ectx, stopElector := context.WithCancel(ctx)
+		// The election outlives ctx: a stopping node resigns through it
+		// (see resign) before it ends.
+		ectx, stopElector := context.WithCancel(context.WithoutCancel(ctx))
 		electorDone := make(chan struct{})
 		go func() {
 			defer close(electorDone)

@@ -46,6 +46,11 @@ type HA struct {
 	// tells this virtual router's messages apart (default VRID).
 	SyncInterface string
 	SyncID        uint8
+	// Sloppy lets IPVS take a packet in the middle of a connection it
+	// does not know as a new connection (see lb.Spec.Sloppy), so that a
+	// node that takes over keeps the connections its peer had not
+	// synchronized yet.
+	Sloppy bool
 }
 
 // Enabled reports whether the node shares its VIPs with peers.
@@ -80,16 +85,17 @@ type rawHA struct {
 	TrackPriority   *int64    `toml:"track_priority"`
 	SyncInterface   *string   `toml:"sync_interface"`
 	SyncID          *int64    `toml:"sync_id"`
+	Sloppy          *bool     `toml:"sloppy"`
 }
 
 // ha validates the [ha] section into cfg.HA.
 func (v *validator) ha(h *rawHA, cfg *Config) {
 	const ctx = "ha"
-	out := HA{Interval: DefaultHAInterval, Priority: DefaultHAPriority, Preempt: true, TrackPriority: DefaultTrackPriority}
+	out := HA{Interval: DefaultHAInterval, Priority: DefaultHAPriority, Preempt: true, TrackPriority: DefaultTrackPriority, Sloppy: true}
 	if h.Mode == nil {
 		if h.Interface != nil || h.VRID != nil || h.Priority != nil || h.Interval != nil || h.Preempt != nil ||
 			h.PreemptDelay != nil || h.Peers != nil || h.Source != nil || h.TrackInterfaces != nil || h.TrackBackends != nil ||
-			h.TrackPriority != nil || h.SyncInterface != nil || h.SyncID != nil {
+			h.TrackPriority != nil || h.SyncInterface != nil || h.SyncID != nil || h.Sloppy != nil {
 			v.errorf("ha", ctx, "[ha] needs mode = \"vrrp\"")
 		}
 		return
@@ -189,7 +195,9 @@ func (v *validator) ha(h *rawHA, cfg *Config) {
 	if out.SyncID == 0 {
 		out.SyncID = out.VRID
 	}
+	setBool(&out.Sloppy, h.Sloppy)
 	cfg.HA = out
+	cfg.Spec.Sloppy = out.Sloppy
 }
 
 // Equal reports whether two [ha] sections are the same.
@@ -198,7 +206,7 @@ func (h HA) Equal(o HA) bool {
 		h.Interval == o.Interval && h.Preempt == o.Preempt && h.PreemptDelay == o.PreemptDelay &&
 		slices.Equal(h.Peers, o.Peers) && h.Source == o.Source && slices.Equal(h.TrackInterfaces, o.TrackInterfaces) &&
 		h.TrackBackends == o.TrackBackends && h.TrackPriority == o.TrackPriority &&
-		h.SyncInterface == o.SyncInterface && h.SyncID == o.SyncID
+		h.SyncInterface == o.SyncInterface && h.SyncID == o.SyncID && h.Sloppy == o.Sloppy
 }
 
 // String summarises the section for the log.

@@ -28,8 +28,8 @@ func TestHADefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := HA{Mode: "vrrp", Interface: "eth0", VRID: 51, Priority: 100, Interval: 100 * time.Millisecond,
-		Preempt: true, TrackPriority: 50, SyncID: 51}
-	if !cfg.HA.Equal(want) {
+		Preempt: true, TrackPriority: 50, SyncID: 51, Sloppy: true}
+	if !cfg.HA.Equal(want) || !cfg.Spec.Sloppy {
 		t.Errorf("defaults %+v, want %+v", cfg.HA, want)
 	}
 }
@@ -50,6 +50,7 @@ track_backends = true
 track_priority = 60
 sync_interface = "eth3"
 sync_id = 9
+sloppy = false
 ` + haService
 	cfg, err := Parse("t.toml", []byte(in))
 	if err != nil {

@@ -19,6 +19,12 @@ type Spec struct {
 	ManageSysctls bool
 	// Rules is the policy of vipd's packet-filter helpers.
 	Rules RulePolicy
+	// Sloppy sets net.ipv4.vs.sloppy_tcp and sloppy_sctp: IPVS takes a
+	// packet in the middle of a connection it does not know as a new
+	// connection. A node that takes over VIPs then keeps the connections
+	// its peer had not synchronized yet (on the same backend with the mh
+	// scheduler, or with one backend).
+	Sloppy bool
 	// Services are the virtual services.
 	Services []VirtualService
 }
@@ -121,6 +127,8 @@ const (
 	SysctlExpireNodest       = "net/ipv4/vs/expire_nodest_conn"
 	SysctlExpireQuiescent    = "net/ipv4/vs/expire_quiescent_template"
 	SysctlConnReuseMode      = "net/ipv4/vs/conn_reuse_mode"
+	SysctlSloppyTCP          = "net/ipv4/vs/sloppy_tcp"
+	SysctlSloppySCTP         = "net/ipv4/vs/sloppy_sctp"
 	SysctlARPIgnore          = "net/ipv4/conf/all/arp_ignore"
 	SysctlARPAnnounce        = "net/ipv4/conf/all/arp_announce"
 	SysctlDefaultARPIgnore   = "net/ipv4/conf/default/arp_ignore"
@@ -215,6 +223,10 @@ func desired(spec *Spec, host Host, anyServices bool) *State {
 			s.Sysctls[SysctlExpireNodest] = "1"
 			s.Sysctls[SysctlExpireQuiescent] = "1"
 			s.Sysctls[SysctlConnReuseMode] = connReuseMode(host.Kernel)
+			if spec.Sloppy {
+				s.Sysctls[SysctlSloppyTCP] = "1"
+				s.Sysctls[SysctlSloppySCTP] = "1"
+			}
 		}
 		if spec.StrictARP {
 			s.Sysctls[SysctlARPIgnore] = "1"

@@ -148,4 +148,7 @@ func TestHAGracefulStop(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	l.finish(t, "master stopped")
 	t.Logf("takeover after SIGTERM: %v", took.Round(time.Millisecond))
+	if !strings.Contains(lb2.logSince(), "resigned (priority 0)") {
+		t.Errorf("lb2 did not take over on lb1's resignation:\n%s", lb2.logSince())
+	}
 }
