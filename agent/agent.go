@@ -221,6 +221,13 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		}()
 		defer func() { stopElector(); <-electorDone }()
+		a.m.HA(a.ha.master, a.priority(), false)
+		if a.ha.drained {
+			a.log.Info("high availability: the node is drained (vipd undrain --node puts it back)")
+			if err := a.ha.el.Resign(ctx, "drained by the operator"); err != nil {
+				return err
+			}
+		}
 	}
 	log.Info("starting", "version", a.opts.Version, "config", a.opts.Path, "services", len(cfg.Spec.Services), "pid", os.Getpid())
 	first := a.effective(cfg)

@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net/netip"
 	"os"
@@ -16,6 +18,7 @@ import (
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/kernel/ipvs"
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 // Elector elects the node of a group of peers that serves the VIPs
@@ -56,6 +59,9 @@ type ha struct {
 	master bool
 	// priority is the priority last given the elector.
 	priority uint8
+
+	// drained says an operator took the node out (DrainNode).
+	drained bool
 
 	mu      sync.Mutex
 	reports []roleReport
@@ -100,7 +106,8 @@ func (a *Agent) openHA(cfg *config.Config) error {
 	if len(addrs) == 0 {
 		return fmt.Errorf("%s: [ha]: no VIP to advertise: high availability needs a service with a vip", cfg.File)
 	}
-	master := a.wasMaster(cfg)
+	drained := a.nodeDrained(cfg)
+	master := a.wasMaster(cfg) && !drained
 	el, err := a.opts.OpenElector(ElectorOptions{HA: cfg.HA, Addrs: addrs, StartAsMaster: master, Report: h.report})
 	if err != nil {
 		return fmt.Errorf("[ha]: %w", err)
@@ -109,6 +116,7 @@ func (a *Agent) openHA(cfg *config.Config) error {
 		a.log.Info("high availability: starting as master, as this node was when it stopped")
 		h.master = true
 	}
+	h.drained = drained
 	h.el = el
 	a.ha = h
 	return nil
@@ -152,6 +160,78 @@ func (a *Agent) wasMaster(cfg *config.Config) bool {
 	return err == nil && strings.TrimSpace(string(b)) == "master"
 }
 
+// drainedFile is the file in state_dir whose presence says an operator
+// drained the node (vipd drain --node).
+const drainedFile = "ha-drained"
+
+// nodeDrained reports whether the node was drained when it stopped.
+func (a *Agent) nodeDrained(cfg *config.Config) bool {
+	_, err := os.Stat(filepath.Join(cfg.Daemon.StateDir, drainedFile))
+	return err == nil
+}
+
+// DrainNode takes the node out of its virtual router (on), handing its
+// VIPs to a peer at once, or puts it back; a drained node stays out, as
+// a backup that never takes over, across restarts, until undrained.
+func (a *Agent) DrainNode(ctx context.Context, on bool) error {
+	var err error
+	derr := a.do(ctx, func(ctx context.Context) { err = a.drainNode(ctx, on) })
+	return cmpErr(err, derr)
+}
+
+func (a *Agent) drainNode(ctx context.Context, on bool) error {
+	if a.ha == nil {
+		return errors.New("this node has no [ha] section: no peer to hand its VIPs to")
+	}
+	if on == a.ha.drained {
+		if on {
+			return errors.New("the node is drained already")
+		}
+		return errors.New("the node is not drained")
+	}
+	path := filepath.Join(a.cfg.Daemon.StateDir, drainedFile)
+	if on {
+		if err := ledger.WriteFile(path, []byte("drained by vipd drain --node\n"), 0o640); err != nil {
+			return fmt.Errorf("drain the node: %w", err)
+		}
+		if err := a.ha.el.Resign(ctx, "drained by the operator"); err != nil {
+			os.Remove(path)
+			return fmt.Errorf("drain the node: %w", err)
+		}
+		a.log.Info("high availability: node drained; a peer serves the VIPs")
+	} else {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("undrain the node: %w", err)
+		}
+		a.ha.el.Resume()
+		a.log.Info("high availability: node undrained; it takes part in the election again")
+	}
+	a.ha.drained = on
+	a.m.HA(a.ha.master, a.priority(), false)
+	a.stats.Invalidate()
+	return nil
+}
+
+// priority is the priority the node advertises: 0 while drained.
+func (a *Agent) priority() uint8 {
+	if a.ha.drained {
+		return 0
+	}
+	return a.ha.priority
+}
+
+// haStatus is the node's high availability for vipd status.
+func (a *Agent) haStatus() *status.HA {
+	if a.ha == nil {
+		return nil
+	}
+	role := "backup"
+	if a.ha.master {
+		role = "master"
+	}
+	return &status.HA{Role: role, VRID: a.ha.cfg.VRID, Priority: a.priority(), Configured: a.ha.cfg.Priority, Drained: a.ha.drained}
+}
+
 // recordRole records the node's role for the next start.
 func (a *Agent) recordRole(master bool) {
 	role := "backup"
@@ -187,6 +267,7 @@ func (a *Agent) roleChanged(ctx context.Context) {
 		}
 		a.ha.master = r.master
 		a.recordRole(r.master)
+		a.m.HA(r.master, a.priority(), true)
 		start := time.Now()
 		res, err := a.r.ReconcileAnnouncements(ctx, a.effective(a.cfg))
 		role := "backup"
@@ -237,6 +318,8 @@ func (a *Agent) track(spec *lb.Spec) {
 	}
 	a.log.Warn("high availability: priority changed", "priority", p, "configured", h.Priority, "tracked_failures", failures)
 	a.ha.priority = uint8(p)
+	a.m.HA(a.ha.master, a.priority(), false)
+	a.stats.Invalidate()
 	if err := a.ha.el.SetPriority(uint8(p)); err != nil {
 		a.log.Error("high availability: set priority", "err", err)
 	}

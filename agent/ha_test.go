@@ -229,3 +229,55 @@ func TestHAErrors(t *testing.T) {
 		t.Errorf("run with sync on a fake kernel: %v", err)
 	}
 }
+
+func TestHADrainNode(t *testing.T) {
+	r, e := haRig(t, "", services(1, 1))
+	ctx := context.Background()
+	e.opts.Report(true, "master down timer expired")
+	r.waitFor(t, []string{"announce 192.0.2.10"}, nil)
+	if err := r.a.DrainNode(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.resigned) != 1 || e.resigned[0] != "drained by the operator" {
+		t.Errorf("resigned %v", e.resigned)
+	}
+	// The router reports leaving the master role; the VIPs go.
+	e.opts.Report(false, "resigned")
+	r.waitFor(t, nil, []string{"announce "})
+	if err := r.a.DrainNode(ctx, true); err == nil || !strings.Contains(err.Error(), "drained already") {
+		t.Errorf("draining twice: %v", err)
+	}
+	st, err := r.a.Status(ctx)
+	if err != nil || st.HA == nil || !st.HA.Drained || st.HA.Priority != 0 || st.HA.Role != "backup" || st.HA.Configured != 150 {
+		t.Errorf("status %+v %v", st.HA, err)
+	}
+	// A drained node stays drained across a restart, and does not start
+	// as master although it was one.
+	r.stop()
+	<-r.done
+	r.done <- nil
+	e.resigned = nil
+	r2 := r.restart(t)
+	if e.opts.StartAsMaster || len(e.resigned) != 1 {
+		t.Errorf("restart of a drained node: start as master %v, resigned %v", e.opts.StartAsMaster, e.resigned)
+	}
+	if err := r2.a.DrainNode(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if e.resumed != 1 {
+		t.Errorf("resumed %d times", e.resumed)
+	}
+	if st, _ := r2.a.Status(ctx); st.HA.Drained || st.HA.Priority != 150 {
+		t.Errorf("status after undrain %+v", st.HA)
+	}
+	if err := r2.a.DrainNode(ctx, false); err == nil || !strings.Contains(err.Error(), "not drained") {
+		t.Errorf("undraining twice: %v", err)
+	}
+}
+
+func TestDrainNodeWithoutHA(t *testing.T) {
+	r := newRig(t, services(1, 1))
+	if err := r.a.DrainNode(context.Background(), true); err == nil || !strings.Contains(err.Error(), "no [ha] section") {
+		t.Errorf("drain --node without [ha]: %v", err)
+	}
+}

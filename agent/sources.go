@@ -11,6 +11,7 @@ import (
 
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/monitor/status"
 	"github.com/vipd/vipd/source"
 )
 
@@ -251,10 +252,12 @@ func (s sink) Report(err error) {
 		ss.reported[s.name] = err
 		return
 	}
+	defer s.a.stats.Invalidate()
 	if ss.reported == nil {
 		ss.reported = map[string]error{}
 	}
 	ss.reported[s.name] = err
+	s.a.m.Source(s.name, err == nil)
 	if err != nil {
 		s.a.log.Warn("source out of step; its last services keep serving", "source", s.name, "err", err)
 	} else if known {
@@ -318,6 +321,25 @@ func (a *Agent) hostVIPConflicts(svcs []lb.VirtualService) map[string]source.Con
 	for _, h := range found {
 		out[h.Service] = source.Conflict{Service: h.Service,
 			Reason: fmt.Sprintf("vip %s is an address of interface %s, not of vipd's interface %s", h.VIP, h.Interface, a.cfg.Daemon.Interface)}
+	}
+	return out
+}
+
+// sourceStatus is the sources' state for vipd status.
+func (a *Agent) sourceStatus() []status.Source {
+	var out []status.Source
+	for _, src := range a.opts.Sources {
+		name := src.Name()
+		st := status.Source{Name: name}
+		if s := a.sources.by[name]; s != nil {
+			st.Services = len(s.taken)
+		}
+		a.sources.mu.Lock()
+		if err := a.sources.reported[name]; err != nil {
+			st.Error = err.Error()
+		}
+		a.sources.mu.Unlock()
+		out = append(out, st)
 	}
 	return out
 }

@@ -31,7 +31,10 @@ func (a *Agent) snapshot(observed *lb.State) *status.Snapshot {
 			}
 		}
 	}
-	return status.Build(opts)
+	snap := status.Build(opts)
+	snap.HA = a.haStatus()
+	snap.Sources = a.sourceStatus()
+	return snap
 }
 
 // takeStatus takes the snapshot a.stats serves: it reads the services

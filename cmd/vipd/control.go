@@ -97,6 +97,10 @@ func serveControl(a *agent.Agent, path string, lim serverLimits, log *slog.Logge
 		}
 		mux.Handle("POST /v1/"+kind, commands(func(w http.ResponseWriter, r *http.Request) {
 			q := r.URL.Query()
+			if q.Get("node") == "1" {
+				answer(w, replyOf(agent.Outcome{}, a.DrainNode(r.Context(), kind == "drain")))
+				return
+			}
 			service, backend := q.Get("service"), q.Get("backend")
 			if service == "*" {
 				service = ""
@@ -336,19 +340,43 @@ ask; the metrics show the same. -o json prints the same for scripts.`,
 }
 
 func newDrainCmd(kind string) *cobra.Command {
-	var socket string
+	var (
+		socket string
+		node   bool
+	)
 	short := "Take a backend out of rotation (weight 0) until undrained; survives reloads and restarts"
+	nodeHelp := "drain the node: hand its VIPs to its [ha] peer at once and stay out of the election until vipd undrain --node"
 	if kind == "undrain" {
 		short = "Put an admin-drained backend back into rotation"
+		nodeHelp = "undrain the node: take part in the [ha] election again"
 	}
 	cmd := &cobra.Command{
-		Use:   kind + " SERVICE BACKEND",
+		Use:   kind + " SERVICE BACKEND | " + kind + " --node",
 		Short: short,
 		Long: short + `.
 SERVICE is a service name, or "*" for every service that has BACKEND;
-BACKEND is address:port as the backend is configured.`,
-		Args: cobra.ExactArgs(2),
+BACKEND is address:port as the backend is configured. With --node, the
+node itself: a node with an [ha] section hands its VIPs to its peer (it
+advertises priority 0) and stays a backup, across restarts, until vipd
+undrain --node.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if node {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(2)(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if node {
+				rep, err := callControl(socket, http.MethodPost, "/v1/"+kind+"?node=1")
+				if err != nil {
+					return err
+				}
+				if err := printReply(cmd, rep); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%sed the node\n", kind)
+				return nil
+			}
 			q := url.Values{"service": {args[0]}, "backend": {args[1]}}
 			rep, err := callControl(socket, http.MethodPost, "/v1/"+kind+"?"+q.Encode())
 			if err != nil {
@@ -362,5 +390,6 @@ BACKEND is address:port as the backend is configured.`,
 		},
 	}
 	socketFlag(cmd, &socket)
+	cmd.Flags().BoolVar(&node, "node", false, nodeHelp)
 	return cmd
 }

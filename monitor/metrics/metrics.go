@@ -105,6 +105,15 @@ type Metrics struct {
 	watchOnce     sync.Once
 	watchUp       prometheus.Gauge
 	watchFailures prometheus.Counter
+	// haMaster, haPriority and haTransitions are registered when HA is
+	// first called: a node without [ha] exports none of them.
+	haOnce        sync.Once
+	haMaster      prometheus.Gauge
+	haPriority    prometheus.Gauge
+	haTransitions *prometheus.CounterVec
+	// sourceUp is registered when Source is first called.
+	sourceOnce sync.Once
+	sourceUp   *prometheus.GaugeVec
 
 	mu sync.Mutex
 	// set holds the value vipd last set each sysctl to.
@@ -194,6 +203,22 @@ func New(opts Options) *Metrics {
 			Name: "vipd_config_watch_failures_total",
 			Help: "Times watching the configuration files failed: a watched directory removed or renamed, or inotify out of resources.",
 		}),
+		haMaster: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vipd_ha_master",
+			Help: "1 while this node is the master of its VRRP virtual router and serves the VIPs, 0 while it stands by.",
+		}),
+		haPriority: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vipd_ha_priority",
+			Help: "This node's VRRP priority: the configured one less what tracking takes off; 0 while drained (vipd drain --node).",
+		}),
+		haTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_ha_transitions_total",
+			Help: "Changes of this node's VRRP role, by the role taken.",
+		}, []string{"role"}),
+		sourceUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vipd_source_up",
+			Help: "1 while a source of services besides the file is in step with its origin, 0 while it is not (its last services keep serving).",
+		}, []string{"source"}),
 		set:     map[string]string{},
 		checked: map[backendRef]struct{}{},
 	}
@@ -379,6 +404,33 @@ func (m *Metrics) Rejected(s Server) {
 // being retried. Each report of a failure counts in
 // vipd_config_watch_failures_total. The first call registers both
 // metrics.
+// HA records the node's VRRP role and priority; transition says the role
+// just changed.
+func (m *Metrics) HA(master bool, priority uint8, transition bool) {
+	m.haOnce.Do(func() { m.reg.MustRegister(m.haMaster, m.haPriority, m.haTransitions) })
+	role := "backup"
+	if master {
+		role = "master"
+		m.haMaster.Set(1)
+	} else {
+		m.haMaster.Set(0)
+	}
+	m.haPriority.Set(float64(priority))
+	if transition {
+		m.haTransitions.WithLabelValues(role).Inc()
+	}
+}
+
+// Source records whether a source is in step with its origin.
+func (m *Metrics) Source(name string, up bool) {
+	m.sourceOnce.Do(func() { m.reg.MustRegister(m.sourceUp) })
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.sourceUp.WithLabelValues(name).Set(v)
+}
+
 func (m *Metrics) Watch(up bool) {
 	m.watchOnce.Do(func() { m.reg.MustRegister(m.watchUp, m.watchFailures) })
 	if up {

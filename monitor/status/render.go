@@ -32,6 +32,20 @@ func RenderTable(w io.Writer, snap *Snapshot) error {
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "vipd status at %s\n", snap.Time.Format(time.RFC3339))
 	fmt.Fprintln(tw, summary(snap))
+	if h := snap.HA; h != nil {
+		drained := ""
+		if h.Drained {
+			drained = ", drained (vipd undrain --node puts it back)"
+		}
+		fmt.Fprintf(tw, "ha: %s of vrid %d, priority %d (configured %d)%s\n", h.Role, h.VRID, h.Priority, h.Configured, drained)
+	}
+	for _, src := range snap.Sources {
+		state := "in step"
+		if src.Error != "" {
+			state = "out of step, its last services keep serving: " + src.Error
+		}
+		fmt.Fprintf(tw, "source %s: %d services, %s\n", src.Name, src.Services, state)
+	}
 	if len(snap.Services)+len(snap.Removed) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "SERVICE / BACKEND\tSTATE\tWEIGHT\tCONF\tACTIVE\tINACT\tCONNS\tIN\tOUT\tCONN/S\tIN/S\tOUT/S\tDETAIL")

@@ -86,6 +86,31 @@ type Snapshot struct {
 	// the next pass to delete. Their Name is empty and their settings
 	// are the kernel's.
 	Removed []Service `json:"removed_services"`
+	// HA is the node's high availability, when it has an [ha] section.
+	HA *HA `json:"ha,omitempty"`
+	// Sources are the origins of services besides the file.
+	Sources []Source `json:"sources,omitempty"`
+}
+
+// HA is a node's place in its VRRP virtual router.
+type HA struct {
+	// Role is "master" (it serves the VIPs) or "backup".
+	Role string `json:"role"`
+	VRID uint8  `json:"vrid"`
+	// Priority is the priority it advertises, Configured the one it is
+	// configured with (tracking takes some off).
+	Priority   uint8 `json:"priority"`
+	Configured uint8 `json:"configured_priority"`
+	// Drained says an operator took the node out (vipd drain --node).
+	Drained bool `json:"drained,omitempty"`
+}
+
+// Source is one origin of services besides the file.
+type Source struct {
+	Name     string `json:"name"`
+	Services int    `json:"services"`
+	// Error says why the source is not in step with its origin.
+	Error string `json:"error,omitempty"`
 }
 
 // State is the condition of a service.

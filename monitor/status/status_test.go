@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -407,5 +408,31 @@ func TestAgo(t *testing.T) {
 		if got := ago(d); got != want {
 			t.Errorf("ago(%s) = %q, want %q", d, got, want)
 		}
+	}
+}
+
+func TestRenderHAAndSources(t *testing.T) {
+	snap := Build(Options{Now: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)})
+	snap.HA = &HA{Role: "backup", VRID: 51, Priority: 0, Configured: 150, Drained: true}
+	snap.Sources = []Source{{Name: "kubernetes", Services: 3}, {Name: "other", Error: "connection refused"}}
+	var b strings.Builder
+	if err := RenderTable(&b, snap); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"ha: backup of vrid 51, priority 0 (configured 150), drained (vipd undrain --node puts it back)\n",
+		"source kubernetes: 3 services, in step\n",
+		"source other: 0 services, out of step, its last services keep serving: connection refused\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %q in\n%s", want, b.String())
+		}
+	}
+	var j strings.Builder
+	if err := RenderJSON(&j, snap); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(j.String(), `"ha": {`) || !strings.Contains(j.String(), `"configured_priority": 150`) {
+		t.Errorf("json without ha:\n%s", j.String())
 	}
 }
