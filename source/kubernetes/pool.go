@@ -265,6 +265,9 @@ func NewAllocator(pools []Pool) (*Allocator, error) {
 // families.
 func (a *Allocator) Held(svc string) []netip.Addr { return slices.Clone(a.held[svc]) }
 
+// keys returns the Services that hold addresses, sorted.
+func (a *Allocator) keys() []string { return slices.Sorted(maps.Keys(a.held)) }
+
 // Users returns the Services that hold addr, sorted.
 func (a *Allocator) Users(addr netip.Addr) []string {
 	u := a.used[addr]
