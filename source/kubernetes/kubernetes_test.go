@@ -681,4 +681,3 @@ func waitReport(t *testing.T, sink *fakeSink, ok func(error) bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
-
