@@ -47,6 +47,10 @@ const (
 	BackendsEndpoints = "endpoints"
 )
 
+// ReasonConflict is the reason of the Event on a Service whose virtual
+// service the agent refused because another source owns its key or name.
+const ReasonConflict = "Conflict"
+
 // Options configure the source: one [kubernetes] section.
 type Options struct {
 	// Kubeconfig is the path of a kubeconfig file; empty means the
@@ -203,7 +207,6 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	factory.Start(ctx.Done())
 	defer svcFactory.Shutdown()
 	defer factory.Shutdown()
-	defer cancel()
 
 	s.log.Info("kubernetes: waiting for the caches", "server", cfg.Host)
 	for !cache.WaitForCacheSync(ctx.Done(), svcInf.Informer().HasSynced, sliceInf.Informer().HasSynced, nodeInf.Informer().HasSynced) {
@@ -547,7 +550,7 @@ func (c *controller) noteConflicts(present map[string]*corev1.Service, conflicts
 			continue
 		}
 		if svc := present[parts[1]+"/"+parts[2]]; svc != nil {
-			c.recorder.Event(svc, corev1.EventTypeWarning, "Conflict", cf.Error())
+			c.recorder.Event(svc, corev1.EventTypeWarning, ReasonConflict, cf.Error())
 		}
 	}
 	c.conflicts = now

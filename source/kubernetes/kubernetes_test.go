@@ -520,7 +520,7 @@ func (e *env) testConflict(t *testing.T) {
 	sink := &fakeSink{refuse: map[string]bool{name: true}}
 	e.run(t, kubernetes.Options{Namespaces: []string{ns}, Pools: pools("192.0.2.56/30")}, sink)
 	e.create(t, lbService(ns, "a", port("http", corev1.ProtocolTCP, 80)))
-	e.waitEvent(t, ns, "a", "Conflict", fmt.Sprintf(`service %q: tcp 192.0.2.56:80 is taken by file's service "web"`, name))
+	e.waitEvent(t, ns, "a", kubernetes.ReasonConflict, fmt.Sprintf(`service %q: tcp 192.0.2.56:80 is taken by file's service "web"`, name))
 	// The source asks again until the owner lets go.
 	_, n := sink.last()
 	sink.mu.Lock()
