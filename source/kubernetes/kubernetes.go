@@ -182,7 +182,7 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 		watchErr: make(chan error, 1),
 		events:   map[string]string{},
 		written:  map[string]bool{},
-		lastMode: map[string]string{},
+		lastGood: map[string]settings{},
 	}
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.poke() },
@@ -247,8 +247,8 @@ type controller struct {
 	events map[string]string
 	// written holds the Services whose status vipd wrote.
 	written map[string]bool
-	// lastMode is each Service's last valid backend mode.
-	lastMode map[string]string
+	// lastGood holds each Service's last valid settings.
+	lastGood map[string]settings
 	// published is the last snapshot the sink took, and conflicts the
 	// refusals it answered.
 	published *source.Snapshot
@@ -418,7 +418,7 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 			continue
 		}
 		c.alloc.Release(key)
-		delete(c.lastMode, key)
+		delete(c.lastGood, key)
 		delete(c.events, key)
 		svc := present[key]
 		if svc == nil {
@@ -480,14 +480,14 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 			// A success ends the last warning.
 			delete(c.events, key)
 		}
-		mode, merr := c.modeOf(svc)
-		if merr != nil {
-			c.warn(svc, merr)
-			if mode == "" {
+		st, serr := c.settingsOf(svc)
+		if serr != nil {
+			c.warn(svc, serr)
+			if st.mode == "" {
 				continue
 			}
 		}
-		snap.Services = append(snap.Services, virtualServices(svc, held, mode, nodes, idx[key])...)
+		snap.Services = append(snap.Services, virtualServices(svc, held, st, nodes, idx[key])...)
 	}
 	slices.SortFunc(snap.Services, func(a, b lb.VirtualService) int { return strings.Compare(a.Name, b.Name) })
 
@@ -505,19 +505,56 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	return again || len(conflicts) > 0, nil
 }
 
-// modeOf returns svc's backend mode. With a bad annotation it returns the
-// Service's last valid mode (or "") and the error.
-func (c *controller) modeOf(svc *corev1.Service) (string, error) {
+// settings are a Service's choices that are not about its address.
+type settings struct {
+	mode      string
+	scheduler string
+	flags     lb.SchedFlags
+}
+
+// settingsOf returns svc's backend mode and scheduler, from its
+// annotations and the defaults. With a bad annotation it returns the
+// Service's last valid settings (zero when it had none) and the error.
+func (c *controller) settingsOf(svc *corev1.Service) (settings, error) {
 	key := keyOf(svc)
-	mode, ok := svc.Annotations[AnnotationBackends]
-	if !ok {
-		mode = c.s.opts.Backends
+	st, err := parseSettings(svc, c.s.opts.Backends)
+	if err != nil {
+		return c.lastGood[key], err
 	}
-	if mode != BackendsNodePort && mode != BackendsEndpoints {
-		return c.lastMode[key], allocErrorf(ReasonBadAnnotation, "%s %q must be %q or %q", AnnotationBackends, mode, BackendsNodePort, BackendsEndpoints)
+	c.lastGood[key] = st
+	return st, nil
+}
+
+// parseSettings validates svc's vipd.io/backends, vipd.io/scheduler and
+// vipd.io/scheduler-flags annotations, with the file's messages.
+func parseSettings(svc *corev1.Service, defaultMode string) (settings, error) {
+	st := settings{mode: defaultMode, scheduler: config.DefaultScheduler}
+	if mode, ok := svc.Annotations[AnnotationBackends]; ok {
+		if mode != BackendsNodePort && mode != BackendsEndpoints {
+			return settings{}, allocErrorf(ReasonBadAnnotation, "%s %q must be %q or %q", AnnotationBackends, mode, BackendsNodePort, BackendsEndpoints)
+		}
+		st.mode = mode
 	}
-	c.lastMode[key] = mode
-	return mode, nil
+	if sched, ok := svc.Annotations[AnnotationScheduler]; ok {
+		if !slices.Contains(lb.Schedulers, sched) {
+			return settings{}, allocErrorf(ReasonBadAnnotation, "%s: unknown scheduler %q (want one of %s)", AnnotationScheduler, sched, strings.Join(lb.Schedulers, " "))
+		}
+		st.scheduler = sched
+	}
+	if flags, ok := svc.Annotations[AnnotationSchedulerFlags]; ok {
+		for _, f := range strings.Split(flags, ",") {
+			f = strings.TrimSpace(f)
+			flag, ok := lb.ParseSchedFlag(f)
+			switch {
+			case !ok:
+				return settings{}, allocErrorf(ReasonBadAnnotation, "%s: unknown scheduler flag %q (want sh-fallback, sh-port, mh-fallback or mh-port)", AnnotationSchedulerFlags, f)
+			case flag.Scheduler() != st.scheduler:
+				return settings{}, allocErrorf(ReasonBadAnnotation, "%s: scheduler flag %q needs scheduler %q, not %q", AnnotationSchedulerFlags, f, flag.Scheduler(), st.scheduler)
+			}
+			st.flags |= flag
+		}
+	}
+	return st, nil
 }
 
 // warn records a warning Event on svc, once per distinct message.
@@ -606,7 +643,7 @@ func ServiceName(svc *corev1.Service, p corev1.ServicePort, fam lb.Family) strin
 
 // virtualServices maps a Service to its virtual services: one per port
 // and address.
-func virtualServices(svc *corev1.Service, addrs []netip.Addr, mode string, nodes []*corev1.Node, eps []*discoveryv1.EndpointSlice) []lb.VirtualService {
+func virtualServices(svc *corev1.Service, addrs []netip.Addr, st settings, nodes []*corev1.Node, eps []*discoveryv1.EndpointSlice) []lb.VirtualService {
 	var out []lb.VirtualService
 	for _, vip := range addrs {
 		fam := lb.FamilyOf(vip)
@@ -619,7 +656,8 @@ func virtualServices(svc *corev1.Service, addrs []netip.Addr, mode string, nodes
 				Name: ServiceName(svc, p, fam),
 				Service: lb.Service{
 					Key:       lb.ServiceKey{Family: fam, Proto: proto, Addr: vip, Port: uint16(p.Port)},
-					Scheduler: config.DefaultScheduler,
+					Scheduler: st.scheduler,
+					Flags:     st.flags,
 				},
 				VIP:      vip,
 				Announce: true,
@@ -635,7 +673,7 @@ func virtualServices(svc *corev1.Service, addrs []netip.Addr, mode string, nodes
 					vs.Service.Netmask = 128
 				}
 			}
-			if mode == BackendsEndpoints {
+			if st.mode == BackendsEndpoints {
 				vs.Backends = endpointBackends(p, fam, eps)
 			} else {
 				vs.Backends = nodePortBackends(svc, p, fam, nodes, eps)

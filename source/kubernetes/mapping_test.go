@@ -44,9 +44,16 @@ func dumpVS(svc *corev1.Service, addrs []string, mode string, nodes []*corev1.No
 		vips = append(vips, netip.MustParseAddr(a))
 	}
 	var lines []string
-	for _, vs := range virtualServices(svc, vips, mode, nodes, eps) {
+	st, err := parseSettings(svc, mode)
+	if err != nil {
+		return err.Error()
+	}
+	for _, vs := range virtualServices(svc, vips, st, nodes, eps) {
 		var b strings.Builder
 		fmt.Fprintf(&b, "%s %s %s", vs.Name, vs.Service.Key, vs.Service.Scheduler)
+		if vs.Service.Flags != 0 {
+			fmt.Fprintf(&b, " flags=%s", vs.Service.Flags)
+		}
 		if vs.Service.Persistent != 0 {
 			fmt.Fprintf(&b, " persistent=%d/%d", vs.Service.Persistent, vs.Service.Netmask)
 		}
@@ -127,5 +134,36 @@ k8s/ns/web/quic/udp/ipv6 udp [2001:db8::1]:443 wlc vip=2001:db8::1 announce=true
 k8s/ns/web/sig/sctp/ipv6 sctp [2001:db8::1]:3868 wlc vip=2001:db8::1 announce=true ->`
 	if got != want {
 		t.Errorf("endpoints:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestSettingsAnnotations(t *testing.T) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 30080}}},
+	}
+	nodes := []*corev1.Node{testNode("a", true, nil, "10.0.0.1")}
+	for _, tc := range []struct {
+		annotations map[string]string
+		want        string
+	}{
+		{map[string]string{AnnotationScheduler: "sh", AnnotationSchedulerFlags: "sh-port, sh-fallback"},
+			"k8s/ns/web/http/tcp tcp 192.0.2.1:80 sh flags=sh-fallback,sh-port vip=192.0.2.1 announce=true -> 10.0.0.1:30080 masq weight=1"},
+		{map[string]string{AnnotationScheduler: "mh", AnnotationBackends: "endpoints"},
+			"k8s/ns/web/http/tcp tcp 192.0.2.1:80 mh vip=192.0.2.1 announce=true ->"},
+		{map[string]string{AnnotationScheduler: "random"},
+			`vipd.io/scheduler: unknown scheduler "random" (want one of rr wrr lc wlc lblc lblcr dh sh sed nq fo ovf mh twos)`},
+		{map[string]string{AnnotationSchedulerFlags: "sh-port"},
+			`vipd.io/scheduler-flags: scheduler flag "sh-port" needs scheduler "sh", not "wlc"`},
+		{map[string]string{AnnotationScheduler: "mh", AnnotationSchedulerFlags: "mh-foo"},
+			`vipd.io/scheduler-flags: unknown scheduler flag "mh-foo" (want sh-fallback, sh-port, mh-fallback or mh-port)`},
+		{map[string]string{AnnotationBackends: "pods"},
+			`vipd.io/backends "pods" must be "nodeport" or "endpoints"`},
+	} {
+		s := svc.DeepCopy()
+		s.Annotations = tc.annotations
+		if got := dumpVS(s, []string{"192.0.2.1"}, BackendsNodePort, nodes, nil); got != tc.want {
+			t.Errorf("%v:\n%s\nwant:\n%s", tc.annotations, got, tc.want)
+		}
 	}
 }

@@ -502,6 +502,11 @@ const (
 	AnnotationSharingKey = "vipd.io/sharing-key"
 	// AnnotationBackends picks the backends: "nodeport" or "endpoints".
 	AnnotationBackends = "vipd.io/backends"
+	// AnnotationScheduler picks the IPVS scheduler (default wlc).
+	AnnotationScheduler = "vipd.io/scheduler"
+	// AnnotationSchedulerFlags sets scheduler flags, comma-separated
+	// ("sh-port,sh-fallback").
+	AnnotationSchedulerFlags = "vipd.io/scheduler-flags"
 )
 
 // wantOf returns what svc asks of the pools, from its ipFamilies, ports,
