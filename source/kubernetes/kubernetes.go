@@ -440,6 +440,18 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		}
 		delete(c.written, key)
 	}
+	// Addresses in the status of Services vipd does not serve (another
+	// load balancer's, or its own from before a restart that vipd could
+	// not clear) are never handed out.
+	foreign := map[netip.Addr]string{}
+	for _, svc := range all {
+		if !servedKeys[keyOf(svc)] && !c.written[keyOf(svc)] {
+			for _, a := range statusAddrs(svc) {
+				foreign[a] = keyOf(svc)
+			}
+		}
+	}
+	c.alloc.SetForeign(foreign)
 	// Services that vanished before vipd wrote their status.
 	for _, key := range c.alloc.keys() {
 		if !servedKeys[key] {

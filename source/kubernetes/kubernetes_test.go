@@ -635,6 +635,26 @@ func (e *env) testClass(t *testing.T) {
 	for _, name := range []string{"other", "none"} {
 		e.waitStatus(t, ns, name, "")
 	}
+	// Another load balancer gives other an address of vipd's pool:
+	// vipd never hands it out.
+	o, err := e.cs.CoreV1().Services(ns).Get(ctxOf(t), "other", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.81", IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)}}
+	if _, err := e.cs.CoreV1().Services(ns).UpdateStatus(ctxOf(t), o, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStatus(t, ns, "other", "192.0.2.81")
+	mine2 := lbService(ns, "mine2", port("", corev1.ProtocolTCP, 80))
+	mine2.Spec.LoadBalancerClass = ptr.To("vipd.io/lb")
+	e.create(t, mine2)
+	e.waitStatus(t, ns, "mine2", "192.0.2.82")
+	// Its status stays as the other load balancer wrote it.
+	e.waitStatus(t, ns, "other", "192.0.2.81")
+	waitSnap(t, sink, fmt.Sprintf(`
+k8s/%[1]s/mine/80/tcp tcp 192.0.2.80:80 ->
+k8s/%[1]s/mine2/80/tcp tcp 192.0.2.82:80 ->`, ns))
 }
 
 func (e *env) testAPILoss(t *testing.T) {

@@ -232,6 +232,9 @@ type Allocator struct {
 	byName map[string]*pool
 	used   map[netip.Addr]*use
 	held   map[string][]netip.Addr
+	// foreign are addresses that Services vipd does not serve show in
+	// their status, by address: never handed out.
+	foreign map[netip.Addr]string
 }
 
 // NewAllocator validates pools: unique names, valid addresses, no address
@@ -264,6 +267,11 @@ func NewAllocator(pools []Pool) (*Allocator, error) {
 // Held returns the addresses svc holds, in the order it asked for their
 // families.
 func (a *Allocator) Held(svc string) []netip.Addr { return slices.Clone(a.held[svc]) }
+
+// SetForeign replaces the addresses that Services vipd does not serve show
+// in their status (address to "NAMESPACE/NAME"): they are never handed
+// out, though a Service that holds one keeps it.
+func (a *Allocator) SetForeign(foreign map[netip.Addr]string) { a.foreign = foreign }
 
 // keys returns the Services that hold addresses, sorted.
 func (a *Allocator) keys() []string { return slices.Sorted(maps.Keys(a.held)) }
@@ -343,6 +351,9 @@ func (a *Allocator) pick(svc string, w Want, fam lb.Family, held, taken []netip.
 			return netip.Addr{}, allocErrorf(ReasonBadAnnotation, "no %s address among the requested %s", fam, joinAddrs(w.Addrs))
 		}
 		addr := w.Addrs[i].Unmap()
+		if other, ok := a.foreign[addr]; ok && !slices.Contains(held, addr) {
+			return netip.Addr{}, allocErrorf(ReasonAddressTaken, "%s is in the status of Service %s, which vipd does not serve", addr, other)
+		}
 		return addr, a.eligible(svc, w, addr)
 	}
 	for _, addr := range held {
@@ -451,13 +462,13 @@ func (a *Allocator) next(p *pool, fam lb.Family) (netip.Addr, bool) {
 		}
 		start := p.cursor[i]
 		for addr := start; addr.IsValid() && addr.Compare(s.last) <= 0; addr = addr.Next() {
-			if a.used[addr] == nil && !p.avoid[addr] {
+			if a.used[addr] == nil && !p.avoid[addr] && a.foreign[addr] == "" {
 				p.cursor[i] = addr
 				return addr, true
 			}
 		}
 		for addr := s.first; addr.Compare(start) < 0; addr = addr.Next() {
-			if a.used[addr] == nil && !p.avoid[addr] {
+			if a.used[addr] == nil && !p.avoid[addr] && a.foreign[addr] == "" {
 				p.cursor[i] = addr
 				return addr, true
 			}

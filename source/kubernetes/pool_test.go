@@ -350,3 +350,27 @@ func TestWantOf(t *testing.T) {
 		}
 	}
 }
+
+func TestForeign(t *testing.T) {
+	a := newAlloc(t, Pool{Name: "p", Addresses: []string{"192.0.2.1-192.0.2.3"}})
+	ip := netip.MustParseAddr
+	w := Want{Families: v4}
+	if got := assign(a, "mine", w); got != "192.0.2.1" {
+		t.Fatalf("mine: %s", got)
+	}
+	// Another load balancer's Services show .1 and .2.
+	a.SetForeign(map[netip.Addr]string{ip("192.0.2.1"): "ns/theirs", ip("192.0.2.2"): "ns/theirs2"})
+	if got := assign(a, "mine", w); got != "192.0.2.1" {
+		t.Fatalf("mine keeps what it holds: %s", got)
+	}
+	if got := assign(a, "new", w); got != "192.0.2.3" {
+		t.Fatalf("new: %s", got)
+	}
+	if got := assign(a, "asks", Want{Addrs: []netip.Addr{ip("192.0.2.2")}, Families: v4}); got != "AddressTaken: 192.0.2.2 is in the status of Service ns/theirs2, which vipd does not serve" {
+		t.Fatalf("asks: %s", got)
+	}
+	a.SetForeign(nil)
+	if got := assign(a, "asks", Want{Addrs: []netip.Addr{ip("192.0.2.2")}, Families: v4}); got != "192.0.2.2" {
+		t.Fatalf("asks after: %s", got)
+	}
+}
