@@ -102,6 +102,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("DualStack", e.testDualStack)
 	t.Run("Restart", e.testRestart)
 	t.Run("Class", e.testClass)
+	t.Run("Selector", e.testSelector)
 	// Last: it stops the API server.
 	t.Run("APILoss", e.testAPILoss)
 }
@@ -655,6 +656,26 @@ func (e *env) testClass(t *testing.T) {
 	waitSnap(t, sink, fmt.Sprintf(`
 k8s/%[1]s/mine/80/tcp tcp 192.0.2.80:80 ->
 k8s/%[1]s/mine2/80/tcp tcp 192.0.2.82:80 ->`, ns))
+}
+
+func (e *env) testSelector(t *testing.T) {
+	ns := e.namespace(t)
+	sink := &fakeSink{}
+	e.run(t, kubernetes.Options{Namespaces: []string{ns}, ServiceSelector: "lb=vipd", Pools: pools("192.0.2.96/30")}, sink)
+	svc := lbService(ns, "web", port("", corev1.ProtocolTCP, 80))
+	svc.Labels = map[string]string{"lb": "vipd"}
+	e.create(t, svc)
+	e.create(t, lbService(ns, "unlabelled", port("", corev1.ProtocolTCP, 80)))
+	e.waitStatus(t, ns, "web", "192.0.2.96")
+	waitSnap(t, sink, fmt.Sprintf(`k8s/%s/web/80/tcp tcp 192.0.2.96:80 ->`, ns))
+	e.waitStatus(t, ns, "unlabelled", "")
+	// Out of the selector, the Service vanishes from vipd's cache: its
+	// status is still cleared, and its address goes back to the pool.
+	e.update(t, ns, "web", func(s *corev1.Service) { s.Labels = nil })
+	e.waitStatus(t, ns, "web", "")
+	waitSnap(t, sink, "")
+	e.update(t, ns, "unlabelled", func(s *corev1.Service) { s.Labels = map[string]string{"lb": "vipd"} })
+	e.waitStatus(t, ns, "unlabelled", "192.0.2.96")
 }
 
 func (e *env) testAPILoss(t *testing.T) {
