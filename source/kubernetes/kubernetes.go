@@ -242,8 +242,8 @@ type controller struct {
 
 	restored bool
 	// events holds the message of the last warning Event of each Service
-	// (by key), so that a lasting problem makes one Event, not one per
-	// sync.
+	// (by "KEY address" and "KEY settings"), so that a lasting problem
+	// makes one Event, not one per sync.
 	events map[string]string
 	// written holds the Services whose status vipd wrote.
 	written map[string]bool
@@ -398,8 +398,9 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 			c.written[keyOf(svc)] = true
 			w, err := wantOf(svc)
 			if err != nil {
-				// A bad request keeps what the Service holds.
-				w = Want{Families: []lb.Family{lb.IPv4, lb.IPv6}}
+				// A bad request keeps what the Service holds, from
+				// whichever pool.
+				w = Want{Families: []lb.Family{lb.IPv4, lb.IPv6}, Addrs: addrs}
 			}
 			kept := c.alloc.Restore(keyOf(svc), w, addrs)
 			c.s.log.Info("kubernetes: restored", "service", keyOf(svc), "status", joinAddrs(addrs), "kept", joinAddrs(kept))
@@ -419,7 +420,8 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		}
 		c.alloc.Release(key)
 		delete(c.lastGood, key)
-		delete(c.events, key)
+		delete(c.events, key+" address")
+		delete(c.events, key+" settings")
 		svc := present[key]
 		if svc == nil {
 			// Deleted, or out of the selector: get it to be sure.
@@ -471,9 +473,7 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		if err == nil {
 			_, err = c.alloc.Assign(key, w)
 		}
-		if err != nil {
-			c.warn(svc, err)
-		}
+		c.warn(svc, "address", err)
 		held := c.alloc.Held(key)
 		if len(held) == 0 {
 			continue
@@ -488,17 +488,8 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 			}
 		}
 		c.written[key] = true
-		if err == nil {
-			// A success ends the last warning.
-			delete(c.events, key)
-		}
 		st, serr := c.settingsOf(svc)
-		if serr != nil {
-			c.warn(svc, serr)
-			if st.mode == "" {
-				continue
-			}
-		}
+		c.warn(svc, "settings", serr)
 		snap.Services = append(snap.Services, virtualServices(svc, held, st, nodes, idx[key])...)
 	}
 	slices.SortFunc(snap.Services, func(a, b lb.VirtualService) int { return strings.Compare(a.Name, b.Name) })
@@ -526,12 +517,17 @@ type settings struct {
 
 // settingsOf returns svc's backend mode and scheduler, from its
 // annotations and the defaults. With a bad annotation it returns the
-// Service's last valid settings (zero when it had none) and the error.
+// Service's last valid settings (the defaults when it had none, as after
+// a restart) and the error.
 func (c *controller) settingsOf(svc *corev1.Service) (settings, error) {
 	key := keyOf(svc)
 	st, err := parseSettings(svc, c.s.opts.Backends)
 	if err != nil {
-		return c.lastGood[key], err
+		last, ok := c.lastGood[key]
+		if !ok {
+			last = settings{mode: c.s.opts.Backends, scheduler: config.DefaultScheduler}
+		}
+		return last, err
 	}
 	c.lastGood[key] = st
 	return st, nil
@@ -569,18 +565,24 @@ func parseSettings(svc *corev1.Service, defaultMode string) (settings, error) {
 	return st, nil
 }
 
-// warn records a warning Event on svc, once per distinct message.
-func (c *controller) warn(svc *corev1.Service, err error) {
+// warn records a warning Event on svc about what (its "address" or its
+// "settings"), once per distinct message; a nil err ends the warning.
+func (c *controller) warn(svc *corev1.Service, what string, err error) {
+	key := keyOf(svc) + " " + what
+	if err == nil {
+		delete(c.events, key)
+		return
+	}
 	reason := "Error"
 	var ae *AllocError
 	if errors.As(err, &ae) {
 		reason = ae.Reason
 	}
 	msg := reason + ": " + err.Error()
-	if c.events[keyOf(svc)] == msg {
+	if c.events[key] == msg {
 		return
 	}
-	c.events[keyOf(svc)] = msg
+	c.events[key] = msg
 	c.s.log.Warn("kubernetes: "+err.Error(), "service", keyOf(svc), "reason", reason)
 	c.recorder.Event(svc, corev1.EventTypeWarning, reason, err.Error())
 }

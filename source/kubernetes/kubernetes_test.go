@@ -500,7 +500,7 @@ k8s/%[1]s/https/443/tcp tcp 192.0.2.40:443 ->`, ns))
 func (e *env) testBadAnnotation(t *testing.T) {
 	ns := e.namespace(t)
 	sink := &fakeSink{}
-	e.run(t, kubernetes.Options{Namespaces: []string{ns}, Pools: pools("192.0.2.48/30")}, sink)
+	stop := e.run(t, kubernetes.Options{Namespaces: []string{ns}, Pools: pools("192.0.2.48/30")}, sink)
 	e.create(t, lbService(ns, "a", port("", corev1.ProtocolTCP, 80)))
 	e.waitStatus(t, ns, "a", "192.0.2.48")
 	// A bad request keeps what the Service has, and says why.
@@ -510,7 +510,29 @@ func (e *env) testBadAnnotation(t *testing.T) {
 	e.waitEvent(t, ns, "a", kubernetes.ReasonBadAnnotation, `vipd.io/addresses: "192.0.2.300" is not an IP address`)
 	e.waitEvent(t, ns, "a", kubernetes.ReasonBadAnnotation, `vipd.io/backends "pods" must be "nodeport" or "endpoints"`)
 	e.waitStatus(t, ns, "a", "192.0.2.48")
-	waitSnap(t, sink, fmt.Sprintf(`k8s/%s/a/80/tcp tcp 192.0.2.48:80 ->`, ns))
+	want := fmt.Sprintf(`k8s/%s/a/80/tcp tcp 192.0.2.48:80 ->`, ns)
+	waitSnap(t, sink, want)
+	// A lasting problem is one Event, not one per sync.
+	for i := range 3 {
+		e.update(t, ns, "a", func(s *corev1.Service) { s.Labels = map[string]string{"sync": fmt.Sprint(i)} })
+	}
+	e.create(t, lbService(ns, "b", port("", corev1.ProtocolTCP, 80)))
+	e.waitStatus(t, ns, "b", "192.0.2.49")
+	evs, err := e.cs.CoreV1().Events(ns).List(ctxOf(t), metav1.ListOptions{FieldSelector: "involvedObject.name=a,reason=" + kubernetes.ReasonBadAnnotation})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs.Items {
+		if ev.Count != 1 {
+			t.Errorf("event %q was recorded %d times", ev.Message, ev.Count)
+		}
+	}
+	// A restart keeps the Service with a bad request as it was.
+	stop()
+	sink2 := &fakeSink{}
+	e.run(t, kubernetes.Options{Namespaces: []string{ns}, Pools: pools("192.0.2.48/30")}, sink2)
+	waitSnap(t, sink2, want+fmt.Sprintf("\nk8s/%s/b/80/tcp tcp 192.0.2.49:80 ->", ns))
+	e.waitStatus(t, ns, "a", "192.0.2.48")
 	e.update(t, ns, "a", func(s *corev1.Service) { s.Annotations = map[string]string{kubernetes.AnnotationPool: "nope"} })
 	e.waitEvent(t, ns, "a", kubernetes.ReasonBadAnnotation, `vipd.io/pool: no pool is named "nope"`)
 }
