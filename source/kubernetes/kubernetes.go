@@ -209,12 +209,47 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	defer factory.Shutdown()
 
 	s.log.Info("kubernetes: waiting for the caches", "server", cfg.Host)
-	for !cache.WaitForCacheSync(ctx.Done(), svcInf.Informer().HasSynced, sliceInf.Informer().HasSynced, nodeInf.Informer().HasSynced) {
-		if ctx.Err() != nil {
-			return nil
-		}
+	synced := []cache.InformerSynced{svcInf.Informer().HasSynced, sliceInf.Informer().HasSynced, nodeInf.Informer().HasSynced}
+	if !c.waitSynced(ctx, synced) {
+		return nil
 	}
 	return c.loop(ctx)
+}
+
+// waitSynced waits until the caches are in sync, reporting why not while
+// the API server cannot be reached. It returns false when ctx ends.
+func (c *controller) waitSynced(ctx context.Context, synced []cache.InformerSynced) bool {
+	poll := time.NewTicker(50 * time.Millisecond)
+	defer poll.Stop()
+	probe := time.NewTicker(probeEvery)
+	defer probe.Stop()
+	var lost error
+	for {
+		if !slices.ContainsFunc(synced, func(f cache.InformerSynced) bool { return !f() }) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-poll.C:
+		case err := <-c.watchErr:
+			c.lose(fmt.Errorf("kubernetes: watch: %w", err), &lost)
+		case <-probe.C:
+			if err := c.probe(ctx); err != nil && ctx.Err() == nil {
+				c.lose(err, &lost)
+			}
+		}
+	}
+}
+
+// probe asks the API server whether it is ready.
+func (c *controller) probe(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, probeEvery)
+	defer cancel()
+	if err := c.cs.Discovery().RESTClient().Get().AbsPath("/readyz").Do(pctx).Error(); err != nil {
+		return fmt.Errorf("kubernetes: API server %s: %w", c.host, err)
+	}
+	return nil
 }
 
 // controller is the running source.
@@ -287,14 +322,12 @@ func (c *controller) loop(ctx context.Context) error {
 			c.lose(fmt.Errorf("kubernetes: watch: %w", err), &lost)
 			continue
 		case <-probe.C:
-			pctx, cancel := context.WithTimeout(ctx, probeEvery)
-			err := c.cs.Discovery().RESTClient().Get().AbsPath("/readyz").Do(pctx).Error()
-			cancel()
+			err := c.probe(ctx)
 			if ctx.Err() != nil {
 				return nil
 			}
 			if err != nil {
-				c.lose(fmt.Errorf("kubernetes: API server %s: %w", c.host, err), &lost)
+				c.lose(err, &lost)
 				continue
 			}
 			if lost == nil {

@@ -721,6 +721,21 @@ func (e *env) testAPILoss(t *testing.T) {
 	if got, m := sink.last(); m != n || got != strings.TrimSpace(want) {
 		t.Fatalf("after the API came back: %d snapshots (was %d), last:\n%s", m, n, got)
 	}
+
+	// A source that starts while the API server is gone says so, and
+	// publishes nothing until its caches are in sync.
+	e.srv.StopAPIServer()
+	sink2 := &fakeSink{}
+	e.run(t, kubernetes.Options{Namespaces: []string{ns}, Pools: pools("192.0.2.88/30")}, sink2)
+	waitReport(t, sink2, func(err error) bool { return err != nil })
+	if got, m := sink2.last(); m != 0 {
+		t.Fatalf("published before the caches were in sync:\n%s", got)
+	}
+	if err := e.srv.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	waitSnap(t, sink2, want)
+	waitReport(t, sink2, func(err error) bool { return err == nil })
 }
 
 // waitReport waits until the sink's last report satisfies ok.
