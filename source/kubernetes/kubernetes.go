@@ -1,0 +1,851 @@
+// Package kubernetes is the Kubernetes source: vipd as the LoadBalancer
+// implementation of a cluster. It watches Services, EndpointSlices and
+// Nodes through the API server, gives each LoadBalancer Service it serves
+// an address from its pools, writes that address into the Service's
+// status, and hands the agent one virtual service per Service port and
+// address.
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/source"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	clientset "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+)
+
+// The backend modes.
+const (
+	// BackendsNodePort balances to the Ready Nodes' internal addresses
+	// at the Service port's nodePort; with externalTrafficPolicy Local,
+	// only to Nodes that have a ready endpoint of the Service.
+	BackendsNodePort = "nodeport"
+	// BackendsEndpoints balances to the pods' addresses at their target
+	// ports, from the EndpointSlices: for routed pod networks.
+	BackendsEndpoints = "endpoints"
+)
+
+// ReasonConflict is the reason of the Event on a Service whose virtual
+// service the agent refused because another source owns its key or name.
+const ReasonConflict = "Conflict"
+
+// Options configure the source: one [kubernetes] section.
+type Options struct {
+	// Kubeconfig is the path of a kubeconfig file; empty means the
+	// in-cluster configuration (a pod's service account).
+	Kubeconfig string `toml:"kubeconfig"`
+	// LoadBalancerClass is the spec.loadBalancerClass of the Services
+	// vipd serves.
+	LoadBalancerClass string `toml:"load_balancer_class"`
+	// DefaultClass makes vipd also serve the Services that have no
+	// spec.loadBalancerClass: the cluster's default load balancer.
+	DefaultClass bool `toml:"default_class"`
+	// Namespaces restricts vipd to Services in these namespaces; empty
+	// means every namespace.
+	Namespaces []string `toml:"namespaces"`
+	// ServiceSelector is a label selector ("app=web,tier!=db") a Service
+	// must match to be served; empty means every Service.
+	ServiceSelector string `toml:"service_selector"`
+	// Backends is the backend mode of Services that do not pick one with
+	// the vipd.io/backends annotation: "nodeport" (the default) or
+	// "endpoints".
+	Backends string `toml:"backends"`
+	// Pools are the addresses vipd hands out.
+	Pools []Pool `toml:"pool"`
+
+	// Logger logs what the source does; nil discards.
+	Logger *slog.Logger `toml:"-"`
+}
+
+// Source is the Kubernetes source.
+type Source struct {
+	opts     Options
+	log      *slog.Logger
+	selector labels.Selector
+	pools    []Pool
+}
+
+// New validates opts and returns a source; nothing reaches the API
+// server before Run.
+func New(opts Options) (*Source, error) {
+	s := &Source{opts: opts, log: opts.Logger, pools: opts.Pools}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if opts.LoadBalancerClass == "" && !opts.DefaultClass {
+		return nil, errors.New("kubernetes: serves no Service: set load_balancer_class, or default_class = true")
+	}
+	switch opts.Backends {
+	case "":
+		s.opts.Backends = BackendsNodePort
+	case BackendsNodePort, BackendsEndpoints:
+	default:
+		return nil, fmt.Errorf("kubernetes: backends %q must be %q or %q", opts.Backends, BackendsNodePort, BackendsEndpoints)
+	}
+	sel, err := labels.Parse(opts.ServiceSelector)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: service_selector: %w", err)
+	}
+	s.selector = sel
+	if len(opts.Pools) == 0 {
+		return nil, errors.New("kubernetes: no pools: add a [[kubernetes.pool]]")
+	}
+	if _, err := NewAllocator(opts.Pools); err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	return s, nil
+}
+
+// Name returns "kubernetes".
+func (s *Source) Name() string { return "kubernetes" }
+
+// restConfig loads the kubeconfig, or the in-cluster configuration.
+func (s *Source) restConfig() (*rest.Config, error) {
+	if s.opts.Kubeconfig == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes: in-cluster configuration (set kubeconfig when vipd runs outside the cluster): %w", err)
+		}
+		return cfg, nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", s.opts.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: kubeconfig %s: %w", s.opts.Kubeconfig, err)
+	}
+	return cfg, nil
+}
+
+// Run watches the API server until ctx ends, publishing to sink the
+// services of every LoadBalancer Service it serves. It publishes nothing
+// before its caches are in sync, so that a start never withdraws
+// services. It returns an error only when it cannot start.
+func (s *Source) Run(ctx context.Context, sink source.Sink) error {
+	cfg, err := s.restConfig()
+	if err != nil {
+		return err
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "vipd"
+	cs, err := clientset.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	alloc, err := NewAllocator(s.pools)
+	if err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	ns := metav1.NamespaceAll
+	if len(s.opts.Namespaces) == 1 {
+		ns = s.opts.Namespaces[0]
+	}
+	svcFactory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = s.opts.ServiceSelector }))
+	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(ns))
+	svcInf := svcFactory.Core().V1().Services()
+	sliceInf := factory.Discovery().V1().EndpointSlices()
+	nodeInf := factory.Core().V1().Nodes()
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	defer broadcaster.Shutdown()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vipd"})
+
+	c := &controller{
+		s: s, cs: cs, host: cfg.Host, sink: sink, alloc: alloc, recorder: recorder,
+		services: svcInf.Lister(), slices: sliceInf.Lister(), nodes: nodeInf.Lister(),
+		dirty:    make(chan struct{}, 1),
+		watchErr: make(chan error, 1),
+		events:   map[string]string{},
+		written:  map[string]bool{},
+		lastGood: map[string]settings{},
+	}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.poke() },
+		UpdateFunc: func(any, any) { c.poke() },
+		DeleteFunc: func(any) { c.poke() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{svcInf.Informer(), sliceInf.Informer(), nodeInf.Informer()} {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("kubernetes: %w", err)
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+			select {
+			case c.watchErr <- err:
+			default:
+			}
+		}); err != nil {
+			return fmt.Errorf("kubernetes: %w", err)
+		}
+	}
+	svcFactory.Start(ctx.Done())
+	factory.Start(ctx.Done())
+	defer svcFactory.Shutdown()
+	defer factory.Shutdown()
+
+	s.log.Info("kubernetes: waiting for the caches", "server", cfg.Host)
+	synced := []cache.InformerSynced{svcInf.Informer().HasSynced, sliceInf.Informer().HasSynced, nodeInf.Informer().HasSynced}
+	if !c.waitSynced(ctx, synced) {
+		return nil
+	}
+	return c.loop(ctx)
+}
+
+// waitSynced waits until the caches are in sync, reporting why not while
+// the API server cannot be reached. It returns false when ctx ends.
+func (c *controller) waitSynced(ctx context.Context, synced []cache.InformerSynced) bool {
+	poll := time.NewTicker(50 * time.Millisecond)
+	defer poll.Stop()
+	probe := time.NewTicker(probeEvery)
+	defer probe.Stop()
+	var lost error
+	for {
+		if !slices.ContainsFunc(synced, func(f cache.InformerSynced) bool { return !f() }) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-poll.C:
+		case err := <-c.watchErr:
+			c.lose(fmt.Errorf("kubernetes: watch: %w", err), &lost)
+		case <-probe.C:
+			if err := c.probe(ctx); err != nil && ctx.Err() == nil {
+				c.lose(err, &lost)
+			}
+		}
+	}
+}
+
+// probe asks the API server whether it is ready.
+func (c *controller) probe(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, probeEvery)
+	defer cancel()
+	if err := c.cs.Discovery().RESTClient().Get().AbsPath("/readyz").Do(pctx).Error(); err != nil {
+		return fmt.Errorf("kubernetes: API server %s: %w", c.host, err)
+	}
+	return nil
+}
+
+// controller is the running source.
+type controller struct {
+	s        *Source
+	cs       clientset.Interface
+	host     string
+	sink     source.Sink
+	alloc    *Allocator
+	recorder record.EventRecorder
+	services interface {
+		List(labels.Selector) ([]*corev1.Service, error)
+	}
+	slices interface {
+		List(labels.Selector) ([]*discoveryv1.EndpointSlice, error)
+	}
+	nodes interface {
+		List(labels.Selector) ([]*corev1.Node, error)
+	}
+
+	// dirty says that something changed since the last sync.
+	dirty chan struct{}
+	// watchErr carries watch failures to the loop.
+	watchErr chan error
+
+	restored bool
+	// events holds the message of the last warning Event of each Service
+	// (by "KEY address" and "KEY settings"), so that a lasting problem
+	// makes one Event, not one per sync.
+	events map[string]string
+	// written holds the Services whose status vipd wrote.
+	written map[string]bool
+	// lastGood holds each Service's last valid settings.
+	lastGood map[string]settings
+	// published is the last snapshot the sink took, and conflicts the
+	// refusals it answered.
+	published *source.Snapshot
+	conflicts map[string]string
+}
+
+func (c *controller) poke() {
+	select {
+	case c.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// probeEvery is how often the source asks the API server whether it is
+// ready: client-go's watches retry a refused connection silently, so a
+// stopped API server shows only here.
+const probeEvery = 3 * time.Second
+
+// loop syncs after every change until ctx ends, and reports whether the
+// source is in step with the API server.
+func (c *controller) loop(ctx context.Context) error {
+	const retry = 2 * time.Second
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	probe := time.NewTicker(probeEvery)
+	defer probe.Stop()
+	c.sink.Report(nil)
+	var lost error
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.dirty:
+		case <-timer.C:
+		case err := <-c.watchErr:
+			c.lose(fmt.Errorf("kubernetes: watch: %w", err), &lost)
+			continue
+		case <-probe.C:
+			err := c.probe(ctx)
+			if ctx.Err() != nil {
+				return nil
+			}
+			if err != nil {
+				c.lose(err, &lost)
+				continue
+			}
+			if lost == nil {
+				continue
+			}
+			// The informers relist on their own once the server is
+			// back; sync in case they missed nothing.
+			c.s.log.Info("kubernetes: API server back", "after", lost)
+			lost = nil
+			c.sink.Report(nil)
+		}
+		again, err := c.sync(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			c.s.log.Warn("kubernetes: sync failed; retrying", "err", err)
+			again = true
+		}
+		if again {
+			timer.Reset(retry)
+		}
+	}
+}
+
+// lose reports that the source is out of step, once per error.
+func (c *controller) lose(err error, lost *error) {
+	if *lost != nil && (*lost).Error() == err.Error() {
+		return
+	}
+	*lost = err
+	c.s.log.Warn("kubernetes: out of step with the API server; the last state stays programmed", "err", err)
+	c.sink.Report(err)
+}
+
+// served reports whether vipd serves svc.
+func (c *controller) served(svc *corev1.Service) bool {
+	o := &c.s.opts
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		return false
+	}
+	if len(o.Namespaces) > 1 && !slices.Contains(o.Namespaces, svc.Namespace) {
+		return false
+	}
+	if !c.s.selector.Matches(labels.Set(svc.Labels)) {
+		return false
+	}
+	if svc.Spec.LoadBalancerClass == nil {
+		return o.DefaultClass
+	}
+	return o.LoadBalancerClass != "" && *svc.Spec.LoadBalancerClass == o.LoadBalancerClass
+}
+
+func keyOf(svc *corev1.Service) string { return svc.Namespace + "/" + svc.Name }
+
+// statusAddrs returns the addresses of svc's status.
+func statusAddrs(svc *corev1.Service) []netip.Addr {
+	var out []netip.Addr
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		if a, err := netip.ParseAddr(in.IP); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
+// sync brings allocation, status and the published snapshot in line with
+// the caches. It returns true when something should be tried again
+// later: a status write or a publish that failed, a refused service.
+func (c *controller) sync(ctx context.Context) (bool, error) {
+	all, err := c.services.List(labels.Everything())
+	if err != nil {
+		return false, err
+	}
+	// Oldest first, so that on a restart an address two statuses claim
+	// stays with the older Service.
+	slices.SortFunc(all, func(a, b *corev1.Service) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(keyOf(a), keyOf(b))
+	})
+	var served []*corev1.Service
+	present := map[string]*corev1.Service{}
+	for _, svc := range all {
+		present[keyOf(svc)] = svc
+		if c.served(svc) {
+			served = append(served, svc)
+		}
+	}
+	again := false
+
+	if !c.restored {
+		// Status is the record: claim what the statuses show before
+		// anything new is handed out.
+		for _, svc := range served {
+			addrs := statusAddrs(svc)
+			if len(addrs) == 0 {
+				continue
+			}
+			c.written[keyOf(svc)] = true
+			w, err := wantOf(svc)
+			if err != nil {
+				// A bad request keeps what the Service holds, from
+				// whichever pool.
+				w = Want{Families: []lb.Family{lb.IPv4, lb.IPv6}, Addrs: addrs}
+			}
+			kept := c.alloc.Restore(keyOf(svc), w, addrs)
+			c.s.log.Info("kubernetes: restored", "service", keyOf(svc), "status", joinAddrs(addrs), "kept", joinAddrs(kept))
+		}
+		c.restored = true
+	}
+
+	// Services no longer served: release their addresses, clear the
+	// status vipd wrote.
+	servedKeys := map[string]bool{}
+	for _, svc := range served {
+		servedKeys[keyOf(svc)] = true
+	}
+	for _, key := range slices.Sorted(maps.Keys(c.written)) {
+		if servedKeys[key] {
+			continue
+		}
+		c.alloc.Release(key)
+		delete(c.lastGood, key)
+		delete(c.events, key+" address")
+		delete(c.events, key+" settings")
+		svc := present[key]
+		if svc == nil {
+			// Deleted, or out of the selector: get it to be sure.
+			got, err := c.cs.CoreV1().Services(strings.SplitN(key, "/", 2)[0]).Get(ctx, strings.SplitN(key, "/", 2)[1], metav1.GetOptions{})
+			if err != nil {
+				delete(c.written, key)
+				continue
+			}
+			svc = got
+		}
+		if len(svc.Status.LoadBalancer.Ingress) > 0 {
+			if err := c.writeStatus(ctx, svc, nil); err != nil {
+				c.s.log.Warn("kubernetes: clearing status failed", "service", key, "err", err)
+				again = true
+				continue
+			}
+			c.s.log.Info("kubernetes: released", "service", key)
+		}
+		delete(c.written, key)
+	}
+	// Addresses in the status of Services vipd does not serve (another
+	// load balancer's, or its own from before a restart that vipd could
+	// not clear) are never handed out.
+	foreign := map[netip.Addr]string{}
+	for _, svc := range all {
+		if !servedKeys[keyOf(svc)] && !c.written[keyOf(svc)] {
+			for _, a := range statusAddrs(svc) {
+				foreign[a] = keyOf(svc)
+			}
+		}
+	}
+	c.alloc.SetForeign(foreign)
+	// Services that vanished before vipd wrote their status.
+	for _, key := range c.alloc.keys() {
+		if !servedKeys[key] {
+			c.alloc.Release(key)
+		}
+	}
+
+	snap := source.Snapshot{}
+	idx := c.indexSlices()
+	nodes, err := c.nodes.List(labels.Everything())
+	if err != nil {
+		return false, err
+	}
+	for _, svc := range served {
+		key := keyOf(svc)
+		w, err := wantOf(svc)
+		if err == nil {
+			_, err = c.alloc.Assign(key, w)
+		}
+		c.warn(svc, "address", err)
+		held := c.alloc.Held(key)
+		if len(held) == 0 {
+			continue
+		}
+		if !sameAddrs(statusAddrs(svc), held) {
+			if err := c.writeStatus(ctx, svc, held); err != nil {
+				c.s.log.Warn("kubernetes: writing status failed", "service", key, "err", err)
+				again = true
+			} else {
+				c.s.log.Info("kubernetes: assigned", "service", key, "addresses", joinAddrs(held))
+				c.recorder.Eventf(svc, corev1.EventTypeNormal, "AddressAssigned", "assigned %s", joinAddrs(held))
+			}
+		}
+		c.written[key] = true
+		st, serr := c.settingsOf(svc)
+		c.warn(svc, "settings", serr)
+		snap.Services = append(snap.Services, virtualServices(svc, held, st, nodes, idx[key])...)
+	}
+	slices.SortFunc(snap.Services, func(a, b lb.VirtualService) int { return strings.Compare(a.Name, b.Name) })
+
+	if c.published != nil && reflect.DeepEqual(*c.published, snap) && len(c.conflicts) == 0 {
+		return again, nil
+	}
+	conflicts, err := c.sink.Publish(ctx, snap)
+	if err != nil {
+		return true, fmt.Errorf("publish: %w", err)
+	}
+	c.published = &snap
+	c.noteConflicts(present, conflicts)
+	// The sink takes a refused service at a later Publish, once its owner
+	// lets go of it: ask again.
+	return again || len(conflicts) > 0, nil
+}
+
+// settings are a Service's choices that are not about its address.
+type settings struct {
+	mode      string
+	scheduler string
+	flags     lb.SchedFlags
+}
+
+// settingsOf returns svc's backend mode and scheduler, from its
+// annotations and the defaults. With a bad annotation it returns the
+// Service's last valid settings (the defaults when it had none, as after
+// a restart) and the error.
+func (c *controller) settingsOf(svc *corev1.Service) (settings, error) {
+	key := keyOf(svc)
+	st, err := parseSettings(svc, c.s.opts.Backends)
+	if err != nil {
+		last, ok := c.lastGood[key]
+		if !ok {
+			last = settings{mode: c.s.opts.Backends, scheduler: config.DefaultScheduler}
+		}
+		return last, err
+	}
+	c.lastGood[key] = st
+	return st, nil
+}
+
+// parseSettings validates svc's vipd.io/backends, vipd.io/scheduler and
+// vipd.io/scheduler-flags annotations, with the file's messages.
+func parseSettings(svc *corev1.Service, defaultMode string) (settings, error) {
+	st := settings{mode: defaultMode, scheduler: config.DefaultScheduler}
+	if mode, ok := svc.Annotations[AnnotationBackends]; ok {
+		if mode != BackendsNodePort && mode != BackendsEndpoints {
+			return settings{}, allocErrorf(ReasonBadAnnotation, "%s %q must be %q or %q", AnnotationBackends, mode, BackendsNodePort, BackendsEndpoints)
+		}
+		st.mode = mode
+	}
+	if sched, ok := svc.Annotations[AnnotationScheduler]; ok {
+		if !slices.Contains(lb.Schedulers, sched) {
+			return settings{}, allocErrorf(ReasonBadAnnotation, "%s: unknown scheduler %q (want one of %s)", AnnotationScheduler, sched, strings.Join(lb.Schedulers, " "))
+		}
+		st.scheduler = sched
+	}
+	if flags, ok := svc.Annotations[AnnotationSchedulerFlags]; ok {
+		for _, f := range strings.Split(flags, ",") {
+			f = strings.TrimSpace(f)
+			flag, ok := lb.ParseSchedFlag(f)
+			switch {
+			case !ok:
+				return settings{}, allocErrorf(ReasonBadAnnotation, "%s: unknown scheduler flag %q (want sh-fallback, sh-port, mh-fallback or mh-port)", AnnotationSchedulerFlags, f)
+			case flag.Scheduler() != st.scheduler:
+				return settings{}, allocErrorf(ReasonBadAnnotation, "%s: scheduler flag %q needs scheduler %q, not %q", AnnotationSchedulerFlags, f, flag.Scheduler(), st.scheduler)
+			}
+			st.flags |= flag
+		}
+	}
+	return st, nil
+}
+
+// warn records a warning Event on svc about what (its "address" or its
+// "settings"), once per distinct message; a nil err ends the warning.
+func (c *controller) warn(svc *corev1.Service, what string, err error) {
+	key := keyOf(svc) + " " + what
+	if err == nil {
+		delete(c.events, key)
+		return
+	}
+	reason := "Error"
+	var ae *AllocError
+	if errors.As(err, &ae) {
+		reason = ae.Reason
+	}
+	msg := reason + ": " + err.Error()
+	if c.events[key] == msg {
+		return
+	}
+	c.events[key] = msg
+	c.s.log.Warn("kubernetes: "+err.Error(), "service", keyOf(svc), "reason", reason)
+	c.recorder.Event(svc, corev1.EventTypeWarning, reason, err.Error())
+}
+
+// noteConflicts makes an Event of each new refusal.
+func (c *controller) noteConflicts(present map[string]*corev1.Service, conflicts []source.Conflict) {
+	now := map[string]string{}
+	for _, cf := range conflicts {
+		now[cf.Service] = cf.Error()
+		if c.conflicts[cf.Service] == cf.Error() {
+			continue
+		}
+		c.s.log.Warn("kubernetes: "+cf.Error(), "service", cf.Service)
+		parts := strings.SplitN(cf.Service, "/", 4)
+		if len(parts) < 3 || parts[0] != "k8s" {
+			continue
+		}
+		if svc := present[parts[1]+"/"+parts[2]]; svc != nil {
+			c.recorder.Event(svc, corev1.EventTypeWarning, ReasonConflict, cf.Error())
+		}
+	}
+	c.conflicts = now
+}
+
+// writeStatus sets svc's status.loadBalancer.ingress to addrs (none to
+// clear it) through the status subresource.
+func (c *controller) writeStatus(ctx context.Context, svc *corev1.Service, addrs []netip.Addr) error {
+	up := svc.DeepCopy()
+	up.Status.LoadBalancer.Ingress = nil
+	for _, a := range addrs {
+		mode := corev1.LoadBalancerIPModeVIP
+		up.Status.LoadBalancer.Ingress = append(up.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: a.String(), IPMode: &mode})
+	}
+	_, err := c.cs.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, up, metav1.UpdateOptions{FieldManager: "vipd"})
+	return err
+}
+
+func sameAddrs(a, b []netip.Addr) bool { return slices.Equal(a, b) }
+
+// sliceIndex holds the EndpointSlices of each Service, by key.
+type sliceIndex map[string][]*discoveryv1.EndpointSlice
+
+func (c *controller) indexSlices() sliceIndex {
+	all, _ := c.slices.List(labels.Everything())
+	idx := sliceIndex{}
+	for _, es := range all {
+		name := es.Labels[discoveryv1.LabelServiceName]
+		if name == "" {
+			continue
+		}
+		k := es.Namespace + "/" + name
+		idx[k] = append(idx[k], es)
+	}
+	return idx
+}
+
+// ServiceName names the virtual service of one port and address of a
+// Kubernetes Service: "k8s/NAMESPACE/NAME/PORT/PROTO", where PORT is the
+// port's name, or its number when it has none; IPv6 addresses add
+// "/ipv6", so that a dual-stack Service's two virtual services differ.
+func ServiceName(svc *corev1.Service, p corev1.ServicePort, fam lb.Family) string {
+	port := p.Name
+	if port == "" {
+		port = strconv.Itoa(int(p.Port))
+	}
+	name := fmt.Sprintf("k8s/%s/%s/%s/%s", svc.Namespace, svc.Name, port, strings.ToLower(string(p.Protocol)))
+	if fam == lb.IPv6 {
+		name += "/ipv6"
+	}
+	return name
+}
+
+// virtualServices maps a Service to its virtual services: one per port
+// and address.
+func virtualServices(svc *corev1.Service, addrs []netip.Addr, st settings, nodes []*corev1.Node, eps []*discoveryv1.EndpointSlice) []lb.VirtualService {
+	var out []lb.VirtualService
+	for _, vip := range addrs {
+		fam := lb.FamilyOf(vip)
+		for _, p := range svc.Spec.Ports {
+			proto, err := lb.ParseProto(string(p.Protocol))
+			if err != nil {
+				continue
+			}
+			vs := lb.VirtualService{
+				Name: ServiceName(svc, p, fam),
+				Service: lb.Service{
+					Key:       lb.ServiceKey{Family: fam, Proto: proto, Addr: vip, Port: uint16(p.Port)},
+					Scheduler: st.scheduler,
+					Flags:     st.flags,
+				},
+				VIP:      vip,
+				Announce: true,
+			}
+			if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+				timeout := corev1.DefaultClientIPServiceAffinitySeconds
+				if cfg := svc.Spec.SessionAffinityConfig; cfg != nil && cfg.ClientIP != nil && cfg.ClientIP.TimeoutSeconds != nil {
+					timeout = *cfg.ClientIP.TimeoutSeconds
+				}
+				vs.Service.Persistent = uint32(timeout)
+				vs.Service.Netmask = 32
+				if fam == lb.IPv6 {
+					vs.Service.Netmask = 128
+				}
+			}
+			if st.mode == BackendsEndpoints {
+				vs.Backends = endpointBackends(p, fam, eps)
+			} else {
+				vs.Backends = nodePortBackends(svc, p, fam, nodes, eps)
+			}
+			out = append(out, vs)
+		}
+	}
+	return out
+}
+
+// nodeReady reports whether n's Ready condition is True.
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// nodePortBackends returns the Ready Nodes' internal addresses of family
+// fam at p's nodePort; with externalTrafficPolicy Local, only those Nodes
+// with a ready endpoint of the Service. Nodes labelled
+// node.kubernetes.io/exclude-from-external-load-balancers are left out.
+func nodePortBackends(svc *corev1.Service, p corev1.ServicePort, fam lb.Family, nodes []*corev1.Node, eps []*discoveryv1.EndpointSlice) []lb.Destination {
+	if p.NodePort == 0 {
+		return nil
+	}
+	var local map[string]bool
+	if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
+		local = map[string]bool{}
+		for _, es := range eps {
+			for _, ep := range es.Endpoints {
+				if ep.NodeName != nil && (ep.Conditions.Ready == nil || *ep.Conditions.Ready) {
+					local[*ep.NodeName] = true
+				}
+			}
+		}
+	}
+	var out []lb.Destination
+	for _, n := range nodes {
+		if !nodeReady(n) || local != nil && !local[n.Name] {
+			continue
+		}
+		if _, ok := n.Labels[corev1.LabelNodeExcludeBalancers]; ok {
+			continue
+		}
+		for _, a := range n.Status.Addresses {
+			if a.Type != corev1.NodeInternalIP {
+				continue
+			}
+			ip, err := netip.ParseAddr(a.Address)
+			if err != nil || lb.FamilyOf(ip) != fam {
+				continue
+			}
+			out = append(out, lb.Destination{Addr: netip.AddrPortFrom(ip.Unmap(), uint16(p.NodePort)), Weight: 1, Forward: lb.Masq})
+			break
+		}
+	}
+	return sortDests(out)
+}
+
+// endpointBackends returns the endpoints of port p of family fam: ready
+// ones with weight 1, serving and terminating ones with weight 0
+// (drained), others not at all.
+func endpointBackends(p corev1.ServicePort, fam lb.Family, eps []*discoveryv1.EndpointSlice) []lb.Destination {
+	want := discoveryv1.AddressTypeIPv4
+	if fam == lb.IPv6 {
+		want = discoveryv1.AddressTypeIPv6
+	}
+	best := map[netip.AddrPort]int{}
+	for _, es := range eps {
+		if es.AddressType != want {
+			continue
+		}
+		var port int32
+		found := false
+		for _, sp := range es.Ports {
+			name, proto := "", corev1.ProtocolTCP
+			if sp.Name != nil {
+				name = *sp.Name
+			}
+			if sp.Protocol != nil {
+				proto = *sp.Protocol
+			}
+			if name == p.Name && proto == p.Protocol && sp.Port != nil {
+				port, found = *sp.Port, true
+				break
+			}
+		}
+		if !found {
+			continue
+		}
+		for _, ep := range es.Endpoints {
+			weight := -1
+			cond := ep.Conditions
+			switch {
+			case cond.Ready == nil || *cond.Ready:
+				weight = 1
+			case cond.Serving != nil && *cond.Serving && cond.Terminating != nil && *cond.Terminating:
+				weight = 0
+			}
+			if weight < 0 {
+				continue
+			}
+			for _, a := range ep.Addresses {
+				ip, err := netip.ParseAddr(a)
+				if err != nil {
+					continue
+				}
+				ap := netip.AddrPortFrom(ip.Unmap(), uint16(port))
+				if w, ok := best[ap]; !ok || weight > w {
+					best[ap] = weight
+				}
+			}
+		}
+	}
+	var out []lb.Destination
+	for ap, w := range best {
+		out = append(out, lb.Destination{Addr: ap, Weight: w, Forward: lb.Masq})
+	}
+	return sortDests(out)
+}
+
+func sortDests(d []lb.Destination) []lb.Destination {
+	slices.SortFunc(d, func(a, b lb.Destination) int { return a.Addr.Compare(b.Addr) })
+	return d
+}

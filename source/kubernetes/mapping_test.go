@@ -1,0 +1,169 @@
+package kubernetes
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+func testNode(name string, ready bool, labels map[string]string, addrs ...string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	st := corev1.ConditionFalse
+	if ready {
+		st = corev1.ConditionTrue
+	}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionTrue}, {Type: corev1.NodeReady, Status: st}}
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeExternalIP, Address: "203.0.113.99"}}
+	for _, a := range addrs {
+		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: a})
+	}
+	return n
+}
+
+func testSlice(family discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{AddressType: family, Ports: ports, Endpoints: eps}
+}
+
+func endpoint(addr, node string, ready, serving, terminating *bool) discoveryv1.Endpoint {
+	e := discoveryv1.Endpoint{Addresses: []string{addr}, Conditions: discoveryv1.EndpointConditions{Ready: ready, Serving: serving, Terminating: terminating}}
+	if node != "" {
+		e.NodeName = ptr.To(node)
+	}
+	return e
+}
+
+func dumpVS(svc *corev1.Service, addrs []string, mode string, nodes []*corev1.Node, eps []*discoveryv1.EndpointSlice) string {
+	var vips []netip.Addr
+	for _, a := range addrs {
+		vips = append(vips, netip.MustParseAddr(a))
+	}
+	var lines []string
+	st, err := parseSettings(svc, mode)
+	if err != nil {
+		return err.Error()
+	}
+	for _, vs := range virtualServices(svc, vips, st, nodes, eps) {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s %s %s", vs.Name, vs.Service.Key, vs.Service.Scheduler)
+		if vs.Service.Flags != 0 {
+			fmt.Fprintf(&b, " flags=%s", vs.Service.Flags)
+		}
+		if vs.Service.Persistent != 0 {
+			fmt.Fprintf(&b, " persistent=%d/%d", vs.Service.Persistent, vs.Service.Netmask)
+		}
+		fmt.Fprintf(&b, " vip=%s announce=%t ->", vs.VIP, vs.Announce)
+		for _, d := range vs.Backends {
+			fmt.Fprintf(&b, " %s", d)
+		}
+		lines = append(lines, b.String())
+	}
+	return strings.Join(lines, "\n")
+}
+
+func TestMapping(t *testing.T) {
+	yes, no := ptr.To(true), ptr.To(false)
+	nodes := []*corev1.Node{
+		testNode("a", true, nil, "10.0.0.1", "fd00::1"),
+		testNode("b", true, nil, "10.0.0.2"),
+		testNode("c", false, nil, "10.0.0.3"),
+		testNode("d", true, map[string]string{corev1.LabelNodeExcludeBalancers: ""}, "10.0.0.4"),
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer,
+			Ports: []corev1.ServicePort{
+				{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 30080},
+				{Name: "quic", Protocol: corev1.ProtocolUDP, Port: 443, NodePort: 30443},
+				{Name: "sig", Protocol: corev1.ProtocolSCTP, Port: 3868},
+			},
+		},
+	}
+	http := discoveryv1.EndpointPort{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](8080)}
+	quic := discoveryv1.EndpointPort{Name: ptr.To("quic"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To[int32](8443)}
+	// A port of the same name but another protocol matches nothing.
+	wrong := discoveryv1.EndpointPort{Name: ptr.To("sig"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](9999)}
+	eps := []*discoveryv1.EndpointSlice{
+		testSlice(discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{http, quic, wrong},
+			endpoint("10.244.0.1", "a", nil, nil, nil), // ready by default
+			endpoint("10.244.0.2", "b", no, yes, yes),  // draining
+			endpoint("10.244.0.3", "b", no, no, yes),   // gone
+			endpoint("10.244.0.4", "c", no, yes, no)),  // not ready, not terminating: out
+		testSlice(discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{http},
+			endpoint("10.244.0.2", "b", yes, yes, no)), // listed twice: ready wins
+		testSlice(discoveryv1.AddressTypeIPv6, []discoveryv1.EndpointPort{http},
+			endpoint("fd00:244::1", "a", yes, yes, no)),
+		testSlice(discoveryv1.AddressTypeFQDN, []discoveryv1.EndpointPort{http},
+			endpoint("example.com", "a", yes, yes, no)),
+	}
+
+	got := dumpVS(svc, []string{"192.0.2.1"}, BackendsNodePort, nodes, eps)
+	want := `k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true -> 10.0.0.1:30080 masq weight=1 10.0.0.2:30080 masq weight=1
+k8s/ns/web/quic/udp udp 192.0.2.1:443 wlc vip=192.0.2.1 announce=true -> 10.0.0.1:30443 masq weight=1 10.0.0.2:30443 masq weight=1
+k8s/ns/web/sig/sctp sctp 192.0.2.1:3868 wlc vip=192.0.2.1 announce=true ->`
+	if got != want {
+		t.Errorf("nodeport:\n%s\nwant:\n%s", got, want)
+	}
+
+	// externalTrafficPolicy Local: nodes with a ready endpoint (a; b has
+	// a draining one only); session affinity with the default
+	// timeout; IPv6.
+	local := svc.DeepCopy()
+	local.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	local.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	local.Spec.Ports = local.Spec.Ports[:1]
+	got = dumpVS(local, []string{"192.0.2.1", "2001:db8::1"}, BackendsNodePort, nodes, eps[:1])
+	want = `k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc persistent=10800/32 vip=192.0.2.1 announce=true -> 10.0.0.1:30080 masq weight=1
+k8s/ns/web/http/tcp/ipv6 tcp [2001:db8::1]:80 wlc persistent=10800/128 vip=2001:db8::1 announce=true -> [fd00::1]:30080 masq weight=1`
+	if got != want {
+		t.Errorf("local:\n%s\nwant:\n%s", got, want)
+	}
+
+	got = dumpVS(svc, []string{"192.0.2.1", "2001:db8::1"}, BackendsEndpoints, nodes, eps)
+	want = `k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true -> 10.244.0.1:8080 masq weight=1 10.244.0.2:8080 masq weight=1
+k8s/ns/web/quic/udp udp 192.0.2.1:443 wlc vip=192.0.2.1 announce=true -> 10.244.0.1:8443 masq weight=1 10.244.0.2:8443 masq weight=0
+k8s/ns/web/sig/sctp sctp 192.0.2.1:3868 wlc vip=192.0.2.1 announce=true ->
+k8s/ns/web/http/tcp/ipv6 tcp [2001:db8::1]:80 wlc vip=2001:db8::1 announce=true -> [fd00:244::1]:8080 masq weight=1
+k8s/ns/web/quic/udp/ipv6 udp [2001:db8::1]:443 wlc vip=2001:db8::1 announce=true ->
+k8s/ns/web/sig/sctp/ipv6 sctp [2001:db8::1]:3868 wlc vip=2001:db8::1 announce=true ->`
+	if got != want {
+		t.Errorf("endpoints:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestSettingsAnnotations(t *testing.T) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 30080}}},
+	}
+	nodes := []*corev1.Node{testNode("a", true, nil, "10.0.0.1")}
+	for _, tc := range []struct {
+		annotations map[string]string
+		want        string
+	}{
+		{map[string]string{AnnotationScheduler: "sh", AnnotationSchedulerFlags: "sh-port, sh-fallback"},
+			"k8s/ns/web/http/tcp tcp 192.0.2.1:80 sh flags=sh-fallback,sh-port vip=192.0.2.1 announce=true -> 10.0.0.1:30080 masq weight=1"},
+		{map[string]string{AnnotationScheduler: "mh", AnnotationBackends: "endpoints"},
+			"k8s/ns/web/http/tcp tcp 192.0.2.1:80 mh vip=192.0.2.1 announce=true ->"},
+		{map[string]string{AnnotationScheduler: "random"},
+			`vipd.io/scheduler: unknown scheduler "random" (want one of rr wrr lc wlc lblc lblcr dh sh sed nq fo ovf mh twos)`},
+		{map[string]string{AnnotationSchedulerFlags: "sh-port"},
+			`vipd.io/scheduler-flags: scheduler flag "sh-port" needs scheduler "sh", not "wlc"`},
+		{map[string]string{AnnotationScheduler: "mh", AnnotationSchedulerFlags: "mh-foo"},
+			`vipd.io/scheduler-flags: unknown scheduler flag "mh-foo" (want sh-fallback, sh-port, mh-fallback or mh-port)`},
+		{map[string]string{AnnotationBackends: "pods"},
+			`vipd.io/backends "pods" must be "nodeport" or "endpoints"`},
+	} {
+		s := svc.DeepCopy()
+		s.Annotations = tc.annotations
+		if got := dumpVS(s, []string{"192.0.2.1"}, BackendsNodePort, nodes, nil); got != tc.want {
+			t.Errorf("%v:\n%s\nwant:\n%s", tc.annotations, got, tc.want)
+		}
+	}
+}

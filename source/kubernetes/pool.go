@@ -1,0 +1,590 @@
+package kubernetes
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/vipd/vipd/lb"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Pool is a named set of addresses that the source hands out to
+// LoadBalancer Services: one [[kubernetes.pool]] table.
+type Pool struct {
+	// Name names the pool in the vipd.io/pool annotation and in Events.
+	Name string `toml:"name"`
+	// Addresses are CIDRs ("192.0.2.0/28", "2001:db8::/120"), ranges
+	// ("192.0.2.10-192.0.2.20") and single addresses, IPv4 and IPv6.
+	Addresses []string `toml:"addresses"`
+	// AutoAssign lets Services that name no pool and no address get an
+	// address from this pool; nil means true. A pool without it serves
+	// only Services that name it or one of its addresses.
+	AutoAssign *bool `toml:"auto_assign"`
+	// AvoidNetworkBroadcast keeps the network and broadcast addresses of
+	// the pool's IPv4 CIDRs (of prefixes up to /30), and the first
+	// (subnet-router anycast) address of its IPv6 CIDRs (up to /126), out
+	// of automatic allocation. Ranges and single addresses are taken as
+	// written.
+	AvoidNetworkBroadcast bool `toml:"avoid_network_broadcast"`
+}
+
+// span is an inclusive range of addresses of one family.
+type span struct{ first, last netip.Addr }
+
+func (s span) contains(a netip.Addr) bool {
+	return a.BitLen() == s.first.BitLen() && s.first.Compare(a) <= 0 && a.Compare(s.last) <= 0
+}
+
+func (s span) String() string {
+	if s.first == s.last {
+		return s.first.String()
+	}
+	return s.first.String() + "-" + s.last.String()
+}
+
+// pool is a parsed Pool.
+type pool struct {
+	name   string
+	auto   bool
+	spans  []span
+	avoid  map[netip.Addr]bool // network and broadcast addresses kept out
+	cursor []netip.Addr        // per span: where the next search starts
+}
+
+// contains reports whether a is one of p's addresses.
+func (p *pool) contains(a netip.Addr) bool {
+	for _, s := range p.spans {
+		if s.contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// parsePool parses and validates one pool.
+func parsePool(pc Pool) (*pool, error) {
+	if pc.Name == "" {
+		return nil, errors.New("pool without a name")
+	}
+	if len(pc.Addresses) == 0 {
+		return nil, fmt.Errorf("pool %q has no addresses", pc.Name)
+	}
+	p := &pool{name: pc.Name, auto: pc.AutoAssign == nil || *pc.AutoAssign, avoid: map[netip.Addr]bool{}}
+	for _, s := range pc.Addresses {
+		sp, avoid, err := parseSpan(s)
+		if err != nil {
+			return nil, fmt.Errorf("pool %q: %w", pc.Name, err)
+		}
+		if pc.AvoidNetworkBroadcast {
+			for _, a := range avoid {
+				p.avoid[a] = true
+			}
+		}
+		p.spans = append(p.spans, sp)
+	}
+	for i, a := range p.spans {
+		for _, b := range p.spans[i+1:] {
+			if overlap(a, b) {
+				return nil, fmt.Errorf("pool %q: %s overlaps %s", pc.Name, a, b)
+			}
+		}
+	}
+	p.cursor = make([]netip.Addr, len(p.spans))
+	for i, s := range p.spans {
+		p.cursor[i] = s.first
+	}
+	return p, nil
+}
+
+// parseSpan parses a CIDR, a range "A-B" or an address. For a CIDR it
+// also returns the addresses AvoidNetworkBroadcast keeps out.
+func parseSpan(s string) (span, []netip.Addr, error) {
+	s = strings.TrimSpace(s)
+	if first, last, ok := strings.Cut(s, "-"); ok {
+		a, err1 := netip.ParseAddr(strings.TrimSpace(first))
+		b, err2 := netip.ParseAddr(strings.TrimSpace(last))
+		switch {
+		case err1 != nil || err2 != nil || a.Zone() != "" || b.Zone() != "":
+			return span{}, nil, fmt.Errorf("range %q is not ADDRESS-ADDRESS", s)
+		case a.Unmap().BitLen() != b.Unmap().BitLen():
+			return span{}, nil, fmt.Errorf("range %q mixes IPv4 and IPv6", s)
+		case a.Unmap().Compare(b.Unmap()) > 0:
+			return span{}, nil, fmt.Errorf("range %q ends before it starts", s)
+		}
+		sp := span{a.Unmap(), b.Unmap()}
+		return sp, nil, checkSpan(s, sp)
+	}
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return span{}, nil, fmt.Errorf("%q is not a CIDR: %w", s, err)
+		}
+		if p.Addr().Is4In6() {
+			return span{}, nil, fmt.Errorf("CIDR %q: write IPv4 CIDRs as IPv4", s)
+		}
+		if p != p.Masked() {
+			return span{}, nil, fmt.Errorf("CIDR %q has host bits set (did you mean %s?)", s, p.Masked())
+		}
+		sp := span{p.Addr(), lastOf(p)}
+		var avoid []netip.Addr
+		switch bits := p.Bits(); {
+		case p.Addr().Is4() && bits <= 30:
+			avoid = []netip.Addr{sp.first, sp.last}
+		case p.Addr().Is6() && bits <= 126:
+			avoid = []netip.Addr{sp.first}
+		}
+		return sp, avoid, checkSpan(s, sp)
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return span{}, nil, fmt.Errorf("%q is not a CIDR, a range or an address", s)
+	}
+	sp := span{a.Unmap(), a.Unmap()}
+	return sp, nil, checkSpan(s, sp)
+}
+
+// checkSpan refuses spans that hold addresses vipd cannot serve.
+func checkSpan(s string, sp span) error {
+	for _, a := range []netip.Addr{sp.first, sp.last} {
+		if a.IsLoopback() || a.IsMulticast() || a.IsUnspecified() || a.IsLinkLocalUnicast() {
+			return fmt.Errorf("%q holds %s, which is not a unicast address vipd can bind", s, a)
+		}
+	}
+	return nil
+}
+
+// lastOf returns the last address of p.
+func lastOf(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+func overlap(a, b span) bool {
+	return a.first.BitLen() == b.first.BitLen() && a.first.Compare(b.last) <= 0 && b.first.Compare(a.last) <= 0
+}
+
+// PortKey is one port of a Service: what two Services that share an
+// address must not both use.
+type PortKey struct {
+	Proto lb.Proto
+	Port  uint16
+}
+
+// Want is what a Service asks of the pools.
+type Want struct {
+	// Pool is the pool to allocate from; empty means every pool with
+	// auto-assign on (or, with Addrs, whichever pool holds them).
+	Pool string
+	// Addrs are specific addresses, at most one per family.
+	Addrs []netip.Addr
+	// Families are the families to get one address each of, in order.
+	Families []lb.Family
+	// SharingKey lets Services with the same key share an address when
+	// their ports do not overlap.
+	SharingKey string
+	// Ports are the Service's ports.
+	Ports []PortKey
+}
+
+// Reasons of allocation errors, as the Events on Services name them.
+const (
+	ReasonPoolExhausted    = "PoolExhausted"
+	ReasonAddressNotInPool = "AddressNotInPool"
+	ReasonAddressTaken     = "AddressTaken"
+	ReasonBadAnnotation    = "BadAnnotation"
+)
+
+// AllocError is why a Service got no address.
+type AllocError struct {
+	// Reason is one of the Reason constants.
+	Reason string
+	// Msg says what went wrong, for the Event's message.
+	Msg string
+}
+
+func (e *AllocError) Error() string { return e.Msg }
+
+func allocErrorf(reason, format string, args ...any) *AllocError {
+	return &AllocError{Reason: reason, Msg: fmt.Sprintf(format, args...)}
+}
+
+// use is one address held by one or more Services.
+type use struct {
+	key    string // the sharing key; "" for a Service that shares not
+	owners map[string][]PortKey
+}
+
+// Allocator hands out the pools' addresses to Services, by their keys
+// ("NAMESPACE/NAME"). An address held by a Service is never handed to
+// another, unless both carry the same sharing key and their ports do not
+// overlap; an address released goes back to its pool. The allocator is
+// not safe for concurrent use.
+type Allocator struct {
+	pools  []*pool
+	byName map[string]*pool
+	used   map[netip.Addr]*use
+	held   map[string][]netip.Addr
+	// foreign are addresses that Services vipd does not serve show in
+	// their status, by address: never handed out.
+	foreign map[netip.Addr]string
+}
+
+// NewAllocator validates pools: unique names, valid addresses, no address
+// in two pools.
+func NewAllocator(pools []Pool) (*Allocator, error) {
+	a := &Allocator{byName: map[string]*pool{}, used: map[netip.Addr]*use{}, held: map[string][]netip.Addr{}}
+	for _, pc := range pools {
+		p, err := parsePool(pc)
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := a.byName[p.name]; dup {
+			return nil, fmt.Errorf("pool %q is defined twice", p.name)
+		}
+		for _, q := range a.pools {
+			for _, s := range p.spans {
+				for _, t := range q.spans {
+					if overlap(s, t) {
+						return nil, fmt.Errorf("pool %q: %s overlaps pool %q's %s", p.name, s, q.name, t)
+					}
+				}
+			}
+		}
+		a.pools = append(a.pools, p)
+		a.byName[p.name] = p
+	}
+	return a, nil
+}
+
+// Held returns the addresses svc holds, in the order it asked for their
+// families.
+func (a *Allocator) Held(svc string) []netip.Addr { return slices.Clone(a.held[svc]) }
+
+// SetForeign replaces the addresses that Services vipd does not serve show
+// in their status (address to "NAMESPACE/NAME"): they are never handed
+// out, though a Service that holds one keeps it.
+func (a *Allocator) SetForeign(foreign map[netip.Addr]string) { a.foreign = foreign }
+
+// keys returns the Services that hold addresses, sorted.
+func (a *Allocator) keys() []string { return slices.Sorted(maps.Keys(a.held)) }
+
+// Users returns the Services that hold addr, sorted.
+func (a *Allocator) Users(addr netip.Addr) []string {
+	u := a.used[addr]
+	if u == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(u.owners))
+}
+
+// Release gives back every address svc holds.
+func (a *Allocator) Release(svc string) {
+	for _, addr := range a.held[svc] {
+		u := a.used[addr]
+		delete(u.owners, svc)
+		if len(u.owners) == 0 {
+			delete(a.used, addr)
+		}
+	}
+	delete(a.held, svc)
+}
+
+// Restore records that svc holds addrs (the addresses its status shows)
+// where they still fit w and are free for it, and returns those it kept.
+// A restart calls it for every Service before Assign allocates anything,
+// so that no address in use is handed to another Service.
+func (a *Allocator) Restore(svc string, w Want, addrs []netip.Addr) []netip.Addr {
+	var kept []netip.Addr
+	for _, addr := range addrs {
+		addr = addr.Unmap()
+		fam := lb.FamilyOf(addr)
+		if !slices.Contains(w.Families, fam) || slices.ContainsFunc(kept, func(k netip.Addr) bool { return lb.FamilyOf(k) == fam }) {
+			continue
+		}
+		if a.eligible(svc, w, addr) != nil {
+			continue
+		}
+		kept = append(kept, addr)
+	}
+	if len(kept) > 0 {
+		a.commit(svc, w, kept)
+	}
+	return kept
+}
+
+// Assign gives svc one address of each family w asks for, keeping those
+// it holds where they still fit w, and returns them. On error svc keeps
+// what it held.
+func (a *Allocator) Assign(svc string, w Want) ([]netip.Addr, error) {
+	if w.Pool != "" && a.byName[w.Pool] == nil {
+		return nil, allocErrorf(ReasonBadAnnotation, "%s: no pool is named %q", AnnotationPool, w.Pool)
+	}
+	if len(w.Families) == 0 {
+		return nil, allocErrorf(ReasonBadAnnotation, "the Service asks for no address family")
+	}
+	held := a.held[svc]
+	var out []netip.Addr
+	for _, fam := range w.Families {
+		addr, err := a.pick(svc, w, fam, held, out)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, addr)
+	}
+	a.commit(svc, w, out)
+	return out, nil
+}
+
+// pick chooses svc's address of family fam.
+func (a *Allocator) pick(svc string, w Want, fam lb.Family, held, taken []netip.Addr) (netip.Addr, error) {
+	if len(w.Addrs) > 0 {
+		i := slices.IndexFunc(w.Addrs, func(x netip.Addr) bool { return lb.FamilyOf(x) == fam })
+		if i < 0 {
+			return netip.Addr{}, allocErrorf(ReasonBadAnnotation, "no %s address among the requested %s", fam, joinAddrs(w.Addrs))
+		}
+		addr := w.Addrs[i].Unmap()
+		if other, ok := a.foreign[addr]; ok && !slices.Contains(held, addr) {
+			return netip.Addr{}, allocErrorf(ReasonAddressTaken, "%s is in the status of Service %s, which vipd does not serve", addr, other)
+		}
+		return addr, a.eligible(svc, w, addr)
+	}
+	for _, addr := range held {
+		if lb.FamilyOf(addr) == fam && a.eligible(svc, w, addr) == nil {
+			return addr, nil
+		}
+	}
+	pools := a.candidates(w)
+	if w.SharingKey != "" {
+		// Join an address already shared under the key, lowest first.
+		var best netip.Addr
+		for addr, u := range a.used {
+			if u.key != w.SharingKey || lb.FamilyOf(addr) != fam || slices.Contains(taken, addr) ||
+				best.IsValid() && addr.Compare(best) >= 0 {
+				continue
+			}
+			if a.inAny(pools, addr) && a.free(svc, w, addr) == nil {
+				best = addr
+			}
+		}
+		if best.IsValid() {
+			return best, nil
+		}
+	}
+	for _, p := range pools {
+		if addr, ok := a.next(p, fam); ok {
+			return addr, nil
+		}
+	}
+	if w.Pool != "" {
+		return netip.Addr{}, allocErrorf(ReasonPoolExhausted, "pool %q has no free %s address", w.Pool, fam)
+	}
+	return netip.Addr{}, allocErrorf(ReasonPoolExhausted, "no pool with auto_assign has a free %s address", fam)
+}
+
+// candidates returns the pools w may take a new address from.
+func (a *Allocator) candidates(w Want) []*pool {
+	if w.Pool != "" {
+		return []*pool{a.byName[w.Pool]}
+	}
+	var out []*pool
+	for _, p := range a.pools {
+		if p.auto {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (a *Allocator) inAny(pools []*pool, addr netip.Addr) bool {
+	return slices.ContainsFunc(pools, func(p *pool) bool { return p.contains(addr) })
+}
+
+// eligible says why svc may not hold addr under w, or nil.
+func (a *Allocator) eligible(svc string, w Want, addr netip.Addr) error {
+	if len(w.Addrs) > 0 && !slices.Contains(w.Addrs, addr) {
+		return allocErrorf(ReasonBadAnnotation, "%s is not among the requested %s", addr, joinAddrs(w.Addrs))
+	}
+	switch {
+	case w.Pool != "" && !a.byName[w.Pool].contains(addr):
+		return allocErrorf(ReasonAddressNotInPool, "%s is not in pool %q", addr, w.Pool)
+	case len(w.Addrs) > 0 && w.Pool == "" && !a.inAny(a.pools, addr):
+		return allocErrorf(ReasonAddressNotInPool, "%s is not in any pool", addr)
+	case len(w.Addrs) == 0 && w.Pool == "" && !a.inAny(a.candidates(w), addr):
+		return allocErrorf(ReasonAddressNotInPool, "%s is not in a pool with auto_assign", addr)
+	}
+	return a.free(svc, w, addr)
+}
+
+// free says why addr, held by others, cannot be svc's too, or nil.
+func (a *Allocator) free(svc string, w Want, addr netip.Addr) error {
+	u := a.used[addr]
+	if u == nil {
+		return nil
+	}
+	for _, other := range slices.Sorted(maps.Keys(u.owners)) {
+		if other == svc {
+			continue
+		}
+		if w.SharingKey == "" || u.key != w.SharingKey {
+			return allocErrorf(ReasonAddressTaken, "%s is used by Service %s (sharing needs the same %s on both)", addr, other, AnnotationSharingKey)
+		}
+		if p, ok := overlapPorts(u.owners[other], w.Ports); ok {
+			return allocErrorf(ReasonAddressTaken, "%s is shared with Service %s, which also uses %s/%d", addr, other, p.Proto, p.Port)
+		}
+	}
+	return nil
+}
+
+func overlapPorts(a, b []PortKey) (PortKey, bool) {
+	for _, p := range a {
+		if slices.Contains(b, p) {
+			return p, true
+		}
+	}
+	return PortKey{}, false
+}
+
+// next returns p's next free address of family fam, searching on from
+// where the last search ended, so that a released address is handed out
+// again only after the others.
+func (a *Allocator) next(p *pool, fam lb.Family) (netip.Addr, bool) {
+	for i, s := range p.spans {
+		if lb.FamilyOf(s.first) != fam {
+			continue
+		}
+		start := p.cursor[i]
+		for addr := start; addr.IsValid() && addr.Compare(s.last) <= 0; addr = addr.Next() {
+			if a.used[addr] == nil && !p.avoid[addr] && a.foreign[addr] == "" {
+				p.cursor[i] = addr
+				return addr, true
+			}
+		}
+		for addr := s.first; addr.Compare(start) < 0; addr = addr.Next() {
+			if a.used[addr] == nil && !p.avoid[addr] && a.foreign[addr] == "" {
+				p.cursor[i] = addr
+				return addr, true
+			}
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// commit makes addrs svc's, and only they.
+func (a *Allocator) commit(svc string, w Want, addrs []netip.Addr) {
+	a.Release(svc)
+	for _, addr := range addrs {
+		u := a.used[addr]
+		if u == nil {
+			u = &use{key: w.SharingKey, owners: map[string][]PortKey{}}
+			a.used[addr] = u
+		}
+		u.owners[svc] = slices.Clone(w.Ports)
+	}
+	a.held[svc] = slices.Clone(addrs)
+}
+
+func joinAddrs(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// The annotations a Service may carry. Their values are validated; a bad
+// one is an Event on the Service with reason BadAnnotation.
+const (
+	// AnnotationPool names the pool to allocate from.
+	AnnotationPool = "vipd.io/pool"
+	// AnnotationAddresses asks for specific addresses, comma-separated,
+	// at most one per family of the Service's ipFamilies; it replaces
+	// the deprecated spec.loadBalancerIP, which is honoured too.
+	AnnotationAddresses = "vipd.io/addresses"
+	// AnnotationSharingKey lets Services share an address: those with
+	// the same key and no port (protocol and number) in common may.
+	AnnotationSharingKey = "vipd.io/sharing-key"
+	// AnnotationBackends picks the backends: "nodeport" or "endpoints".
+	AnnotationBackends = "vipd.io/backends"
+	// AnnotationScheduler picks the IPVS scheduler (default wlc).
+	AnnotationScheduler = "vipd.io/scheduler"
+	// AnnotationSchedulerFlags sets scheduler flags, comma-separated
+	// ("sh-port,sh-fallback").
+	AnnotationSchedulerFlags = "vipd.io/scheduler-flags"
+)
+
+// wantOf returns what svc asks of the pools, from its ipFamilies, ports,
+// annotations and spec.loadBalancerIP.
+func wantOf(svc *corev1.Service) (Want, error) {
+	w := Want{Pool: svc.Annotations[AnnotationPool], SharingKey: svc.Annotations[AnnotationSharingKey]}
+	if v, ok := svc.Annotations[AnnotationPool]; ok && v == "" {
+		return Want{}, allocErrorf(ReasonBadAnnotation, "%s is empty", AnnotationPool)
+	}
+	if v, ok := svc.Annotations[AnnotationSharingKey]; ok && v == "" {
+		return Want{}, allocErrorf(ReasonBadAnnotation, "%s is empty", AnnotationSharingKey)
+	}
+	families := []lb.Family{}
+	for _, f := range svc.Spec.IPFamilies {
+		switch f {
+		case corev1.IPv4Protocol:
+			families = append(families, lb.IPv4)
+		case corev1.IPv6Protocol:
+			families = append(families, lb.IPv6)
+		}
+	}
+	if len(families) == 0 {
+		families = []lb.Family{lb.IPv4}
+	}
+	if v, ok := svc.Annotations[AnnotationAddresses]; ok {
+		for _, f := range strings.Split(v, ",") {
+			addr, err := netip.ParseAddr(strings.TrimSpace(f))
+			if err != nil || addr.Zone() != "" {
+				return Want{}, allocErrorf(ReasonBadAnnotation, "%s: %q is not an IP address", AnnotationAddresses, strings.TrimSpace(f))
+			}
+			w.Addrs = append(w.Addrs, addr.Unmap())
+		}
+	}
+	if ip := svc.Spec.LoadBalancerIP; ip != "" {
+		addr, err := netip.ParseAddr(ip)
+		switch {
+		case err != nil || addr.Zone() != "":
+			return Want{}, allocErrorf(ReasonBadAnnotation, "spec.loadBalancerIP %q is not an IP address", ip)
+		case len(w.Addrs) > 0 && !slices.Contains(w.Addrs, addr.Unmap()):
+			return Want{}, allocErrorf(ReasonBadAnnotation, "spec.loadBalancerIP %s is not among %s %s", addr, AnnotationAddresses, joinAddrs(w.Addrs))
+		case len(w.Addrs) == 0:
+			w.Addrs = []netip.Addr{addr.Unmap()}
+		}
+	}
+	if len(w.Addrs) > 0 {
+		var fams []lb.Family
+		for _, addr := range w.Addrs {
+			fam := lb.FamilyOf(addr)
+			if slices.Contains(fams, fam) {
+				return Want{}, allocErrorf(ReasonBadAnnotation, "%s asks for two %s addresses", AnnotationAddresses, fam)
+			}
+			if !slices.Contains(families, fam) {
+				return Want{}, allocErrorf(ReasonBadAnnotation, "%s is %s, which is not among the Service's ipFamilies", addr, fam)
+			}
+			fams = append(fams, fam)
+		}
+		// The Service gets exactly the addresses it asks for, in the
+		// order of its ipFamilies.
+		families = slices.DeleteFunc(families, func(f lb.Family) bool { return !slices.Contains(fams, f) })
+	}
+	w.Families = families
+	for _, p := range svc.Spec.Ports {
+		proto, err := lb.ParseProto(string(p.Protocol))
+		if err != nil {
+			return Want{}, allocErrorf(ReasonBadAnnotation, "port %d: %v", p.Port, err)
+		}
+		w.Ports = append(w.Ports, PortKey{Proto: proto, Port: uint16(p.Port)})
+	}
+	return w, nil
+}
