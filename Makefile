@@ -17,7 +17,7 @@ GUEST_PKGS ?= ./kernel/ipvs ./kernel/link ./kernel/sysctl ./kernel/iptables ./ke
 
 export CGO_ENABLED := 0
 
-.PHONY: all build test unit fuzz e2e vm-selftest systemd-test demo lint check bench deps install deb clean
+.PHONY: all build test unit fuzz e2e vm-selftest systemd-test demo lint check bench deps k8s-rig install deb clean
 
 all: build
 
@@ -31,8 +31,15 @@ test: lint unit fuzz e2e vm-selftest systemd-test
 deps:
 	test/deps.sh
 
-## unit: pure unit tests, plus root tests in private network namespaces.
-unit: deps
+## k8s-rig: build (once per version) the etcd and kube-apiserver the
+## Kubernetes source's tests run against (test/k8s/rig.sh; cached in
+## /var/cache/vipd-k8s).
+k8s-rig:
+	test/k8s/rig.sh >/dev/null
+
+## unit: pure unit tests, plus root tests in private network namespaces
+## (and against a real API server).
+unit: deps k8s-rig
 	$(GO) test -count=1 ./...
 
 ## fuzz: a short, bounded run of the config parser's fuzz target.
