@@ -57,6 +57,9 @@ type Options struct {
 	// Sources are the origins of desired services besides the
 	// configuration file (see package source).
 	Sources []source.Source
+	// OpenSources opens the sources a configuration asks for (its
+	// [kubernetes] section), which join Sources; nil opens none.
+	OpenSources func(cfg *config.Config, log *slog.Logger) ([]source.Source, error)
 	// Version is the version the log and the metrics show.
 	Version string
 	// OpenElector opens the election of the configuration's [ha]
@@ -187,6 +190,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	drained, err := loadState(cfg)
 	if err != nil {
 		return err
+	}
+	if a.opts.OpenSources != nil {
+		srcs, err := a.opts.OpenSources(cfg, log)
+		if err != nil {
+			return fmt.Errorf("%s: %w", cfg.File, err)
+		}
+		a.opts.Sources = append(slices.Clone(a.opts.Sources), srcs...)
 	}
 	k, closeKernel, err := a.opts.OpenKernel(cfg, log)
 	if err != nil {
@@ -513,7 +523,8 @@ func restartNeeded(old, cur *config.Config) bool {
 	x, y := old.Daemon, cur.Daemon
 	return x.Interface != y.Interface || !slices.Equal(x.Uplinks, y.Uplinks) || x.GARP != y.GARP ||
 		x.ManageIPTables != y.ManageIPTables || x.StateDir != y.StateDir || x.ResyncInterval != y.ResyncInterval ||
-		x.Watch != y.Watch || x.ControlSocket != y.ControlSocket || x.MetricsListen != y.MetricsListen
+		x.Watch != y.Watch || x.ControlSocket != y.ControlSocket || x.MetricsListen != y.MetricsListen ||
+		!old.HA.Equal(cur.HA) || !old.Kubernetes.Equal(cur.Kubernetes)
 }
 
 // resign hands the VIPs over to a peer at once, before the node stops.

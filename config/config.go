@@ -36,6 +36,8 @@ type Config struct {
 	Health map[string]ServiceHealth
 	// HA is the [ha] section.
 	HA HA
+	// Kubernetes is the [kubernetes] section.
+	Kubernetes Kubernetes
 
 	// parts are the files the configuration was read from: the main file,
 	// then the included files in include order. Each file's services are

@@ -25,10 +25,11 @@ import (
 // errors carry positions.
 
 type rawConfig struct {
-	Include []string     `toml:"include"`
-	Daemon  rawDaemon    `toml:"daemon"`
-	HA      rawHA        `toml:"ha"`
-	Service []rawService `toml:"service"`
+	Include    []string      `toml:"include"`
+	Daemon     rawDaemon     `toml:"daemon"`
+	HA         rawHA         `toml:"ha"`
+	Kubernetes rawKubernetes `toml:"kubernetes"`
+	Service    []rawService  `toml:"service"`
 }
 
 type rawDaemon struct {
@@ -220,6 +221,7 @@ func (v *validator) config(raw *rawConfig, x *cross) *Config {
 	cfg := &Config{}
 	v.daemon(&raw.Daemon, cfg)
 	v.ha(&raw.HA, cfg)
+	v.kubernetes(&raw.Kubernetes, cfg)
 	cfg.Include = v.include(raw.Include, cfg.Daemon.Watch)
 	v.services(raw.Service, cfg, x)
 	return cfg

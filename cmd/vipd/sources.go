@@ -1,0 +1,37 @@
+package main
+
+import (
+	"log/slog"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/source"
+	"github.com/vipd/vipd/source/kubernetes"
+)
+
+// openSources opens the sources of services cfg asks for besides the
+// file: the Kubernetes API of its [kubernetes] section.
+func openSources(cfg *config.Config, log *slog.Logger) ([]source.Source, error) {
+	k := cfg.Kubernetes
+	if !k.Enabled {
+		return nil, nil
+	}
+	opts := kubernetes.Options{
+		Kubeconfig:        k.Kubeconfig,
+		LoadBalancerClass: k.LoadBalancerClass,
+		DefaultClass:      k.DefaultClass,
+		Namespaces:        k.Namespaces,
+		ServiceSelector:   k.ServiceSelector,
+		Backends:          k.Backends,
+		Logger:            log.With("source", "kubernetes"),
+	}
+	for _, p := range k.Pools {
+		auto := p.AutoAssign
+		opts.Pools = append(opts.Pools, kubernetes.Pool{Name: p.Name, Addresses: p.Addresses, AutoAssign: &auto,
+			AvoidNetworkBroadcast: p.AvoidNetworkBroadcast})
+	}
+	src, err := kubernetes.New(opts)
+	if err != nil {
+		return nil, err
+	}
+	return []source.Source{src}, nil
+}

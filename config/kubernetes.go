@@ -1,0 +1,145 @@
+package config
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Kubernetes is the [kubernetes] section: vipd as the LoadBalancer
+// implementation of a cluster, a source of services besides the file
+// (see package source/kubernetes).
+type Kubernetes struct {
+	// Enabled says the section is there.
+	Enabled bool
+	// Kubeconfig is the path of a kubeconfig file; "" means the
+	// in-cluster configuration.
+	Kubeconfig string
+	// LoadBalancerClass is the spec.loadBalancerClass vipd serves;
+	// DefaultClass serves the Services without one too.
+	LoadBalancerClass string
+	DefaultClass      bool
+	// Namespaces restricts the Services served (empty: all);
+	// ServiceSelector is a label selector they must match.
+	Namespaces      []string
+	ServiceSelector string
+	// Backends is the default backend mode: "nodeport" or "endpoints".
+	Backends string
+	// Pools are the addresses vipd hands out.
+	Pools []KubernetesPool
+}
+
+// KubernetesPool is one [[kubernetes.pool]].
+type KubernetesPool struct {
+	Name string
+	// Addresses are CIDRs, ranges ("A-B") and single addresses.
+	Addresses []string
+	// AutoAssign lets Services that name no pool take addresses from it.
+	AutoAssign bool
+	// AvoidNetworkBroadcast keeps network and broadcast addresses out of
+	// automatic allocation.
+	AvoidNetworkBroadcast bool
+}
+
+// The backend modes.
+const (
+	BackendsNodePort  = "nodeport"
+	BackendsEndpoints = "endpoints"
+)
+
+// Equal reports whether two sections are the same.
+func (k Kubernetes) Equal(o Kubernetes) bool {
+	return k.Enabled == o.Enabled && k.Kubeconfig == o.Kubeconfig && k.LoadBalancerClass == o.LoadBalancerClass &&
+		k.DefaultClass == o.DefaultClass && slices.Equal(k.Namespaces, o.Namespaces) && k.ServiceSelector == o.ServiceSelector &&
+		k.Backends == o.Backends && slices.EqualFunc(k.Pools, o.Pools, func(a, b KubernetesPool) bool {
+		return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses) && a.AutoAssign == b.AutoAssign &&
+			a.AvoidNetworkBroadcast == b.AvoidNetworkBroadcast
+	})
+}
+
+// rawKubernetes is the [kubernetes] section as written.
+type rawKubernetes struct {
+	Kubeconfig        *string      `toml:"kubeconfig"`
+	LoadBalancerClass *string      `toml:"load_balancer_class"`
+	DefaultClass      *bool        `toml:"default_class"`
+	Namespaces        []string     `toml:"namespaces"`
+	ServiceSelector   *string      `toml:"service_selector"`
+	Backends          *string      `toml:"backends"`
+	Pool              []rawK8sPool `toml:"pool"`
+}
+
+type rawK8sPool struct {
+	Name                  *string  `toml:"name"`
+	Addresses             []string `toml:"addresses"`
+	AutoAssign            *bool    `toml:"auto_assign"`
+	AvoidNetworkBroadcast *bool    `toml:"avoid_network_broadcast"`
+}
+
+// set reports whether the section has any key.
+func (k *rawKubernetes) set() bool {
+	return k.Kubeconfig != nil || k.LoadBalancerClass != nil || k.DefaultClass != nil || k.Namespaces != nil ||
+		k.ServiceSelector != nil || k.Backends != nil || k.Pool != nil
+}
+
+// kubernetes validates the [kubernetes] section into cfg.Kubernetes. The
+// addresses of the pools are checked when the source starts (see
+// source/kubernetes), which names the pool.
+func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
+	if !k.set() {
+		return
+	}
+	const ctx = "kubernetes"
+	out := Kubernetes{Enabled: true, Backends: BackendsNodePort}
+	if k.Kubeconfig != nil {
+		out.Kubeconfig = *k.Kubeconfig
+		if out.Kubeconfig != "" && out.Kubeconfig[0] != '/' {
+			v.errorf("kubernetes.kubeconfig", ctx, "kubeconfig %q must be an absolute path (or \"\" for the in-cluster configuration)", out.Kubeconfig)
+		}
+	}
+	if k.LoadBalancerClass != nil {
+		out.LoadBalancerClass = *k.LoadBalancerClass
+	}
+	setBool(&out.DefaultClass, k.DefaultClass)
+	if out.LoadBalancerClass == "" && !out.DefaultClass {
+		v.errorf("kubernetes", ctx, "serves no Service: set load_balancer_class, or default_class = true")
+	}
+	for _, ns := range k.Namespaces {
+		if ns == "" || len(ns) > 63 {
+			v.errorf("kubernetes.namespaces", ctx, "namespaces: %q is not a namespace name", ns)
+		}
+	}
+	out.Namespaces = k.Namespaces
+	if k.ServiceSelector != nil {
+		out.ServiceSelector = *k.ServiceSelector
+	}
+	if k.Backends != nil {
+		switch *k.Backends {
+		case BackendsNodePort, BackendsEndpoints:
+			out.Backends = *k.Backends
+		default:
+			v.errorf("kubernetes.backends", ctx, "backends %q must be %q or %q", *k.Backends, BackendsNodePort, BackendsEndpoints)
+		}
+	}
+	if len(k.Pool) == 0 {
+		v.errorf("kubernetes", ctx, "no pools: add a [[kubernetes.pool]] with the addresses to hand out")
+	}
+	for i, p := range k.Pool {
+		pctx := fmt.Sprintf("kubernetes.pool %d", i+1)
+		pool := KubernetesPool{AutoAssign: true}
+		if p.Name == nil || *p.Name == "" {
+			v.errorf("kubernetes.pool", pctx, "name is required")
+		} else {
+			pool.Name = *p.Name
+			if slices.ContainsFunc(out.Pools, func(q KubernetesPool) bool { return q.Name == pool.Name }) {
+				v.errorf("kubernetes.pool.name", pctx, "pool %q is defined twice", pool.Name)
+			}
+		}
+		if len(p.Addresses) == 0 {
+			v.errorf("kubernetes.pool", pctx, "addresses are required: CIDRs, ranges (\"A-B\") or single addresses")
+		}
+		pool.Addresses = p.Addresses
+		setBool(&pool.AutoAssign, p.AutoAssign)
+		setBool(&pool.AvoidNetworkBroadcast, p.AvoidNetworkBroadcast)
+		out.Pools = append(out.Pools, pool)
+	}
+	cfg.Kubernetes = out
+}

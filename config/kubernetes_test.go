@@ -1,0 +1,64 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestKubernetesSection(t *testing.T) {
+	in := `[kubernetes]
+kubeconfig = "/etc/vipd/kubeconfig"
+load_balancer_class = "vipd.io/lb"
+namespaces = ["web"]
+service_selector = "lb=vipd"
+backends = "endpoints"
+
+[[kubernetes.pool]]
+name = "public"
+addresses = ["192.0.2.0/27", "2001:db8::/120"]
+avoid_network_broadcast = true
+
+[[kubernetes.pool]]
+name = "manual"
+addresses = ["198.51.100.10-198.51.100.20"]
+auto_assign = false
+` + haService
+	cfg, err := Parse("t.toml", []byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := cfg.Kubernetes
+	if !k.Enabled || k.Kubeconfig != "/etc/vipd/kubeconfig" || k.LoadBalancerClass != "vipd.io/lb" || k.DefaultClass ||
+		len(k.Namespaces) != 1 || k.ServiceSelector != "lb=vipd" || k.Backends != "endpoints" || len(k.Pools) != 2 ||
+		!k.Pools[0].AutoAssign || !k.Pools[0].AvoidNetworkBroadcast || k.Pools[1].AutoAssign || k.Pools[1].Addresses[0] != "198.51.100.10-198.51.100.20" {
+		t.Errorf("got %+v", k)
+	}
+	if cfg, _ := Parse("t.toml", []byte(haService)); cfg.Kubernetes.Enabled {
+		t.Error("no [kubernetes], enabled")
+	}
+	// An edit of the section is a change of settings.
+	_, d, err := ParseFrom(cfg, "t.toml", []byte(strings.Replace(in, `"lb=vipd"`, `"lb=other"`, 1)))
+	if err != nil || !d.Full {
+		t.Errorf("edit: %+v %v", d, err)
+	}
+}
+
+func TestKubernetesErrors(t *testing.T) {
+	pool := "\n[[kubernetes.pool]]\nname = \"p\"\naddresses = [\"192.0.2.0/28\"]\n"
+	for _, tt := range []struct{ name, in, want string }{
+		{"no class", "[kubernetes]\nkubeconfig = \"/k\"\n" + pool, `t.toml:1: kubernetes: serves no Service`},
+		{"relative kubeconfig", "[kubernetes]\ndefault_class = true\nkubeconfig = \"k\"\n" + pool, `t.toml:3: kubernetes: kubeconfig "k" must be an absolute path`},
+		{"backends", "[kubernetes]\ndefault_class = true\nbackends = \"pods\"\n" + pool, `t.toml:3: kubernetes: backends "pods" must be "nodeport" or "endpoints"`},
+		{"no pool", "[kubernetes]\ndefault_class = true\n", `t.toml:1: kubernetes: no pools`},
+		{"pool without name", "[kubernetes]\ndefault_class = true\n[[kubernetes.pool]]\naddresses = [\"192.0.2.0/28\"]\n", `kubernetes.pool 1: name is required`},
+		{"pool twice", "[kubernetes]\ndefault_class = true\n" + pool + pool, `kubernetes.pool 2: pool "p" is defined twice`},
+		{"unknown key", "[kubernetes]\ndefault_class = true\nclass = \"x\"\n" + pool, `t.toml:3: `},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("t.toml", []byte(tt.in+haService))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got %v\nwant %s", err, tt.want)
+			}
+		})
+	}
+}
