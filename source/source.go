@@ -46,7 +46,7 @@ type Sink interface {
 type Snapshot struct {
 	// Services are the source's virtual services, valid as a Spec's
 	// (see lb.Spec); their names are unique in the agent, so a source
-	// other than the file prefixes them (e.g. "k8s/NAMESPACE/NAME:PORT").
+	// other than the file prefixes them (e.g. "k8s/NAMESPACE/NAME/PORT/PROTO").
 	Services []lb.VirtualService
 	// Health holds the health checks of the services that have any, by
 	// service name.
