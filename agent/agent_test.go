@@ -368,21 +368,7 @@ func TestRequestsAfterStop(t *testing.T) {
 }
 
 func TestRestartAdoptsHealth(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	port := l.Addr().(*net.TCPAddr).Port
+	port := acceptor(t)
 	checked := fmt.Sprintf(`[[service]]
 name = "web"
 vip = "192.0.2.10"
@@ -391,7 +377,7 @@ check = { type = "tcp", address = "127.0.0.1", port = %d, interval = "1h", rise 
 backend = [{ address = "10.0.0.1" }, { address = "10.0.0.2" }]
 `, port)
 	r := newRig(t, checked)
-	r.eventually(t, "10.0.0.1:80 masq weight=1", "10.0.0.2:80 masq weight=1")
+	r.waitFor(t, []string{"10.0.0.1:80 masq weight=1", "10.0.0.2:80 masq weight=1"}, nil)
 	r.stop()
 	if err := <-r.done; err != nil {
 		t.Fatal(err)
@@ -409,8 +395,30 @@ backend = [{ address = "10.0.0.1" }, { address = "10.0.0.2" }]
 	r2.has(t, "10.0.0.1:80 masq weight=1", "10.0.0.2:80 masq weight=1")
 }
 
-// eventually waits until the kernel has every one of want.
-func (r *rig) eventually(t *testing.T, want ...string) {
+// acceptor listens on a port of 127.0.0.1 that accepts and closes every
+// connection until the test ends, and returns the port.
+func acceptor(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// waitFor waits until the kernel dump has every one of want, and none
+// of unwanted.
+func (r *rig) waitFor(t *testing.T, want, unwanted []string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -419,13 +427,16 @@ func (r *rig) eventually(t *testing.T, want ...string) {
 		for _, w := range want {
 			ok = ok && strings.Contains(d, w)
 		}
+		for _, u := range unwanted {
+			ok = ok && !strings.Contains(d, u)
+		}
 		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the kernel never had %q:\n%s", want, d)
+			t.Fatalf("the kernel never had %q without %q:\n%s\n%s", want, unwanted, d, r.log)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

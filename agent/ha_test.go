@@ -74,30 +74,6 @@ func haSection(extra string) string {
 	return "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 51\npriority = 150\n" + extra + "\n"
 }
 
-// waitFor waits until the kernel dump has every one of want, and none
-// of unwanted.
-func (r *rig) waitFor(t *testing.T, want, unwanted []string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		d := r.k.Dump()
-		ok := true
-		for _, w := range want {
-			ok = ok && strings.Contains(d, w)
-		}
-		for _, u := range unwanted {
-			ok = ok && !strings.Contains(d, u)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the kernel never had %q without %q:\n%s\n%s", want, unwanted, d, r.log)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestHARoles(t *testing.T) {
 	r, e := haRig(t, "", services(3, 1))
 	if got := e.opts.Addrs; !slices.Equal(got, []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11"), netip.MustParseAddr("192.0.2.12")}) {

@@ -217,27 +217,13 @@ func TestSourceFailureStops(t *testing.T) {
 }
 
 func TestSourceHealth(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	openPort := uint16(acceptor(t))
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	closedPort := uint16(closed.Addr().(*net.TCPAddr).Port)
 	closed.Close()
-	openPort := uint16(l.Addr().(*net.TCPAddr).Port)
 	check := func(port uint16) health.Spec {
 		return health.Spec{Kind: health.KindTCP, Addr: netip.MustParseAddr("127.0.0.1"), Port: port,
 			Interval: 20 * time.Millisecond, Timeout: 200 * time.Millisecond, Rise: 1, Fall: 1, Jitter: -1}
@@ -253,15 +239,5 @@ func TestSourceHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		d := r.k.Dump()
-		if strings.Contains(d, "10.1.0.1:80 masq weight=1") && strings.Contains(d, "10.1.0.2:80 masq weight=0") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the source's health checks did not set the weights:\n%s", d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	r.waitFor(t, []string{"10.1.0.1:80 masq weight=1", "10.1.0.2:80 masq weight=0"}, nil)
 }
