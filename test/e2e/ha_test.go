@@ -241,3 +241,38 @@ func TestHAKeepalivedPeer(t *testing.T) {
 	l.finish(t, "keepalived's node cut off")
 	t.Logf("vipd took over from keepalived %v after the cut", took.Round(time.Millisecond))
 }
+
+// TestHAKillAndComeBack kills the master's vipd (kill -9: its kernel keeps
+// the VIP, the services and the synchronization daemons, but no longer
+// answers ARP for the VIP or advertises), then starts it again: the backup
+// takes over, and the restarted node, of higher priority and master when
+// it was killed, takes the VIPs back at once. Long-lived connections
+// live through both moves and no request fails.
+func TestHAKillAndComeBack(t *testing.T) {
+	tp := NewTopo(t, "ha 2")
+	lb1 := startHANode(t, tp, 1, 150, "")
+	lb1.waitRole(t, "master", 10*time.Second)
+	lb2 := startHANode(t, tp, 2, 100, "")
+	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 6, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
+	Eventually(t, 10*time.Second, 200*time.Millisecond, func() bool {
+		return strings.Count(Run(t, "ip", "netns", "exec", "lb2", "ipvsadm", "-Lnc"), "ESTABLISHED") >= 6
+	}, "lb2 has not the master's long-lived connections")
+	kill := time.Now()
+	lb1.kill()
+	took := lb2.waitRole(t, "master", 5*time.Second).Sub(kill)
+	Eventually(t, 5*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb2") },
+		"the client still resolves the VIP to %s, not to lb2", clientNeighbour(t, tp))
+	time.Sleep(2 * time.Second)
+	// Back: lb1 was master when it was killed, so it starts as master.
+	lb1.start()
+	back := lb1.logSince()
+	if !strings.Contains(back, "starting as master") {
+		t.Errorf("the restarted lb1 did not start as master:\n%s", back)
+	}
+	lb2.waitRole(t, "backup", 5*time.Second)
+	Eventually(t, 5*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb1") },
+		"the client still resolves the VIP to %s, not to lb1", clientNeighbour(t, tp))
+	time.Sleep(2 * time.Second)
+	l.finish(t, "master killed and restarted")
+	t.Logf("kill -9 of the master: lb2 master %v after it", took.Round(time.Millisecond))
+}
