@@ -88,6 +88,21 @@ avoid_network_broadcast = true
 		rep.Status.Sources[0].Name != "kubernetes" || rep.Status.Sources[0].Services != 1 || rep.Status.Sources[0].Error != "" {
 		t.Errorf("status services %v, sources %+v", names, rep.Status.Sources)
 	}
+	// A Service with a health check annotation: its node's nodePort does
+	// not answer here (there is no node), so the backend is out.
+	checked, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "checked", Annotations: map[string]string{
+			"vipd.io/check": `{ type = "tcp", interval = "100ms", timeout = "100ms", rise = 1, fall = 1 }`}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer,
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the checked Service's backend out of rotation", func() bool {
+		return strings.Contains(h.k.Dump(), fmt.Sprintf("-> 10.1.0.5:%d masq weight=0", checked.Spec.Ports[0].NodePort)) &&
+			strings.Contains(h.k.Dump(), fmt.Sprintf("-> 10.1.0.5:%d masq weight=1", nodePort))
+	})
 	// The file's services are untouched by the source's.
 	if d := h.k.Dump(); !strings.Contains(d, "service tcp 192.0.2.10:80") || !strings.Contains(d, "service tcp 192.0.2.11:443") {
 		t.Errorf("the file's services are missing:\n%s", d)

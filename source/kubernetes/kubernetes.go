@@ -21,6 +21,7 @@ import (
 
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/monitor/health"
 	"github.com/vipd/vipd/source"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -523,7 +524,20 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		c.written[key] = true
 		st, serr := c.settingsOf(svc)
 		c.warn(svc, "settings", serr)
-		snap.Services = append(snap.Services, virtualServices(svc, held, st, nodes, idx[key])...)
+		vss := virtualServices(svc, held, st, nodes, idx[key])
+		if st.check != nil {
+			for _, vs := range vss {
+				h := config.ServiceHealth{Checks: make(map[netip.AddrPort]health.Spec, len(vs.Backends))}
+				for _, b := range vs.Backends {
+					h.Checks[b.Addr] = *st.check
+				}
+				if snap.Health == nil {
+					snap.Health = map[string]config.ServiceHealth{}
+				}
+				snap.Health[vs.Name] = h
+			}
+		}
+		snap.Services = append(snap.Services, vss...)
 	}
 	slices.SortFunc(snap.Services, func(a, b lb.VirtualService) int { return strings.Compare(a.Name, b.Name) })
 
@@ -546,6 +560,8 @@ type settings struct {
 	mode      string
 	scheduler string
 	flags     lb.SchedFlags
+	// check is the health check of every backend, from vipd.io/check.
+	check *health.Spec
 }
 
 // settingsOf returns svc's backend mode and scheduler, from its
@@ -566,8 +582,9 @@ func (c *controller) settingsOf(svc *corev1.Service) (settings, error) {
 	return st, nil
 }
 
-// parseSettings validates svc's vipd.io/backends, vipd.io/scheduler and
-// vipd.io/scheduler-flags annotations, with the file's messages.
+// parseSettings validates svc's vipd.io/backends, vipd.io/scheduler,
+// vipd.io/scheduler-flags and vipd.io/check annotations, with the file's
+// messages.
 func parseSettings(svc *corev1.Service, defaultMode string) (settings, error) {
 	st := settings{mode: defaultMode, scheduler: config.DefaultScheduler}
 	if mode, ok := svc.Annotations[AnnotationBackends]; ok {
@@ -594,6 +611,13 @@ func parseSettings(svc *corev1.Service, defaultMode string) (settings, error) {
 			}
 			st.flags |= flag
 		}
+	}
+	if text, ok := svc.Annotations[AnnotationCheck]; ok {
+		check, err := config.ParseCheck(text)
+		if err != nil {
+			return settings{}, allocErrorf(ReasonBadAnnotation, "%s: %v", AnnotationCheck, err)
+		}
+		st.check = check
 	}
 	return st, nil
 }

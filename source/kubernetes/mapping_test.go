@@ -5,11 +5,14 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/vipd/vipd/monitor/health"
 )
 
 func testNode(name string, ready bool, labels map[string]string, addrs ...string) *corev1.Node {
@@ -137,6 +140,18 @@ k8s/ns/web/sig/sctp/ipv6 sctp [2001:db8::1]:3868 wlc vip=2001:db8::1 announce=tr
 	}
 }
 
+func TestCheckAnnotation(t *testing.T) {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web",
+		Annotations: map[string]string{AnnotationCheck: `{ type = "http", path = "/healthz", interval = "2s" }`}}}
+	st, err := parseSettings(svc, BackendsNodePort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.check == nil || st.check.Kind != health.KindHTTP || st.check.HTTP.Path != "/healthz" || st.check.Interval != 2*time.Second {
+		t.Errorf("check %+v", st.check)
+	}
+}
+
 func TestSettingsAnnotations(t *testing.T) {
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
@@ -159,6 +174,10 @@ func TestSettingsAnnotations(t *testing.T) {
 			`vipd.io/scheduler-flags: unknown scheduler flag "mh-foo" (want sh-fallback, sh-port, mh-fallback or mh-port)`},
 		{map[string]string{AnnotationBackends: "pods"},
 			`vipd.io/backends "pods" must be "nodeport" or "endpoints"`},
+		{map[string]string{AnnotationCheck: `{ type = "exec", command = "/bin/true" }`},
+			`vipd.io/check: exec checks are not allowed from an annotation: they would run commands on the load balancer`},
+		{map[string]string{AnnotationCheck: `{ type = "tcp", rise = 0, fall = 2000 }`},
+			`vipd.io/check: rise and fall must be within 1..1000`},
 	} {
 		s := svc.DeepCopy()
 		s.Annotations = tc.annotations

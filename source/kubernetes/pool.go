@@ -518,6 +518,11 @@ const (
 	// AnnotationSchedulerFlags sets scheduler flags, comma-separated
 	// ("sh-port,sh-fallback").
 	AnnotationSchedulerFlags = "vipd.io/scheduler-flags"
+	// AnnotationCheck is the health check of every backend, a TOML
+	// inline table with the keys of the file's [service.check]:
+	// { type = "http", path = "/healthz", interval = "2s" }. Exec checks
+	// are refused.
+	AnnotationCheck = "vipd.io/check"
 )
 
 // wantOf returns what svc asks of the pools, from its ipFamilies, ports,

@@ -1,0 +1,48 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/monitor/health"
+)
+
+func TestParseCheck(t *testing.T) {
+	s, err := ParseCheck(`{ type = "http", path = "/healthz", interval = "2s", rise = 2, fall = 3 }`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Kind != health.KindHTTP || s.HTTP.Path != "/healthz" || s.Interval != 2*time.Second || s.Rise != 2 || s.Fall != 3 {
+		t.Errorf("got %+v", s)
+	}
+	if s, err := ParseCheck(`{ type = "none" }`); s != nil || err != nil {
+		t.Errorf("none: %+v %v", s, err)
+	}
+	for _, tt := range []struct{ in, want string }{
+		{`{ type = "exec", command = "/bin/true" }`, "exec checks are not allowed"},
+		{`{ type = "smtp" }`, `type "smtp" must be tcp, http, https, udp, dns, exec or none`},
+		{`{ type = "tcp", rise = 0, fall = 5000 }`, "rise and fall must be within 1..1000"},
+		{`{ type = "tcp", colour = "red" }`, "unknown key colour"},
+		{`type = "tcp"`, "not a TOML inline table"},
+		{`"tcp"`, "not a TOML inline table"},
+		{`{ type = "tcp" } x = 1`, "not a TOML inline table"},
+		{strings.Repeat(" ", MaxCheckText+1), "longer than 4096 bytes"},
+		{"{ a = " + strings.Repeat("[", 100) + strings.Repeat("]", 100) + " }", "nested more than 32 deep"},
+	} {
+		if _, err := ParseCheck(tt.in); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%.60q: %v, want %q", tt.in, err, tt.want)
+		}
+	}
+}
+
+func FuzzParseCheck(f *testing.F) {
+	f.Add(`{ type = "http", path = "/" }`)
+	f.Add(`{ type = "tcp", port = 8080 }`)
+	f.Fuzz(func(t *testing.T, in string) {
+		s, err := ParseCheck(in)
+		if err == nil && s != nil && s.Kind == health.KindExec {
+			t.Fatalf("%q: an exec check", in)
+		}
+	})
+}
