@@ -251,9 +251,9 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	}
 	// The election starts once the caches are in sync (an instance that
 	// cannot see the cluster must not lead it), and ends after the loop,
-	// whose writes then are over: giving the Lease up is safe.
-	// The election has a client of its own, so that a burst of status
-	// writes, held back by the client's rate limit, never delays a renewal.
+	// whose writes then are over: giving the Lease up is safe. It has a
+	// client of its own, so that a burst of status writes, held back by
+	// the client's rate limit, never delays a renewal.
 	ecfg := rest.CopyConfig(cfg)
 	ecfg.UserAgent = "vipd-leader-election"
 	ecs, err := clientset.NewForConfig(ecfg)

@@ -48,8 +48,11 @@ func (s *Source) leaseDefaults() error {
 	}
 	if o.Identity == "" {
 		host, err := os.Hostname()
-		if err != nil || host == "" {
-			return fmt.Errorf("kubernetes: identity: no hostname (set identity): %v", err)
+		if err != nil {
+			return fmt.Errorf("kubernetes: identity: set it, or fix the hostname: %w", err)
+		}
+		if host == "" {
+			return errors.New("kubernetes: identity: set it: the hostname is empty")
 		}
 		o.Identity = host
 	}
