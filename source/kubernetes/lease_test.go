@@ -205,12 +205,22 @@ func TestLeaderElection(t *testing.T) {
 
 	// The leader stops: it gives the Lease up, and b takes over without
 	// writing web again, and allocates what is new.
+	_, published := b.sink.last()
 	a.stop()
 	e.waitHolder(t, ns, "b")
 	b.waitLog(t, msgLeading, 1)
 	e.create(t, lbService(ns, "api", port("http", corev1.ProtocolTCP, 80)))
 	api := e.waitStatus(t, ns, "api", "192.0.2.104")
 	waitSnap(t, b.sink, fmt.Sprintf("k8s/%s/api/http/tcp tcp 192.0.2.104:80 -> 10.0.2.1:%d/1\n", ns, api.Spec.Ports[0].NodePort)+want)
+	// The takeover changed nothing that b serves: what it published
+	// since has api.
+	b.sink.mu.Lock()
+	for _, snap := range b.sink.snaps[published:] {
+		if !strings.Contains(dump(snap), "/api/") {
+			t.Errorf("b published at the takeover:\n%s", dump(snap))
+		}
+	}
+	b.sink.mu.Unlock()
 	got, err := e.cs.CoreV1().Services(ns).Get(ctxOf(t), "web", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
