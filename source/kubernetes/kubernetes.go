@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/http"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -76,6 +77,28 @@ type Options struct {
 	// Pools are the addresses vipd hands out.
 	Pools []Pool `toml:"pool"`
 
+	// LeaderElection lets several vipd instances (an HA pair) serve one
+	// cluster: they elect a leader through a Lease, and only the leader
+	// allocates addresses and writes status and Events; every instance
+	// publishes the Services at the addresses their status shows. Nil
+	// means on; off, the one instance allocates and writes.
+	LeaderElection *bool `toml:"leader_election"`
+	// LeaseNamespace and LeaseName name the Lease (coordination.k8s.io);
+	// the defaults are DefaultLeaseNamespace and DefaultLeaseName.
+	LeaseNamespace string `toml:"lease_namespace"`
+	LeaseName      string `toml:"lease_name"`
+	// Identity is this instance's name in the Lease, unique among the
+	// instances; the default is the hostname.
+	Identity string `toml:"identity"`
+	// LeaseDuration is how long the others wait after the leader's last
+	// renewal before they take over (whole seconds); RenewDeadline how
+	// long the leader tries to renew before it stops leading; RetryPeriod
+	// how often each instance tries. Zero means DefaultLeaseDuration,
+	// DefaultRenewDeadline and DefaultRetryPeriod.
+	LeaseDuration time.Duration `toml:"lease_duration"`
+	RenewDeadline time.Duration `toml:"renew_deadline"`
+	RetryPeriod   time.Duration `toml:"retry_period"`
+
 	// Logger logs what the source does; nil discards.
 	Logger *slog.Logger `toml:"-"`
 }
@@ -86,6 +109,8 @@ type Source struct {
 	log      *slog.Logger
 	selector labels.Selector
 	pools    []Pool
+	// wrap, when set, wraps the transport to the API server (tests).
+	wrap func(http.RoundTripper) http.RoundTripper
 }
 
 // New validates opts and returns a source; nothing reaches the API
@@ -115,6 +140,9 @@ func New(opts Options) (*Source, error) {
 	}
 	if _, err := NewAllocator(opts.Pools); err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	if err := s.leaseDefaults(); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -149,6 +177,9 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	}
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "vipd"
+	if s.wrap != nil {
+		cfg.Wrap(s.wrap)
+	}
 	cs, err := clientset.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("kubernetes: %w", err)
@@ -214,7 +245,33 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	if !c.waitSynced(ctx, synced) {
 		return nil
 	}
-	return c.loop(ctx)
+	if !s.opts.electing() {
+		c.lead = ctx
+		return c.loop(ctx, nil)
+	}
+	// The election starts once the caches are in sync (an instance that
+	// cannot see the cluster must not lead it), and ends after the loop,
+	// whose writes then are over: giving the Lease up is safe. It has a
+	// client of its own, so that a burst of status writes, held back by
+	// the client's rate limit, never delays a renewal.
+	ecfg := rest.CopyConfig(cfg)
+	ecfg.UserAgent = "vipd-leader-election"
+	ecs, err := clientset.NewForConfig(ecfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	electCtx, stopElect := context.WithCancel(context.Background())
+	elected := make(chan context.Context)
+	electDone := make(chan struct{})
+	go func() {
+		defer close(electDone)
+		c.elect(electCtx, ecs, elected)
+	}()
+	defer func() {
+		stopElect()
+		<-electDone
+	}()
+	return c.loop(ctx, elected)
 }
 
 // waitSynced waits until the caches are in sync, reporting why not while
@@ -276,6 +333,12 @@ type controller struct {
 	// watchErr carries watch failures to the loop.
 	watchErr chan error
 
+	// lead is the context of this instance's term as leader, which ends
+	// when the term does; nil while it follows. Status writes use it, so
+	// that none is made after the Lease is lost.
+	lead context.Context
+	// restored says that the leader took the addresses back from the
+	// statuses in this term.
 	restored bool
 	// events holds the message of the last warning Event of each Service
 	// (by "KEY address" and "KEY settings"), so that a lasting problem
@@ -303,9 +366,14 @@ func (c *controller) poke() {
 // stopped API server shows only here.
 const probeEvery = 3 * time.Second
 
+// leading reports whether this instance holds the Lease (or elects no
+// leader).
+func (c *controller) leading() bool { return c.lead != nil && c.lead.Err() == nil }
+
 // loop syncs after every change until ctx ends, and reports whether the
-// source is in step with the API server.
-func (c *controller) loop(ctx context.Context) error {
+// source is in step with the API server. Each term of leadership comes
+// from elected.
+func (c *controller) loop(ctx context.Context, elected <-chan context.Context) error {
 	const retry = 2 * time.Second
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -314,9 +382,27 @@ func (c *controller) loop(ctx context.Context) error {
 	c.sink.Report(nil)
 	var lost error
 	for {
+		var termEnd <-chan struct{}
+		if c.lead != nil {
+			termEnd = c.lead.Done()
+		}
 		select {
 		case <-ctx.Done():
 			return nil
+		case term := <-elected:
+			c.s.log.Info("kubernetes: leading: allocating addresses and writing status", "identity", c.s.opts.Identity)
+			c.lead = term
+			// Take the addresses back from the statuses, as at a start,
+			// and say again what is wrong.
+			c.restored = false
+			clear(c.events)
+			c.conflicts = nil
+		case <-termEnd:
+			if ctx.Err() != nil {
+				return nil
+			}
+			c.s.log.Warn("kubernetes: lost the lease: following, from the statuses", "identity", c.s.opts.Identity)
+			c.lead = nil
 		case <-c.dirty:
 		case <-timer.C:
 		case err := <-c.watchErr:
@@ -344,6 +430,10 @@ func (c *controller) loop(ctx context.Context) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			if errors.Is(err, errNotLeading) {
+				// The term ended during the sync: follow.
+				continue
 			}
 			c.s.log.Warn("kubernetes: sync failed; retrying", "err", err)
 			again = true
@@ -421,25 +511,12 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	}
 	again := false
 
-	if !c.restored {
-		// Status is the record: claim what the statuses show before
-		// anything new is handed out.
-		for _, svc := range served {
-			addrs := statusAddrs(svc)
-			if len(addrs) == 0 {
-				continue
-			}
-			c.written[keyOf(svc)] = true
-			w, err := wantOf(svc)
-			if err != nil {
-				// A bad request keeps what the Service holds, from
-				// whichever pool.
-				w = Want{Families: []lb.Family{lb.IPv4, lb.IPv6}, Addrs: addrs}
-			}
-			kept := c.alloc.Restore(keyOf(svc), w, addrs)
-			c.s.log.Info("kubernetes: restored", "service", keyOf(svc), "status", joinAddrs(addrs), "kept", joinAddrs(kept))
+	leading := c.leading()
+	if !leading || !c.restored {
+		if err := c.restore(served, leading); err != nil {
+			return false, err
 		}
-		c.restored = true
+		c.restored = leading
 	}
 
 	// Services no longer served: release their addresses, clear the
@@ -457,6 +534,14 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		delete(c.events, key+" address")
 		delete(c.events, key+" settings")
 		svc := present[key]
+		if !leading {
+			// The leader clears the status; should this instance lead
+			// before it has, it will.
+			if svc == nil || len(svc.Status.LoadBalancer.Ingress) == 0 {
+				delete(c.written, key)
+			}
+			continue
+		}
 		if svc == nil {
 			// Deleted, or out of the selector: get it to be sure.
 			got, err := c.cs.CoreV1().Services(strings.SplitN(key, "/", 2)[0]).Get(ctx, strings.SplitN(key, "/", 2)[1], metav1.GetOptions{})
@@ -467,7 +552,9 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 			svc = got
 		}
 		if len(svc.Status.LoadBalancer.Ingress) > 0 {
-			if err := c.writeStatus(ctx, svc, nil); err != nil {
+			if err := c.writeStatus(svc, nil); errors.Is(err, errNotLeading) {
+				return false, err
+			} else if err != nil {
 				c.s.log.Warn("kubernetes: clearing status failed", "service", key, "err", err)
 				again = true
 				continue
@@ -503,22 +590,26 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	}
 	for _, svc := range served {
 		key := keyOf(svc)
-		w, err := wantOf(svc)
-		if err == nil {
-			_, err = c.alloc.Assign(key, w)
+		if leading {
+			w, err := wantOf(svc)
+			if err == nil {
+				_, err = c.alloc.Assign(key, w)
+			}
+			c.warn(svc, "address", err)
 		}
-		c.warn(svc, "address", err)
 		held := c.alloc.Held(key)
 		if len(held) == 0 {
 			continue
 		}
-		if !sameAddrs(statusAddrs(svc), held) {
-			if err := c.writeStatus(ctx, svc, held); err != nil {
+		if leading && !sameAddrs(statusAddrs(svc), held) {
+			if err := c.writeStatus(svc, held); errors.Is(err, errNotLeading) {
+				return false, err
+			} else if err != nil {
 				c.s.log.Warn("kubernetes: writing status failed", "service", key, "err", err)
 				again = true
 			} else {
 				c.s.log.Info("kubernetes: assigned", "service", key, "addresses", joinAddrs(held))
-				c.recorder.Eventf(svc, corev1.EventTypeNormal, "AddressAssigned", "assigned %s", joinAddrs(held))
+				c.event(svc, corev1.EventTypeNormal, "AddressAssigned", "assigned "+joinAddrs(held))
 			}
 		}
 		c.written[key] = true
@@ -641,7 +732,15 @@ func (c *controller) warn(svc *corev1.Service, what string, err error) {
 	}
 	c.events[key] = msg
 	c.s.log.Warn("kubernetes: "+err.Error(), "service", keyOf(svc), "reason", reason)
-	c.recorder.Event(svc, corev1.EventTypeWarning, reason, err.Error())
+	c.event(svc, corev1.EventTypeWarning, reason, err.Error())
+}
+
+// event records an Event on svc when this instance leads: the others only
+// log.
+func (c *controller) event(svc *corev1.Service, kind, reason, msg string) {
+	if c.leading() {
+		c.recorder.Event(svc, kind, reason, msg)
+	}
 }
 
 // noteConflicts makes an Event of each new refusal.
@@ -658,15 +757,22 @@ func (c *controller) noteConflicts(present map[string]*corev1.Service, conflicts
 			continue
 		}
 		if svc := present[parts[1]+"/"+parts[2]]; svc != nil {
-			c.recorder.Event(svc, corev1.EventTypeWarning, ReasonConflict, cf.Error())
+			c.event(svc, corev1.EventTypeWarning, ReasonConflict, cf.Error())
 		}
 	}
 	c.conflicts = now
 }
 
 // writeStatus sets svc's status.loadBalancer.ingress to addrs (none to
-// clear it) through the status subresource.
-func (c *controller) writeStatus(ctx context.Context, svc *corev1.Service, addrs []netip.Addr) error {
+// clear it) through the status subresource, in the leader's term: it
+// returns errNotLeading when this instance does not lead. The write
+// carries the resourceVersion vipd saw, so that it fails should another
+// instance have written since.
+func (c *controller) writeStatus(svc *corev1.Service, addrs []netip.Addr) error {
+	if !c.leading() {
+		return errNotLeading
+	}
+	ctx := c.lead
 	up := svc.DeepCopy()
 	up.Status.LoadBalancer.Ingress = nil
 	for _, a := range addrs {
@@ -674,7 +780,48 @@ func (c *controller) writeStatus(ctx context.Context, svc *corev1.Service, addrs
 		up.Status.LoadBalancer.Ingress = append(up.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: a.String(), IPMode: &mode})
 	}
 	_, err := c.cs.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, up, metav1.UpdateOptions{FieldManager: "vipd"})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", errNotLeading, err)
+	}
 	return err
+}
+
+// restore takes the addresses of the served Services (oldest first) back
+// from their statuses into a new allocator: status is the record. The
+// leader does so at the start of each term, before it hands out
+// anything, and keeps the addresses that still fit what each Service
+// asks for. A follower does so at every sync, and keeps every address of
+// a status that is in a pool and not held by an older Service, so that
+// it serves what the leader wrote.
+func (c *controller) restore(served []*corev1.Service, leading bool) error {
+	alloc, err := NewAllocator(c.s.pools)
+	if err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	c.alloc = alloc
+	for _, svc := range served {
+		addrs := statusAddrs(svc)
+		if len(addrs) == 0 {
+			continue
+		}
+		c.written[keyOf(svc)] = true
+		w, err := wantOf(svc)
+		lenient := Want{Families: []lb.Family{lb.IPv4, lb.IPv6}, Addrs: addrs}
+		switch {
+		case err != nil:
+			// A bad request keeps what the Service holds, from
+			// whichever pool.
+			w = lenient
+		case !leading:
+			lenient.SharingKey, lenient.Ports = w.SharingKey, w.Ports
+			w = lenient
+		}
+		kept := c.alloc.Restore(keyOf(svc), w, addrs)
+		if leading {
+			c.s.log.Info("kubernetes: restored", "service", keyOf(svc), "status", joinAddrs(addrs), "kept", joinAddrs(kept))
+		}
+	}
+	return nil
 }
 
 func sameAddrs(a, b []netip.Addr) bool { return slices.Equal(a, b) }
