@@ -3,6 +3,8 @@ package config
 import (
 	"fmt"
 	"slices"
+	"strings"
+	"time"
 )
 
 // Kubernetes is the [kubernetes] section: vipd as the LoadBalancer
@@ -26,6 +28,14 @@ type Kubernetes struct {
 	Backends string
 	// Pools are the addresses vipd hands out.
 	Pools []KubernetesPool
+	// LeaderElection lets several vipd nodes serve one cluster: the one
+	// that holds the Lease LeaseNamespace/LeaseName hands out addresses
+	// and writes status; every node programs what the status shows.
+	// Identity is the node's name in the Lease ("": the hostname), and
+	// the durations are client-go's (zero: 15s, 10s and 2s).
+	LeaderElection                            bool
+	LeaseNamespace, LeaseName, Identity       string
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 }
 
 // KubernetesPool is one [[kubernetes.pool]].
@@ -50,7 +60,9 @@ const (
 func (k Kubernetes) Equal(o Kubernetes) bool {
 	return k.Enabled == o.Enabled && k.Kubeconfig == o.Kubeconfig && k.LoadBalancerClass == o.LoadBalancerClass &&
 		k.DefaultClass == o.DefaultClass && slices.Equal(k.Namespaces, o.Namespaces) && k.ServiceSelector == o.ServiceSelector &&
-		k.Backends == o.Backends && slices.EqualFunc(k.Pools, o.Pools, func(a, b KubernetesPool) bool {
+		k.Backends == o.Backends && k.LeaderElection == o.LeaderElection && k.LeaseNamespace == o.LeaseNamespace &&
+		k.LeaseName == o.LeaseName && k.Identity == o.Identity && k.LeaseDuration == o.LeaseDuration &&
+		k.RenewDeadline == o.RenewDeadline && k.RetryPeriod == o.RetryPeriod && slices.EqualFunc(k.Pools, o.Pools, func(a, b KubernetesPool) bool {
 		return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses) && a.AutoAssign == b.AutoAssign &&
 			a.AvoidNetworkBroadcast == b.AvoidNetworkBroadcast
 	})
@@ -65,6 +77,13 @@ type rawKubernetes struct {
 	ServiceSelector   *string      `toml:"service_selector"`
 	Backends          *string      `toml:"backends"`
 	Pool              []rawK8sPool `toml:"pool"`
+	LeaderElection    *bool        `toml:"leader_election"`
+	LeaseNamespace    *string      `toml:"lease_namespace"`
+	LeaseName         *string      `toml:"lease_name"`
+	Identity          *string      `toml:"identity"`
+	LeaseDuration     *duration    `toml:"lease_duration"`
+	RenewDeadline     *duration    `toml:"renew_deadline"`
+	RetryPeriod       *duration    `toml:"retry_period"`
 }
 
 type rawK8sPool struct {
@@ -77,7 +96,8 @@ type rawK8sPool struct {
 // set reports whether the section has any key.
 func (k *rawKubernetes) set() bool {
 	return k.Kubeconfig != nil || k.LoadBalancerClass != nil || k.DefaultClass != nil || k.Namespaces != nil ||
-		k.ServiceSelector != nil || k.Backends != nil || k.Pool != nil
+		k.ServiceSelector != nil || k.Backends != nil || k.Pool != nil || k.LeaderElection != nil || k.LeaseNamespace != nil ||
+		k.LeaseName != nil || k.Identity != nil || k.LeaseDuration != nil || k.RenewDeadline != nil || k.RetryPeriod != nil
 }
 
 // kubernetes validates the [kubernetes] section into cfg.Kubernetes. The
@@ -140,6 +160,30 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 		setBool(&pool.AutoAssign, p.AutoAssign)
 		setBool(&pool.AvoidNetworkBroadcast, p.AvoidNetworkBroadcast)
 		out.Pools = append(out.Pools, pool)
+	}
+	out.LeaderElection = true
+	setBool(&out.LeaderElection, k.LeaderElection)
+	for _, f := range []struct {
+		raw  *string
+		out  *string
+		name string
+	}{{k.LeaseNamespace, &out.LeaseNamespace, "lease_namespace"}, {k.LeaseName, &out.LeaseName, "lease_name"}, {k.Identity, &out.Identity, "identity"}} {
+		if f.raw == nil {
+			continue
+		}
+		*f.out = *f.raw
+		if *f.raw == "" || len(*f.raw) > 253 || strings.ContainsAny(*f.raw, " /\t\n") {
+			v.errorf("kubernetes."+f.name, ctx, "%s %q is not a name Kubernetes takes", f.name, *f.raw)
+		}
+	}
+	out.LeaseDuration = v.duration(k.LeaseDuration, 0, "kubernetes.lease_duration", ctx, "lease_duration")
+	out.RenewDeadline = v.duration(k.RenewDeadline, 0, "kubernetes.renew_deadline", ctx, "renew_deadline")
+	out.RetryPeriod = v.duration(k.RetryPeriod, 0, "kubernetes.retry_period", ctx, "retry_period")
+	if out.LeaseDuration%time.Second != 0 || out.LeaseDuration < 0 {
+		v.errorf("kubernetes.lease_duration", ctx, "lease_duration %s must be whole seconds (a Lease stores seconds)", out.LeaseDuration)
+	}
+	if out.RenewDeadline < 0 || out.RetryPeriod < 0 {
+		v.errorf("kubernetes", ctx, "renew_deadline and retry_period must not be negative")
 	}
 	cfg.Kubernetes = out
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestKubernetesSection(t *testing.T) {
@@ -12,6 +13,9 @@ load_balancer_class = "vipd.io/lb"
 namespaces = ["web"]
 service_selector = "lb=vipd"
 backends = "endpoints"
+lease_namespace = "vipd"
+identity = "lb-a"
+lease_duration = "20s"
 
 [[kubernetes.pool]]
 name = "public"
@@ -33,6 +37,9 @@ auto_assign = false
 		!k.Pools[0].AutoAssign || !k.Pools[0].AvoidNetworkBroadcast || k.Pools[1].AutoAssign || k.Pools[1].Addresses[0] != "198.51.100.10-198.51.100.20" {
 		t.Errorf("got %+v", k)
 	}
+	if !k.LeaderElection || k.LeaseNamespace != "vipd" || k.LeaseName != "" || k.Identity != "lb-a" || k.LeaseDuration != 20*time.Second {
+		t.Errorf("lease %+v", k)
+	}
 	if cfg, _ := Parse("t.toml", []byte(haService)); cfg.Kubernetes.Enabled {
 		t.Error("no [kubernetes], enabled")
 	}
@@ -53,6 +60,8 @@ func TestKubernetesErrors(t *testing.T) {
 		{"pool without name", "[kubernetes]\ndefault_class = true\n[[kubernetes.pool]]\naddresses = [\"192.0.2.0/28\"]\n", `kubernetes.pool 1: name is required`},
 		{"pool twice", "[kubernetes]\ndefault_class = true\n" + pool + pool, `kubernetes.pool 2: pool "p" is defined twice`},
 		{"unknown key", "[kubernetes]\ndefault_class = true\nclass = \"x\"\n" + pool, `t.toml:3: `},
+		{"lease seconds", "[kubernetes]\ndefault_class = true\nlease_duration = \"2500ms\"\n" + pool, `t.toml:3: kubernetes: lease_duration 2.5s must be whole seconds`},
+		{"lease name", "[kubernetes]\ndefault_class = true\nlease_name = \"a b\"\n" + pool, `t.toml:3: kubernetes: lease_name "a b" is not a name Kubernetes takes`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Parse("t.toml", []byte(tt.in+haService))

@@ -22,6 +22,13 @@ func openSources(cfg *config.Config, log *slog.Logger) ([]source.Source, error) 
 		Namespaces:        k.Namespaces,
 		ServiceSelector:   k.ServiceSelector,
 		Backends:          k.Backends,
+		LeaderElection:    &k.LeaderElection,
+		LeaseNamespace:    k.LeaseNamespace,
+		LeaseName:         k.LeaseName,
+		Identity:          k.Identity,
+		LeaseDuration:     k.LeaseDuration,
+		RenewDeadline:     k.RenewDeadline,
+		RetryPeriod:       k.RetryPeriod,
 		Logger:            log.With("source", "kubernetes"),
 	}
 	for _, p := range k.Pools {
