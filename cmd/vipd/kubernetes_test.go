@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -88,11 +89,18 @@ avoid_network_broadcast = true
 		rep.Status.Sources[0].Name != "kubernetes" || rep.Status.Sources[0].Services != 1 || rep.Status.Sources[0].Error != "" {
 		t.Errorf("status services %v, sources %+v", names, rep.Status.Sources)
 	}
-	// A Service with a health check annotation: its node's nodePort does
-	// not answer here (there is no node), so the backend is out.
+	// A Service with a health check annotation that probes a closed port
+	// of loopback (the test sends nothing off the host): the backend is
+	// out.
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedPort := closed.Addr().(*net.TCPAddr).Port
+	closed.Close()
 	checked, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "checked", Annotations: map[string]string{
-			"vipd.io/check": `{ type = "tcp", interval = "100ms", timeout = "100ms", rise = 1, fall = 1 }`}},
+			"vipd.io/check": fmt.Sprintf(`{ type = "tcp", address = "127.0.0.1", port = %d, interval = "100ms", timeout = "100ms", rise = 1, fall = 1 }`, closedPort)}},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer,
 			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
 	}, metav1.CreateOptions{})
