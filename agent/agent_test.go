@@ -474,9 +474,26 @@ func TestReloadSequence(t *testing.T) {
 			t.Fatal(rerr)
 		}
 		var err error
-		r.a.do(context.Background(), func(ctx context.Context) {
-			_, err = r.a.reload(ctx, fileRead{why: "file changed", file: r.path, data: data}, false)
-		})
+		if step%2 == 0 {
+			r.a.do(context.Background(), func(ctx context.Context) {
+				_, err = r.a.reload(ctx, fileRead{why: "file changed", file: r.path, data: data}, false)
+			})
+		} else {
+			// vipd reload and SIGHUP read every file again, and build
+			// in the spare too.
+			var spare *lb.VirtualService
+			r.a.do(context.Background(), func(context.Context) {
+				if c := r.a.spare.Config; c != nil {
+					spare = &c.Spec.Services[0]
+				}
+			})
+			_, err = r.a.Reload(context.Background(), ReloadOptions{})
+			var now *lb.VirtualService
+			r.a.do(context.Background(), func(context.Context) { now = &r.a.cfg.Spec.Services[0] })
+			if err == nil && spare != nil && !maps.Equal(next, weights) && now != spare {
+				t.Errorf("step %d: vipd reload did not build in the spare", step)
+			}
+		}
 		switch {
 		case fail && maps.Equal(next, weights):
 		case fail && (err == nil || !strings.Contains(err.Error(), "rolled back")):

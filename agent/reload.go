@@ -90,6 +90,8 @@ func (a *Agent) reload(ctx context.Context, in fileRead, force bool) (Outcome, e
 		err   error
 	)
 	switch {
+	case in.all && a.spare.Config != nil:
+		cfg, delta, err = config.ReloadReusing(a.cfg, a.spare)
 	case in.all:
 		cfg, delta, err = config.Reload(a.cfg)
 	case in.removed:

@@ -157,6 +157,25 @@ func parseRemoved(base *Config, file string) (*Config, Delta, error) {
 // returns the configuration they make and its Delta from base: the
 // changes of several files count as a full change.
 func Reload(base *Config) (*Config, Delta, error) {
+	return reload(base, nil)
+}
+
+// ReloadReusing is Reload that may build the new configuration in
+// spare's memory (see ParseFromReusing): the first file that changed is
+// parsed with it. The caller hands spare over whatever the outcome.
+func ReloadReusing(base *Config, spare Spare) (*Config, Delta, error) {
+	return reload(base, &spare)
+}
+
+func reload(base *Config, sp *Spare) (*Config, Delta, error) {
+	parse := func(c *Config, file string, data []byte) (*Config, Delta, error) {
+		if sp != nil {
+			s := *sp
+			sp = nil
+			return ParseFromReusing(c, file, data, s)
+		}
+		return ParseFrom(c, file, data)
+	}
 	data, err := readFile(base.File)
 	if err != nil {
 		return nil, Delta{Full: true}, fmt.Errorf("read config: %w", err)
@@ -176,7 +195,7 @@ func Reload(base *Config) (*Config, Delta, error) {
 		return nil
 	}
 	if !bytes.Equal(data, base.Source()) {
-		if err := step(ParseFrom(base, base.File, data)); err != nil {
+		if err := step(parse(base, base.File, data)); err != nil {
 			return nil, Delta{Full: true}, err
 		}
 	}
@@ -194,7 +213,7 @@ func Reload(base *Config) (*Config, Delta, error) {
 		if pi := cfg.partOf(t.File); pi >= 0 && bytes.Equal(cfg.parts[pi].src, t.Data) {
 			continue
 		}
-		if err := step(ParseFrom(cfg, t.File, t.Data)); err != nil {
+		if err := step(parse(cfg, t.File, t.Data)); err != nil {
 			return nil, Delta{Full: true}, err
 		}
 	}
