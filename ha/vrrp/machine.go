@@ -72,10 +72,14 @@ type MachineConfig struct {
 	// priority, counted from the first such advertisement, before it
 	// stops accepting it and takes over when the master down timer fires.
 	PreemptDelay time.Duration
-	// StartAsMaster starts the router as master, advertising at once, as
-	// the address owner does: for a restart that must not hand the
-	// addresses to a peer of lower priority. A peer of higher priority
-	// wins with its next advertisement.
+	// StartAsMaster starts a router that was master when it stopped and
+	// still holds the addresses: it listens for one advertisement
+	// interval and its skew, then takes the addresses back, without the
+	// three intervals of a master down timer, unless a master of higher
+	// priority speaks (it then stays backup: a restart never takes the
+	// addresses from a better peer). A master of lower priority that
+	// took over meanwhile is preempted at once when Preempt is set,
+	// without PreemptDelay: the node was serving a moment ago.
 	StartAsMaster bool
 }
 
@@ -100,6 +104,9 @@ type Machine struct {
 	// priority; zero while it has seen none since the last acceptable
 	// one.
 	preemptAt time.Time
+	// reclaiming says the router started as master (StartAsMaster) and
+	// has heard no master yet.
+	reclaiming bool
 }
 
 // NewMachine returns a machine in the Initialize state.
@@ -163,6 +170,7 @@ func (m *Machine) transition(to Role, reason string) *Transition {
 	case Backup:
 		m.advertAt = time.Time{}
 	case Init:
+		m.reclaiming = false
 		m.master, m.masterPriority = netip.Addr{}, 0
 		m.downAt, m.advertAt, m.preemptAt = time.Time{}, time.Time{}, time.Time{}
 	}
@@ -171,6 +179,7 @@ func (m *Machine) transition(to Role, reason string) *Transition {
 }
 
 func (m *Machine) becomeMaster(now time.Time, reason string) Step {
+	m.reclaiming = false
 	m.advertAt = now.Add(centis(m.cfg.Interval))
 	return Step{Send: true, SendPriority: m.cfg.Priority, Transition: m.transition(Master, reason)}
 }
@@ -189,11 +198,16 @@ func (m *Machine) Start(now time.Time) Step {
 	switch {
 	case m.cfg.Priority == 255:
 		return m.becomeMaster(now, "address owner (priority 255)")
-	case m.cfg.StartAsMaster:
-		return m.becomeMaster(now, "started as master")
 	}
 	m.masterInterval = m.cfg.Interval
 	m.preemptAt = time.Time{}
+	if m.cfg.StartAsMaster {
+		m.reclaiming = true
+		t := m.transition(Backup, "started; master when it stopped, it takes the addresses back unless a master of higher priority speaks")
+		m.downAt = now.Add(centis(m.cfg.Interval) + SkewTime(m.cfg.Priority, m.cfg.Interval))
+		m.downReason = "master when it stopped, and no master of higher priority spoke"
+		return Step{Transition: t}
+	}
 	t := m.transition(Backup, "started")
 	m.armDown(now)
 	return Step{Transition: t}
@@ -221,6 +235,12 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 	}
 	switch m.role {
 	case Backup:
+		if m.reclaiming && p.Priority != 0 {
+			m.reclaiming = false
+			if m.cfg.Preempt && (p.Priority < m.cfg.Priority || p.Priority == m.cfg.Priority && src.Compare(m.cfg.Self) < 0) {
+				return m.becomeMaster(now, fmt.Sprintf("master when it stopped; preempting master %v of priority %d", src, p.Priority))
+			}
+		}
 		if p.Priority == 0 {
 			m.downAt = now.Add(SkewTime(m.cfg.Priority, m.masterInterval))
 			m.downReason = fmt.Sprintf("master %v resigned (priority 0)", src)

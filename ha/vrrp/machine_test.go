@@ -222,11 +222,12 @@ func TestEqualPriorityHigherAddressWins(t *testing.T) {
 		{"fe80::2", "fe80::1", Master},
 		{"10.0.0.9", "10.0.0.10", Backup},
 	} {
-		m, err := NewMachine(MachineConfig{Self: netip.MustParseAddr(c.self), Priority: 100, Interval: 100, StartAsMaster: true})
+		m, err := NewMachine(MachineConfig{Self: netip.MustParseAddr(c.self), Priority: 100, Interval: 100})
 		if err != nil {
 			t.Fatal(err)
 		}
 		m.Start(t0)
+		m.Expire(m.Deadline())
 		st := m.Receive(t0.Add(time.Millisecond), netip.MustParseAddr(c.peer), Packet{Priority: 100, Interval: 100})
 		if m.Role() != c.want {
 			t.Errorf("%s seeing %s of equal priority: %v, want %v", c.self, c.peer, m.Role(), c.want)
@@ -240,6 +241,8 @@ func TestEqualPriorityHigherAddressWins(t *testing.T) {
 func TestMasterIgnoresLowerPriority(t *testing.T) {
 	m, _ := NewMachine(MachineConfig{Self: netip.MustParseAddr("10.0.0.1"), Priority: 100, Interval: 100, StartAsMaster: true})
 	m.Start(t0)
+	m.Expire(m.Deadline())
+	t0 := m.Deadline().Add(-time.Second)
 	if st := m.Receive(t0, netip.MustParseAddr("10.0.0.2"), Packet{Priority: 99, Interval: 100}); st != (Step{}) || m.Role() != Master {
 		t.Errorf("lower priority: step %+v role %v", st, m.Role())
 	}
@@ -402,24 +405,33 @@ func TestResign(t *testing.T) {
 func TestAddressOwnerAndStartAsMaster(t *testing.T) {
 	s := newSim(t)
 	a := s.add("a", "10.0.0.1", 255, func(c *MachineConfig) { c.Preempt = false })
-	b := s.add("b", "10.0.0.2", 100, func(c *MachineConfig) { c.StartAsMaster = true })
+	b := s.add("b", "10.0.0.2", 100, func(c *MachineConfig) { c.StartAsMaster = true; c.PreemptDelay = time.Minute })
 	c := s.add("c", "10.0.0.3", 50, func(c *MachineConfig) { c.StartAsMaster = true })
+	d := s.add("d", "10.0.0.4", 150, func(c *MachineConfig) { c.StartAsMaster = true })
 	s.start(c)
-	s.run(time.Second)
+	s.run(3 * time.Second)
 	s.start(b)
-	s.run(2 * time.Second)
+	s.run(5 * time.Second)
 	s.start(a)
-	s.run(4 * time.Second)
-	// c and then b start as masters; each one of higher priority takes
-	// over with its first advertisement, and the owner at once.
+	s.run(6 * time.Second)
+	s.start(d)
+	s.run(9 * time.Second)
+	// c, alone, takes the addresses back after one interval and its skew
+	// (not a master down interval); b, started as master while c of
+	// lower priority serves, preempts it at its first advertisement,
+	// without the preempt delay; the owner takes over at once; and d,
+	// started as master while the owner serves, stays a backup.
 	s.check(`
-		0s c init -> master: started as master
-		1s b init -> master: started as master
-		1s c master -> backup: advertisement from 10.0.0.2 with priority 100
-		2s a init -> master: address owner (priority 255)
-		2s b master -> backup: advertisement from 10.0.0.1 with priority 255
+		0s c init -> backup: started; master when it stopped, it takes the addresses back unless a master of higher priority speaks
+		1.8046875s c backup -> master: master when it stopped, and no master of higher priority spoke
+		3s b init -> backup: started; master when it stopped, it takes the addresses back unless a master of higher priority speaks
+		3.8046875s b backup -> master: master when it stopped; preempting master 10.0.0.3 of priority 50
+		3.8046875s c master -> backup: advertisement from 10.0.0.2 with priority 100
+		5s a init -> master: address owner (priority 255)
+		5s b master -> backup: advertisement from 10.0.0.1 with priority 255
+		6s d init -> backup: started; master when it stopped, it takes the addresses back unless a master of higher priority speaks
 	`)
-	if got := s.roles(); got != "a=master b=backup c=backup" {
+	if got := s.roles(); got != "a=master b=backup c=backup d=backup" {
 		t.Errorf("roles %s", got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -201,6 +202,7 @@ func (g *routerRig) transition(to Role) Transition {
 // advertise at once, shows that they were all handled.
 func TestRouterReceiveRules(t *testing.T) {
 	g := newRig(t, Options{Priority: 100, Interval: 100, StartAsMaster: true})
+	at := g.reclaim(100, 100)
 	g.sent(Group4, 100)
 	g.transition(Master)
 
@@ -224,13 +226,13 @@ func TestRouterReceiveRules(t *testing.T) {
 		t.Errorf("master %v", tr.Master)
 	}
 	// Silence: at the master down interval it takes over.
-	g.clock.set(MasterDownInterval(100, 100))
+	g.clock.set(at + MasterDownInterval(100, 100))
 	g.sent(Group4, 100)
 	if tr := g.transition(Master); tr.Reason != "master down timer expired" {
 		t.Errorf("reason %q", tr.Reason)
 	}
 	// The next advertisement is one interval later.
-	g.clock.set(MasterDownInterval(100, 100) + time.Second)
+	g.clock.set(at + MasterDownInterval(100, 100) + time.Second)
 	g.sent(Group4, 100)
 
 	// Tracking lowers the priority: advertised at once.
@@ -251,8 +253,22 @@ func TestRouterReceiveRules(t *testing.T) {
 		t.Errorf("reason %q", tr.Reason)
 	}
 	g.r.Resume()
-	g.sent(Group4, 50) // StartAsMaster
+	g.transition(Backup) // StartAsMaster: it listens first
+	g.clock.set(at + MasterDownInterval(100, 100) + time.Second + centis(100) + SkewTime(50, 100))
+	g.sent(Group4, 50)
 	g.transition(Master)
+}
+
+// reclaim waits out the listening of a router started as master of
+// priority and interval, and returns the time it takes over.
+func (g *routerRig) reclaim(priority uint8, interval uint16) time.Duration {
+	g.t.Helper()
+	if tr := g.transition(Backup); !strings.Contains(tr.Reason, "master when it stopped") {
+		g.t.Fatalf("started as master: %+v", tr)
+	}
+	at := centis(interval) + SkewTime(priority, interval)
+	g.clock.set(at)
+	return at
 }
 
 // TestRouterUnicast sends to every peer and accepts only peers, with any
@@ -260,6 +276,7 @@ func TestRouterReceiveRules(t *testing.T) {
 func TestRouterUnicast(t *testing.T) {
 	other := netip.MustParseAddr("10.19.0.3")
 	g := newRig(t, Options{Priority: 100, Interval: 100, StartAsMaster: true, Peers: []netip.Addr{peer4, other}})
+	g.reclaim(100, 100)
 	g.sent(peer4, 100)
 	g.sent(other, 100)
 	g.transition(Master)
