@@ -524,7 +524,15 @@ func restartNeeded(old, cur *config.Config) bool {
 	return x.Interface != y.Interface || !slices.Equal(x.Uplinks, y.Uplinks) || x.GARP != y.GARP ||
 		x.ManageIPTables != y.ManageIPTables || x.StateDir != y.StateDir || x.ResyncInterval != y.ResyncInterval ||
 		x.Watch != y.Watch || x.ControlSocket != y.ControlSocket || x.MetricsListen != y.MetricsListen ||
-		!old.HA.Equal(cur.HA) || !old.Kubernetes.Equal(cur.Kubernetes)
+		!old.HA.Equal(cur.HA) && !equalBesidesFloating(old.HA, cur.HA) || !old.Kubernetes.Equal(cur.Kubernetes)
+}
+
+// equalBesidesFloating reports whether two [ha] sections differ at most
+// in their floating addresses, which a reload applies (they are part of
+// the spec).
+func equalBesidesFloating(x, y config.HA) bool {
+	x.Addresses, x.SNATAddresses, y.Addresses, y.SNATAddresses = nil, nil, nil, nil
+	return x.Equal(y)
 }
 
 // resign hands the VIPs over to a peer at once, before the node stops.

@@ -44,8 +44,9 @@ type ElectorOptions struct {
 	// Addrs are the addresses to advertise: the configuration's VIPs of
 	// one family, IPv4 when it has any, sorted, at most maxAdvertised.
 	Addrs []netip.Addr
-	// StartAsMaster starts the node as master: it was master when it
-	// stopped and its VIPs are still programmed.
+	// StartAsMaster says the node was master when it stopped and its
+	// VIPs are still programmed: the elector takes them back after a
+	// short listen unless a master of higher priority speaks.
 	StartAsMaster bool
 	// Report is called on every change of role: master or not, and why.
 	Report func(master bool, reason string)
@@ -113,8 +114,11 @@ func (a *Agent) openHA(cfg *config.Config) error {
 		return fmt.Errorf("[ha]: %w", err)
 	}
 	if master {
-		a.log.Info("high availability: starting as master, as this node was when it stopped")
-		h.master = true
+		// The elector listens before it takes the VIPs back: until it
+		// reports, the node announces nothing, so that a restart never
+		// takes the VIPs from a peer of higher priority. The kernel
+		// keeps forwarding for the clients meanwhile.
+		a.log.Info("high availability: master when it stopped; taking the VIPs back unless a master of higher priority speaks")
 	}
 	h.drained = drained
 	h.el = el
@@ -243,13 +247,23 @@ func (a *Agent) recordRole(master bool) {
 	}
 }
 
-// serving applies the node's role to spec: a node that is not the
-// elected one announces no VIP. It copies what it changes.
+// serving applies the node's role to spec: the elected node announces
+// the floating addresses, and a node that is not the elected one
+// announces no VIP. It copies what it changes.
 func (a *Agent) serving(spec *lb.Spec) *lb.Spec {
-	if a.ha == nil || a.ha.master {
+	if a.ha == nil {
 		return spec
 	}
+	if a.ha.master {
+		if len(spec.Floating) == 0 || spec.AnnounceFloating {
+			return spec
+		}
+		out := *spec
+		out.AnnounceFloating = true
+		return &out
+	}
 	out := *spec
+	out.AnnounceFloating = false
 	out.Services = slices.Clone(spec.Services)
 	for i := range out.Services {
 		out.Services[i].Announce = false

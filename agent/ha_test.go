@@ -130,7 +130,32 @@ func TestHARestartAsMaster(t *testing.T) {
 	if !e.opts.StartAsMaster {
 		t.Error("a master restarted with on_stop = \"keep\" did not start as master")
 	}
-	r2.has(t, "announce 192.0.2.10")
+	// Until the elector has listened and reports, nothing is announced.
+	r2.has(t, "vip 192.0.2.10")
+	r2.hasNot(t, "announce ")
+	e.opts.Report(true, "master when it stopped, and no master of higher priority spoke")
+	r2.waitFor(t, []string{"announce 192.0.2.10"}, nil)
+}
+
+// TestHAFloating binds the floating addresses on every node and
+// announces them with the VIPs on the master only; SNAT traffic comes
+// from the SNAT address.
+func TestHAFloating(t *testing.T) {
+	extra := "addresses = [\"10.0.2.254\"]\nsnat_addresses = [\"10.0.3.99\"]"
+	r, e := haRig(t, extra, services(1, 1))
+	r.has(t, "vip 10.0.2.254", "vip 10.0.3.99", "snat-source=10.0.3.99")
+	r.hasNot(t, "announce ")
+	e.opts.Report(true, "master down timer expired")
+	r.waitFor(t, []string{"announce 10.0.2.254", "announce 10.0.3.99", "announce 192.0.2.10"}, nil)
+	// A reload changes the floating addresses as it changes services.
+	r.write(haSection("addresses = [\"10.0.2.253\"]") + services(1, 1))
+	if _, err := r.a.Reload(context.Background(), ReloadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.has(t, "announce 10.0.2.253")
+	r.hasNot(t, "10.0.2.254", "10.0.3.99", "snat-source")
+	e.opts.Report(false, "preempted")
+	r.waitFor(t, []string{"vip 10.0.2.253"}, []string{"announce "})
 }
 
 func TestHATracking(t *testing.T) {

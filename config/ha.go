@@ -51,6 +51,19 @@ type HA struct {
 	// node that takes over keeps the connections its peer had not
 	// synchronized yet.
 	Sloppy bool
+	// Addresses are floating addresses that move with the master, as
+	// the VIPs do, and serve no service: the gateway of backends that
+	// route their replies through the load balancer (NAT).
+	Addresses []netip.Addr
+	// SNATAddresses, at most one per family, are floating addresses
+	// that SNAT traffic comes from instead of the node's own address, so
+	// that the backends' replies follow the master.
+	SNATAddresses []netip.Addr
+}
+
+// Floating returns every floating address: Addresses and SNATAddresses.
+func (h HA) Floating() []netip.Addr {
+	return slices.Concat(h.Addresses, h.SNATAddresses)
 }
 
 // Enabled reports whether the node shares its VIPs with peers.
@@ -86,6 +99,8 @@ type rawHA struct {
 	SyncInterface   *string   `toml:"sync_interface"`
 	SyncID          *int64    `toml:"sync_id"`
 	Sloppy          *bool     `toml:"sloppy"`
+	Addresses       []string  `toml:"addresses"`
+	SNATAddresses   []string  `toml:"snat_addresses"`
 }
 
 // ha validates the [ha] section into cfg.HA.
@@ -95,7 +110,8 @@ func (v *validator) ha(h *rawHA, cfg *Config) {
 	if h.Mode == nil {
 		if h.Interface != nil || h.VRID != nil || h.Priority != nil || h.Interval != nil || h.Preempt != nil ||
 			h.PreemptDelay != nil || h.Peers != nil || h.Source != nil || h.TrackInterfaces != nil || h.TrackBackends != nil ||
-			h.TrackPriority != nil || h.SyncInterface != nil || h.SyncID != nil || h.Sloppy != nil {
+			h.TrackPriority != nil || h.SyncInterface != nil || h.SyncID != nil || h.Sloppy != nil ||
+			h.Addresses != nil || h.SNATAddresses != nil {
 			v.errorf("ha", ctx, "[ha] needs mode = \"vrrp\"")
 		}
 		return
@@ -196,8 +212,48 @@ func (v *validator) ha(h *rawHA, cfg *Config) {
 		out.SyncID = out.VRID
 	}
 	setBool(&out.Sloppy, h.Sloppy)
+	seen := map[netip.Addr]string{}
+	out.Addresses = v.floating(h.Addresses, "addresses", seen)
+	out.SNATAddresses = v.floating(h.SNATAddresses, "snat_addresses", seen)
+	for i, a := range out.SNATAddresses {
+		if slices.ContainsFunc(out.SNATAddresses[:i], func(b netip.Addr) bool { return b.Is4() == a.Is4() }) {
+			v.errorf("ha.snat_addresses", ctx, "snat_addresses: %s is a second address of its family: SNAT traffic comes from one", a)
+		}
+	}
+	if len(out.SNATAddresses) > 0 && !cfg.Spec.Rules.Enabled {
+		v.errorf("ha.snat_addresses", ctx, "snat_addresses needs [daemon] manage_iptables = true: vipd's rules do the SNAT")
+	}
 	cfg.HA = out
 	cfg.Spec.Sloppy = out.Sloppy
+	cfg.Spec.Floating = out.Floating()
+	for _, a := range out.SNATAddresses {
+		if a.Is4() {
+			cfg.Spec.Rules.SNATSource4 = a
+		} else {
+			cfg.Spec.Rules.SNATSource6 = a
+		}
+	}
+}
+
+// floating validates a list of floating addresses of key, each listed
+// once in seen (by key) across the lists.
+func (v *validator) floating(list []string, key string, seen map[netip.Addr]string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range list {
+		a, err := netip.ParseAddr(s)
+		switch {
+		case err != nil || a.Zone() != "" || a.Is4In6():
+			v.errorf("ha."+key, "ha", "%s: %q is not an IP address", key, s)
+		case !a.IsGlobalUnicast() && !a.IsPrivate():
+			v.errorf("ha."+key, "ha", "%s: %s is not a unicast address a host can hold", key, a)
+		case seen[a] != "":
+			v.errorf("ha."+key, "ha", "%s: %s is listed in %s already", key, a, seen[a])
+		default:
+			seen[a] = key
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // Equal reports whether two [ha] sections are the same.
@@ -206,7 +262,8 @@ func (h HA) Equal(o HA) bool {
 		h.Interval == o.Interval && h.Preempt == o.Preempt && h.PreemptDelay == o.PreemptDelay &&
 		slices.Equal(h.Peers, o.Peers) && h.Source == o.Source && slices.Equal(h.TrackInterfaces, o.TrackInterfaces) &&
 		h.TrackBackends == o.TrackBackends && h.TrackPriority == o.TrackPriority &&
-		h.SyncInterface == o.SyncInterface && h.SyncID == o.SyncID && h.Sloppy == o.Sloppy
+		h.SyncInterface == o.SyncInterface && h.SyncID == o.SyncID && h.Sloppy == o.Sloppy &&
+		slices.Equal(h.Addresses, o.Addresses) && slices.Equal(h.SNATAddresses, o.SNATAddresses)
 }
 
 // String summarises the section for the log.

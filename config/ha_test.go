@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -63,6 +64,17 @@ sloppy = false
 	if !cfg.HA.Equal(want) {
 		t.Errorf("got %+v\nwant %+v", cfg.HA, want)
 	}
+	// Floating addresses are bound on every node and SNAT comes from
+	// the SNAT address of its family.
+	cfg, err = Parse("t.toml", []byte(strings.Replace(in, "sloppy = false", `sloppy = false
+addresses = ["10.0.2.254", "fd00:2::fe"]
+snat_addresses = ["192.0.2.99"]`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(cfg.HA.Floating(), cfg.Spec.Floating, cfg.Spec.Rules.SNATSource4, cfg.Spec.Rules.SNATSource6.IsValid()); got != "[10.0.2.254 fd00:2::fe 192.0.2.99] [10.0.2.254 fd00:2::fe 192.0.2.99] 192.0.2.99 false" {
+		t.Errorf("floating addresses: %s", got)
+	}
 	// An edit of the [ha] section is a change of settings: a full delta.
 	cfg2, d, err := ParseFrom(cfg, "t.toml", []byte(strings.Replace(in, "priority = 200", "priority = 201", 1)))
 	if err != nil || !d.Full || cfg2.HA.Priority != 201 {
@@ -85,6 +97,11 @@ func TestHAErrors(t *testing.T) {
 		{"peer", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nunicast_peers = [\"nope\"]\n", `t.toml:5: ha: unicast_peers: "nope" is not an IP address`},
 		{"peers mixed", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nunicast_peers = [\"192.0.2.1\", \"2001:db8::1\"]\n", `t.toml:5: ha: unicast_peers mixes IPv4 and IPv6`},
 		{"sync id alone", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nsync_id = 3\n", `t.toml:5: ha: sync_id without sync_interface`},
+		{"address", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\naddresses = [\"10.0.0.0/24\"]\n", `t.toml:5: ha: addresses: "10.0.0.0/24" is not an IP address`},
+		{"address multicast", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\naddresses = [\"224.0.0.18\"]\n", `t.toml:5: ha: addresses: 224.0.0.18 is not a unicast address`},
+		{"address twice", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\naddresses = [\"10.0.2.254\"]\nsnat_addresses = [\"10.0.2.254\"]\n", `t.toml:6: ha: snat_addresses: 10.0.2.254 is listed in addresses already`},
+		{"snat family twice", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nsnat_addresses = [\"10.0.2.98\", \"10.0.2.99\"]\n", `t.toml:5: ha: snat_addresses: 10.0.2.99 is a second address of its family`},
+		{"snat without rules", "[daemon]\nmanage_iptables = false\n[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nsnat_addresses = [\"10.0.2.99\"]\n", `t.toml:7: ha: snat_addresses needs [daemon] manage_iptables = true`},
 		{"unknown key", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nvirtual_router = 3\n", `t.toml:5: `},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

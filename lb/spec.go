@@ -25,6 +25,14 @@ type Spec struct {
 	// its peer had not synchronized yet (on the same backend with the mh
 	// scheduler, or with one backend).
 	Sloppy bool
+	// Floating are addresses that move with the role of a node in a
+	// high-availability group ([ha] addresses and snat_addresses): bound
+	// to the dummy interface like VIPs on every node, and announced (and
+	// answered for) only while AnnounceFloating is set, on the master.
+	// The backends route through them, or SNAT traffic comes from them,
+	// so that their replies follow the master.
+	Floating         []netip.Addr
+	AnnounceFloating bool
 	// Services are the virtual services.
 	Services []VirtualService
 }
@@ -194,6 +202,12 @@ func desired(spec *Spec, host Host, anyServices bool) *State {
 			if vs.Announce {
 				s.Announce[vs.VIP] = struct{}{}
 			}
+		}
+	}
+	for _, a := range spec.Floating {
+		s.VIPs[a] = struct{}{}
+		if spec.AnnounceFloating {
+			s.Announce[a] = struct{}{}
 		}
 	}
 	for e := range s.Rules.Entries {

@@ -130,6 +130,21 @@ type RulePolicy struct {
 	SNATMark uint32
 	// FilterVIPs drops traffic to VIPs on ports no service serves.
 	FilterVIPs bool
+	// SNATSource4 and SNATSource6, when valid, are the addresses SNAT
+	// traffic of their family comes from (floating addresses of [ha]),
+	// keeping the client's port where it can, so that a peer that takes
+	// over maps a connection it picks up in the middle the same way.
+	// Unset, the traffic is masqueraded to the outgoing interface's
+	// address with random ports.
+	SNATSource4, SNATSource6 netip.Addr
+}
+
+// SNATSource returns the SNAT source of family f, or the zero address.
+func (p RulePolicy) SNATSource(f Family) netip.Addr {
+	if f == IPv6 {
+		return p.SNATSource6
+	}
+	return p.SNATSource4
 }
 
 // String formats the policy on one line.
@@ -137,7 +152,14 @@ func (p RulePolicy) String() string {
 	if !p.Enabled {
 		return "none"
 	}
-	return fmt.Sprintf("snat-mark=%#x filter-vips=%t", p.SNATMark, p.FilterVIPs)
+	s := fmt.Sprintf("snat-mark=%#x filter-vips=%t", p.SNATMark, p.FilterVIPs)
+	if p.SNATSource4.IsValid() {
+		s += " snat-source=" + p.SNATSource4.String()
+	}
+	if p.SNATSource6.IsValid() {
+		s += " snat-source6=" + p.SNATSource6.String()
+	}
+	return s
 }
 
 // Rules are vipd's chains (by policy) and set members.

@@ -3,6 +3,7 @@ package iptables
 import (
 	"bufio"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,7 +64,7 @@ func render(fam lb.Family, p lb.RulePolicy, o renderOptions) []table {
 		fmt.Sprintf("-A %s -m set --match-set %s dst,dst -j MARK --set-xmark %s", chainMark, setName(lb.SetSNAT, fam), mark),
 		fmt.Sprintf("-A %s -m mark ! --mark %s -m comment --comment %s -j RETURN", chainMasq, mark, quote(policyComment+p.String())),
 		fmt.Sprintf("-A %s -j MARK --set-xmark 0x0/%#x", chainMasq, p.SNATMark),
-		fmt.Sprintf("-A %s%s -m comment --comment %s -j MASQUERADE --random-fully", chainMasq, ipvs, quote("vipd masquerade ipvs traffic to snat services")),
+		snatRule(fam, p, ipvs),
 	}
 	nat.jumps = []string{
 		jump("PREROUTING", chainMark, "vipd mark traffic to snat services"),
@@ -85,6 +86,17 @@ func render(fam lb.Family, p lb.RulePolicy, o renderOptions) []table {
 		filter.jumps = []string{jump("INPUT", chainFilter, "vipd filter traffic to vips")}
 	}
 	return []table{nat, filter}
+}
+
+// snatRule is the rule that rewrites the source of marked IPVS traffic:
+// to the policy's floating SNAT source of fam, keeping the client's port
+// when no other connection uses it (a peer that takes over then maps a
+// connection the same way), or else masqueraded with random ports.
+func snatRule(fam lb.Family, p lb.RulePolicy, ipvs string) string {
+	if src := p.SNATSource(fam); src.IsValid() {
+		return fmt.Sprintf("-A %s%s -m comment --comment %s -j SNAT --to-source %s", chainMasq, ipvs, quote("vipd snat ipvs traffic to snat services"), src)
+	}
+	return fmt.Sprintf("-A %s%s -m comment --comment %s -j MASQUERADE --random-fully", chainMasq, ipvs, quote("vipd masquerade ipvs traffic to snat services"))
 }
 
 func jump(from, to, comment string) string {
@@ -198,6 +210,16 @@ func parsePolicy(t *table) (lb.RulePolicy, bool) {
 					return lb.RulePolicy{}, false
 				}
 				p.SNATMark, haveMark = uint32(m), true
+			case "snat-source", "snat-source6":
+				a, err := netip.ParseAddr(v)
+				if err != nil || a.Is6() != (k == "snat-source6") {
+					return lb.RulePolicy{}, false
+				}
+				if a.Is6() {
+					p.SNATSource6 = a
+				} else {
+					p.SNATSource4 = a
+				}
 			case "filter-vips":
 				b, err := strconv.ParseBool(v)
 				if err != nil {

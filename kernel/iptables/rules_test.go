@@ -151,13 +151,16 @@ func TestEqualNormalizes(t *testing.T) {
 }
 
 func TestParsePolicy(t *testing.T) {
-	for _, p := range []lb.RulePolicy{testPolicy, {Enabled: true, SNATMark: 1}, {Enabled: true, SNATMark: 0xffffffff, FilterVIPs: true}} {
+	for _, p := range []lb.RulePolicy{testPolicy, {Enabled: true, SNATMark: 1}, {Enabled: true, SNATMark: 0xffffffff, FilterVIPs: true},
+		{Enabled: true, SNATMark: 1, SNATSource4: netip.MustParseAddr("10.0.3.99")},
+		{Enabled: true, SNATMark: 1, SNATSource4: netip.MustParseAddr("10.0.3.99"), SNATSource6: netip.MustParseAddr("fd00::99")}} {
 		got, ok := parsePolicy(&renderTest(p)[0])
 		if !ok || got != p {
 			t.Errorf("parsePolicy(render(%s)) = %s, %t", p, got, ok)
 		}
 	}
-	for _, c := range []string{"vipd policy snat-mark=0x10", "vipd policy snat-mark=zz filter-vips=true", "vipd policy filter-vips=maybe snat-mark=1"} {
+	for _, c := range []string{"vipd policy snat-mark=0x10", "vipd policy snat-mark=zz filter-vips=true", "vipd policy filter-vips=maybe snat-mark=1",
+		"vipd policy snat-mark=1 filter-vips=true snat-source=fd00::1", "vipd policy snat-mark=1 filter-vips=true snat-source=nope"} {
 		tb := &table{rules: []string{`-A VIPD-POSTROUTING -m comment --comment "` + c + `" -j RETURN`}}
 		if p, ok := parsePolicy(tb); ok {
 			t.Errorf("parsePolicy(%q) = %s, want failure", c, p)
@@ -165,6 +168,21 @@ func TestParsePolicy(t *testing.T) {
 	}
 	if _, ok := parsePolicy(nil); ok {
 		t.Error("parsePolicy(nil) succeeded")
+	}
+}
+
+// TestRenderSNATSource renders the floating SNAT source of each family
+// in place of the masquerade, which stays for a family without one.
+func TestRenderSNATSource(t *testing.T) {
+	p := testPolicy
+	p.SNATSource4 = netip.MustParseAddr("10.0.3.99")
+	v4 := strings.Join(render(lb.IPv4, p, renderOptions{})[0].rules, "\n")
+	v6 := strings.Join(render(lb.IPv6, p, renderOptions{})[0].rules, "\n")
+	if !strings.Contains(v4, "-j SNAT --to-source 10.0.3.99") || strings.Contains(v4, "MASQUERADE") {
+		t.Errorf("IPv4 rules with a floating source:\n%s", v4)
+	}
+	if !strings.Contains(v6, "-j MASQUERADE --random-fully") || strings.Contains(v6, "SNAT --to-source") {
+		t.Errorf("IPv6 rules without a floating source:\n%s", v6)
 	}
 }
 
