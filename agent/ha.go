@@ -50,6 +50,9 @@ type ElectorOptions struct {
 	StartAsMaster bool
 	// Report is called on every change of role: master or not, and why.
 	Report func(master bool, reason string)
+	// Reassert is called when the master must announce its VIPs again
+	// (it heard another master of lower priority), with why.
+	Reassert func(reason string)
 }
 
 // ha is the agent's side of high availability.
@@ -72,12 +75,23 @@ type ha struct {
 type roleReport struct {
 	master bool
 	reason string
+	// reassert asks the master to announce its VIPs again.
+	reassert bool
 }
 
 // report queues a change of role for the main loop.
 func (h *ha) report(master bool, reason string) {
+	h.queue(roleReport{master: master, reason: reason})
+}
+
+// reassert queues a new announcement of the master's VIPs.
+func (h *ha) reassert(reason string) {
+	h.queue(roleReport{master: true, reason: reason, reassert: true})
+}
+
+func (h *ha) queue(r roleReport) {
 	h.mu.Lock()
-	h.reports = append(h.reports, roleReport{master, reason})
+	h.reports = append(h.reports, r)
 	h.mu.Unlock()
 	select {
 	case h.changed <- struct{}{}:
@@ -109,7 +123,7 @@ func (a *Agent) openHA(cfg *config.Config) error {
 	}
 	drained := a.nodeDrained(cfg)
 	master := a.wasMaster(cfg) && !drained
-	el, err := a.opts.OpenElector(ElectorOptions{HA: cfg.HA, Addrs: addrs, StartAsMaster: master, Report: h.report})
+	el, err := a.opts.OpenElector(ElectorOptions{HA: cfg.HA, Addrs: addrs, StartAsMaster: master, Report: h.report, Reassert: h.reassert})
 	if err != nil {
 		return fmt.Errorf("[ha]: %w", err)
 	}
@@ -276,6 +290,17 @@ func (a *Agent) serving(spec *lb.Spec) *lb.Spec {
 // stops being master, with a pass over the announcements alone.
 func (a *Agent) roleChanged(ctx context.Context) {
 	for _, r := range a.ha.take() {
+		if r.reassert {
+			if !a.ha.master {
+				continue
+			}
+			if err := a.r.Reannounce(); err != nil {
+				a.log.Error("high availability: announcing the VIPs again", "reason", r.reason, "err", err)
+			} else {
+				a.log.Info("high availability: VIPs announced again", "reason", r.reason)
+			}
+			continue
+		}
 		if r.master == a.ha.master {
 			continue
 		}

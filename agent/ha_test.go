@@ -97,6 +97,10 @@ func TestHARoles(t *testing.T) {
 			t.Errorf("taking over made %q", c)
 		}
 	}
+	// Another master of lower priority: the master announces again.
+	r.k.Calls()
+	e.opts.Reassert("master 192.0.2.99 of priority 50 advertises too")
+	waitCalls(t, r, "withdraw 192.0.2.10", "announce 192.0.2.10", "announce 192.0.2.12")
 	// Full passes keep the role: a reload as master announces a new VIP.
 	r.write(haSection("") + services(4, 1))
 	if _, err := r.a.Reload(context.Background(), ReloadOptions{}); err != nil {
@@ -281,4 +285,20 @@ func TestDrainNodeWithoutHA(t *testing.T) {
 	if err := r.a.DrainNode(context.Background(), true); err == nil || !strings.Contains(err.Error(), "no [ha] section") {
 		t.Errorf("drain --node without [ha]: %v", err)
 	}
+}
+
+// waitCalls waits until the fake kernel was called with each of want,
+// in any order, since the last look.
+func waitCalls(t *testing.T, r *rig, want ...string) {
+	t.Helper()
+	var seen []string
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		seen = append(seen, r.k.Calls()...)
+		if !slices.ContainsFunc(want, func(w string) bool { return !slices.Contains(seen, w) }) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("calls %q, want %q among them", seen, want)
 }

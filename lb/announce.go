@@ -2,6 +2,7 @@ package lb
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"net/netip"
 	"slices"
@@ -53,4 +54,27 @@ func (r *Reconciler) ReconcileAnnouncements(ctx context.Context, spec *Spec) (*R
 		res.Applied = append(res.Applied, op)
 	}
 	return res, nil
+}
+
+// Reannounce announces every announced VIP again, as after a split
+// brain: a new gratuitous ARP / unsolicited NA burst, so that the
+// clients that followed another node come back.
+func (r *Reconciler) Reannounce() error {
+	an := r.opts.Kernel.Announcer
+	if an == nil {
+		return nil
+	}
+	var errs []error
+	for _, a := range an.Announced() {
+		// Withdraw and announce again: the announcer sends a burst for
+		// an address it starts answering for.
+		if err := an.Withdraw(a); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := an.Announce(a); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

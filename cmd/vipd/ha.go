@@ -35,6 +35,7 @@ func openElector(log *slog.Logger) func(agent.ElectorOptions) (agent.Elector, er
 			OnTransition: func(t vrrp.Transition) {
 				o.Report(t.To == vrrp.Master, t.Reason)
 			},
+			OnReassert: o.Reassert,
 		})
 		if err != nil {
 			return nil, err

@@ -52,6 +52,11 @@ type Step struct {
 	SendPriority uint8
 	// Transition is set when the role changed.
 	Transition *Transition
+	// Reassert, set on a master that heard another master of lower
+	// priority (the two could not hear each other, and now can), says
+	// why the master announces its addresses again: the clients that
+	// followed the other master's announcements come back.
+	Reassert string
 }
 
 // MachineConfig is a virtual router's configuration as the state machine
@@ -280,6 +285,12 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 			m.armDown(now)
 			return Step{Transition: t}
 		}
+		// Another master of lower priority: RFC 5798 discards its
+		// advertisement; this master also advertises at once, so that
+		// the other yields now, and announces its addresses again.
+		m.advertAt = now.Add(centis(m.cfg.Interval))
+		return Step{Send: true, SendPriority: m.cfg.Priority,
+			Reassert: fmt.Sprintf("master %v of priority %d advertises too", src, p.Priority)}
 	}
 	return Step{}
 }

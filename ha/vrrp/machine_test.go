@@ -232,7 +232,8 @@ func TestEqualPriorityHigherAddressWins(t *testing.T) {
 		if m.Role() != c.want {
 			t.Errorf("%s seeing %s of equal priority: %v, want %v", c.self, c.peer, m.Role(), c.want)
 		}
-		if (st.Transition != nil) != (c.want == Backup) || st.Send {
+		// The winner advertises at once and announces again.
+		if (st.Transition != nil) != (c.want == Backup) || st.Send != (c.want == Master) || (st.Reassert != "") != (c.want == Master) {
 			t.Errorf("%s seeing %s: step %+v", c.self, c.peer, st)
 		}
 	}
@@ -243,13 +244,16 @@ func TestMasterIgnoresLowerPriority(t *testing.T) {
 	m.Start(t0)
 	m.Expire(m.Deadline())
 	t0 := m.Deadline().Add(-time.Second)
-	if st := m.Receive(t0, netip.MustParseAddr("10.0.0.2"), Packet{Priority: 99, Interval: 100}); st != (Step{}) || m.Role() != Master {
+	// Another master of lower priority: this one stays master,
+	// advertises at once and announces its addresses again.
+	st := m.Receive(t0, netip.MustParseAddr("10.0.0.2"), Packet{Priority: 99, Interval: 100})
+	if st != (Step{Send: true, SendPriority: 100, Reassert: "master 10.0.0.2 of priority 99 advertises too"}) || m.Role() != Master {
 		t.Errorf("lower priority: step %+v role %v", st, m.Role())
 	}
 	// A resigning peer makes the master advertise at once, so that the
 	// backups' skew timers give way to it.
-	st := m.Receive(t0.Add(50*time.Millisecond), netip.MustParseAddr("10.0.0.2"), Packet{Priority: 0, Interval: 100})
-	if !st.Send || st.SendPriority != 100 || m.Deadline() != t0.Add(1050*time.Millisecond) {
+	st = m.Receive(t0.Add(50*time.Millisecond), netip.MustParseAddr("10.0.0.2"), Packet{Priority: 0, Interval: 100})
+	if !st.Send || st.SendPriority != 100 || st.Reassert != "" || m.Deadline() != t0.Add(1050*time.Millisecond) {
 		t.Errorf("priority 0: step %+v deadline %v", st, m.Deadline().Sub(t0))
 	}
 }

@@ -60,6 +60,10 @@ type Options struct {
 	// must not block for long; it may call the Router's methods except
 	// Resign.
 	OnTransition func(Transition)
+	// OnReassert is called, as OnTransition is, when the master heard
+	// another master of lower priority and must announce its addresses
+	// again, with why.
+	OnReassert func(reason string)
 	// Logger receives a record per transition and per failure. Nil
 	// discards them.
 	Logger *slog.Logger
@@ -454,6 +458,12 @@ func (r *Router) apply(st Step) {
 		r.log.Info("vrrp transition", "from", t.From, "to", t.To, "reason", t.Reason, "master", t.Master, "priority", t.Priority)
 		if r.opts.OnTransition != nil {
 			r.opts.OnTransition(*t)
+		}
+	}
+	if st.Reassert != "" {
+		r.log.Warn("vrrp: another master; announcing the addresses again", "reason", st.Reassert)
+		if r.opts.OnReassert != nil {
+			r.opts.OnReassert(st.Reassert)
 		}
 	}
 }
