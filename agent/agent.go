@@ -203,6 +203,18 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeKernel()
+	if err := a.openHA(cfg); err != nil {
+		return err
+	}
+	if a.ha != nil && k.Announcer != nil {
+		// The node starts as a backup: nothing on the wire until the
+		// elector says otherwise.
+		a.ha.gate = newRoleGate(k.Announcer)
+		if _, err := a.ha.gate.setRole(false); err != nil {
+			return fmt.Errorf("high availability: withdraw announcements: %w", err)
+		}
+		k.Announcer = a.ha.gate
+	}
 	a.setup(ctx, cfg, drained, k)
 	if err := a.refuseHostVIPs(cfg, cfg.Spec.Services); err != nil {
 		return err
@@ -212,9 +224,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer stopHealth()
 	go a.hm.Run(hctx)
 	var roles <-chan struct{}
-	if err := a.openHA(cfg); err != nil {
-		return err
-	}
 	if a.ha != nil {
 		if err := a.startSync(k); err != nil {
 			return err
@@ -292,7 +301,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-a.healthChanged:
 			a.remember(a.reconcile(ctx, "health", a.effective(a.cfg)))
 		case <-roles:
-			a.roleChanged(ctx)
+			a.roleChanged()
 		case <-ctx.Done():
 			a.notify(a.n.Stopping())
 			a.resign()

@@ -66,6 +66,9 @@ type ha struct {
 
 	// drained says an operator took the node out (DrainNode).
 	drained bool
+	// gate passes announcements to the kernel's announcer only while
+	// the node is master (nil without an announcer).
+	gate *roleGate
 
 	mu      sync.Mutex
 	reports []roleReport
@@ -75,18 +78,35 @@ type ha struct {
 type roleReport struct {
 	master bool
 	reason string
-	// reassert asks the master to announce its VIPs again.
+	// reassert says the master announced its VIPs again.
 	reassert bool
+	// changed counts the addresses announced or withdrawn, in took,
+	// with err.
+	changed int
+	took    time.Duration
+	err     error
 }
 
-// report queues a change of role for the main loop.
+// report puts a change of role on the wire at once, through the role
+// gate, and queues it for the main loop.
 func (h *ha) report(master bool, reason string) {
-	h.queue(roleReport{master: master, reason: reason})
+	r := roleReport{master: master, reason: reason}
+	start := time.Now()
+	if h.gate != nil {
+		r.changed, r.err = h.gate.setRole(master)
+	}
+	r.took = time.Since(start)
+	h.queue(r)
 }
 
-// reassert queues a new announcement of the master's VIPs.
+// reassert announces the master's VIPs again (it heard another master
+// of lower priority), and queues that for the main loop.
 func (h *ha) reassert(reason string) {
-	h.queue(roleReport{master: true, reason: reason, reassert: true})
+	r := roleReport{master: true, reason: reason, reassert: true}
+	if h.gate != nil {
+		r.changed, r.err = h.gate.reassert()
+	}
+	h.queue(r)
 }
 
 func (h *ha) queue(r roleReport) {
@@ -261,43 +281,16 @@ func (a *Agent) recordRole(master bool) {
 	}
 }
 
-// serving applies the node's role to spec: the elected node announces
-// the floating addresses, and a node that is not the elected one
-// announces no VIP. It copies what it changes.
-func (a *Agent) serving(spec *lb.Spec) *lb.Spec {
-	if a.ha == nil {
-		return spec
-	}
-	if a.ha.master {
-		if len(spec.Floating) == 0 || spec.AnnounceFloating {
-			return spec
-		}
-		out := *spec
-		out.AnnounceFloating = true
-		return &out
-	}
-	out := *spec
-	out.AnnounceFloating = false
-	out.Services = slices.Clone(spec.Services)
-	for i := range out.Services {
-		out.Services[i].Announce = false
-	}
-	return &out
-}
-
-// roleChanged takes the changes of role the elector reported: the node
-// announces its VIPs when it becomes master, and withdraws them when it
-// stops being master, with a pass over the announcements alone.
-func (a *Agent) roleChanged(ctx context.Context) {
+// roleChanged takes the changes of role the elector reported, which the
+// role gate has already put on the wire: it records the role, and
+// counts and logs the change.
+func (a *Agent) roleChanged() {
 	for _, r := range a.ha.take() {
 		if r.reassert {
-			if !a.ha.master {
-				continue
-			}
-			if err := a.r.Reannounce(); err != nil {
-				a.log.Error("high availability: announcing the VIPs again", "reason", r.reason, "err", err)
-			} else {
-				a.log.Info("high availability: VIPs announced again", "reason", r.reason)
+			if r.err != nil {
+				a.log.Error("high availability: announcing the VIPs again", "reason", r.reason, "err", r.err)
+			} else if r.changed > 0 {
+				a.log.Info("high availability: VIPs announced again", "reason", r.reason, "announced", r.changed)
 			}
 			continue
 		}
@@ -307,21 +300,17 @@ func (a *Agent) roleChanged(ctx context.Context) {
 		a.ha.master = r.master
 		a.recordRole(r.master)
 		a.m.HA(r.master, a.priority(), true)
-		start := time.Now()
-		res, err := a.r.ReconcileAnnouncements(ctx, a.effective(a.cfg))
+		a.stats.Invalidate()
 		role := "backup"
 		if r.master {
 			role = "master"
 		}
-		if err != nil {
-			a.log.Error("high availability: role change not applied; the next pass tries again", "role", role, "reason", r.reason, "err", err)
-			continue
-		}
-		a.changed(res)
 		a.log.Info("high availability: role changed", "role", role, "reason", r.reason,
-			"announced", len(res.Applied), "failed", len(res.Failed), "took", time.Since(start).Round(time.Microsecond))
-		for _, f := range res.Failed {
-			a.log.Error("operation failed", "op", f.Op.Kind.String(), "detail", f.Op.String(), "err", f.Err)
+			"changed", r.changed, "took", r.took.Round(time.Microsecond))
+		if r.err != nil {
+			// The next pass announces (or withdraws) what failed: the
+			// reconciler sees it missing from the announcer.
+			a.log.Error("high availability: announcements failed", "role", role, "err", r.err)
 		}
 	}
 }

@@ -119,14 +119,14 @@ func (a *Agent) desired(cfg *config.Config) (*lb.Spec, map[string]health.Decisio
 	spec := a.spec(cfg)
 	hs := a.healthOf(cfg)
 	if len(hs) == 0 {
-		return a.serving(applyDrains(spec, a.drained)), nil
+		return applyDrains(spec, a.drained), nil
 	}
 	policies := make(map[string]health.Policy, len(hs))
 	for name, h := range hs {
 		policies[name] = h.Policy
 	}
 	spec, decisions := health.ApplySpec(spec, policies, a.health, a.decisions)
-	return a.serving(applyDrains(spec, a.drained)), decisions
+	return applyDrains(spec, a.drained), decisions
 }
 
 // effective returns the spec a pass programs with cfg as the configuration

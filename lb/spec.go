@@ -27,12 +27,11 @@ type Spec struct {
 	Sloppy bool
 	// Floating are addresses that move with the role of a node in a
 	// high-availability group ([ha] addresses and snat_addresses): bound
-	// to the dummy interface like VIPs on every node, and announced (and
-	// answered for) only while AnnounceFloating is set, on the master.
-	// The backends route through them, or SNAT traffic comes from them,
-	// so that their replies follow the master.
-	Floating         []netip.Addr
-	AnnounceFloating bool
+	// to the dummy interface and announced like VIPs (the node's role
+	// decides what reaches the wire), they serve no service. The backends
+	// route through them, or SNAT traffic comes from them, so that their
+	// replies follow the master.
+	Floating []netip.Addr
 	// Services are the virtual services.
 	Services []VirtualService
 }
@@ -206,9 +205,7 @@ func desired(spec *Spec, host Host, anyServices bool) *State {
 	}
 	for _, a := range spec.Floating {
 		s.VIPs[a] = struct{}{}
-		if spec.AnnounceFloating {
-			s.Announce[a] = struct{}{}
-		}
+		s.Announce[a] = struct{}{}
 	}
 	for e := range s.Rules.Entries {
 		if (e.Set == SetVIPs || e.Set == SetServed) && allPorts[e.Addr] {

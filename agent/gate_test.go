@@ -1,0 +1,73 @@
+package agent
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// wireAnnouncer records what reaches the wire.
+type wireAnnouncer struct {
+	on    map[netip.Addr]bool
+	calls []string
+}
+
+func (w *wireAnnouncer) Announced() []netip.Addr {
+	return slices.SortedFunc(maps.Keys(w.on), netip.Addr.Compare)
+}
+
+func (w *wireAnnouncer) Announce(a netip.Addr) error {
+	w.on[a] = true
+	w.calls = append(w.calls, "announce "+a.String())
+	return nil
+}
+
+func (w *wireAnnouncer) Withdraw(a netip.Addr) error {
+	delete(w.on, a)
+	w.calls = append(w.calls, "withdraw "+a.String())
+	return nil
+}
+
+func (w *wireAnnouncer) take() string {
+	s := strings.Join(w.calls, ", ")
+	w.calls = nil
+	return s
+}
+
+func TestRoleGate(t *testing.T) {
+	w := &wireAnnouncer{on: map[netip.Addr]bool{}}
+	g := newRoleGate(w)
+	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
+	check := func(what, got, want string) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s: %q, want %q", what, got, want)
+		}
+	}
+	// A backup passes nothing on, and tells the reconciler what it asked.
+	g.Announce(a)
+	g.Announce(b)
+	check("backup announces", w.take(), "")
+	check("announced", fmt.Sprint(g.Announced()), "[192.0.2.1 192.0.2.2]")
+	if n, err := g.reassert(); n != 0 || err != nil || w.take() != "" {
+		t.Errorf("a backup reasserted: %d %v", n, err)
+	}
+	// Master: everything at once, then what the reconciler asks.
+	n, err := g.setRole(true)
+	check("takeover", fmt.Sprint(n, err, " ", w.take()), "2 <nil> announce 192.0.2.1, announce 192.0.2.2")
+	g.Withdraw(b)
+	g.Announce(b)
+	check("master", w.take(), "withdraw 192.0.2.2, announce 192.0.2.2")
+	n, err = g.reassert()
+	check("reassert", fmt.Sprint(n, err, " ", w.take()), "2 <nil> withdraw 192.0.2.1, announce 192.0.2.1, withdraw 192.0.2.2, announce 192.0.2.2")
+	// Backup again: everything off the wire; a late announcement of a
+	// pass planned while master stays off it.
+	n, err = g.setRole(false)
+	check("handover", fmt.Sprint(n, err, " ", w.take()), "2 <nil> withdraw 192.0.2.1, withdraw 192.0.2.2")
+	g.Announce(netip.MustParseAddr("192.0.2.3"))
+	check("late announcement", w.take(), "")
+	check("announced", fmt.Sprint(g.Announced(), len(w.on)), "[192.0.2.1 192.0.2.2 192.0.2.3] 0")
+}
