@@ -153,6 +153,20 @@ func TestHAGracefulStop(t *testing.T) {
 	if !strings.Contains(lb2.logSince(), "resigned (priority 0)") {
 		t.Errorf("lb2 did not take over on lb1's resignation:\n%s", lb2.logSince())
 	}
+	// A restart: lb1, master when it stopped and of higher priority,
+	// preempts lb2 at its first advertisement, with no failed request.
+	l = startLoadWith(t, tp, loadOptions{Port: 80, Long: 4, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
+	time.Sleep(time.Second)
+	lb1.start()
+	lb1.waitRole(t, "master", 5*time.Second)
+	lb2.waitRole(t, "backup", 5*time.Second)
+	Eventually(t, 5*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb1") },
+		"the client still resolves the VIP to %s, not to the restarted lb1", clientNeighbour(t, tp))
+	time.Sleep(time.Second)
+	l.finish(t, "master restarted")
+	if back := lb1.logSince(); !strings.Contains(back, "preempting master 10.0.3.22") {
+		t.Errorf("the restarted lb1 did not preempt lb2 at once:\n%s", back)
+	}
 }
 
 // keepalivedConf is a keepalived 2.2 director for the LAN of topo_ha:
@@ -266,8 +280,8 @@ func TestHAKillAndComeBack(t *testing.T) {
 	// Back: lb1 was master when it was killed, so it starts as master.
 	lb1.start()
 	back := lb1.logSince()
-	if !strings.Contains(back, "starting as master") {
-		t.Errorf("the restarted lb1 did not start as master:\n%s", back)
+	if !strings.Contains(back, "master when it stopped; taking the VIPs back") {
+		t.Errorf("the restarted lb1 did not take the VIPs back as the master it was:\n%s", back)
 	}
 	lb2.waitRole(t, "backup", 5*time.Second)
 	Eventually(t, 5*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb1") },

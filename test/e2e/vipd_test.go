@@ -442,12 +442,14 @@ type load struct {
 	longErrs []string
 	shortOK  int
 	shortErr []string
-	last     map[int]string // backend of each long-lived client's last answer
-	opts     loadOptions
-	start    time.Time
-	took     time.Duration // from start to finish
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	// shortDone holds when each short request was answered.
+	shortDone []time.Time
+	last      map[int]string // backend of each long-lived client's last answer
+	opts      loadOptions
+	start     time.Time
+	took      time.Duration // from start to finish
+	stop      chan struct{}
+	wg        sync.WaitGroup
 }
 
 func startLoad(t *testing.T, tp *Topo, port, long int, every time.Duration) *load {
@@ -576,6 +578,7 @@ func (l *load) shortLoop(ns netns.NsHandle, addr string, every time.Duration) {
 			return true
 		}
 		l.shortOK++
+		l.shortDone = append(l.shortDone, time.Now())
 		return true
 	})
 }
@@ -596,12 +599,30 @@ func (l *load) loop(every time.Duration, f func() bool) {
 	}
 }
 
-// finish stops the load and fails the test on any failed request.
-func (l *load) finish(t *testing.T, what string) {
-	t.Helper()
+// end stops the load and waits for its clients.
+func (l *load) end() {
 	close(l.stop)
 	l.wg.Wait()
 	l.took = time.Since(l.start)
+}
+
+// firstAnswerAfter returns when the first short request answered after
+// t was answered, or the zero time.
+func (l *load) firstAnswerAfter(t time.Time) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, d := range l.shortDone {
+		if d.After(t) {
+			return d
+		}
+	}
+	return time.Time{}
+}
+
+// finish stops the load and fails the test on any failed request.
+func (l *load) finish(t *testing.T, what string) {
+	t.Helper()
+	l.end()
 	t.Logf("%s: %d long-lived and %d short requests", what, l.longOK, l.shortOK)
 	if len(l.longErrs)+len(l.shortErr) > 0 {
 		t.Errorf("%s: %d long-lived failures %q, %d short failures %q", what, len(l.longErrs), first(l.longErrs), len(l.shortErr), first(l.shortErr))

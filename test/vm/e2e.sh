@@ -22,6 +22,7 @@
 #                          must run in the guest, e.g. "./internal/ipvs"
 #   VIPD_GUEST_TAGS        build tags for those packages (default none)
 #   VIPD_E2E_RUN           -test.run pattern passed to every test binary
+#   VIPD_E2E_TAGS          more build tags for ./test/e2e (habench: the failover benchmark)
 #   VIPD_E2E_TEST_TIMEOUT  -test.timeout per binary (default 25m)
 #   VIPD_E2E_TIMEOUT       whole-guest timeout in seconds (default 2400)
 #   VIPD_E2E_LOG           console log file (default /tmp/vipd-e2e-DATE.log)
@@ -74,13 +75,13 @@ for pkg in ${VIPD_GUEST_PKGS:-}; do
 	name=${name#github.com/vipd/vipd/}
 	add_test "${name//\//_}" "$pkg" ${VIPD_GUEST_TAGS:+-tags "$VIPD_GUEST_TAGS"}
 done
-add_test e2e ./test/e2e -tags e2e
+add_test e2e ./test/e2e -tags "e2e${VIPD_E2E_TAGS:+,$VIPD_E2E_TAGS}"
 cp "$VM_DIR/topo.sh" "$VM_DIR/guest-tests.sh" "$payload/"
 log "built $(wc -l <"$payload/tests/list") test binaries in $(elapsed "$tb") s ($(du -sh "$payload" | cut -f1) payload)"
 
 # Guest parameters travel on the kernel command line.
 envs=()
-for v in VIPD_E2E_RUN VIPD_E2E_TEST_TIMEOUT VIPD_E2E_EXPECT_FAIL; do
+for v in VIPD_E2E_RUN VIPD_E2E_TEST_TIMEOUT VIPD_E2E_EXPECT_FAIL VIPD_HA_BENCH_N; do
 	[[ -z ${!v:-} ]] || envs+=(--env "$v=${!v}")
 done
 logfile=${VIPD_E2E_LOG:-/tmp/vipd-e2e-$(date +%Y%m%d-%H%M%S).log}

@@ -2,7 +2,7 @@
 # topo.sh — test topologies for the real-kernel rig. Runs INSIDE the guest only.
 #
 #   source /payload/topo.sh
-#   topo_nat 2          # or: topo_nat 2 onearm | topo_dr 2 | topo_tun 2 [ipip|gue|gre] | topo_ha 2
+#   topo_nat 2          # or: topo_nat 2 onearm | topo_dr 2 | topo_tun 2 [ipip|gue|gre] | topo_ha 2 [nat]
 #   topo_vip_add        # put TOPO_VIP/TOPO_VIP6 on dummy 'rigvip0' (plain-ipvsadm tests;
 #                       # vipd adds its VIPs itself)
 #   ipvsadm -A -t "$TOPO_VIP:80" -s rr; ...
@@ -104,14 +104,14 @@ _topo_ns() {
 	echo "$1" >>"$TOPO_STATE/namespaces"
 }
 
-# _topo_veth NS PEER [BRIDGE]: queue a veth pair, 'eth0' inside NS and PEER in
-# the root namespace (enslaved to BRIDGE when given).
+# _topo_veth NS PEER [BRIDGE [NAME]]: queue a veth pair, NAME (default 'eth0')
+# inside NS and PEER in the root namespace (enslaved to BRIDGE when not "").
 _topo_veth() {
-	local ns=$1 peer=$2 br=${3:-}
-	_topo_root "link add $peer type veth peer name eth0 netns $ns"
+	local ns=$1 peer=$2 br=${3:-} name=${4:-eth0}
+	_topo_root "link add $peer type veth peer name $name netns $ns"
 	[[ -z $br ]] || _topo_root "link set $peer master $br"
 	_topo_root "link set $peer up"
-	_topo_in "$ns" "link set eth0 up"
+	_topo_in "$ns" "link set $name up"
 	# topo_down deletes the root end explicitly: deleting a namespace destroys
 	# its devices asynchronously, and a quick re-create would find the name taken.
 	echo "$peer" >>"$TOPO_STATE/links"
@@ -222,6 +222,8 @@ topo_nat() {
 }
 
 # _topo_lan N KIND: queue one L2 segment with LB, client and backends (DR, TUN).
+# _topo_lan N KIND [nat]: the LAN with the client and, unless 'nat' (the
+# caller puts them elsewhere), N direct-routing backends.
 _topo_lan() {
 	local n=$1 kind=$2 i ns
 	_topo_begin "$kind" "$n" || return 1
@@ -240,6 +242,7 @@ _topo_lan() {
 	_topo_in client "addr add 10.0.3.2/24 dev eth0" "addr add fd00:3::2/64 dev eth0 nodad" \
 		"route add fd00:3:1::/64 via fd00:3::1"
 
+	[[ ${3:-} != nat ]] || return 0
 	for ((i = 1; i <= n; i++)); do
 		ns=be$i
 		_topo_ns "$ns"
@@ -262,19 +265,39 @@ topo_dr() {
 
 # topo_tun N [ipip|gue|gre]: LVS-TUN topology; backends decapsulate. For gue
 # the backends listen on UDP port $TOPO_TUN_GUE_PORT (ipvsadm --tun-port).
-# topo_ha N: the DR LAN (as topo_dr) with two load balancers as namespaces,
-# lb1 (eth0 10.0.3.21) and lb2 (eth0 10.0.3.22), for a pair of vipd nodes
-# that share the VIP 10.0.3.100 by VRRP. The root namespace only bridges: it
-# holds no VIP and no IPVS service. Each node runs vipd in its namespace
-# (ip netns exec lbI vipd run ...), which makes its dummy interface there.
+# topo_ha N [nat]: the DR LAN (as topo_dr) with two load balancers as
+# namespaces, lb1 (eth0 10.0.3.21) and lb2 (eth0 10.0.3.22), for a pair of
+# nodes that share the VIP 10.0.3.100 by VRRP. The root namespace only
+# bridges: it holds no VIP and no IPVS service. Each node runs vipd (or
+# keepalived) in its namespace, which makes its dummy interface there.
+# With 'nat' the backends are on a second segment instead: bridge brbe
+# (root 10.0.2.1, for the sanity pings), each node's eth1 10.0.2.(20+I)
+# (veth vlbbI), backends beI 10.0.2.(10+I) with no VIP and a default route
+# via 10.0.2.254, a floating address the master holds ([ha] addresses).
 topo_ha() {
-	_topo_lan "${1:-2}" ha || return 1
-	local i
+	local n=${1:-2} mode=${2:-} i ns
+	[[ -z $mode || $mode == nat ]] || _topo_fail "topo_ha: unknown mode '$mode'" || return 1
+	_topo_lan "$n" "ha${mode:+-$mode}" "$mode" || return 1
 	for i in 1 2; do
 		_topo_ns "lb$i"
 		_topo_veth "lb$i" "vlb$i" brlan
 		_topo_in "lb$i" "addr add 10.0.3.$((20 + i))/24 dev eth0" "addr add fd00:3::$((20 + i))/64 dev eth0 nodad"
 	done
+	if [[ $mode == nat ]]; then
+		_topo_bridge brbe
+		_topo_root "addr add 10.0.2.1/24 dev brbe"
+		for i in 1 2; do
+			_topo_veth "lb$i" "vlbb$i" brbe eth1
+			_topo_in "lb$i" "addr add 10.0.2.$((20 + i))/24 dev eth1"
+		done
+		for ((i = 1; i <= n; i++)); do
+			ns=be$i
+			_topo_ns "$ns"
+			_topo_veth "$ns" "v$ns" brbe
+			_topo_in "$ns" "addr add 10.0.2.$((10 + i))/24 dev eth0" "route add default via 10.0.2.254"
+			TOPO_BACKEND_IPS+="${TOPO_BACKEND_IPS:+ }10.0.2.$((10 + i))"
+		done
+	fi
 	TOPO_LB_IP=10.0.3.21 TOPO_LB_IF=eth0
 	_topo_finish
 }

@@ -1,0 +1,120 @@
+//go:build e2e && habench
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestHAFailoverBench is the failover benchmark (test/vm/bench-ha.sh,
+// part of make bench; never of make test): for vipd's pairs and
+// keepalived's, in the same guest boot and with the same 100 ms
+// advertisements, it fails the master again and again under load and
+// reports, for each configuration, the time until the client's neighbour
+// entry of the VIP names the backup and until the first request is
+// answered after the failure (n, p50, p99, max), failed requests and
+// broken long-lived connections. It fails only when a pair cannot be
+// measured at all; the figures are the result.
+func TestHAFailoverBench(t *testing.T) {
+	n := 10
+	if s := os.Getenv("VIPD_HA_BENCH_N"); s != "" {
+		n, _ = strconv.Atoi(s)
+	}
+	type row struct {
+		Config     string  `json:"config"`
+		Failure    string  `json:"failure"`
+		N          int     `json:"n"`
+		MovedP50   float64 `json:"moved_p50_ms"`
+		MovedP99   float64 `json:"moved_p99_ms"`
+		MovedMax   float64 `json:"moved_max_ms"`
+		AnswerP50  float64 `json:"answer_p50_ms"`
+		AnswerP99  float64 `json:"answer_p99_ms"`
+		Failed     int     `json:"failed"`
+		Short      int     `json:"short"`
+		Broken     int     `json:"broken"`
+		LongConns  int     `json:"long_conns"`
+		FirstError string  `json:"first_error,omitempty"`
+	}
+	var rows []row
+	var runs []benchRun
+	for _, mode := range []string{"dr", "nat", "snat"} {
+		runs = append(runs,
+			benchRun{pairOptions{Mode: mode, Sync: true}, "cut", n},
+			benchRun{pairOptions{Mode: mode, Sync: true, Keepalived: true}, "cut", n},
+			benchRun{pairOptions{Mode: mode, Sync: false, Scheduler: "wlc"}, "cut", max(n/2, 1)},
+		)
+	}
+	runs = append(runs,
+		benchRun{pairOptions{Mode: "dr", Sync: true}, "kill", n},
+		benchRun{pairOptions{Mode: "dr", Sync: true, Keepalived: true}, "kill", n},
+	)
+	for _, r := range runs {
+		t.Run(strings.ReplaceAll(r.o.String()+" "+r.how, " ", "_"), func(t *testing.T) {
+			p := startPair(t, r.o)
+			var moved, answered []time.Duration
+			out := row{Config: r.o.String(), Failure: r.how, N: r.n}
+			for i := 0; i < r.n; i++ {
+				res := p.failover(r.how)
+				moved = append(moved, res.Moved)
+				if res.Answered > 0 {
+					answered = append(answered, res.Answered)
+				}
+				out.Failed += res.Failed
+				out.Broken += res.Broken
+				out.Short += res.Short
+				out.LongConns += 10
+				if out.FirstError == "" && len(res.Errors) > 0 {
+					out.FirstError = res.Errors[0]
+				}
+				t.Logf("%s %s #%d: moved %v, answered %v, %d failed, %d broken", r.o, r.how, i+1,
+					res.Moved.Round(time.Millisecond), res.Answered.Round(time.Millisecond), res.Failed, res.Broken)
+			}
+			out.MovedP50, out.MovedP99, out.MovedMax = quantileMS(moved, 0.5), quantileMS(moved, 0.99), quantileMS(moved, 1)
+			out.AnswerP50, out.AnswerP99 = quantileMS(answered, 0.5), quantileMS(answered, 0.99)
+			rows = append(rows, out)
+		})
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-34s %-7s %3s  %-24s  %-16s  %-13s  %s\n", "pair", "failure", "n", "neighbour moved p50/p99/max", "answered p50/p99", "failed/short", "broken/long conns")
+	for _, r := range rows {
+		ans := "-"
+		if r.Failure == "cut" {
+			ans = fmt.Sprintf("%.0f/%.0f ms", r.AnswerP50, r.AnswerP99)
+		}
+		fmt.Fprintf(&b, "%-34s %-7s %3d  %-24s  %-16s  %-13s  %d/%d\n", r.Config, r.Failure, r.N,
+			fmt.Sprintf("%.0f/%.0f/%.0f ms", r.MovedP50, r.MovedP99, r.MovedMax), ans, fmt.Sprintf("%d/%d", r.Failed, r.Short), r.Broken, r.LongConns)
+	}
+	js, _ := json.MarshalIndent(rows, "", "  ")
+	// The markers let bench-ha.sh take the table and JSON from the console.
+	fmt.Printf("HA-BENCH-TABLE-BEGIN\n%sHA-BENCH-TABLE-END\nHA-BENCH-JSON-BEGIN\n%s\nHA-BENCH-JSON-END\n", b.String(), js)
+	if len(rows) != len(runs) {
+		t.Fatalf("%d of %d pairs measured", len(rows), len(runs))
+	}
+}
+
+// benchRun is one configuration of the benchmark: a pair, how its
+// master fails, and how many times.
+type benchRun struct {
+	o   pairOptions
+	how string
+	n   int
+}
+
+// quantileMS returns the q quantile of ds (nearest rank) in milliseconds.
+func quantileMS(ds []time.Duration, q float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	i = min(max(i, 0), len(s)-1)
+	return float64(s[i]) / float64(time.Millisecond)
+}

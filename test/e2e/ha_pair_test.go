@@ -1,0 +1,432 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A pair is two load balancer nodes, lb1 (priority 150) and lb2
+// (priority 100), on topo_ha, running vipd or keepalived with one service
+// on port 80, and a client that sends requests through the VIP while the
+// master fails and comes back. The failover tests and the failover
+// benchmark (ha_bench_test.go) drive it.
+
+// Floating addresses of the pair in topo_ha: the backends' gateway in
+// "nat" mode, and the SNAT source in "snat" mode.
+const (
+	natGateway = "10.0.2.254"
+	snatSource = "10.0.3.99"
+)
+
+// pairOptions shape a pair.
+type pairOptions struct {
+	// Mode is "dr" (direct routing to backends on the LAN), "nat"
+	// (backends behind the pair, routed through natGateway: topo_ha nat)
+	// or "snat" (one-arm: backends on the LAN answer the SNAT address).
+	Mode string
+	// Sync runs IPVS connection synchronization between the nodes.
+	Sync bool
+	// Scheduler defaults to mh.
+	Scheduler string
+	// Keepalived runs keepalived 2.2 (VRRPv3) on both nodes instead of
+	// vipd; with Mode "snat" its nodes masquerade to their own address,
+	// as keepalived has no SNAT of its own.
+	Keepalived bool
+}
+
+func (o pairOptions) String() string {
+	who := "vipd"
+	if o.Keepalived {
+		who = "keepalived"
+	}
+	sync := "sync off"
+	if o.Sync {
+		sync = "sync on"
+	}
+	return fmt.Sprintf("%s %s %s %s", who, o.Mode, o.scheduler(), sync)
+}
+
+func (o pairOptions) scheduler() string {
+	if o.Scheduler == "" {
+		return "mh"
+	}
+	return o.Scheduler
+}
+
+// lbNode is one node of a pair, in namespace lbI.
+type lbNode struct {
+	name string
+	prio int
+	// links are the node's veths, by their root-namespace ends.
+	links []string
+	vipd  *daemon
+	k     *keepalivedNode
+}
+
+// pair is a running pair with its client's view of the VIP.
+type pair struct {
+	t     *testing.T
+	tp    *Topo
+	o     pairOptions
+	nodes [2]*lbNode
+	// master is the index of the node that serves.
+	master int
+	mon    *neighMonitor
+}
+
+// startPair builds topo_ha for o and starts lb1, then lb2, each once the
+// one before is settled.
+func startPair(t *testing.T, o pairOptions) *pair {
+	t.Helper()
+	spec := "ha 3"
+	if o.Mode == "nat" {
+		spec = "ha 3 nat"
+	}
+	p := &pair{t: t, tp: NewTopo(t, spec), o: o}
+	for i := range p.nodes {
+		n := &lbNode{name: fmt.Sprintf("lb%d", i+1), prio: 150 - 50*i, links: []string{fmt.Sprintf("vlb%d", i+1)}}
+		if o.Mode == "nat" {
+			n.links = append(n.links, fmt.Sprintf("vlbb%d", i+1))
+		}
+		p.nodes[i] = n
+		p.start(n)
+		if i == 0 {
+			p.waitMaster(n, 20*time.Second)
+		}
+	}
+	p.mon = startNeighMonitor(t, p.tp.ClientNS)
+	if h := p.tp.Hit(t, url(p.tp, 80), 6, false); h.Errors != 0 {
+		t.Fatalf("%s: requests through the master failed: %+v", o, h)
+	}
+	return p
+}
+
+// start starts node n's daemon (again).
+func (p *pair) start(n *lbNode) {
+	p.t.Helper()
+	if p.o.Keepalived {
+		if n.k == nil {
+			n.k = newKeepalivedNode(p.t, n.name, p.keepalivedConfig(n))
+		}
+		n.k.start(p.t)
+		return
+	}
+	if n.vipd == nil {
+		n.vipd = newDaemon(p.t)
+		n.vipd.ns = n.name
+		n.vipd.write(p.vipdConfig(n.vipd, n.prio))
+	}
+	n.vipd.start()
+}
+
+// kill kills node n's daemon with SIGKILL.
+func (p *pair) kill(n *lbNode) {
+	if p.o.Keepalived {
+		n.k.kill()
+	} else {
+		n.vipd.kill()
+	}
+}
+
+// cut takes node n's links down, or up again.
+func (p *pair) cut(n *lbNode, down bool) {
+	state := "up"
+	if down {
+		state = "down"
+	}
+	for _, l := range n.links {
+		Run(p.t, "ip", "link", "set", l, state)
+	}
+}
+
+// isMaster reports whether node n serves the VIP.
+func (p *pair) isMaster(n *lbNode) bool {
+	if p.o.Keepalived {
+		return strings.Contains(Run(p.t, "ip", "-n", n.name, "addr", "show", "eth0"), p.tp.VIP+"/32")
+	}
+	r := (&haNode{daemon: n.vipd, name: n.name}).roles()
+	return len(r) > 0 && strings.HasPrefix(r[len(r)-1], "master@")
+}
+
+func (p *pair) waitMaster(n *lbNode, timeout time.Duration) {
+	p.t.Helper()
+	Eventually(p.t, timeout, 20*time.Millisecond, func() bool { return p.isMaster(n) }, "%s: %s never became master", p.o, n.name)
+}
+
+// vipdConfig is a vipd node's configuration.
+func (p *pair) vipdConfig(d *daemon, priority int) string {
+	o, tp := p.o, p.tp
+	ha := ""
+	if o.Sync {
+		ha += "sync_interface = \"eth0\"\n"
+	}
+	svc := fmt.Sprintf("scheduler = %q\n", o.scheduler())
+	header := d.header("eth0", "")
+	switch o.Mode {
+	case "dr":
+		svc += `forward = "droute"`
+	case "nat":
+		// The node answers for the gateway address on the backends' side.
+		header = strings.Replace(header, `uplinks = ["eth0"]`, `uplinks = ["eth0", "eth1"]`, 1)
+		ha += fmt.Sprintf("addresses = [%q]\n", natGateway)
+		svc += `forward = "masq"`
+	case "snat":
+		ha += fmt.Sprintf("snat_addresses = [%q]\n", snatSource)
+		svc += "forward = \"masq\"\nsnat = true"
+	default:
+		p.t.Fatalf("pair mode %q", o.Mode)
+	}
+	return header + fmt.Sprintf(`
+[ha]
+mode = "vrrp"
+interface = "eth0"
+vrid = 51
+priority = %d
+advert_interval = "100ms"
+%s
+`, priority, ha) + service("web", tp.VIP, 80, svc, tp.BackendIPs...)
+}
+
+// keepalivedConfig is a keepalived node's configuration: the same
+// virtual router, interval, floating addresses, service and sync.
+func (p *pair) keepalivedConfig(n *lbNode) string {
+	o, tp := p.o, p.tp
+	var b strings.Builder
+	b.WriteString("global_defs {\n  vrrp_version 3\n  enable_script_security\n")
+	if o.Sync {
+		b.WriteString("  lvs_sync_daemon eth0 VI_1 id 51\n")
+	}
+	fmt.Fprintf(&b, "}\nvrrp_instance VI_1 {\n  state BACKUP\n  interface eth0\n  virtual_router_id 51\n  priority %d\n  advert_int 0.1\n", n.prio)
+	fmt.Fprintf(&b, "  virtual_ipaddress {\n    %s/32 dev eth0\n", tp.VIP)
+	if o.Mode == "nat" {
+		fmt.Fprintf(&b, "    %s/24 dev eth1\n", natGateway)
+	}
+	kind := "NAT"
+	if o.Mode == "dr" {
+		kind = "DR"
+	}
+	fmt.Fprintf(&b, "  }\n}\nvirtual_server %s 80 {\n  lb_algo %s\n  lb_kind %s\n  protocol TCP\n", tp.VIP, o.scheduler(), kind)
+	for _, ip := range tp.BackendIPs {
+		fmt.Fprintf(&b, "  real_server %s 80 {\n    weight 1\n  }\n", ip)
+	}
+	b.WriteString("}\n")
+	if o.Mode != "dr" {
+		// keepalived forwards but does not set the sysctls, nor SNAT.
+		Run(p.t, "ip", "netns", "exec", n.name, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv4.vs.conntrack=1")
+	}
+	if o.Mode == "snat" {
+		Run(p.t, "ip", "netns", "exec", n.name, "iptables", "-t", "nat", "-A", "POSTROUTING", "-m", "ipvs",
+			"--vaddr", tp.VIP+"/32", "--vport", "80", "-j", "MASQUERADE")
+	}
+	return b.String()
+}
+
+// keepalivedNode is keepalived in a namespace.
+type keepalivedNode struct {
+	ns, dir, conf string
+	log           *lockedBuffer
+	cmd           *exec.Cmd
+	done          chan struct{}
+}
+
+func newKeepalivedNode(t *testing.T, ns, conf string) *keepalivedNode {
+	t.Helper()
+	if _, err := exec.LookPath("keepalived"); err != nil {
+		t.Fatalf("keepalived is not in the guest (test/deps.sh installs it on the host, and the guest image copies it): %v", err)
+	}
+	k := &keepalivedNode{ns: ns, dir: t.TempDir(), log: &lockedBuffer{}}
+	k.conf = filepath.Join(k.dir, "keepalived.conf")
+	if err := os.WriteFile(k.conf, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		k.kill()
+		if t.Failed() {
+			t.Logf("keepalived log of %s:\n%s", ns, k.log)
+		}
+	})
+	return k
+}
+
+func (k *keepalivedNode) start(t *testing.T) {
+	t.Helper()
+	k.cmd = exec.Command("ip", "netns", "exec", k.ns, "keepalived", "-n", "-l", "-D", "-f", k.conf,
+		"-p", filepath.Join(k.dir, "k.pid"), "-r", filepath.Join(k.dir, "v.pid"), "-c", filepath.Join(k.dir, "c.pid"))
+	// Its own process group: kill takes the parent and its children.
+	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	k.cmd.Stdout, k.cmd.Stderr = k.log, k.log
+	if err := k.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	k.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(k.cmd, k.done)
+}
+
+// kill kills keepalived and its children with SIGKILL.
+func (k *keepalivedNode) kill() {
+	if k.cmd == nil {
+		return
+	}
+	syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
+	<-k.done
+	k.cmd = nil
+}
+
+// neighMonitor records the client's neighbour-table changes
+// (ip monitor neigh), each with the time it was read.
+type neighMonitor struct {
+	mu    sync.Mutex
+	lines []neighLine
+}
+
+type neighLine struct {
+	at   time.Time
+	text string
+}
+
+func startNeighMonitor(t *testing.T, ns string) *neighMonitor {
+	t.Helper()
+	m := &neighMonitor{}
+	cmd := exec.Command("ip", "-n", ns, "monitor", "neigh")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			m.mu.Lock()
+			m.lines = append(m.lines, neighLine{time.Now(), sc.Text()})
+			m.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); <-done })
+	return m
+}
+
+// movedAt returns when, after from, the client's entry for addr first
+// named mac, or the zero time.
+func (m *neighMonitor) movedAt(addr, mac string, from time.Time) time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, l := range m.lines {
+		f := strings.Fields(l.text)
+		if l.at.After(from) && len(f) > 0 && f[0] == addr && strings.Contains(l.text, "lladdr "+mac) {
+			return l.at
+		}
+	}
+	return time.Time{}
+}
+
+// failoverResult is what one failover cost the clients.
+type failoverResult struct {
+	// Moved is the time from the failure to the client's neighbour entry
+	// of the VIP naming the backup, and Answered to the first request
+	// answered after the failure (through the backup when the master's
+	// links are cut; a killed master's kernel still forwards).
+	Moved, Answered time.Duration
+	// Failed short requests and Broken long-lived connections, over the
+	// failover and the return of the master.
+	Failed, Broken int
+	Short, Long    int
+	Errors         []string
+}
+
+// failover fails the master (how: "cut" its links or "kill" its daemon)
+// under load, waits for the backup to take over, brings the master back
+// and waits for it to take the VIP back.
+func (p *pair) failover(how string) failoverResult {
+	t, tp := p.t, p.tp
+	t.Helper()
+	master, backup := p.nodes[p.master], p.nodes[1-p.master]
+	const long = 10
+	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: long, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
+	if p.o.Sync {
+		Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
+			return strings.Count(Run(t, "ip", "netns", "exec", backup.name, "ipvsadm", "-Lnc"), "ESTABLISHED") >= long
+		}, "%s: %s has not the master's %d long-lived connections:\n%s", p.o, backup.name, long, Run(t, "ip", "netns", "exec", backup.name, "ipvsadm", "-Lnc"))
+	} else {
+		time.Sleep(1500 * time.Millisecond)
+	}
+	bmac, mmac := macOf(t, backup.name), macOf(t, master.name)
+	at := time.Now()
+	switch how {
+	case "cut":
+		p.cut(master, true)
+	case "kill":
+		p.kill(master)
+	default:
+		t.Fatalf("failover %q", how)
+	}
+	var moved time.Time
+	Eventually(t, 10*time.Second, 10*time.Millisecond, func() bool {
+		moved = p.mon.movedAt(tp.VIP, bmac, at)
+		return !moved.IsZero()
+	}, "%s: the client never resolved the VIP to the backup %s (%s)", p.o, backup.name, bmac)
+	time.Sleep(2 * time.Second)
+	answered := l.firstAnswerAfter(at)
+	// The master comes back, and takes the VIP back: it has the higher
+	// priority.
+	back := time.Now()
+	if how == "cut" {
+		p.cut(master, false)
+	} else {
+		p.start(master)
+	}
+	Eventually(t, 15*time.Second, 20*time.Millisecond, func() bool {
+		return !p.mon.movedAt(tp.VIP, mmac, back).IsZero()
+	}, "%s: the client never resolved the VIP to %s again after it came back", p.o, master.name)
+	time.Sleep(time.Second)
+	l.end()
+	r := failoverResult{Moved: moved.Sub(at), Failed: len(l.shortErr), Broken: len(l.longErrs), Short: l.shortOK, Long: l.longOK}
+	if !answered.IsZero() {
+		r.Answered = answered.Sub(at)
+	}
+	r.Errors = append(first(l.longErrs), first(l.shortErr)...)
+	return r
+}
+
+// TestHAFailoverNAT cuts the master of a NAT pair off under load: the
+// backends route through the pair's floating gateway address, which moves
+// with the VIP, so that no request fails and, with the connections
+// synchronized, no long-lived connection breaks; the master then comes
+// back and takes the VIP and the gateway back just as cleanly.
+func TestHAFailoverNAT(t *testing.T) {
+	p := startPair(t, pairOptions{Mode: "nat", Sync: true})
+	r := p.failover("cut")
+	t.Logf("%s: neighbour moved %v after the cut, first answer %v; %d short and %d long-lived requests",
+		p.o, r.Moved.Round(time.Millisecond), r.Answered.Round(time.Millisecond), r.Short, r.Long)
+	if r.Failed+r.Broken != 0 || r.Short == 0 || r.Long == 0 {
+		t.Errorf("%s: %d failed requests, %d broken connections: %q", p.o, r.Failed, r.Broken, r.Errors)
+	}
+}
+
+// TestHAFailoverSNAT does the same for a one-arm SNAT service whose
+// traffic comes from the pair's floating SNAT address: the new master
+// maps each connection it picks up to the same address and port, so the
+// backends see the same connection.
+func TestHAFailoverSNAT(t *testing.T) {
+	p := startPair(t, pairOptions{Mode: "snat", Sync: true})
+	mustContain(t, "nat rules of lb1", Run(t, "ip", "netns", "exec", "lb1", "iptables-save", "-t", "nat"), "-j SNAT --to-source "+snatSource)
+	r := p.failover("cut")
+	t.Logf("%s: neighbour moved %v after the cut, first answer %v; %d short and %d long-lived requests",
+		p.o, r.Moved.Round(time.Millisecond), r.Answered.Round(time.Millisecond), r.Short, r.Long)
+	if r.Failed+r.Broken != 0 || r.Short == 0 || r.Long == 0 {
+		t.Errorf("%s: %d failed requests, %d broken connections: %q", p.o, r.Failed, r.Broken, r.Errors)
+	}
+}
