@@ -240,7 +240,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		}()
 		defer func() { stopElector(); <-electorDone }()
-		a.m.HA(a.ha.master, a.priority(), false)
+		a.m.HA(a.ha.master, a.priority(), "")
 		if a.ha.drained {
 			a.log.Info("high availability: the node is drained (vipd undrain --node puts it back)")
 			if err := a.ha.el.Resign(ctx, "drained by the operator"); err != nil {

@@ -48,11 +48,23 @@ type ElectorOptions struct {
 	// VIPs are still programmed: the elector takes them back after a
 	// short listen unless a master of higher priority speaks.
 	StartAsMaster bool
-	// Report is called on every change of role: master or not, and why.
-	Report func(master bool, reason string)
+	// Report is called on every change of role.
+	Report func(RoleChange)
 	// Reassert is called when the master must announce its VIPs again
 	// (it heard another master of lower priority), with why.
 	Reassert func(reason string)
+}
+
+// RoleChange is a change of the node's role that the elector reports.
+type RoleChange struct {
+	// Master says the node serves the VIPs.
+	Master bool
+	// Reason says why in words; Cause in one word of a small set, for
+	// the transitions metric's label.
+	Reason, Cause string
+	// MasterAddr is the master's address when known: the peer's on
+	// becoming a backup, the node's own on becoming master.
+	MasterAddr netip.Addr
 }
 
 // ha is the agent's side of high availability.
@@ -69,6 +81,9 @@ type ha struct {
 	// gate passes announcements to the kernel's announcer only while
 	// the node is master (nil without an announcer).
 	gate *roleGate
+	// last is the last change of role the loop took, at since.
+	last  RoleChange
+	since time.Time
 
 	mu      sync.Mutex
 	reports []roleReport
@@ -76,8 +91,7 @@ type ha struct {
 }
 
 type roleReport struct {
-	master bool
-	reason string
+	RoleChange
 	// reassert says the master announced its VIPs again.
 	reassert bool
 	// changed counts the addresses announced or withdrawn, in took,
@@ -89,11 +103,11 @@ type roleReport struct {
 
 // report puts a change of role on the wire at once, through the role
 // gate, and queues it for the main loop.
-func (h *ha) report(master bool, reason string) {
-	r := roleReport{master: master, reason: reason}
+func (h *ha) report(c RoleChange) {
+	r := roleReport{RoleChange: c}
 	start := time.Now()
 	if h.gate != nil {
-		r.changed, r.err = h.gate.setRole(master)
+		r.changed, r.err = h.gate.setRole(c.Master)
 	}
 	r.took = time.Since(start)
 	h.queue(r)
@@ -102,7 +116,7 @@ func (h *ha) report(master bool, reason string) {
 // reassert announces the master's VIPs again (it heard another master
 // of lower priority), and queues that for the main loop.
 func (h *ha) reassert(reason string) {
-	r := roleReport{master: true, reason: reason, reassert: true}
+	r := roleReport{RoleChange: RoleChange{Master: true, Reason: reason}, reassert: true}
 	if h.gate != nil {
 		r.changed, r.err = h.gate.reassert()
 	}
@@ -245,7 +259,7 @@ func (a *Agent) drainNode(ctx context.Context, on bool) error {
 		a.log.Info("high availability: node undrained; it takes part in the election again")
 	}
 	a.ha.drained = on
-	a.m.HA(a.ha.master, a.priority(), false)
+	a.m.HA(a.ha.master, a.priority(), "")
 	a.stats.Invalidate()
 	return nil
 }
@@ -267,7 +281,12 @@ func (a *Agent) haStatus() *status.HA {
 	if a.ha.master {
 		role = "master"
 	}
-	return &status.HA{Role: role, VRID: a.ha.cfg.VRID, Priority: a.priority(), Configured: a.ha.cfg.Priority, Drained: a.ha.drained}
+	st := &status.HA{Role: role, VRID: a.ha.cfg.VRID, Priority: a.priority(), Configured: a.ha.cfg.Priority, Drained: a.ha.drained,
+		Reason: a.ha.last.Reason, Since: a.ha.since}
+	if a.ha.last.MasterAddr.IsValid() {
+		st.Master = a.ha.last.MasterAddr.String()
+	}
+	return st
 }
 
 // recordRole records the node's role for the next start.
@@ -288,24 +307,25 @@ func (a *Agent) roleChanged() {
 	for _, r := range a.ha.take() {
 		if r.reassert {
 			if r.err != nil {
-				a.log.Error("high availability: announcing the VIPs again", "reason", r.reason, "err", r.err)
+				a.log.Error("high availability: announcing the VIPs again", "reason", r.Reason, "err", r.err)
 			} else if r.changed > 0 {
-				a.log.Info("high availability: VIPs announced again", "reason", r.reason, "announced", r.changed)
+				a.log.Info("high availability: VIPs announced again", "reason", r.Reason, "announced", r.changed)
 			}
 			continue
 		}
-		if r.master == a.ha.master {
+		if r.Master == a.ha.master {
 			continue
 		}
-		a.ha.master = r.master
-		a.recordRole(r.master)
-		a.m.HA(r.master, a.priority(), true)
+		a.ha.master = r.Master
+		a.ha.last, a.ha.since = r.RoleChange, time.Now()
+		a.recordRole(r.Master)
+		a.m.HA(r.Master, a.priority(), r.Cause)
 		a.stats.Invalidate()
 		role := "backup"
-		if r.master {
+		if r.Master {
 			role = "master"
 		}
-		a.log.Info("high availability: role changed", "role", role, "reason", r.reason,
+		a.log.Info("high availability: role changed", "role", role, "reason", r.Reason,
 			"changed", r.changed, "took", r.took.Round(time.Microsecond))
 		if r.err != nil {
 			// The next pass announces (or withdraws) what failed: the
@@ -346,7 +366,7 @@ func (a *Agent) track(spec *lb.Spec) {
 	}
 	a.log.Warn("high availability: priority changed", "priority", p, "configured", h.Priority, "tracked_failures", failures)
 	a.ha.priority = uint8(p)
-	a.m.HA(a.ha.master, a.priority(), false)
+	a.m.HA(a.ha.master, a.priority(), "")
 	a.stats.Invalidate()
 	if err := a.ha.el.SetPriority(uint8(p)); err != nil {
 		a.log.Error("high availability: set priority", "err", err)

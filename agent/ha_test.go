@@ -87,7 +87,7 @@ func TestHARoles(t *testing.T) {
 	r.hasNot(t, "announce ")
 	r.k.Reads()
 	r.k.Calls()
-	e.opts.Report(true, "master down timer expired")
+	e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
 	r.waitFor(t, []string{"announce 192.0.2.10", "announce 192.0.2.11", "announce 192.0.2.12"}, nil)
 	if reads := r.k.Reads(); len(reads) != 0 {
 		t.Errorf("taking over read IPVS: %v", reads)
@@ -107,7 +107,7 @@ func TestHARoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.has(t, "announce 192.0.2.13")
-	e.opts.Report(false, "preempted")
+	e.opts.Report(RoleChange{Master: false, Reason: "preempted", Cause: "test"})
 	r.waitFor(t, []string{"vip 192.0.2.13"}, []string{"announce "})
 	// A full pass as backup announces nothing either.
 	if _, err := r.a.Reload(context.Background(), ReloadOptions{Force: true}); err != nil {
@@ -125,7 +125,7 @@ func TestHARoles(t *testing.T) {
 
 func TestHARestartAsMaster(t *testing.T) {
 	r, e := haRig(t, "", services(1, 1))
-	e.opts.Report(true, "master down timer expired")
+	e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
 	r.waitFor(t, []string{"announce 192.0.2.10"}, nil)
 	r.stop()
 	<-r.done
@@ -137,7 +137,7 @@ func TestHARestartAsMaster(t *testing.T) {
 	// Until the elector has listened and reports, nothing is announced.
 	r2.has(t, "vip 192.0.2.10")
 	r2.hasNot(t, "announce ")
-	e.opts.Report(true, "master when it stopped, and no master of higher priority spoke")
+	e.opts.Report(RoleChange{Master: true, Reason: "master when it stopped, and no master of higher priority spoke", Cause: "test"})
 	r2.waitFor(t, []string{"announce 192.0.2.10"}, nil)
 }
 
@@ -149,7 +149,7 @@ func TestHAFloating(t *testing.T) {
 	r, e := haRig(t, extra, services(1, 1))
 	r.has(t, "vip 10.0.2.254", "vip 10.0.3.99", "snat-source=10.0.3.99")
 	r.hasNot(t, "announce ")
-	e.opts.Report(true, "master down timer expired")
+	e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
 	r.waitFor(t, []string{"announce 10.0.2.254", "announce 10.0.3.99", "announce 192.0.2.10"}, nil)
 	// A reload changes the floating addresses as it changes services.
 	r.write(haSection("addresses = [\"10.0.2.253\"]") + services(1, 1))
@@ -158,7 +158,7 @@ func TestHAFloating(t *testing.T) {
 	}
 	r.has(t, "announce 10.0.2.253")
 	r.hasNot(t, "10.0.2.254", "10.0.3.99", "snat-source")
-	e.opts.Report(false, "preempted")
+	e.opts.Report(RoleChange{Master: false, Reason: "preempted", Cause: "test"})
 	r.waitFor(t, []string{"vip 10.0.2.253"}, []string{"announce "})
 }
 
@@ -238,7 +238,7 @@ func TestHAErrors(t *testing.T) {
 func TestHADrainNode(t *testing.T) {
 	r, e := haRig(t, "", services(1, 1))
 	ctx := context.Background()
-	e.opts.Report(true, "master down timer expired")
+	e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
 	r.waitFor(t, []string{"announce 192.0.2.10"}, nil)
 	if err := r.a.DrainNode(ctx, true); err != nil {
 		t.Fatal(err)
@@ -247,7 +247,7 @@ func TestHADrainNode(t *testing.T) {
 		t.Errorf("resigned %v", e.resigned)
 	}
 	// The router reports leaving the master role; the VIPs go.
-	e.opts.Report(false, "resigned")
+	e.opts.Report(RoleChange{Master: false, Reason: "resigned", Cause: "test"})
 	r.waitFor(t, nil, []string{"announce "})
 	if err := r.a.DrainNode(ctx, true); err == nil || !strings.Contains(err.Error(), "drained already") {
 		t.Errorf("draining twice: %v", err)

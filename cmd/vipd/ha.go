@@ -33,7 +33,7 @@ func openElector(log *slog.Logger) func(agent.ElectorOptions) (agent.Elector, er
 			Source:        h.Source,
 			Logger:        log.With("vrid", h.VRID),
 			OnTransition: func(t vrrp.Transition) {
-				o.Report(t.To == vrrp.Master, t.Reason)
+				o.Report(agent.RoleChange{Master: t.To == vrrp.Master, Reason: t.Reason, Cause: string(t.Cause), MasterAddr: t.Master})
 			},
 			OnReassert: o.Reassert,
 		})

@@ -34,8 +34,11 @@ func (r Role) String() string {
 // Transition is a change of role and why it happened.
 type Transition struct {
 	From, To Role
-	// Reason says why, in words fit for a log line.
+	// Reason says why, in words fit for a log line, and Cause says it
+	// in one word of a small set (the Cause constants), fit for a
+	// metric's label.
 	Reason string
+	Cause  Cause
 	// Master is the master's primary address when known: the sender of
 	// the advertisement that made this router a backup, or the router's
 	// own address when it became master.
@@ -43,6 +46,21 @@ type Transition struct {
 	// Priority is the router's own priority at the transition.
 	Priority uint8
 }
+
+// Cause is why a transition happened, in one word.
+type Cause string
+
+// The causes of transitions.
+const (
+	CauseStart          Cause = "start"           // the router started (as a backup)
+	CauseOwner          Cause = "owner"           // the address owner (priority 255) started
+	CauseRestart        Cause = "restart"         // master when it stopped, it took the addresses back
+	CauseMasterDown     Cause = "master_down"     // the master fell silent
+	CausePeerResigned   Cause = "peer_resigned"   // the master advertised priority 0
+	CausePreempt        Cause = "preempt"         // this router preempted a master of lower priority
+	CauseHigherPriority Cause = "higher_priority" // a master of higher priority (or address) spoke
+	CauseResign         Cause = "resign"          // this router resigned (Resign)
+)
 
 // Step is what the machine asks its runner to do after an event: send an
 // advertisement (first), then report a transition.
@@ -103,8 +121,10 @@ type Machine struct {
 	// downAt is the Master_Down_Timer's deadline (backup), advertAt the
 	// Adver_Timer's (master).
 	downAt, advertAt time.Time
-	// downReason is why the master down timer will have fired.
+	// downReason and downCause are why the master down timer will have
+	// fired.
 	downReason string
+	downCause  Cause
 	// preemptAt is when a backup stops accepting a master of lower
 	// priority; zero while it has seen none since the last acceptable
 	// one.
@@ -165,8 +185,8 @@ func (m *Machine) Deadline() time.Time {
 	return time.Time{}
 }
 
-func (m *Machine) transition(to Role, reason string) *Transition {
-	t := &Transition{From: m.role, To: to, Reason: reason, Priority: m.cfg.Priority}
+func (m *Machine) transition(to Role, cause Cause, reason string) *Transition {
+	t := &Transition{From: m.role, To: to, Reason: reason, Cause: cause, Priority: m.cfg.Priority}
 	m.role = to
 	switch to {
 	case Master:
@@ -183,15 +203,15 @@ func (m *Machine) transition(to Role, reason string) *Transition {
 	return t
 }
 
-func (m *Machine) becomeMaster(now time.Time, reason string) Step {
+func (m *Machine) becomeMaster(now time.Time, cause Cause, reason string) Step {
 	m.reclaiming = false
 	m.advertAt = now.Add(centis(m.cfg.Interval))
-	return Step{Send: true, SendPriority: m.cfg.Priority, Transition: m.transition(Master, reason)}
+	return Step{Send: true, SendPriority: m.cfg.Priority, Transition: m.transition(Master, cause, reason)}
 }
 
 func (m *Machine) armDown(now time.Time) {
 	m.downAt = now.Add(MasterDownInterval(m.cfg.Priority, m.masterInterval))
-	m.downReason = "master down timer expired"
+	m.downReason, m.downCause = "master down timer expired", CauseMasterDown
 }
 
 // Start handles the Startup event in Initialize; elsewhere it does
@@ -202,18 +222,18 @@ func (m *Machine) Start(now time.Time) Step {
 	}
 	switch {
 	case m.cfg.Priority == 255:
-		return m.becomeMaster(now, "address owner (priority 255)")
+		return m.becomeMaster(now, CauseOwner, "address owner (priority 255)")
 	}
 	m.masterInterval = m.cfg.Interval
 	m.preemptAt = time.Time{}
 	if m.cfg.StartAsMaster {
 		m.reclaiming = true
-		t := m.transition(Backup, "started; master when it stopped, it takes the addresses back unless a master of higher priority speaks")
+		t := m.transition(Backup, CauseStart, "started; master when it stopped, it takes the addresses back unless a master of higher priority speaks")
 		m.downAt = now.Add(centis(m.cfg.Interval) + SkewTime(m.cfg.Priority, m.cfg.Interval))
-		m.downReason = "master when it stopped, and no master of higher priority spoke"
+		m.downReason, m.downCause = "master when it stopped, and no master of higher priority spoke", CauseRestart
 		return Step{Transition: t}
 	}
-	t := m.transition(Backup, "started")
+	t := m.transition(Backup, CauseStart, "started")
 	m.armDown(now)
 	return Step{Transition: t}
 }
@@ -222,7 +242,7 @@ func (m *Machine) Start(now time.Time) Step {
 func (m *Machine) Expire(now time.Time) Step {
 	switch {
 	case m.role == Backup && !now.Before(m.downAt):
-		return m.becomeMaster(now, m.downReason)
+		return m.becomeMaster(now, m.downCause, m.downReason)
 	case m.role == Master && !now.Before(m.advertAt):
 		m.advertAt = now.Add(centis(m.cfg.Interval))
 		return Step{Send: true, SendPriority: m.cfg.Priority}
@@ -243,12 +263,12 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 		if m.reclaiming && p.Priority != 0 {
 			m.reclaiming = false
 			if m.cfg.Preempt && (p.Priority < m.cfg.Priority || p.Priority == m.cfg.Priority && src.Compare(m.cfg.Self) < 0) {
-				return m.becomeMaster(now, fmt.Sprintf("master when it stopped; preempting master %v of priority %d", src, p.Priority))
+				return m.becomeMaster(now, CauseRestart, fmt.Sprintf("master when it stopped; preempting master %v of priority %d", src, p.Priority))
 			}
 		}
 		if p.Priority == 0 {
 			m.downAt = now.Add(SkewTime(m.cfg.Priority, m.masterInterval))
-			m.downReason = fmt.Sprintf("master %v resigned (priority 0)", src)
+			m.downReason, m.downCause = fmt.Sprintf("master %v resigned (priority 0)", src), CausePeerResigned
 			return Step{}
 		}
 		if m.cfg.Preempt && p.Priority < m.cfg.Priority {
@@ -258,7 +278,7 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 			if !now.Before(m.preemptAt) {
 				// Discard: the master down timer will fire and this
 				// router take over.
-				m.downReason = fmt.Sprintf("preempting master %v of priority %d", src, p.Priority)
+				m.downReason, m.downCause = fmt.Sprintf("preempting master %v of priority %d", src, p.Priority), CausePreempt
 				return Step{}
 			}
 		} else {
@@ -278,7 +298,7 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 				reason += " and a higher address"
 			}
 			m.masterInterval = p.Interval
-			t := m.transition(Backup, reason)
+			t := m.transition(Backup, CauseHigherPriority, reason)
 			m.master, m.masterPriority = src, p.Priority
 			t.Master = src
 			m.preemptAt = time.Time{}
@@ -320,9 +340,9 @@ func (m *Machine) SetPriority(now time.Time, p uint8) (Step, error) {
 func (m *Machine) Resign(now time.Time, reason string) Step {
 	switch m.role {
 	case Master:
-		return Step{Send: true, SendPriority: 0, Transition: m.transition(Init, reason)}
+		return Step{Send: true, SendPriority: 0, Transition: m.transition(Init, CauseResign, reason)}
 	case Backup:
-		return Step{Transition: m.transition(Init, reason)}
+		return Step{Transition: m.transition(Init, CauseResign, reason)}
 	}
 	return Step{}
 }

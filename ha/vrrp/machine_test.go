@@ -466,3 +466,33 @@ func TestBackupLearnsMasterInterval(t *testing.T) {
 		t.Errorf("role %v", m.Role())
 	}
 }
+
+// TestCauses checks the one-word cause of each kind of transition.
+func TestCauses(t *testing.T) {
+	peer := netip.MustParseAddr("10.0.0.2")
+	m, _ := NewMachine(MachineConfig{Self: netip.MustParseAddr("10.0.0.1"), Priority: 100, Interval: 100, Preempt: true})
+	var got []Cause
+	note := func(st Step) {
+		if st.Transition != nil {
+			got = append(got, st.Transition.Cause)
+		}
+	}
+	note(m.Start(t0))
+	note(m.Expire(m.Deadline()))
+	now := m.Deadline()
+	note(m.Receive(now, peer, Packet{Priority: 200, Interval: 100}))
+	note(m.Receive(now, peer, Packet{Priority: 0, Interval: 100}))
+	note(m.Expire(m.Deadline()))
+	now = m.Deadline()
+	note(m.Receive(now, peer, Packet{Priority: 200, Interval: 100}))
+	for i := 0; i < 3; i++ {
+		// A master of lower priority: discarded, the timer fires.
+		note(m.Receive(now, peer, Packet{Priority: 50, Interval: 100}))
+	}
+	note(m.Expire(m.Deadline()))
+	note(m.Resign(m.Deadline(), "stop"))
+	want := []Cause{CauseStart, CauseMasterDown, CauseHigherPriority, CausePeerResigned, CauseHigherPriority, CausePreempt, CauseResign}
+	if !slices.Equal(got, want) {
+		t.Errorf("causes %v, want %v", got, want)
+	}
+}

@@ -213,8 +213,8 @@ func New(opts Options) *Metrics {
 		}),
 		haTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vipd_ha_transitions_total",
-			Help: "Changes of this node's VRRP role, by the role taken.",
-		}, []string{"role"}),
+			Help: "Changes of this node's VRRP role, by the role taken and its cause (start, owner, restart, master_down, peer_resigned, preempt, higher_priority, resign).",
+		}, []string{"role", "cause"}),
 		sourceUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "vipd_source_up",
 			Help: "1 while a source of services besides the file is in step with its origin, 0 while it is not (its last services keep serving).",
@@ -406,7 +406,7 @@ func (m *Metrics) Rejected(s Server) {
 // metrics.
 // HA records the node's VRRP role and priority; transition says the role
 // just changed.
-func (m *Metrics) HA(master bool, priority uint8, transition bool) {
+func (m *Metrics) HA(master bool, priority uint8, cause string) {
 	m.haOnce.Do(func() { m.reg.MustRegister(m.haMaster, m.haPriority, m.haTransitions) })
 	role := "backup"
 	if master {
@@ -416,8 +416,8 @@ func (m *Metrics) HA(master bool, priority uint8, transition bool) {
 		m.haMaster.Set(0)
 	}
 	m.haPriority.Set(float64(priority))
-	if transition {
-		m.haTransitions.WithLabelValues(role).Inc()
+	if cause != "" {
+		m.haTransitions.WithLabelValues(role, cause).Inc()
 	}
 }
 

@@ -37,7 +37,15 @@ func RenderTable(w io.Writer, snap *Snapshot) error {
 		if h.Drained {
 			drained = ", drained (vipd undrain --node puts it back)"
 		}
-		fmt.Fprintf(tw, "ha: %s of vrid %d, priority %d (configured %d)%s\n", h.Role, h.VRID, h.Priority, h.Configured, drained)
+		since := ""
+		if !h.Since.IsZero() {
+			since = fmt.Sprintf(" since %s (%s)", h.Since.Format(time.RFC3339), h.Reason)
+		}
+		master := ""
+		if h.Master != "" && h.Role != "master" {
+			master = ", master " + h.Master
+		}
+		fmt.Fprintf(tw, "ha: %s of vrid %d%s, priority %d (configured %d)%s%s\n", h.Role, h.VRID, since, h.Priority, h.Configured, master, drained)
 	}
 	for _, src := range snap.Sources {
 		state := "in step"

@@ -103,6 +103,11 @@ type HA struct {
 	Configured uint8 `json:"configured_priority"`
 	// Drained says an operator took the node out (vipd drain --node).
 	Drained bool `json:"drained,omitempty"`
+	// Master is the master's address as of the last change of role,
+	// which happened at Since because of Reason.
+	Master string    `json:"master,omitempty"`
+	Since  time.Time `json:"since,omitzero"`
+	Reason string    `json:"reason,omitempty"`
 }
 
 // Source is one origin of services besides the file.

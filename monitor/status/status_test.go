@@ -413,14 +413,15 @@ func TestAgo(t *testing.T) {
 
 func TestRenderHAAndSources(t *testing.T) {
 	snap := Build(Options{Now: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)})
-	snap.HA = &HA{Role: "backup", VRID: 51, Priority: 0, Configured: 150, Drained: true}
+	snap.HA = &HA{Role: "backup", VRID: 51, Priority: 0, Configured: 150, Drained: true,
+		Master: "10.0.3.22", Since: time.Date(2026, 12, 3, 11, 59, 0, 0, time.UTC), Reason: "drained by the operator"}
 	snap.Sources = []Source{{Name: "kubernetes", Services: 3}, {Name: "other", Error: "connection refused"}}
 	var b strings.Builder
 	if err := RenderTable(&b, snap); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"ha: backup of vrid 51, priority 0 (configured 150), drained (vipd undrain --node puts it back)\n",
+		"ha: backup of vrid 51 since 2026-12-03T11:59:00Z (drained by the operator), priority 0 (configured 150), master 10.0.3.22, drained (vipd undrain --node puts it back)\n",
 		"source kubernetes: 3 services, in step\n",
 		"source other: 0 services, out of step, its last services keep serving: connection refused\n",
 	} {
