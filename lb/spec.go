@@ -136,6 +136,7 @@ const (
 	SysctlConnReuseMode      = "net/ipv4/vs/conn_reuse_mode"
 	SysctlSloppyTCP          = "net/ipv4/vs/sloppy_tcp"
 	SysctlSloppySCTP         = "net/ipv4/vs/sloppy_sctp"
+	SysctlConntrackLiberal   = "net/netfilter/nf_conntrack_tcp_be_liberal"
 	SysctlARPIgnore          = "net/ipv4/conf/all/arp_ignore"
 	SysctlARPAnnounce        = "net/ipv4/conf/all/arp_announce"
 	SysctlDefaultARPIgnore   = "net/ipv4/conf/default/arp_ignore"
@@ -226,6 +227,14 @@ func desired(spec *Spec, host Host, anyServices bool) *State {
 			// Without conntrack=1 IPVS traffic never reaches the nat
 			// table's POSTROUTING rules, so the MASQUERADE never matches.
 			s.Sysctls[SysctlVSConntrack] = "1"
+			if spec.Rules.SNATSource4.IsValid() || spec.Rules.SNATSource6.IsValid() {
+				// SNAT from a floating address: a node that takes a
+				// connection over, or back, tracks it from the middle
+				// or from a stale window, and strict window tracking
+				// would mark its packets invalid and leave them
+				// untranslated (the backend's replies then meet a reset).
+				s.Sysctls[SysctlConntrackLiberal] = "1"
+			}
 		}
 		if anyServices {
 			// Drop connections to deleted real servers at once rather than
