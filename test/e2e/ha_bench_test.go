@@ -37,6 +37,7 @@ func TestHAFailoverBench(t *testing.T) {
 		AnswerP50  float64 `json:"answer_p50_ms"`
 		AnswerP99  float64 `json:"answer_p99_ms"`
 		Failed     int     `json:"failed"`
+		FailedBack int     `json:"failed_back"`
 		Short      int     `json:"short"`
 		Broken     int     `json:"broken"`
 		LongConns  int     `json:"long_conns"`
@@ -67,14 +68,15 @@ func TestHAFailoverBench(t *testing.T) {
 					answered = append(answered, res.Answered)
 				}
 				out.Failed += res.Failed
+				out.FailedBack += res.FailedBack
 				out.Broken += res.Broken
 				out.Short += res.Short
 				out.LongConns += 10
 				if out.FirstError == "" && len(res.Errors) > 0 {
 					out.FirstError = res.Errors[0]
 				}
-				t.Logf("%s %s #%d: moved %v, answered %v, %d failed, %d broken", r.o, r.how, i+1,
-					res.Moved.Round(time.Millisecond), res.Answered.Round(time.Millisecond), res.Failed, res.Broken)
+				t.Logf("%s %s #%d: backup master %v, moved %v, answered %v, %d failed, %d broken", r.o, r.how, i+1,
+					res.Master.Round(time.Millisecond), res.Moved.Round(time.Millisecond), res.Answered.Round(time.Millisecond), res.Failed+res.FailedBack, res.Broken)
 			}
 			out.MovedP50, out.MovedP99, out.MovedMax = quantileMS(moved, 0.5), quantileMS(moved, 0.99), quantileMS(moved, 1)
 			out.AnswerP50, out.AnswerP99 = quantileMS(answered, 0.5), quantileMS(answered, 0.99)
@@ -82,14 +84,14 @@ func TestHAFailoverBench(t *testing.T) {
 		})
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-34s %-7s %3s  %-24s  %-16s  %-13s  %s\n", "pair", "failure", "n", "neighbour moved p50/p99/max", "answered p50/p99", "failed/short", "broken/long conns")
+	fmt.Fprintf(&b, "%-34s %-7s %3s  %-24s  %-16s  %-13s  %s\n", "pair", "failure", "n", "neighbour moved p50/p99/max", "answered p50/p99", "failed/back/short", "broken/long conns")
 	for _, r := range rows {
 		ans := "-"
 		if r.Failure == "cut" {
 			ans = fmt.Sprintf("%.0f/%.0f ms", r.AnswerP50, r.AnswerP99)
 		}
 		fmt.Fprintf(&b, "%-34s %-7s %3d  %-24s  %-16s  %-13s  %d/%d\n", r.Config, r.Failure, r.N,
-			fmt.Sprintf("%.0f/%.0f/%.0f ms", r.MovedP50, r.MovedP99, r.MovedMax), ans, fmt.Sprintf("%d/%d", r.Failed, r.Short), r.Broken, r.LongConns)
+			fmt.Sprintf("%.0f/%.0f/%.0f ms", r.MovedP50, r.MovedP99, r.MovedMax), ans, fmt.Sprintf("%d/%d/%d", r.Failed, r.FailedBack, r.Short), r.Broken, r.LongConns)
 	}
 	js, _ := json.MarshalIndent(rows, "", "  ")
 	// The markers let bench-ha.sh take the table and JSON from the console.

@@ -442,14 +442,15 @@ type load struct {
 	longErrs []string
 	shortOK  int
 	shortErr []string
-	// shortDone holds when each short request was answered.
-	shortDone []time.Time
-	last      map[int]string // backend of each long-lived client's last answer
-	opts      loadOptions
-	start     time.Time
-	took      time.Duration // from start to finish
-	stop      chan struct{}
-	wg        sync.WaitGroup
+	// shortDone holds when each short request was answered, and
+	// shortFailed when each failed one was sent.
+	shortDone, shortFailed []time.Time
+	last                   map[int]string // backend of each long-lived client's last answer
+	opts                   loadOptions
+	start                  time.Time
+	took                   time.Duration // from start to finish
+	stop                   chan struct{}
+	wg                     sync.WaitGroup
 }
 
 func startLoad(t *testing.T, tp *Topo, port, long int, every time.Duration) *load {
@@ -570,11 +571,13 @@ func (l *load) shortLoop(ns netns.NsHandle, addr string, every time.Duration) {
 		return nil
 	}
 	l.loop(every, func() bool {
+		sent := time.Now()
 		err := get()
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if err != nil {
 			l.shortErr = append(l.shortErr, time.Now().Format("15:04:05.000 ")+err.Error())
+			l.shortFailed = append(l.shortFailed, sent)
 			return true
 		}
 		l.shortOK++
