@@ -165,7 +165,12 @@ func (p *pair) waitMaster(n *lbNode, timeout time.Duration) {
 
 // vipdConfig is a vipd node's configuration.
 func (p *pair) vipdConfig(d *daemon, priority int) string {
-	o, tp := p.o, p.tp
+	return vipdPairConfig(p.t, d, p.tp, p.o, priority)
+}
+
+// vipdPairConfig is the configuration of a vipd node of pair o on tp:
+// VRRPv3 with 100 ms advertisements on eth0, and the service on port 80.
+func vipdPairConfig(t *testing.T, d *daemon, tp *Topo, o pairOptions, priority int) string {
 	ha := ""
 	if o.Sync {
 		ha += "sync_interface = \"eth0\"\n"
@@ -184,7 +189,7 @@ func (p *pair) vipdConfig(d *daemon, priority int) string {
 		ha += fmt.Sprintf("snat_addresses = [%q]\n", snatSource)
 		svc += "forward = \"masq\"\nsnat = true"
 	default:
-		p.t.Fatalf("pair mode %q", o.Mode)
+		t.Fatalf("pair mode %q", o.Mode)
 	}
 	return header + fmt.Sprintf(`
 [ha]

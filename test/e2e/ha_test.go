@@ -25,26 +25,13 @@ type haNode struct {
 	name, ip string
 }
 
-// haConfig is a node's configuration: [ha] with priority, and the one
-// service.
-func haConfig(d *daemon, tp *Topo, priority int, extra string) string {
-	return d.header("eth0", "") + fmt.Sprintf(`
-[ha]
-mode = "vrrp"
-interface = "eth0"
-vrid = 51
-priority = %d
-advert_interval = "100ms"
-sync_interface = "eth0"
-%s
-`, priority, extra) + service("web", tp.VIP, 80, "scheduler = \"mh\"\nforward = \"droute\"", tp.BackendIPs...)
-}
-
-func startHANode(t *testing.T, tp *Topo, n, priority int, extra string) *haNode {
+// startHANode starts vipd as node n of a direct-routing pair with
+// synchronized connections (see pairOptions), with priority.
+func startHANode(t *testing.T, tp *Topo, n, priority int) *haNode {
 	t.Helper()
 	d := newDaemon(t)
 	d.ns = fmt.Sprintf("lb%d", n)
-	d.write(haConfig(d, tp, priority, extra))
+	d.write(vipdPairConfig(t, d, tp, pairOptions{Mode: "dr", Sync: true}, priority))
 	d.start()
 	return &haNode{daemon: d, name: d.ns, ip: fmt.Sprintf("10.0.3.%d", 20+n)}
 }
@@ -99,9 +86,9 @@ func clientNeighbour(t *testing.T, tp *Topo) string {
 // moves to it, no request fails and no long-lived connection breaks.
 func TestHAFailover(t *testing.T) {
 	tp := NewTopo(t, "ha 2")
-	lb1 := startHANode(t, tp, 1, 150, "")
+	lb1 := startHANode(t, tp, 1, 150)
 	lb1.waitRole(t, "master", 10*time.Second)
-	lb2 := startHANode(t, tp, 2, 100, "")
+	lb2 := startHANode(t, tp, 2, 100)
 	// The backup programs the service too, and announces nothing.
 	mustContain(t, "ipvsadm -Ln in lb2", Run(t, "ip", "netns", "exec", "lb2", "ipvsadm", "-Ln"), tp.VIP+":80", "Route")
 	if r := lb2.roles(); len(r) != 0 {
@@ -139,9 +126,9 @@ func TestHAFailover(t *testing.T) {
 // backup takes over at once, with no failed request.
 func TestHAGracefulStop(t *testing.T) {
 	tp := NewTopo(t, "ha 2")
-	lb1 := startHANode(t, tp, 1, 150, "")
+	lb1 := startHANode(t, tp, 1, 150)
 	lb1.waitRole(t, "master", 10*time.Second)
-	lb2 := startHANode(t, tp, 2, 100, "")
+	lb2 := startHANode(t, tp, 2, 100)
 	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 4, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
 	time.Sleep(time.Second)
 	stop := time.Now()
@@ -236,7 +223,7 @@ func TestHAKeepalivedPeer(t *testing.T) {
 		return strings.Contains(Run(t, "ip", "-n", "lb1", "addr", "show", "eth0"), tp.VIP+"/32")
 	}, "keepalived never became master:\n%s", klog)
 
-	lb2 := startHANode(t, tp, 2, 100, "")
+	lb2 := startHANode(t, tp, 2, 100)
 	time.Sleep(time.Second)
 	if r := lb2.roles(); len(r) != 0 {
 		t.Fatalf("vipd changed role with keepalived master at a higher priority: %v", r)
@@ -264,9 +251,9 @@ func TestHAKeepalivedPeer(t *testing.T) {
 // live through both moves and no request fails.
 func TestHAKillAndComeBack(t *testing.T) {
 	tp := NewTopo(t, "ha 2")
-	lb1 := startHANode(t, tp, 1, 150, "")
+	lb1 := startHANode(t, tp, 1, 150)
 	lb1.waitRole(t, "master", 10*time.Second)
-	lb2 := startHANode(t, tp, 2, 100, "")
+	lb2 := startHANode(t, tp, 2, 100)
 	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 6, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
 	Eventually(t, 10*time.Second, 200*time.Millisecond, func() bool {
 		return strings.Count(Run(t, "ip", "netns", "exec", "lb2", "ipvsadm", "-Lnc"), "ESTABLISHED") >= 6
