@@ -100,29 +100,29 @@ func (m *kmapper) top(nodes []*node) {
 // vsDefaults are the settings of a virtual_server that apply to all of its
 // services.
 type vsDefaults struct {
-	delayLoop    float64
-	connTimeout  float64
-	retry        int
-	hasRetry     bool
-	alpha        bool
-	virtualhost  string
-	inhibit      bool
-	proto        string
-	sched        string
-	flags        []string
-	forward      string
-	tunnel       tunnel
-	persistence  int64
-	netmask      string
-	netmaskNode  *node
-	onePacket    bool
-	quorum       int
-	hysteresis   int
-	quorumNode   *node
-	sorry        netip.AddrPort
-	sorryNode    *node
-	family       string
-	realServers  []*node
+	delayLoop   float64
+	connTimeout float64
+	retry       int
+	hasRetry    bool
+	alpha       bool
+	virtualhost string
+	inhibit     bool
+	proto       string
+	sched       string
+	flags       []string
+	forward     string
+	tunnel      tunnel
+	persistence int64
+	netmask     string
+	netmaskNode *node
+	onePacket   bool
+	quorum      int
+	hysteresis  int
+	quorumNode  *node
+	sorry       netip.AddrPort
+	sorryNode   *node
+	family      string
+	realServers []*node
 }
 
 // virtualServer maps one virtual_server block to one service, or to one
