@@ -32,8 +32,9 @@ func Keepalived(file string, opts KeepalivedOptions) Result {
 	}
 	r := &reader{fsys: opts.FS, limits: lim}
 	r.file(filepath.Clean(file), nil)
+	nodes := r.parse()
 	m := &kmapper{files: r.order, issues: r.issues, groups: map[string]*node{}, limits: lim, keys: map[string]string{}, vips: map[netip.Addr]bool{}}
-	m.top(r.parse())
+	m.top(nodes)
 	return m.result(file)
 }
 
