@@ -447,6 +447,11 @@ func parseCommand(args []string) (command, error) {
 		ra = netip.AddrPortFrom(a, c.svc.Key.Port)
 	}
 	c.dest.Addr = netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port())
+	if c.svc.Key.FWMark != 0 && !v6 {
+		// A fwmark service's family, when -6 is left out, is its
+		// servers'.
+		c.svc.Key.Family = lb.FamilyOf(c.dest.Addr.Addr())
+	}
 	if c.dest.Forward != lb.Tunnel && (c.dest.Tunnel != lb.IPIP || c.dest.TunnelPort != 0 || c.dest.TunnelCsum != lb.CsumNone) {
 		return c, fmt.Errorf("tunnel options without -i")
 	}
