@@ -114,12 +114,13 @@ func stripChecks(conf string, keys ...string) string {
 	return strings.Join(out, "\n")
 }
 
-// keepalivedTable runs keepalived's checker alone on conf, waits for its
-// table to settle and kills it with SIGKILL, which leaves the table.
+// keepalivedTable runs keepalived's checker alone on conf with
+// --dont-release-ipvs, waits for its table to settle and stops it with
+// SIGTERM, which then leaves the table: the switch-over of the README.
 func keepalivedTable(t *testing.T, bin, conf, dir string) []string {
 	t.Helper()
 	Run(t, "ipvsadm", "-C")
-	cmd := exec.Command(bin, "--dont-fork", "--log-console", "--log-detail", "--check", "--use-file", conf,
+	cmd := exec.Command(bin, "--dont-fork", "--log-console", "--log-detail", "--check", "--dont-release-ipvs", "--use-file", conf,
 		"--pid", filepath.Join(dir, "k.pid"), "--checkers_pid", filepath.Join(dir, "c.pid"), "--vrrp_pid", filepath.Join(dir, "v.pid"))
 	var log lockedBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log
@@ -155,9 +156,16 @@ func keepalivedTable(t *testing.T, bin, conf, dir string) []string {
 		}
 		last = cur
 	}
-	kill()
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		kill()
+		t.Fatalf("keepalived did not stop on SIGTERM:\n%s", log.String())
+	}
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // a straggling child
 	if got := table(t); !slices.Equal(got, last) {
-		t.Fatalf("keepalived's SIGKILL changed the table:\n%s", strings.Join(got, "\n"))
+		t.Fatalf("keepalived --dont-release-ipvs changed the table when it stopped:\n%s\n%s", strings.Join(got, "\n"), log.String())
 	}
 	return last
 }
