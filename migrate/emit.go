@@ -45,6 +45,9 @@ type Result struct {
 // service is one vipd service being built.
 type service struct {
 	origin string
+	// file and line are where the service was read, for issues.
+	file string
+	line int
 	// from is the statement the service was read from, if any.
 	from *node
 	// comments are written above the table, one per line.
@@ -141,12 +144,15 @@ func header(kind, source string) string {
 }
 
 // render writes the services after head (the comments and the [ha]
-// section, if any).
-func render(head string, svcs []*service) []byte {
+// section, if any). starts holds the line of each service's first line.
+func render(head string, svcs []*service) (toml []byte, starts []int) {
 	var b strings.Builder
 	b.WriteString(head)
+	line := 1 + strings.Count(head, "\n")
 	for _, s := range svcs {
+		from := b.Len()
 		b.WriteString("\n")
+		starts = append(starts, line+1)
 		fmt.Fprintf(&b, "# from %s\n", s.origin)
 		for _, c := range s.comments {
 			fmt.Fprintf(&b, "# %s\n", c)
@@ -221,8 +227,9 @@ func render(head string, svcs []*service) []byte {
 				writeCheck(&b, d.check)
 			}
 		}
+		line += strings.Count(b.String()[from:], "\n")
 	}
-	return []byte(b.String())
+	return []byte(b.String()), starts
 }
 
 func writeTunnel(b *strings.Builder, forward string, t tunnel) {

@@ -125,7 +125,7 @@ func fromTable(kind, source, file string, entries []*entry, issues []Issue) Resu
 	for _, e := range entries {
 		st := e.st
 		k := st.Key
-		s := &service{origin: fmt.Sprintf("%s:%d", file, e.line), scheduler: st.Scheduler,
+		s := &service{origin: fmt.Sprintf("%s:%d", file, e.line), file: file, line: e.line, scheduler: st.Scheduler,
 			persistence: int64(st.Persistent), onePacket: st.OnePacket}
 		what := k.String()
 		if k.FWMark != 0 {
@@ -202,6 +202,9 @@ func fromTable(kind, source, file string, entries []*entry, issues []Issue) Resu
 			case lb.FamilyOf(a.Addr()) != k.Family && d.Forward != lb.Tunnel:
 				add(line, dw, "only tunnel forwarding mixes families: not imported")
 				continue
+			case a.Port() == 0 && k.FWMark == 0 && k.Port != 0:
+				add(line, dw, "port 0 serves only fwmark and all-ports services: not imported")
+				continue
 			case (d.Forward == lb.DirectRoute || d.Forward == lb.Tunnel) && k.FWMark == 0 && a.Port() != k.Port:
 				add(line, dw, fmt.Sprintf("%s forwarding cannot change the port: not imported", forwardName(d.Forward)))
 				continue
@@ -221,7 +224,8 @@ func fromTable(kind, source, file string, entries []*entry, issues []Issue) Resu
 		}
 		svcs = append(svcs, s)
 	}
-	return Result{TOML: render(header(kind, source), svcs), Issues: tidy(issues, []string{file}), Services: len(svcs)}
+	toml, svcs, issues := settle(header(kind, source), haPart{}, svcs, issues)
+	return Result{TOML: toml, Issues: tidy(issues, []string{file}), Services: len(svcs)}
 }
 
 func forwardName(f lb.Forward) string {

@@ -50,7 +50,7 @@ type kmapper struct {
 	keys map[string]string
 	vips map[netip.Addr]bool
 	// ha is the rendered [ha] section, if a vrrp_instance mapped.
-	ha      string
+	ha      haPart
 	haFrom  *node
 	haVIPs  []*node
 	expands int
@@ -427,7 +427,7 @@ func (m *kmapper) forward(k *node) (string, tunnel, bool) {
 
 // service builds the service of one key of a virtual_server.
 func (m *kmapper) service(n *node, k vsKey, d *vsDefaults) {
-	s := &service{origin: loc(n), from: n, scheduler: d.sched, flags: d.flags, forward: d.forward, tunnel: d.tunnel,
+	s := &service{origin: loc(n), from: n, file: n.file, line: n.line, scheduler: d.sched, flags: d.flags, forward: d.forward, tunnel: d.tunnel,
 		persistence: d.persistence, onePacket: d.onePacket}
 	if k.from != loc(n) {
 		s.origin = fmt.Sprintf("%s (virtual_server_group member %s)", loc(n), k.from)
@@ -601,6 +601,10 @@ func (m *kmapper) realServer(vs, rs *node, s *service, d *vsDefaults) (backend, 
 			return b, false, false
 		}
 		port = uint16(p)
+	}
+	if port == 0 && s.fwmark == 0 && s.port != 0 {
+		m.issue(rs, what, "port 0 serves only fwmark and all-ports services: not imported")
+		return b, false, false
 	}
 	b.addr = netip.AddrPortFrom(a, port)
 	if why := badBackend(a); why != "" {
@@ -1019,11 +1023,8 @@ func badBackend(a netip.Addr) string {
 
 // result renders the services and the [ha] section.
 func (m *kmapper) result(file string) Result {
-	head := header("keepalived", file)
-	if m.ha != "" {
-		head += "\n" + m.ha
-	}
-	return Result{TOML: render(head, m.svcs), Issues: tidy(m.issues, m.files), Services: len(m.svcs)}
+	toml, svcs, issues := settle(header("keepalived", file), m.ha, m.svcs, m.issues)
+	return Result{TOML: toml, Issues: tidy(issues, m.files), Services: len(svcs)}
 }
 
 // finish refuses backends on the VIP of any service (vipd binds its VIPs
@@ -1179,7 +1180,7 @@ func (m *kmapper) vrrp(n *node) {
 	if len(tracks) > 0 {
 		kv(&b, "track_interfaces", "["+strings.Join(tracks, ", ")+"]")
 	}
-	m.ha = b.String()
+	m.ha = haPart{text: b.String(), file: n.file, line: n.line}
 }
 
 // checkHAVIPs reports the virtual addresses of the imported vrrp_instance

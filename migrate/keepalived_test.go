@@ -36,10 +36,10 @@ func samples(t *testing.T) []string {
 
 // parse validates an imported configuration with vipd's own parser, as
 // "vipd check" does. Exec checks run as check_user, which the package
-// creates; "nobody" stands in for it on a test host.
+// creates; a numeric user stands in for it on a test host.
 func parse(t *testing.T, name string, r Result) *config.Config {
 	t.Helper()
-	cfg, err := config.Parse(name, append([]byte("[daemon]\ncheck_user = \"nobody\"\n"), r.TOML...))
+	cfg, err := config.Parse(name, append([]byte(validPrefix), r.TOML...))
 	if err != nil {
 		t.Fatalf("%s: the import does not pass vipd check:\n%v\n%s", name, err, r.TOML)
 	}
@@ -359,3 +359,25 @@ func FuzzKeepalived(f *testing.F) {
 // bytesServices bounds the services that plain virtual_server blocks of
 // data can hold, up to 16 files of it.
 func bytesServices(data []byte) int { return 16 * len(data) }
+
+// TestKeepalivedRefused: what vipd's parser refuses and the mapping let
+// through is left out and reported at its line, never printed.
+func TestKeepalivedRefused(t *testing.T) {
+	fsys := fstest.MapFS{"k.conf": {Data: []byte("vrrp_instance v {\n interface a/b\n virtual_router_id 1\n version 3\n}\n" +
+		"virtual_server 192.0.2.1 80 {\n real_server 10.0.0.1 80 {\n  MISC_CHECK {\n   misc_path /bin/\x00x\n  }\n }\n}\n" +
+		"virtual_server 192.0.2.2 80 {\n real_server 10.0.0.2 80 {\n }\n}\n")}}
+	r := Keepalived("k.conf", KeepalivedOptions{FS: fsys})
+	got := issues(r)
+	for _, w := range []string{
+		`k.conf:1: vrrp_instance: vipd refuses the [ha] section made from it (ha: interface: "a/b" is not a valid interface name): not imported`,
+		`k.conf:6: tcp 192.0.2.1:80: vipd refuses the service made from it (`,
+	} {
+		if !strings.Contains(got, w) {
+			t.Errorf("no issue %q in:\n%s", w, got)
+		}
+	}
+	cfg := parse(t, "refused.toml", r)
+	if r.Services != 1 || cfg.Spec.Services[0].Name != "tcp-192.0.2.2-80" || cfg.HA.Enabled() {
+		t.Errorf("want only tcp-192.0.2.2-80 and no [ha]:\n%s", r.TOML)
+	}
+}
