@@ -156,7 +156,7 @@ func TestKeepalivedMapping(t *testing.T) {
 	fsys := fstest.MapFS{
 		"etc/k/keepalived.conf": {Data: []byte(`
 include conf.d/*.conf   # relative to this file
-vrrp_instance VI_1 {
+vrrp_instance VI_1 {   ! after the include: positions stay this file's
     interface eth1
     virtual_router_id 7
     priority 150
@@ -280,7 +280,7 @@ virtual_server 192.0.2.11 53 {
 	if c := dh.Checks[dns.Backends[1].Addr]; c.Kind.String() != "udp" || string(c.UDP.Payload) != "ping" || string(c.UDP.Expect) != "pong" {
 		t.Errorf("udp check: %+v", c)
 	}
-	if !strings.Contains(string(r.TOML), "# from /etc/k/conf.d/web.conf:2\n") {
+	if !strings.Contains(string(r.TOML), "# from /etc/k/conf.d/web.conf:2\n") || !strings.Contains(string(r.TOML), "# from /etc/k/keepalived.conf:3\n[ha]") {
 		t.Errorf("no origin comment of the included file:\n%s", r.TOML)
 	}
 }
@@ -301,7 +301,8 @@ func TestKeepalivedHostile(t *testing.T) {
 	for i := range 8 {
 		fsys[fmt.Sprintf("bomb%d.conf", i)] = &fstest.MapFile{Data: []byte(strings.Repeat(fmt.Sprintf("include bomb%d.conf\n", i+1), 2))}
 	}
-	lim := Limits{Bytes: 1 << 20, Files: 100, IncludeDepth: 8, Depth: 16, Services: 300}
+	fsys["words.conf"] = &fstest.MapFile{Data: []byte(strings.Repeat("a b c d\n", 1000))}
+	lim := Limits{Bytes: 1 << 20, Files: 100, IncludeDepth: 8, Depth: 16, Services: 300, Words: 2000}
 	for _, tc := range []struct {
 		file, want string
 		services   int
@@ -312,6 +313,7 @@ func TestKeepalivedHostile(t *testing.T) {
 		{"broken.conf", "closes no block", 0},
 		{"bomb0.conf", "more than 100 files", 0},
 		{"range.conf", "expands to more than the 45 services allowed", 255},
+		{"words.conf", "more than 2000 words: reading stopped", 0},
 	} {
 		r := Keepalived(tc.file, KeepalivedOptions{FS: fsys, Limits: lim})
 		if !strings.Contains(issues(r), tc.want) {
@@ -337,7 +339,7 @@ func FuzzKeepalived(f *testing.F) {
 			}
 		}
 	}
-	lim := Limits{Bytes: 1 << 20, Files: 16, IncludeDepth: 4, Depth: 16, Services: 1000}
+	lim := Limits{Bytes: 1 << 20, Files: 16, IncludeDepth: 4, Depth: 16, Services: 1000, Words: 1 << 16}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fsys := fstest.MapFS{"main.conf": {Data: data}, "x.conf": {Data: data}}
 		r := Keepalived("main.conf", KeepalivedOptions{FS: fsys, Limits: lim})

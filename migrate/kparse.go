@@ -25,10 +25,13 @@ type Limits struct {
 	// Services is the most services virtual_server_group ranges may
 	// expand to.
 	Services int
+	// Words is the most words (keywords, values, braces) all files may
+	// hold together: with Bytes it bounds the memory of a read.
+	Words int
 }
 
 // DefaultLimits are generous for any real configuration.
-var DefaultLimits = Limits{Bytes: 64 << 20, Files: 1024, IncludeDepth: 16, Depth: 32, Services: 100000}
+var DefaultLimits = Limits{Bytes: 64 << 20, Files: 1024, IncludeDepth: 16, Depth: 32, Services: 100000, Words: 8 << 20}
 
 // node is one statement of a keepalived configuration: a keyword, its
 // arguments, and the statements of its block, if it has one.
@@ -43,11 +46,11 @@ type node struct {
 
 func (n *node) String() string { return strings.Join(append([]string{n.key}, n.args...), " ") }
 
-// token is one word of a configuration.
+// token is one word of a configuration; file indexes reader.order.
 type token struct {
 	text   string
-	file   string
-	line   int
+	file   int32
+	line   int32
 	quoted bool
 }
 
@@ -132,18 +135,19 @@ func (r *reader) file(name string, chain []string) {
 		return
 	}
 	chain = append(chain, name)
+	fi := int32(len(r.order))
 	r.order = append(r.order, name)
 	lines := strings.Split(string(data), "\n")
 	for i, l := range lines {
 		if r.stopped {
 			return
 		}
-		r.line(name, i+1, strings.TrimSuffix(l, "\r"), chain)
+		r.line(name, fi, i+1, strings.TrimSuffix(l, "\r"), chain)
 	}
 }
 
 // line tokenizes one line, following an include.
-func (r *reader) line(file string, n int, l string, chain []string) {
+func (r *reader) line(file string, fi int32, n int, l string, chain []string) {
 	toks := splitLine(l)
 	if len(toks) == 0 {
 		return
@@ -164,6 +168,11 @@ func (r *reader) line(file string, n int, l string, chain []string) {
 		r.include(file, n, toks[1], chain)
 		return
 	}
+	if len(r.toks)+len(toks) > r.limits.Words {
+		r.issue(file, n, "configuration", fmt.Sprintf("more than %d words: reading stopped", r.limits.Words))
+		r.stopped = true
+		return
+	}
 	for _, t := range toks {
 		if strings.Contains(t, "$") && !strings.HasPrefix(t, "\"") {
 			r.issue(file, n, t, "parameter substitution is not imported")
@@ -172,9 +181,9 @@ func (r *reader) line(file string, n int, l string, chain []string) {
 		if quoted {
 			t = strings.TrimSuffix(t[1:], "\"")
 		}
-		r.toks = append(r.toks, token{text: t, file: file, line: n, quoted: quoted})
+		r.toks = append(r.toks, token{text: t, file: fi, line: int32(n), quoted: quoted})
 	}
-	r.toks = append(r.toks, token{file: file, line: n}) // end of line
+	r.toks = append(r.toks, token{file: fi, line: int32(n)}) // end of line
 }
 
 func (r *reader) include(file string, n int, pattern string, chain []string) {
@@ -257,6 +266,11 @@ func (r *reader) parse() []*node {
 	return p.block(0, nil)
 }
 
+// pos returns the file and line of t.
+func (p *parser) pos(t token) (string, int) {
+	return p.r.order[t.file], int(t.line)
+}
+
 type parser struct {
 	toks []token
 	i    int
@@ -271,12 +285,13 @@ func (p *parser) block(depth int, open *node) []*node {
 	for p.i < len(p.toks) {
 		t := p.toks[p.i]
 		p.i++
+		file, line := p.pos(t)
 		switch {
 		case t.text == "" && !t.quoted: // end of line
 			cur = nil
 		case t.text == "}" && !t.quoted:
 			if open == nil {
-				p.r.issue(t.file, t.line, "}", "closes no block: ignored")
+				p.r.issue(file, line, "}", "closes no block: ignored")
 				continue
 			}
 			return out
@@ -286,11 +301,11 @@ func (p *parser) block(depth int, open *node) []*node {
 				target = out[len(out)-1] // "{" on the line after its keyword
 			}
 			if target == nil {
-				target = &node{file: t.file, line: t.line, key: "{"}
+				target = &node{file: file, line: line, key: "{"}
 				out = append(out, target)
 			}
 			if depth+1 > p.r.limits.Depth {
-				p.r.issue(t.file, t.line, target.key, fmt.Sprintf("blocks nest deeper than %d: the block is not imported", p.r.limits.Depth))
+				p.r.issue(file, line, target.key, fmt.Sprintf("blocks nest deeper than %d: the block is not imported", p.r.limits.Depth))
 				p.skip()
 				target.block = true
 				cur = nil
@@ -300,7 +315,7 @@ func (p *parser) block(depth int, open *node) []*node {
 			target.kids = p.block(depth+1, target)
 			cur = nil
 		case cur == nil:
-			cur = &node{file: t.file, line: t.line, key: t.text}
+			cur = &node{file: file, line: line, key: t.text}
 			out = append(out, cur)
 		default:
 			cur.args = append(cur.args, t.text)
