@@ -59,11 +59,11 @@ func vipdImport(t *testing.T, args ...string) (string, string) {
 // the live kernel.
 func planIPVS(t *testing.T, cfg string) []string {
 	t.Helper()
-	out := Run(t, vipdBin(), "plan", cfg)
-	if strings.Contains(out, "planning from an empty kernel") {
-		t.Fatalf("vipd plan could not read the kernel:\n%s", out)
+	r := Exec(vipdBin(), "plan", cfg)
+	if r.Err != nil || strings.Contains(r.Stderr, "planning from an empty kernel") {
+		t.Fatalf("vipd plan could not plan against the kernel: %v\n%s", r.Err, r.Stderr)
 	}
-	return ipvsOps.FindAllString(out, -1)
+	return ipvsOps.FindAllString(r.Stdout, -1)
 }
 
 // runVipd programs cfg with vipd from a cleared kernel and returns the
@@ -232,22 +232,23 @@ func TestImportKeepalivedSamples(t *testing.T) {
 }
 
 // explained reports whether an issue names the address a table line or a
-// plan operation is about: the real server of an -a line, else the
-// service's VIP.
-var addrRE = regexp.MustCompile(`-r \[?([0-9a-f.:]+?)\]?:\d+|(?:-t|-u|--sctp-service) \[?([0-9a-f.:]+?)\]?:\d+|backend \[?([0-9a-f.:]+?)\]?:\d+`)
-
+// plan operation is about: the real server of an -a line or a backend
+// operation, else the service's VIP.
 func explained(line, issues string) bool {
-	m := addrRE.FindStringSubmatch(line)
+	m := destRE.FindStringSubmatch(line)
+	if m == nil {
+		m = svcRE.FindStringSubmatch(line)
+	}
 	if m == nil {
 		return false
 	}
-	for _, a := range m[1:] {
-		if a != "" {
-			return strings.Contains(issues, " "+a+" ") || strings.Contains(issues, " "+a+":")
-		}
-	}
-	return false
+	return strings.Contains(issues, " "+m[1]+" ") || strings.Contains(issues, " "+m[1]+":")
 }
+
+var (
+	destRE = regexp.MustCompile(`(?:-r|->) \[?([0-9a-f.:]+?)\]?:\d+`)
+	svcRE  = regexp.MustCompile(`(?:-t|-u|--sctp-service|tcp|udp|sctp) \[?([0-9a-f.:]+?)\]?:\d+`)
+)
 
 // TestImportIpvsadmRoundTrip: a table of 1,000 services restored with
 // ipvsadm -R, saved with ipvsadm -Sn and imported (from the text and
@@ -296,6 +297,7 @@ func TestImportIpvsadmRoundTrip(t *testing.T) {
 		t.Fatalf("ipvsadm -R: %v\n%s", err, out)
 	}
 	want := table(t)
+	t.Logf("ipvsadm -R programmed %d lines", len(want))
 	dir := t.TempDir()
 	saved := filepath.Join(dir, "saved.txt")
 	if err := os.WriteFile(saved, []byte(Run(t, "ipvsadm", "-Sn")), 0o644); err != nil {
