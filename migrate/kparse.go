@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -137,6 +138,9 @@ func (r *reader) file(name string, chain []string) {
 	chain = append(chain, name)
 	fi := int32(len(r.order))
 	r.order = append(r.order, name)
+	// A word and its separator take about 4 bytes or more: room for
+	// the file's words at once spares the copies of a growing slice.
+	r.toks = slices.Grow(r.toks, max(0, min(len(data)/4, r.limits.Words-len(r.toks))))
 	lines := strings.Split(string(data), "\n")
 	for i, l := range lines {
 		if r.stopped {
