@@ -245,3 +245,20 @@ func TestIpvsadmIssues(t *testing.T) {
 	}
 	parse(t, "save.toml", r)
 }
+
+// FuzzIpvsadm: whatever the input, the import's output passes vipd's
+// parser and every issue names a line of the input.
+func FuzzIpvsadm(f *testing.F) {
+	f.Add([]byte(saveLines(genTable(20))))
+	f.Add([]byte("-A -f 1 -s mh -b flag-1,flag-2 -p\n-a -f 1 -r [2001:db8::1]:0 -i -w 0 --tun-type gue --tun-port 1 --tun-remcsum\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := Ipvsadm("in.txt", strings.NewReader(string(data)))
+		lines := strings.Count(string(data), "\n") + 1
+		for _, i := range r.Issues {
+			if i.File != "in.txt" || i.Line < 1 || i.Line > lines {
+				t.Fatalf("issue outside the input: %s", i)
+			}
+		}
+		parse(t, "fuzz.toml", r)
+	})
+}
