@@ -1180,6 +1180,9 @@ func (m *kmapper) vrrp(n *node) {
 	if len(tracks) > 0 {
 		kv(&b, "track_interfaces", "["+strings.Join(tracks, ", ")+"]")
 	}
+	// keepalived leaves IPVS's sloppy_tcp and sloppy_sctp as they are
+	// (off); vipd's [ha] turns them on unless told.
+	kv(&b, "sloppy", "false")
 	m.ha = haPart{text: b.String(), file: n.file, line: n.line}
 }
 
