@@ -242,7 +242,7 @@ virtual_server 192.0.2.11 53 {
 	}
 	h := cfg.HA
 	if h.Interface != "eth1" || h.VRID != 7 || h.Priority != 150 || h.Interval.Milliseconds() != 500 || h.Preempt || h.PreemptDelay.Seconds() != 10 ||
-		h.Source.String() != "10.1.0.1" || len(h.Peers) != 1 || h.SyncInterface != "eth2" {
+		h.Source.String() != "10.1.0.1" || len(h.Peers) != 1 || h.SyncInterface != "eth2" || h.Sloppy {
 		t.Errorf("ha: %+v", h)
 	}
 	if len(cfg.Spec.Services) != 2 {
