@@ -14,3 +14,13 @@ if ((${#need[@]})); then
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# migrate's tests import the sample configurations of keepalived's package;
+# a host whose dpkg leaves out /usr/share/doc gets them from the package.
+samples=/usr/share/doc/keepalived/samples
+if [ ! -d "$samples" ]; then
+	echo "deps: extracting keepalived's samples into $samples"
+	tmp=$(mktemp -d)
+	(cd "$tmp" && apt-get download keepalived >/dev/null 2>&1 || { apt-get update -qq && apt-get download keepalived >/dev/null; })
+	dpkg-deb --fsys-tarfile "$tmp"/keepalived_*.deb | tar -x -C / ".$samples"
+	rm -rf "$tmp"
+fi

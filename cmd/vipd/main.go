@@ -48,7 +48,7 @@ all of it in step with a TOML file, touching only what it owns.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(newCheckCmd(), newPlanCmd(), newRunCmd(), newReloadCmd(), newStatusCmd(),
-		newDrainCmd("drain"), newDrainCmd("undrain"), newVersionCmd())
+		newDrainCmd("drain"), newDrainCmd("undrain"), newVersionCmd(), newImportCmd())
 	return root
 }
 

@@ -77,6 +77,8 @@ for pkg in ${VIPD_GUEST_PKGS:-}; do
 done
 add_test e2e ./test/e2e -tags "e2e${VIPD_E2E_TAGS:+,$VIPD_E2E_TAGS}"
 cp "$VM_DIR/topo.sh" "$VM_DIR/guest-tests.sh" "$payload/"
+# The import tests load keepalived's samples (test/deps.sh installs them).
+if [[ -d /usr/share/doc/keepalived/samples ]]; then cp -a /usr/share/doc/keepalived/samples "$payload/keepalived-samples"; fi
 log "built $(wc -l <"$payload/tests/list") test binaries in $(elapsed "$tb") s ($(du -sh "$payload" | cut -f1) payload)"
 
 # Guest parameters travel on the kernel command line.
