@@ -42,9 +42,12 @@ k8s-rig:
 unit: deps k8s-rig
 	$(GO) test -count=1 ./...
 
-## fuzz: a short, bounded run of the config parser's fuzz target.
+## fuzz: short, bounded runs of the parsers' fuzz targets (the config
+## file, and vipd import's keepalived.conf and ipvsadm -Sn readers).
 fuzz:
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./config
+	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzKeepalived$$' -fuzztime $(FUZZTIME) ./migrate
+	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzIpvsadm$$' -fuzztime $(FUZZTIME) ./migrate
 
 ## e2e: the end-to-end suite in a qemu guest with Debian's kernel.
 e2e:
