@@ -76,8 +76,9 @@ type ha struct {
 	// priority is the priority last given the elector.
 	priority uint8
 
-	// drained says an operator took the node out (DrainNode).
-	drained bool
+	// drained says an operator took the node out (DrainNode), fault
+	// that its [ha] interface is down.
+	drained, fault bool
 	// gate passes announcements to the kernel's announcer only while
 	// the node is master (nil without an announcer).
 	gate *roleGate
@@ -255,7 +256,9 @@ func (a *Agent) drainNode(ctx context.Context, on bool) error {
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("undrain the node: %w", err)
 		}
-		a.ha.el.Resume()
+		if !a.ha.fault {
+			a.ha.el.Resume()
+		}
 		a.log.Info("high availability: node undrained; it takes part in the election again")
 	}
 	a.ha.drained = on
@@ -342,6 +345,7 @@ func (a *Agent) track(spec *lb.Spec) {
 	if a.ha == nil {
 		return
 	}
+	a.watchInterface()
 	h := a.ha.cfg
 	failures := 0
 	if h.TrackBackends {
@@ -370,6 +374,42 @@ func (a *Agent) track(spec *lb.Spec) {
 	a.stats.Invalidate()
 	if err := a.ha.el.SetPriority(uint8(p)); err != nil {
 		a.log.Error("high availability: set priority", "err", err)
+	}
+}
+
+// watchInterface takes the node out of the election while the [ha]
+// interface is down (or has no carrier), as keepalived's fault state
+// does, and puts it back when the interface is up: it then starts as a
+// backup, and preempts a peer of lower priority that took over, with a
+// new announcement. Without this, a master whose link came back would
+// go on believing it served, and the clients would stay with the peer
+// that yielded to it.
+func (a *Agent) watchInterface() {
+	if a.opts.LinkUp == nil {
+		return
+	}
+	name := a.ha.cfg.Interface
+	up, err := a.opts.LinkUp(name)
+	fault := err != nil || !up
+	if fault == a.ha.fault {
+		return
+	}
+	a.ha.fault = fault
+	if !fault {
+		a.log.Info("high availability: interface up; the node takes part in the election again", "interface", name)
+		if !a.ha.drained {
+			a.ha.el.Resume()
+		}
+		return
+	}
+	a.log.Warn("high availability: interface down; the node stands back until it is up", "interface", name, "err", err)
+	if a.ha.drained {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := a.ha.el.Resign(ctx, "interface "+name+" down"); err != nil {
+		a.log.Error("high availability: stand back", "err", err)
 	}
 }
 

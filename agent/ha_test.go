@@ -194,10 +194,13 @@ func TestHATrackInterfaces(t *testing.T) {
 		o.LinkUp = func(name string) (bool, error) {
 			mu.Lock()
 			defer mu.Unlock()
-			if name != "eth1" {
-				return false, fmt.Errorf("no interface %s", name)
+			switch name {
+			case "eth0":
+				return true, nil
+			case "eth1":
+				return up, nil
 			}
-			return up, nil
+			return false, fmt.Errorf("no interface %s", name)
 		}
 	})
 	mu.Lock()
@@ -210,6 +213,65 @@ func TestHATrackInterfaces(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestHAInterfaceDown takes the node out of the election while its [ha]
+// interface is down, and puts it back when it is up, unless an operator
+// drained it meanwhile.
+func TestHAInterfaceDown(t *testing.T) {
+	var mu sync.Mutex
+	up := true
+	set := func(v bool) { mu.Lock(); up = v; mu.Unlock() }
+	e := &fakeElector{}
+	r := newRigWith(t, haSection("")+services(1, 1), func(o *Options) {
+		o.OpenElector = func(opts ElectorOptions) (Elector, error) { e.opts = opts; return e, nil }
+		o.LinkUp = func(name string) (bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if name != "eth0" {
+				return false, fmt.Errorf("no interface %s", name)
+			}
+			return up, nil
+		}
+	})
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			e.mu.Lock()
+			ok := cond()
+			e.mu.Unlock()
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: resigned %q, resumed %d", what, e.resigned, e.resumed)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	set(false)
+	wait("eth0 down", func() bool { return slices.Equal(e.resigned, []string{"interface eth0 down"}) })
+	set(true)
+	wait("eth0 up", func() bool { return e.resumed == 1 })
+	// Drained while down: the interface coming back leaves it out.
+	set(false)
+	wait("eth0 down again", func() bool { return len(e.resigned) == 2 })
+	if err := r.a.DrainNode(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	set(true)
+	time.Sleep(1500 * time.Millisecond) // a check of the interface passes
+	e.mu.Lock()
+	resumed := e.resumed
+	e.mu.Unlock()
+	if resumed != 1 {
+		t.Errorf("a drained node took part again when its interface came back (resumed %d)", resumed)
+	}
+	if err := r.a.DrainNode(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	wait("undrained", func() bool { return e.resumed == 2 })
 }
 
 func TestHAErrors(t *testing.T) {

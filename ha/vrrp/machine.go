@@ -227,6 +227,8 @@ func (m *Machine) Start(now time.Time) Step {
 	m.masterInterval = m.cfg.Interval
 	m.preemptAt = time.Time{}
 	if m.cfg.StartAsMaster {
+		// Once: a Start after a Resign is a start as a backup.
+		m.cfg.StartAsMaster = false
 		m.reclaiming = true
 		t := m.transition(Backup, CauseStart, "started; master when it stopped, it takes the addresses back unless a master of higher priority speaks")
 		m.downAt = now.Add(centis(m.cfg.Interval) + SkewTime(m.cfg.Priority, m.cfg.Interval))

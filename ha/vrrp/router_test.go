@@ -253,8 +253,10 @@ func TestRouterReceiveRules(t *testing.T) {
 		t.Errorf("reason %q", tr.Reason)
 	}
 	g.r.Resume()
-	g.transition(Backup) // StartAsMaster: it listens first
-	g.clock.set(at + MasterDownInterval(100, 100) + time.Second + centis(100) + SkewTime(50, 100))
+	if tr := g.transition(Backup); tr.Reason != "started" {
+		t.Errorf("resumed: %+v (StartAsMaster is for the first start only)", tr)
+	}
+	g.clock.set(at + MasterDownInterval(100, 100) + time.Second + MasterDownInterval(50, 100))
 	g.sent(Group4, 50)
 	g.transition(Master)
 }
