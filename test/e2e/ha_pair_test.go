@@ -382,13 +382,17 @@ func (p *pair) failover(how string) failoverResult {
 	default:
 		t.Fatalf("failover %q", how)
 	}
+	// The failure happened between at and done: the times are counted
+	// from at (the longer), and the first answer after done came through
+	// the backup (when the master is cut off).
+	done := time.Now()
 	var moved time.Time
 	Eventually(t, 10*time.Second, 10*time.Millisecond, func() bool {
 		moved = p.mon.movedAt(tp.VIP, bmac, at)
 		return !moved.IsZero()
 	}, "%s: the client never resolved the VIP to the backup %s (%s)", p.o, backup.name, bmac)
 	time.Sleep(2 * time.Second)
-	answered := l.firstAnswerAfter(at)
+	answered := l.firstAnswerAfter(done)
 	// The master comes back, and takes the VIP back: it has the higher
 	// priority.
 	back := time.Now()
