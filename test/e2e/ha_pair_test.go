@@ -4,7 +4,10 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -338,6 +341,52 @@ func (m *neighMonitor) movedAt(addr, mac string, from time.Time) time.Time {
 	return time.Time{}
 }
 
+// probeVIP sends a request on a new connection to the VIP every 20 ms,
+// each from its own goroutine (a request stuck in a SYN retransmission
+// holds up no other), until one is answered or for at most d; it
+// delivers when the first answer came, or the zero time.
+func probeVIP(t *testing.T, tp *Topo, d time.Duration) <-chan time.Time {
+	dial := dialIn(t, tp.ClientNS)
+	addr := HostPort(tp.VIP, 80)
+	out := make(chan time.Time, 1)
+	answered := make(chan time.Time, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case at := <-answered:
+				out <- at
+				return
+			case <-ctx.Done():
+				out <- time.Time{}
+				return
+			case <-tick.C:
+				go func() {
+					c, err := dial(ctx, "tcp", addr)
+					if err != nil {
+						return
+					}
+					defer c.Close()
+					c.SetDeadline(time.Now().Add(d))
+					if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: vip\r\nConnection: close\r\n\r\n"); err != nil {
+						return
+					}
+					if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil && resp.StatusCode == 200 {
+						select {
+						case answered <- time.Now():
+						default:
+						}
+					}
+				}()
+			}
+		}
+	}()
+	return out
+}
+
 // failoverResult is what one failover cost the clients.
 type failoverResult struct {
 	// Moved is the time from the failure to the client's neighbour entry
@@ -382,17 +431,17 @@ func (p *pair) failover(how string) failoverResult {
 	default:
 		t.Fatalf("failover %q", how)
 	}
-	// The failure happened between at and done: the times are counted
-	// from at (the longer), and the first answer after done came through
-	// the backup (when the master is cut off).
-	done := time.Now()
+	// The failure happened between at and now: the times are counted
+	// from at (the longer), and an answer to a request sent from now on
+	// comes through the backup (when the master is cut off).
+	firstAnswer := probeVIP(t, tp, 5*time.Second)
 	var moved time.Time
 	Eventually(t, 10*time.Second, 10*time.Millisecond, func() bool {
 		moved = p.mon.movedAt(tp.VIP, bmac, at)
 		return !moved.IsZero()
 	}, "%s: the client never resolved the VIP to the backup %s (%s)", p.o, backup.name, bmac)
 	time.Sleep(2 * time.Second)
-	answered := l.firstAnswerAfter(done)
+	answered := <-firstAnswer
 	// The master comes back, and takes the VIP back: it has the higher
 	// priority.
 	back := time.Now()

@@ -442,15 +442,14 @@ type load struct {
 	longErrs []string
 	shortOK  int
 	shortErr []string
-	// shortDone holds when each short request was answered, and
-	// shortFailed when each failed one was sent.
-	shortDone, shortFailed []time.Time
-	last                   map[int]string // backend of each long-lived client's last answer
-	opts                   loadOptions
-	start                  time.Time
-	took                   time.Duration // from start to finish
-	stop                   chan struct{}
-	wg                     sync.WaitGroup
+	// shortFailed holds when each failed short request was sent.
+	shortFailed []time.Time
+	last        map[int]string // backend of each long-lived client's last answer
+	opts        loadOptions
+	start       time.Time
+	took        time.Duration // from start to finish
+	stop        chan struct{}
+	wg          sync.WaitGroup
 }
 
 func startLoad(t *testing.T, tp *Topo, port, long int, every time.Duration) *load {
@@ -581,7 +580,6 @@ func (l *load) shortLoop(ns netns.NsHandle, addr string, every time.Duration) {
 			return true
 		}
 		l.shortOK++
-		l.shortDone = append(l.shortDone, time.Now())
 		return true
 	})
 }
@@ -607,19 +605,6 @@ func (l *load) end() {
 	close(l.stop)
 	l.wg.Wait()
 	l.took = time.Since(l.start)
-}
-
-// firstAnswerAfter returns when the first short request answered after
-// t was answered, or the zero time.
-func (l *load) firstAnswerAfter(t time.Time) time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, d := range l.shortDone {
-		if d.After(t) {
-			return d
-		}
-	}
-	return time.Time{}
 }
 
 // finish stops the load and fails the test on any failed request.
