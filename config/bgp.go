@@ -58,7 +58,7 @@ type BGPPeer struct {
 	// Multihop is the TTL of the session's packets for a peer that is not
 	// directly connected; 0 keeps eBGP's TTL of 1.
 	Multihop uint8
-	// HoldTime and Keepalive are the timers vipd proposes.
+	// HoldTime and Keepalive are the timers vipd proposes, whole seconds.
 	HoldTime, Keepalive time.Duration
 	// Passive waits for the peer to connect.
 	Passive bool
@@ -317,16 +317,12 @@ func (v *validator) bgpPeer(p *rawBGPPeer, path, ctx string) (BGPPeer, bool) {
 		}
 	}
 	out.HoldTime = v.duration(p.HoldTime, out.HoldTime, path+".hold_time", ctx, "hold_time")
-	if out.HoldTime != 0 && (out.HoldTime < 3*time.Second || out.HoldTime > 65535*time.Second || out.HoldTime%time.Second != 0) {
-		v.errorf(path+".hold_time", ctx, "hold_time %s must be 0 or whole seconds from 3s to 65535s (RFC 4271)", out.HoldTime)
+	if out.HoldTime < 3*time.Second || out.HoldTime > 65535*time.Second || out.HoldTime%time.Second != 0 {
+		v.errorf(path+".hold_time", ctx, "hold_time %s must be whole seconds from 3s to 65535s (RFC 4271's 0, no keepalives, is not offered)", out.HoldTime)
 		return out, false
 	}
-	out.Keepalive = v.duration(p.Keepalive, out.HoldTime/3, path+".keepalive", ctx, "keepalive")
-	out.Keepalive = out.Keepalive.Truncate(time.Second)
-	switch {
-	case out.HoldTime == 0 && p.Keepalive != nil && out.Keepalive != 0:
-		v.errorf(path+".keepalive", ctx, "keepalive %s with hold_time 0: no keepalives are sent", out.Keepalive)
-	case out.HoldTime > 0 && (out.Keepalive < time.Second || out.Keepalive >= out.HoldTime):
+	out.Keepalive = v.duration(p.Keepalive, (out.HoldTime / 3).Truncate(time.Second), path+".keepalive", ctx, "keepalive")
+	if out.Keepalive < time.Second || out.Keepalive >= out.HoldTime || out.Keepalive%time.Second != 0 {
 		v.errorf(path+".keepalive", ctx, "keepalive %s must be whole seconds, at least 1s and less than hold_time %s", out.Keepalive, out.HoldTime)
 	}
 	setBool(&out.Passive, p.Passive)

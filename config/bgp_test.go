@@ -57,7 +57,6 @@ source = "192.0.2.1"
 address = "2001:db8::fe"
 asn = 65000
 port = 1790
-hold_time = "0s"
 passive = true
 
 [bgp.service.web]
@@ -76,7 +75,7 @@ med = 20
 		Peers: []BGPPeer{
 			{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000, Port: 179, Source: netip.MustParseAddr("192.0.2.1"),
 				Password: "s3cret", Multihop: 2, HoldTime: 9 * time.Second, Keepalive: 3 * time.Second},
-			{Address: netip.MustParseAddr("2001:db8::fe"), ASN: 65000, Port: 1790, Passive: true},
+			{Address: netip.MustParseAddr("2001:db8::fe"), ASN: 65000, Port: 1790, HoldTime: 90 * time.Second, Keepalive: 30 * time.Second, Passive: true},
 		},
 		Default: def, Services: map[string]BGPAttrs{"web": web},
 		GracefulShutdown: true, GracefulShutdownWait: 10 * time.Second, WithdrawWait: 3 * time.Second}
@@ -126,10 +125,11 @@ func TestBGPErrors(t *testing.T) {
 		{"source family", head + peer + "source = \"2001:db8::1\"\n", `t.toml:7: bgp.peer 1: source 2001:db8::1 and address 192.0.2.254 are of different families`},
 		{"password long", head + peer + "password = \"" + strings.Repeat("x", 81) + "\"\n", `t.toml:7: bgp.peer 1: password must be 1 to 80 bytes`},
 		{"multihop", head + peer + "multihop = 256\n", `t.toml:7: bgp.peer 1: multihop 256 is outside 1..255`},
-		{"hold short", head + peer + "hold_time = \"2s\"\n", `t.toml:7: bgp.peer 1: hold_time 2s must be 0 or whole seconds from 3s to 65535s`},
-		{"hold fraction", head + peer + "hold_time = \"3500ms\"\n", `t.toml:7: bgp.peer 1: hold_time 3.5s must be 0 or whole seconds`},
+		{"hold short", head + peer + "hold_time = \"2s\"\n", `t.toml:7: bgp.peer 1: hold_time 2s must be whole seconds from 3s to 65535s`},
+		{"hold fraction", head + peer + "hold_time = \"3500ms\"\n", `t.toml:7: bgp.peer 1: hold_time 3.5s must be whole seconds`},
 		{"keepalive", head + peer + "hold_time = \"9s\"\nkeepalive = \"9s\"\n", `t.toml:8: bgp.peer 1: keepalive 9s must be whole seconds, at least 1s and less than hold_time 9s`},
-		{"keepalive no hold", head + peer + "hold_time = \"0s\"\nkeepalive = \"3s\"\n", `t.toml:8: bgp.peer 1: keepalive 3s with hold_time 0`},
+		{"hold zero", head + peer + "hold_time = \"0s\"\n", `t.toml:7: bgp.peer 1: hold_time 0s must be whole seconds from 3s`},
+		{"keepalive fraction", head + peer + "keepalive = \"1500ms\"\n", `t.toml:7: bgp.peer 1: keepalive 1.5s must be whole seconds`},
 		{"passive no listen", head + peer + "passive = true\n", `t.toml:7: bgp.peer 1: a passive peer needs listen_port`},
 		{"community", head + "communities = [\"65536:1\"]\n" + peer, `t.toml:4: bgp: communities: "65536:1" is not a community`},
 		{"community name", head + "communities = [\"no-such\"]\n" + peer, `t.toml:4: bgp: communities: "no-such" is not a community: "ASN:value" with each 0..65535, or one of blackhole, graceful-shutdown, no-advertise, no-export, no-export-subconf`},
