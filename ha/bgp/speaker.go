@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
@@ -66,14 +67,20 @@ type Speaker struct {
 	log  *slog.Logger
 	s    *server.BgpServer
 
-	// mu guards what follows; Set, Retire and Stop also hold it for
-	// their whole run, so that they do not interleave.
+	// mu guards routes and stopped; Set, Retire and Stop hold it for
+	// their whole run, waits included, so that they do not interleave.
 	mu sync.Mutex
 	// routes are the routes announced, with the UUIDs GoBGP gave them.
 	routes map[netip.Prefix]route
-	peers  map[netip.Addr]*Peer
 	// stopped says Stop ran.
 	stopped bool
+	// n4 and n6 count the IPv4 and IPv6 routes, for Peers, which does
+	// not wait for a Retire or a Stop.
+	n4, n6 atomic.Int64
+
+	// pmu guards peers.
+	pmu   sync.Mutex
+	peers map[netip.Addr]*Peer
 }
 
 type route struct {
@@ -163,16 +170,16 @@ func (sp *Speaker) peerEvent(r *api.WatchEventResponse) {
 		return
 	}
 	state := sessionState(ev.Peer.State.SessionState)
-	sp.mu.Lock()
+	sp.pmu.Lock()
 	p, ok := sp.peers[addr.Unmap()]
 	if !ok || p.State == state {
-		sp.mu.Unlock()
+		sp.pmu.Unlock()
 		return
 	}
 	from := p.State
 	p.State, p.Since = state, time.Now()
-	cp := sp.peerLocked(p)
-	sp.mu.Unlock()
+	cp := sp.peerCopy(p)
+	sp.pmu.Unlock()
 	level := slog.LevelDebug
 	if from == "established" || state == "established" {
 		level = slog.LevelInfo
@@ -204,27 +211,36 @@ func sessionState(s api.PeerState_SessionState) string {
 
 // Peers returns the state of every peer, in address order.
 func (sp *Speaker) Peers() []Peer {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
+	sp.pmu.Lock()
+	defer sp.pmu.Unlock()
 	out := make([]Peer, 0, len(sp.peers))
 	for _, a := range slices.SortedFunc(maps.Keys(sp.peers), netip.Addr.Compare) {
-		out = append(out, sp.peerLocked(sp.peers[a]))
+		out = append(out, sp.peerCopy(sp.peers[a]))
 	}
 	return out
 }
 
-// peerLocked returns a copy of p with its route count.
-func (sp *Speaker) peerLocked(p *Peer) Peer {
+// peerCopy returns a copy of p with its route count.
+func (sp *Speaker) peerCopy(p *Peer) Peer {
 	out := *p
 	out.Routes = 0
 	if p.Established() {
-		for pfx := range sp.routes {
-			if pfx.Addr().Is4() == p.Address.Is4() {
-				out.Routes++
-			}
+		n := sp.n6.Load()
+		if p.Address.Is4() {
+			n = sp.n4.Load()
 		}
+		out.Routes = int(n)
 	}
 	return out
+}
+
+// count adds d to the count of pfx's family.
+func (sp *Speaker) count(pfx netip.Prefix, d int64) {
+	if pfx.Addr().Is4() {
+		sp.n4.Add(d)
+	} else {
+		sp.n6.Add(d)
+	}
 }
 
 // Set announces exactly routes, host routes (/32 and /128) with their
@@ -279,6 +295,9 @@ func (sp *Speaker) announceLocked(pfx netip.Prefix, attrs config.BGPAttrs, gshut
 	if err != nil {
 		return fmt.Errorf("bgp: announce %s: %w", pfx, err)
 	}
+	if _, ok := sp.routes[pfx]; !ok {
+		sp.count(pfx, 1)
+	}
 	sp.routes[pfx] = route{attrs: attrs, uuid: res.Uuid, gshut: gshut}
 	return nil
 }
@@ -286,6 +305,7 @@ func (sp *Speaker) announceLocked(pfx netip.Prefix, attrs config.BGPAttrs, gshut
 func (sp *Speaker) withdrawLocked(pfx netip.Prefix) error {
 	r := sp.routes[pfx]
 	delete(sp.routes, pfx)
+	sp.count(pfx, -1)
 	if err := sp.s.DeletePath(context.Background(), &api.DeletePathRequest{TableType: api.TableType_GLOBAL, Uuid: r.uuid}); err != nil {
 		return fmt.Errorf("bgp: withdraw %s: %w", pfx, err)
 	}
