@@ -195,6 +195,10 @@ func (v *validator) bgp(b *rawBGP, cfg *Config) {
 		v.errorf("bgp", ctx, "[bgp] and [ha] mode = %q exclude each other: BGP has every node announce and serve the VIPs, "+
 			"VRRP has one elected node serve them and its peers stand by", cfg.HA.Mode)
 	}
+	if len(cfg.Daemon.Uplinks) > 0 {
+		v.errorf("bgp", ctx, "[bgp] and [daemon] uplinks exclude each other: with BGP the routers route the VIPs to the node's "+
+			"own address, and no node may announce or answer ARP and neighbour solicitations for them")
+	}
 	if b.ASN == nil {
 		v.errorf("bgp", ctx, "asn is required: the node's autonomous system number")
 	} else {

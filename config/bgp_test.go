@@ -110,6 +110,7 @@ func TestBGPErrors(t *testing.T) {
 		name, in, want string
 	}{
 		{"with vrrp", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\n" + head + peer, `t.toml:5: bgp: [bgp] and [ha] mode = "vrrp" exclude each other: BGP has every node announce`},
+		{"with uplinks", "[daemon]\nuplinks = [\"eth0\"]\n" + head + peer, `t.toml:3: bgp: [bgp] and [daemon] uplinks exclude each other`},
 		{"no asn", "[bgp]\nrouter_id = \"192.0.2.1\"\n" + peer, `t.toml:1: bgp: asn is required`},
 		{"asn trans", "[bgp]\nasn = 23456\nrouter_id = \"192.0.2.1\"\n" + peer, `t.toml:2: bgp: asn 23456 is not an AS number`},
 		{"asn big", "[bgp]\nasn = 4294967296\nrouter_id = \"192.0.2.1\"\n" + peer, `t.toml:2: bgp: asn 4294967296 is not an AS number`},
