@@ -98,7 +98,7 @@ func serveControl(a *agent.Agent, path string, lim serverLimits, log *slog.Logge
 		mux.Handle("POST /v1/"+kind, commands(func(w http.ResponseWriter, r *http.Request) {
 			q := r.URL.Query()
 			if q.Get("node") == "1" {
-				answer(w, replyOf(agent.Outcome{}, a.DrainNode(r.Context(), kind == "drain")))
+				answer(w, replyOf(agent.Outcome{}, a.NodeDrain(r.Context(), kind == "drain")))
 				return
 			}
 			service, backend := q.Get("service"), q.Get("backend")
@@ -345,10 +345,10 @@ func newDrainCmd(kind string) *cobra.Command {
 		node   bool
 	)
 	short := "Take a backend out of rotation (weight 0) until undrained; survives reloads and restarts"
-	nodeHelp := "drain the node: hand its VIPs to its [ha] peer at once and stay out of the election until vipd undrain --node"
+	nodeHelp := "drain the node: hand its VIPs to its [ha] peer at once and stay out of the election, or withdraw its [bgp] routes, until vipd undrain --node"
 	if kind == "undrain" {
 		short = "Put an admin-drained backend back into rotation"
-		nodeHelp = "undrain the node: take part in the [ha] election again"
+		nodeHelp = "undrain the node: take part in the [ha] election again, or announce its [bgp] routes again"
 	}
 	cmd := &cobra.Command{
 		Use:   kind + " SERVICE BACKEND | " + kind + " --node",
