@@ -51,7 +51,7 @@ fuzz:
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./config
 
 ## e2e: the end-to-end suite in a qemu guest with Debian's kernel.
-e2e:
+e2e: deps
 	VIPD_GUEST_PKGS="$(GUEST_PKGS)" test/vm/e2e.sh
 
 ## vm-selftest: the rig proves its failure paths fail (a wrong expectation,
