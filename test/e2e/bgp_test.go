@@ -240,8 +240,14 @@ func TestBGPGracefulStop(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	l.finish(t, "graceful stop of lb2")
-	t.Logf("graceful stop: route withdrawn %v after SIGTERM, vipd exited after %v; established connections: %d on lb1, %d on lb2",
-		gone.Round(time.Millisecond), took.Round(time.Millisecond), on1, on2)
+	withdrawn := "?"
+	if m := regexp.MustCompile(`time=(\S+) level=INFO msg="bgp: routes withdrawn"`).FindStringSubmatch(lb2.log.String()); m != nil {
+		if at, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+			withdrawn = at.Sub(start).Round(time.Millisecond).String()
+		}
+	}
+	t.Logf("graceful stop: vipd withdrew %s after SIGTERM, the router's route changed %v after, vipd exited after %v; established connections: %d on lb1, %d on lb2",
+		withdrawn, gone.Round(time.Millisecond), took.Round(time.Millisecond), on1, on2)
 	if on2 == 0 {
 		t.Error("no connection was on lb2: the test proves nothing")
 	}
