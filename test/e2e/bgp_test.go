@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -50,12 +51,12 @@ keepalive = "1s"
 		service("web", tp.VIP, 80, "forward = \"droute\"\n"+svcExtra, tp.BackendIPs...)
 }
 
-func startBGPNode(t *testing.T, tp *Topo, n int, svcExtra, bgpExtra string) *bgpNode {
+func startBGPNode(t *testing.T, tp *Topo, n int, svcExtra, bgpExtra string, more ...string) *bgpNode {
 	t.Helper()
 	d := newDaemon(t)
 	d.ns = fmt.Sprintf("lb%d", n)
 	ip := fmt.Sprintf("10.0.3.%d", 20+n)
-	d.write(bgpNodeConfig(d, tp, ip, svcExtra, bgpExtra))
+	d.write(bgpNodeConfig(d, tp, ip, svcExtra, bgpExtra) + strings.Join(more, ""))
 	d.start()
 	return &bgpNode{daemon: d, name: d.ns, ip: ip}
 }
@@ -63,7 +64,7 @@ func startBGPNode(t *testing.T, tp *Topo, n int, svcExtra, bgpExtra string) *bgp
 // startRouter runs bird2 in the router namespace: a session with each
 // node (hold time 3 s), and the best routes merged into multipath kernel
 // routes.
-func startRouter(t *testing.T) (birdc func(args ...string) string) {
+func startRouter(t *testing.T, v6 bool) (birdc func(args ...string) string) {
 	t.Helper()
 	bird, err := exec.LookPath("bird")
 	if err != nil {
@@ -73,6 +74,23 @@ func startRouter(t *testing.T) (birdc func(args ...string) string) {
 	var c strings.Builder
 	c.WriteString("router id 10.0.3.254;\nlog stderr all;\nprotocol device { scan time 1; }\n")
 	c.WriteString("protocol kernel { ipv4 { export all; }; merge paths yes; }\n")
+	if v6 {
+		c.WriteString("protocol kernel { ipv6 { export all; }; merge paths yes; }\n")
+		for i := 1; i <= 2; i++ {
+			fmt.Fprintf(&c, `protocol bgp lb%dv6 {
+  local fd00:3::fe as 65000;
+  neighbor fd00:3::%d as 65001;
+  direct;
+  hold time 3;
+  keepalive time 1;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 2;
+  ipv6 { import all; export none; };
+}
+`, i, 20+i)
+		}
+	}
 	for i := 1; i <= 2; i++ {
 		fmt.Fprintf(&c, `protocol bgp lb%d {
   local 10.0.3.254 as 65000;
@@ -115,11 +133,16 @@ func startRouter(t *testing.T) (birdc func(args ...string) string) {
 
 // nextHops returns the next hops of the router's kernel route to vip.
 func nextHops(t *testing.T, vip string) []string {
-	out := Exec("ip", "-n", "rtr", "-4", "route", "show", vip+"/32").Stdout
+	family, bits := "-4", "/32"
+	if strings.Contains(vip, ":") {
+		family, bits = "-6", "/128"
+	}
+	out := Exec("ip", "-n", "rtr", family, "route", "show", vip+bits).Stdout
 	var hops []string
 	for _, m := range regexp.MustCompile(`via (\S+)`).FindAllStringSubmatch(out, -1) {
 		hops = append(hops, m[1])
 	}
+	slices.Sort(hops)
 	return hops
 }
 
@@ -127,7 +150,7 @@ func nextHops(t *testing.T, vip string) []string {
 // returns when it saw that.
 func waitHops(t *testing.T, vip string, timeout time.Duration, hops ...string) time.Time {
 	t.Helper()
-	want := strings.Join(hops, " ")
+	want := strings.Join(slices.Sorted(slices.Values(hops)), " ")
 	Eventually(t, timeout, 10*time.Millisecond, func() bool {
 		return strings.Join(nextHops(t, vip), " ") == want
 	}, "the router routes %s via %v, not %q:\n%s", vip, nextHops(t, vip), want, Exec("ip", "-n", "rtr", "route").Stdout)
@@ -157,7 +180,7 @@ func (n *bgpNode) established(t *testing.T) int {
 func bgpPair(t *testing.T, svcExtra, bgpExtra string) (*Topo, *bgpNode, *bgpNode, func(...string) string) {
 	t.Helper()
 	tp := NewTopo(t, "bgp 2")
-	birdc := startRouter(t)
+	birdc := startRouter(t, false)
 	lb1 := startBGPNode(t, tp, 1, svcExtra, bgpExtra)
 	lb2 := startBGPNode(t, tp, 2, svcExtra, bgpExtra)
 	start := time.Now()
@@ -319,4 +342,42 @@ func TestBGPKill(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	l.finish(t, "kill -9 of lb1")
 	t.Logf("kill -9 of lb1: the router stopped using it after %v", took.Round(time.Millisecond))
+}
+
+// TestBGPIPv6: the nodes announce an IPv6 VIP over IPv6 sessions (beside
+// the IPv4 ones) with their own addresses as next hops; the router
+// spreads the flows over both.
+func TestBGPIPv6(t *testing.T) {
+	tp := NewTopo(t, "bgp 2")
+	birdc := startRouter(t, true)
+	var nodes []*bgpNode
+	for n := 1; n <= 2; n++ {
+		peer6 := "[[bgp.peer]]\naddress = \"fd00:3::fe\"\nasn = 65000\nhold_time = \"3s\"\nkeepalive = \"1s\"\n"
+		web6 := service("web6", tp.VIP6, 80, "scheduler = \"mh\"\nforward = \"droute\"", tp.BackendIP6...)
+		nodes = append(nodes, startBGPNode(t, tp, n, "scheduler = \"mh\"", peer6, web6))
+	}
+	waitHops(t, tp.VIP, 30*time.Second, nodes[0].ip, nodes[1].ip)
+	waitHops(t, tp.VIP6, 30*time.Second, "fd00:3::21", "fd00:3::22")
+	mustContain(t, "bird's route", birdc("show", "route", "all", tp.VIP6+"/128"), "via fd00:3::21 on eth0", "via fd00:3::22 on eth0",
+		"BGP.next_hop: fd00:3::21")
+	h := tp.Hit(t, HTTPURL(tp.VIP6, 80, "/"), 100, false)
+	if h.Errors != 0 {
+		t.Fatalf("requests to the IPv6 VIP failed: %+v", h)
+	}
+	var c [2]int
+	for i, n := range nodes {
+		out := Run(t, "ip", "netns", "exec", n.name, "ipvsadm", "-Ln", "--stats")
+		for _, l := range strings.Split(out, "\n") {
+			if f := strings.Fields(l); len(f) > 2 && f[0] == "TCP" && strings.HasPrefix(f[1], "["+tp.VIP6+"]") {
+				c[i], _ = strconv.Atoi(f[2])
+			}
+		}
+	}
+	t.Logf("100 new IPv6 connections: lb1 took %d, lb2 %d", c[0], c[1])
+	if c[0] < 20 || c[1] < 20 {
+		t.Errorf("the IPv6 flows do not spread over both nodes: lb1 %d, lb2 %d of 100", c[0], c[1])
+	}
+	// A graceful stop withdraws the IPv6 route too.
+	nodes[1].stop()
+	waitHops(t, tp.VIP6, 10*time.Second, "fd00:3::21")
 }
