@@ -157,17 +157,35 @@ func waitHops(t *testing.T, vip string, timeout time.Duration, hops ...string) t
 	return time.Now()
 }
 
-// conns returns the connections the node's IPVS has handled.
-func (n *bgpNode) conns(t *testing.T) int {
+// conns returns the connections the node's IPVS service on vip:80 has
+// handled.
+func (n *bgpNode) conns(t *testing.T, vip string) int {
 	out := Run(t, "ip", "netns", "exec", n.name, "ipvsadm", "-Ln", "--stats")
 	for _, l := range strings.Split(out, "\n") {
 		f := strings.Fields(l)
-		if len(f) > 2 && f[0] == "TCP" {
+		if len(f) > 2 && f[0] == "TCP" && f[1] == HostPort(vip, 80) {
 			v, _ := strconv.Atoi(f[2])
 			return v
 		}
 	}
 	return 0
+}
+
+// spread returns the connections each node handled of the n just sent
+// to vip. The kernel sums its per-CPU counters every 2 seconds (the
+// estimator): it waits until they show all n.
+func spread(t *testing.T, vip string, n int, nodes ...*bgpNode) []int {
+	t.Helper()
+	c := make([]int, len(nodes))
+	Eventually(t, 10*time.Second, 200*time.Millisecond, func() bool {
+		sum := 0
+		for i, node := range nodes {
+			c[i] = node.conns(t, vip)
+			sum += c[i]
+		}
+		return sum >= n
+	}, "the nodes' counters do not add up to the %d connections sent to %s: %v", n, vip, c)
+	return c
 }
 
 // established counts the node's established IPVS connections.
@@ -202,7 +220,8 @@ func TestBGPECMP(t *testing.T) {
 	if h.Errors != 0 {
 		t.Fatalf("requests failed: %+v", h)
 	}
-	c1, c2 := lb1.conns(t), lb2.conns(t)
+	c := spread(t, tp.VIP, 200, lb1, lb2)
+	c1, c2 := c[0], c[1]
 	t.Logf("200 new connections: lb1 took %d, lb2 %d; backends %v", c1, c2, h.Counts)
 	if c1 < 40 || c2 < 40 {
 		t.Errorf("the flows do not spread over both nodes: lb1 %d, lb2 %d of 200", c1, c2)
@@ -364,15 +383,7 @@ func TestBGPIPv6(t *testing.T) {
 	if h.Errors != 0 {
 		t.Fatalf("requests to the IPv6 VIP failed: %+v", h)
 	}
-	var c [2]int
-	for i, n := range nodes {
-		out := Run(t, "ip", "netns", "exec", n.name, "ipvsadm", "-Ln", "--stats")
-		for _, l := range strings.Split(out, "\n") {
-			if f := strings.Fields(l); len(f) > 2 && f[0] == "TCP" && strings.HasPrefix(f[1], "["+tp.VIP6+"]") {
-				c[i], _ = strconv.Atoi(f[2])
-			}
-		}
-	}
+	c := spread(t, tp.VIP6, 100, nodes...)
 	t.Logf("100 new IPv6 connections: lb1 took %d, lb2 %d", c[0], c[1])
 	if c[0] < 20 || c[1] < 20 {
 		t.Errorf("the IPv6 flows do not spread over both nodes: lb1 %d, lb2 %d of 100", c[0], c[1])
