@@ -288,8 +288,13 @@ func TestBGPGracefulStop(t *testing.T) {
 			withdrawn = at.Sub(start).Round(time.Millisecond).String()
 		}
 	}
-	t.Logf("graceful stop: vipd withdrew %s after SIGTERM, the router's route changed %v after, vipd exited after %v; established connections: %d on lb1, %d on lb2",
-		withdrawn, gone.Round(time.Millisecond), took.Round(time.Millisecond), on1, on2)
+	for _, l := range strings.Split(lb2.logSince(), "\n") {
+		if strings.Contains(l, "stopping") || strings.Contains(l, "bgp:") || strings.Contains(l, "msg=reconciled") {
+			t.Logf("lb2: %s", l)
+		}
+	}
+	t.Logf("graceful stop: SIGTERM at %s; vipd withdrew %s after SIGTERM, the router's route changed %v after, vipd exited after %v; established connections: %d on lb1, %d on lb2",
+		start.Format("15:04:05.000"), withdrawn, gone.Round(time.Millisecond), took.Round(time.Millisecond), on1, on2)
 	if on2 == 0 {
 		t.Error("no connection was on lb2: the test proves nothing")
 	}

@@ -333,6 +333,16 @@ topo_bgp() {
 		TOPO_BACKEND_IPS+="${TOPO_BACKEND_IPS:+ }10.0.3.$((10 + i))"
 		TOPO_BACKEND_IP6S+="${TOPO_BACKEND_IP6S:+ }fd00:3::$((10 + i))"
 	done
+	_topo_flush || return 1
+	# Warm the router's neighbour caches, in parallel: the sanity pings of
+	# _topo_finish cross it, and two IPv6 resolutions in a row can take
+	# more than their 2 s under emulation.
+	local ip pids=()
+	for ip in 10.0.3.21 10.0.3.22 fd00:3::21 fd00:3::22 10.0.4.2 fd00:4::2; do
+		ip netns exec rtr busybox ping -c 1 -W 3 "$ip" >/dev/null 2>&1 &
+		pids+=($!)
+	done
+	wait "${pids[@]}"
 	_topo_finish
 }
 
