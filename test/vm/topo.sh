@@ -342,7 +342,7 @@ topo_bgp() {
 		ip netns exec rtr busybox ping -c 1 -W 3 "$ip" >/dev/null 2>&1 &
 		pids+=($!)
 	done
-	wait "${pids[@]}"
+	wait "${pids[@]}" || true
 	_topo_finish
 }
 
