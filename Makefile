@@ -10,6 +10,10 @@ GO        ?= go
 BIN       ?= bin
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo devel)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
+# grpcnotrace keeps gRPC (linked by GoBGP, never served) from importing
+# golang.org/x/net/trace, whose html/template defeats the linker's dead
+# method elimination: 40 MB instead of 70.
+TAGS      ?= grpcnotrace
 FUZZTIME  ?= 20s
 # Packages whose root-only tests need the real kernel (ip_vs, dummy): their
 # test binaries also run inside the qemu guest.
@@ -22,7 +26,7 @@ export CGO_ENABLED := 0
 all: build
 
 build:
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/vipd ./cmd/vipd
+	$(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/vipd ./cmd/vipd
 
 ## test: the whole suite; CI runs exactly this (.ci/run).
 test: lint unit fuzz e2e vm-selftest systemd-test
@@ -50,7 +54,7 @@ fuzz:
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzIpvsadm$$' -fuzztime $(FUZZTIME) ./migrate
 
 ## e2e: the end-to-end suite in a qemu guest with Debian's kernel.
-e2e:
+e2e: deps
 	VIPD_GUEST_PKGS="$(GUEST_PKGS)" test/vm/e2e.sh
 
 ## vm-selftest: the rig proves its failure paths fail (a wrong expectation,

@@ -68,6 +68,9 @@ type Options struct {
 	// LinkUp reports whether an interface is up with a carrier, for
 	// [ha] track_interfaces; nil tracks none.
 	LinkUp func(name string) (bool, error)
+	// OpenAnnouncer starts the BGP speaker of the configuration's [bgp]
+	// section (see bgp.go); nil refuses a configuration with one.
+	OpenAnnouncer func(context.Context, AnnouncerOptions) (Announcer, error)
 }
 
 // Notifier reports the agent's state to the service manager (systemd's
@@ -131,6 +134,10 @@ type Agent struct {
 	stats *status.Cache
 	// ha is the high availability of the [ha] section, or nil.
 	ha *ha
+	// bgp is the announcements of the [bgp] section, or nil; changes
+	// counts the passes that changed the kernel, for announce.
+	bgp     *bgpState
+	changes uint64
 	// last is the spec of the last full pass.
 	last *lb.Spec
 	// spare is a configuration no one uses, which the next reload may
@@ -248,6 +255,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		}
 	}
+	if err := a.openBGP(ctx, cfg); err != nil {
+		return err
+	}
+	defer a.stopBGP()
 	log.Info("starting", "version", a.opts.Version, "config", a.opts.Path, "services", len(cfg.Spec.Services), "pid", os.Getpid())
 	first := a.effective(cfg)
 	res, err := a.firstPass(ctx, first)
@@ -290,6 +301,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	log.Info("ready", "watch", cfg.Daemon.Watch, "control_socket", cfg.Daemon.ControlSocket)
 	a.notify(a.n.Ready(a.status("serving")))
 	for {
+		a.announce()
 		select {
 		case <-drainCheck.C:
 			if a.r.Draining() > 0 {
@@ -305,6 +317,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			a.notify(a.n.Stopping())
 			a.resign()
+			a.stopBGP()
 			return a.stop()
 		case err := <-sourceErrs:
 			a.notify(a.n.Stopping())
@@ -533,7 +546,8 @@ func restartNeeded(old, cur *config.Config) bool {
 	return x.Interface != y.Interface || !slices.Equal(x.Uplinks, y.Uplinks) || x.GARP != y.GARP ||
 		x.ManageIPTables != y.ManageIPTables || x.StateDir != y.StateDir || x.ResyncInterval != y.ResyncInterval ||
 		x.Watch != y.Watch || x.ControlSocket != y.ControlSocket || x.MetricsListen != y.MetricsListen ||
-		!old.HA.Equal(cur.HA) && !equalBesidesFloating(old.HA, cur.HA) || !old.Kubernetes.Equal(cur.Kubernetes)
+		!old.HA.Equal(cur.HA) && !equalBesidesFloating(old.HA, cur.HA) || !old.BGP.SessionsEqual(cur.BGP) ||
+		!old.Kubernetes.Equal(cur.Kubernetes)
 }
 
 // equalBesidesFloating reports whether two [ha] sections differ at most

@@ -223,9 +223,11 @@ func (a *Agent) nodeDrained(cfg *config.Config) bool {
 	return err == nil
 }
 
-// DrainNode takes the node out of its virtual router (on), handing its
-// VIPs to a peer at once, or puts it back; a drained node stays out, as
-// a backup that never takes over, across restarts, until undrained.
+// DrainNode takes the node out of service for its peers (on), or puts
+// it back: with [ha] it leaves its virtual router, handing its VIPs to a
+// peer at once, and stays a backup that never takes over; with [bgp] it
+// withdraws its routes. A drained node stays out across restarts, until
+// undrained.
 func (a *Agent) DrainNode(ctx context.Context, on bool) error {
 	var err error
 	derr := a.do(ctx, func(ctx context.Context) { err = a.drainNode(ctx, on) })
@@ -233,6 +235,9 @@ func (a *Agent) DrainNode(ctx context.Context, on bool) error {
 }
 
 func (a *Agent) drainNode(ctx context.Context, on bool) error {
+	if a.bgp != nil {
+		return a.drainBGP(ctx, on)
+	}
 	if a.ha == nil {
 		return errors.New("this node has no [ha] section: no peer to hand its VIPs to")
 	}

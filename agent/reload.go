@@ -152,7 +152,7 @@ func (a *Agent) reload(ctx context.Context, in fileRead, force bool) (Outcome, e
 		return Outcome{}, err
 	}
 	if delta.Full && restartNeeded(a.cfg, cfg) {
-		a.log.Warn("daemon settings changed (interface, uplinks, announcement, iptables, state_dir, resync, watch, control socket, metrics, [ha] or [kubernetes]); they take effect on restart",
+		a.log.Warn("daemon settings changed (interface, uplinks, announcement, iptables, state_dir, resync, watch, control socket, metrics, [ha], [bgp] sessions or [kubernetes]); they take effect on restart",
 			"config", a.opts.Path)
 	}
 	undo := a.try(cfg)

@@ -33,6 +33,7 @@ func (a *Agent) snapshot(observed *lb.State) *status.Snapshot {
 	}
 	snap := status.Build(opts)
 	snap.HA = a.haStatus()
+	snap.BGP = a.bgpStatus()
 	snap.Sources = a.sourceStatus()
 	return snap
 }
@@ -56,6 +57,9 @@ func (a *Agent) takeStatus(ctx context.Context) (snap *status.Snapshot, err erro
 // changed tells a.stats that a pass with result res changed the kernel,
 // if it did.
 func (a *Agent) changed(res *lb.Result) {
+	if res != nil && len(res.Applied)+len(res.Failed) > 0 {
+		a.changes++
+	}
 	if res != nil && len(res.Applied) > 0 {
 		a.stats.Invalidate()
 	}

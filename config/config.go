@@ -38,6 +38,8 @@ type Config struct {
 	HA HA
 	// Kubernetes is the [kubernetes] section.
 	Kubernetes Kubernetes
+	// BGP is the [bgp] section.
+	BGP BGP
 
 	// parts are the files the configuration was read from: the main file,
 	// then the included files in include order. Each file's services are

@@ -275,6 +275,12 @@ func everyKeyValue(t reflect.Type) string {
 		return "[" + everyKeyValue(t.Elem()) + "]"
 	case reflect.Map:
 		return "{ k = " + everyKeyValue(t.Elem()) + " }"
+	case reflect.Struct:
+		var kv []string
+		for i := range t.NumField() {
+			kv = append(kv, t.Field(i).Tag.Get("toml")+" = "+everyKeyValue(t.Field(i).Type))
+		}
+		return "{ " + strings.Join(kv, ", ") + " }"
 	}
 	panic("unknown type " + t.String())
 }

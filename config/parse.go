@@ -548,7 +548,7 @@ func splice(base *Config, e edit) (*Config, bool) {
 		return nil, false
 	}
 	s := e.settings
-	cfg := &Config{File: base.File, Include: s.Include, Daemon: s.Daemon, HA: s.HA, Kubernetes: s.Kubernetes, Spec: s.Spec}
+	cfg := &Config{File: base.File, Include: s.Include, Daemon: s.Daemon, HA: s.HA, BGP: s.BGP, Kubernetes: s.Kubernetes, Spec: s.Spec}
 	cfg.Spec.Services = services
 	cfg.nb = base.nb - countBackends(old) + countBackends(services[e.from:newTo])
 	cfg.Health = spliceHealth(base.Health, old, e.blocks)
@@ -576,7 +576,7 @@ func splice(base *Config, e edit) (*Config, bool) {
 func sameSettings(a, b *Config) bool {
 	sa, sb := a.Spec, b.Spec
 	sa.Services, sb.Services = nil, nil
-	return reflect.DeepEqual(a.Daemon, b.Daemon) && a.HA.Equal(b.HA) && a.Kubernetes.Equal(b.Kubernetes) && reflect.DeepEqual(sa, sb) && slices.Equal(a.Include, b.Include)
+	return reflect.DeepEqual(a.Daemon, b.Daemon) && a.HA.Equal(b.HA) && a.BGP.Equal(b.BGP) && a.Kubernetes.Equal(b.Kubernetes) && reflect.DeepEqual(sa, sb) && slices.Equal(a.Include, b.Include)
 }
 
 // spliceHealth returns h without the entries of the services in old and
@@ -607,16 +607,17 @@ func spliceHealth(h map[string]ServiceHealth, old []lb.VirtualService, blocks []
 
 // decodePreamble decodes and validates the text before the first
 // [[service]] line into cfg's daemon settings and include patterns. It
-// reports false for anything but a clean include key, [daemon], [ha] and
-// [kubernetes] sections.
+// reports false for anything but a clean include key, [daemon], [ha],
+// [bgp] and [kubernetes] sections.
 func decodePreamble(file string, data []byte, cfg *Config) bool {
 	var raw rawConfig
-	if !withinLimits(data) || !decodeRaw(data, &raw, "daemon", "ha", "kubernetes", "include") || len(raw.Service) > 0 {
+	if !withinLimits(data) || !decodeRaw(data, &raw, "daemon", "ha", "bgp", "kubernetes", "include") || len(raw.Service) > 0 {
 		return false
 	}
 	v := &validator{file: file}
 	v.daemon(&raw.Daemon, cfg)
 	v.ha(&raw.HA, cfg)
+	v.bgp(&raw.BGP, cfg)
 	v.kubernetes(&raw.Kubernetes, cfg)
 	cfg.Include = v.include(raw.Include, cfg.Daemon.Watch)
 	return len(v.errs) == 0

@@ -29,6 +29,7 @@ type rawConfig struct {
 	Daemon     rawDaemon     `toml:"daemon"`
 	HA         rawHA         `toml:"ha"`
 	Kubernetes rawKubernetes `toml:"kubernetes"`
+	BGP        rawBGP        `toml:"bgp"`
 	Service    []rawService  `toml:"service"`
 }
 
@@ -221,6 +222,7 @@ func (v *validator) config(raw *rawConfig, x *cross) *Config {
 	cfg := &Config{}
 	v.daemon(&raw.Daemon, cfg)
 	v.ha(&raw.HA, cfg)
+	v.bgp(&raw.BGP, cfg)
 	v.kubernetes(&raw.Kubernetes, cfg)
 	cfg.Include = v.include(raw.Include, cfg.Daemon.Watch)
 	v.services(raw.Service, cfg, x)

@@ -9,6 +9,8 @@ command -v arping >/dev/null || need+=(arping)
 command -v curl >/dev/null || need+=(curl)
 # test/bench checks its keepalived.conf fixtures with `keepalived -t`.
 [ -x /usr/sbin/keepalived ] || need+=(keepalived)
+# ha/bgp's interop tests and the BGP e2e tests' router run bird2.
+[ -x /usr/sbin/bird ] || need+=(bird2)
 if ((${#need[@]})); then
 	echo "deps: installing ${need[*]}"
 	apt-get update -qq

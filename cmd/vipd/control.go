@@ -345,10 +345,10 @@ func newDrainCmd(kind string) *cobra.Command {
 		node   bool
 	)
 	short := "Take a backend out of rotation (weight 0) until undrained; survives reloads and restarts"
-	nodeHelp := "drain the node: hand its VIPs to its [ha] peer at once and stay out of the election until vipd undrain --node"
+	nodeHelp := "drain the node: hand its VIPs to its [ha] peer at once and stay out of the election, or withdraw its [bgp] routes, until vipd undrain --node"
 	if kind == "undrain" {
 		short = "Put an admin-drained backend back into rotation"
-		nodeHelp = "undrain the node: take part in the [ha] election again"
+		nodeHelp = "undrain the node: take part in the [ha] election again, or announce its [bgp] routes again"
 	}
 	cmd := &cobra.Command{
 		Use:   kind + " SERVICE BACKEND | " + kind + " --node",

@@ -101,7 +101,8 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	log := opts.Logger
 	aopts := agent.Options{Path: opts.Path, Logger: log, OpenKernel: opts.OpenKernel, KernelRelease: opts.KernelRelease,
 		KernelLock: opts.KernelLock, StartRetry: opts.StartRetry, Version: versionString(),
-		OpenElector: openElector(log), LinkUp: linkUp, OpenSources: openSources}
+		OpenElector: openElector(log), LinkUp: linkUp, OpenSources: openSources,
+		OpenAnnouncer: openAnnouncer(log)}
 	if opts.Notifier != nil {
 		aopts.Notifier = opts.Notifier
 	}

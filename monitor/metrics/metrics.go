@@ -111,6 +111,9 @@ type Metrics struct {
 	haMaster      prometheus.Gauge
 	haPriority    prometheus.Gauge
 	haTransitions *prometheus.CounterVec
+	// bgp is registered when a BGP method is first called (see bgpm).
+	bgpOnce sync.Once
+	bgp     *bgpMetrics
 	// sourceUp is registered when Source is first called.
 	sourceOnce sync.Once
 	sourceUp   *prometheus.GaugeVec

@@ -47,6 +47,9 @@ func RenderTable(w io.Writer, snap *Snapshot) error {
 		}
 		fmt.Fprintf(tw, "ha: %s of vrid %d%s, priority %d (configured %d)%s%s\n", h.Role, h.VRID, since, h.Priority, h.Configured, master, drained)
 	}
+	if b := snap.BGP; b != nil {
+		renderBGP(tw, snap.Time, b)
+	}
 	for _, src := range snap.Sources {
 		state := "in step"
 		if src.Error != "" {
@@ -292,4 +295,24 @@ func ago(d time.Duration) string {
 		return fmt.Sprintf("%dh%02dm", s/3600, s%3600/60)
 	}
 	return fmt.Sprintf("%dd%02dh", s/86400, s%86400/3600)
+}
+
+// renderBGP writes a node's BGP lines: the announcements, a line per
+// peer and a line per VIP withheld.
+func renderBGP(w io.Writer, now time.Time, b *BGP) {
+	drained := ""
+	if b.Drained {
+		drained = ", drained (vipd undrain --node puts it back)"
+	}
+	fmt.Fprintf(w, "bgp: AS%d router id %s, %d VIPs announced, %d withheld%s\n", b.ASN, b.RouterID, len(b.Announced), len(b.Withheld), drained)
+	for _, p := range b.Peers {
+		since := ""
+		if !p.Since.IsZero() {
+			since = " for " + ago(now.Sub(p.Since))
+		}
+		fmt.Fprintf(w, "bgp peer %s AS%d: %s%s, %d routes\n", p.Address, p.ASN, p.State, since, p.Routes)
+	}
+	for _, h := range b.Withheld {
+		fmt.Fprintf(w, "bgp withheld %s: %s\n", h.Route, h.Reason)
+	}
 }

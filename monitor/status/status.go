@@ -88,6 +88,8 @@ type Snapshot struct {
 	Removed []Service `json:"removed_services"`
 	// HA is the node's high availability, when it has an [ha] section.
 	HA *HA `json:"ha,omitempty"`
+	// BGP is the node's announcements, when it has a [bgp] section.
+	BGP *BGP `json:"bgp,omitempty"`
 	// Sources are the origins of services besides the file.
 	Sources []Source `json:"sources,omitempty"`
 }
@@ -108,6 +110,38 @@ type HA struct {
 	Master string    `json:"master,omitempty"`
 	Since  time.Time `json:"since,omitzero"`
 	Reason string    `json:"reason,omitempty"`
+}
+
+// BGP is what a node announces to its routers.
+type BGP struct {
+	ASN      uint32 `json:"asn"`
+	RouterID string `json:"router_id"`
+	// Drained says an operator took the node out (vipd drain --node): it
+	// announces nothing.
+	Drained bool      `json:"drained,omitempty"`
+	Peers   []BGPPeer `json:"peers"`
+	// Announced are the VIPs announced, as host routes, in order.
+	Announced []string `json:"announced"`
+	// Withheld are the VIPs not announced, with why, in order.
+	Withheld []BGPWithheld `json:"withheld,omitempty"`
+}
+
+// BGPPeer is one BGP session.
+type BGPPeer struct {
+	Address string `json:"address"`
+	ASN     uint32 `json:"asn"`
+	// State is the session's state (RFC 4271): "established" when up.
+	State string `json:"state"`
+	// Since is when the session entered State; zero before any change.
+	Since time.Time `json:"since,omitzero"`
+	// Routes is the number of routes announced to the peer.
+	Routes int `json:"routes"`
+}
+
+// BGPWithheld is a VIP the node does not announce.
+type BGPWithheld struct {
+	Route  string `json:"route"`
+	Reason string `json:"reason"`
 }
 
 // Source is one origin of services besides the file.

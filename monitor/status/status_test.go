@@ -437,3 +437,40 @@ func TestRenderHAAndSources(t *testing.T) {
 		t.Errorf("json without ha:\n%s", j.String())
 	}
 }
+
+func TestRenderBGP(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	snap := Build(Options{Now: now})
+	snap.BGP = &BGP{ASN: 65001, RouterID: "10.0.0.1", Announced: []string{"192.0.2.10/32"},
+		Peers: []BGPPeer{
+			{Address: "10.0.0.254", ASN: 65000, State: "established", Since: now.Add(-5*time.Minute - 2*time.Second), Routes: 1},
+			{Address: "fd00::fe", ASN: 65000, State: "active"},
+		},
+		Withheld: []BGPWithheld{{Route: "192.0.2.11/32", Reason: "no backend serves"}}}
+	var b strings.Builder
+	if err := RenderTable(&b, snap); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"bgp: AS65001 router id 10.0.0.1, 1 VIPs announced, 1 withheld\n",
+		"bgp peer 10.0.0.254 AS65000: established for 5m02s, 1 routes\n",
+		"bgp peer fd00::fe AS65000: active, 0 routes\n",
+		"bgp withheld 192.0.2.11/32: no backend serves\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %q in\n%s", want, b.String())
+		}
+	}
+	var j strings.Builder
+	if err := RenderJSON(&j, snap); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"bgp": {`, `"router_id": "10.0.0.1"`, `"state": "established"`, `"reason": "no backend serves"`} {
+		if !strings.Contains(j.String(), want) {
+			t.Errorf("json without %s:\n%s", want, j.String())
+		}
+	}
+	if strings.Contains(j.String(), `"since": "0001`) {
+		t.Errorf("json with a zero since:\n%s", j.String())
+	}
+}

@@ -44,7 +44,7 @@ payload=$(mktemp -d /tmp/vipd-bench-payload.XXXXXX)
 trap 'rm -rf "$payload"' EXIT
 cd "$REPO_ROOT"
 export CGO_ENABLED=0
-go build -trimpath -ldflags "-s -w -X main.version=$(git describe --always --dirty 2>/dev/null || echo devel)" -o "$payload/vipd" ./cmd/vipd
+go build -trimpath -tags grpcnotrace -ldflags "-s -w -X main.version=$(git describe --always --dirty 2>/dev/null || echo devel)" -o "$payload/vipd" ./cmd/vipd
 go build -trimpath -ldflags '-s -w' -o "$payload/benchrun" ./test/bench/cmd/benchrun
 cp "$VM_DIR/guest-bench.sh" "$payload/"
 qemu=$(qemu-system-x86_64 --version | head -n 1)

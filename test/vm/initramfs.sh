@@ -34,7 +34,7 @@ BINARIES=(
 	nft conntrack curl socat arping tcpdump kmod timeout env xargs
 )
 # Copied when the host has them (not installed by prepare.sh).
-OPTIONAL_BINARIES=(keepalived strace ethtool)
+OPTIONAL_BINARIES=(keepalived strace ethtool bird birdc)
 XTABLES_DIR=/usr/lib/x86_64-linux-gnu/xtables
 
 bin_paths=()

@@ -2,7 +2,7 @@
 # topo.sh — test topologies for the real-kernel rig. Runs INSIDE the guest only.
 #
 #   source /payload/topo.sh
-#   topo_nat 2          # or: topo_nat 2 onearm | topo_dr 2 | topo_tun 2 [ipip|gue|gre] | topo_ha 2 [nat]
+#   topo_nat 2          # or: topo_nat 2 onearm | topo_dr 2 | topo_tun 2 [ipip|gue|gre] | topo_ha 2 [nat] | topo_bgp 2
 #   topo_vip_add        # put TOPO_VIP/TOPO_VIP6 on dummy 'rigvip0' (plain-ipvsadm tests;
 #                       # vipd adds its VIPs itself)
 #   ipvsadm -A -t "$TOPO_VIP:80" -s rr; ...
@@ -299,6 +299,73 @@ topo_ha() {
 		done
 	fi
 	TOPO_LB_IP=10.0.3.21 TOPO_LB_IF=eth0
+	_topo_finish
+}
+
+# topo_bgp N: two vipd nodes that announce their VIPs over BGP to a router.
+#   LAN                   bridge 'brlan' (root: 10.0.3.1, fd00:3::1, only for the sanity pings)
+#   router (ns 'rtr')     eth0 10.0.3.254 fd00:3::fe on the LAN; eth1 10.0.4.1 fd00:4::1
+#                         towards the client; forwarding, L4 multipath hashing.
+#                         The test runs bird2 there (BGP to the nodes, ECMP into the kernel).
+#   nodes (ns 'lbI')      eth0 10.0.3.(20+I) fd00:3::(20+I), default via the router;
+#                         vipd runs there (ip netns exec lbI vipd run ...)
+#   client (ns 'client')  eth0 10.0.4.2 fd00:4::2, default via the router
+#   backend (ns 'beI')    eth0 10.0.3.(10+I) fd00:3::(10+I), default via the router; the
+#                         VIPs on lo with arp_ignore=1/arp_announce=2 (direct routing)
+#   VIP                   10.0.5.100, fd00:5::100: routed by the router to the nodes
+#                         that announce it.
+topo_bgp() {
+	local n=${1:-2} i ns
+	_topo_begin bgp "$n" || return 1
+	TOPO_VIP=10.0.5.100 TOPO_VIP6=fd00:5::100
+	TOPO_LB_IP=10.0.3.21 TOPO_LB_IP6=fd00:3::21 TOPO_LB_IF=eth0
+	TOPO_CLIENT_IP=10.0.4.2 TOPO_CLIENT_IP6=fd00:4::2
+
+	_topo_bridge brlan
+	_topo_root "addr add 10.0.3.1/24 dev brlan" "addr add fd00:3::1/64 dev brlan nodad"
+
+	_topo_ns rtr
+	_topo_veth rtr vrtr brlan
+	_topo_in rtr "addr add 10.0.3.254/24 dev eth0" "addr add fd00:3::fe/64 dev eth0 nodad"
+	_topo_sysctl_in rtr net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 \
+		net.ipv4.fib_multipath_hash_policy=1 net.ipv6.fib_multipath_hash_policy=1
+
+	_topo_ns client
+	# A veth between two namespaces: eth1 in the router, eth0 in the client.
+	_topo_root "link add eth1 netns rtr type veth peer name eth0 netns client"
+	_topo_in rtr "link set eth1 up" "addr add 10.0.4.1/24 dev eth1" "addr add fd00:4::1/64 dev eth1 nodad"
+	_topo_in client "link set eth0 up" "addr add 10.0.4.2/24 dev eth0" "addr add fd00:4::2/64 dev eth0 nodad" \
+		"route add default via 10.0.4.1" "route add default via fd00:4::1"
+
+	for i in 1 2; do
+		_topo_ns "lb$i"
+		_topo_veth "lb$i" "vlb$i" brlan
+		_topo_in "lb$i" "addr add 10.0.3.$((20 + i))/24 dev eth0" "addr add fd00:3::$((20 + i))/64 dev eth0 nodad" \
+			"route add default via 10.0.3.254" "route add default via fd00:3::fe"
+	done
+
+	for ((i = 1; i <= n; i++)); do
+		ns=be$i
+		_topo_ns "$ns"
+		_topo_veth "$ns" "v$ns" brlan
+		_topo_in "$ns" "addr add 10.0.3.$((10 + i))/24 dev eth0" "addr add fd00:3::$((10 + i))/64 dev eth0 nodad" \
+			"addr add $TOPO_VIP/32 dev lo" "addr add $TOPO_VIP6/128 dev lo nodad" \
+			"route add default via 10.0.3.254" "route add default via fd00:3::fe"
+		_topo_sysctl_in "$ns" net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2 \
+			net.ipv4.conf.eth0.arp_ignore=1 net.ipv4.conf.eth0.arp_announce=2
+		TOPO_BACKEND_IPS+="${TOPO_BACKEND_IPS:+ }10.0.3.$((10 + i))"
+		TOPO_BACKEND_IP6S+="${TOPO_BACKEND_IP6S:+ }fd00:3::$((10 + i))"
+	done
+	_topo_flush || return 1
+	# Warm the router's neighbour caches, in parallel: the sanity pings of
+	# _topo_finish cross it, and two IPv6 resolutions in a row can take
+	# more than their 2 s under emulation.
+	local ip pids=()
+	for ip in 10.0.3.21 10.0.3.22 fd00:3::21 fd00:3::22 10.0.4.2 fd00:4::2; do
+		ip netns exec rtr busybox ping -c 1 -W 3 "$ip" >/dev/null 2>&1 &
+		pids+=($!)
+	done
+	wait "${pids[@]}" || true
 	_topo_finish
 }
 

@@ -1,0 +1,453 @@
+// Package bgp announces vipd's VIPs to the network's routers over BGP, so
+// that they spread the flows over every node that serves them (ECMP). It
+// embeds GoBGP (github.com/osrg/gobgp/v3) as a library and keeps it
+// behind a small API: Start, Set (the routes to announce, as a whole),
+// Peers, Retire and Stop. No other package of vipd imports GoBGP.
+//
+// Each IPv4 route goes to the IPv4 peers and each IPv6 route to the IPv6
+// peers, with the session's local address as the next hop.
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	api "github.com/osrg/gobgp/v3/api"
+	"github.com/osrg/gobgp/v3/pkg/apiutil"
+	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
+	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
+	"github.com/osrg/gobgp/v3/pkg/server"
+
+	"github.com/vipd/vipd/config"
+)
+
+// Options configure a Speaker.
+type Options struct {
+	// BGP is the configuration's [bgp] section.
+	BGP config.BGP
+	// Logger receives the speaker's log and GoBGP's; nil discards it.
+	Logger *slog.Logger
+	// OnPeer is called, from GoBGP's goroutine, on every change of a
+	// peer's session state. It must not block.
+	OnPeer func(Peer)
+	// ConnectRetry is the wait between attempts to connect to a peer;
+	// zero means 5 seconds.
+	ConnectRetry time.Duration
+}
+
+// Peer is the state of one session.
+type Peer struct {
+	Address netip.Addr
+	ASN     uint32
+	// State is the session's state as RFC 4271 names it: "idle",
+	// "connect", "active", "opensent", "openconfirm" or "established".
+	State string
+	// Since is when the session entered State (zero before any change).
+	Since time.Time
+	// Routes is the number of routes the speaker announces to the peer
+	// while the session is up.
+	Routes int
+}
+
+// Established reports whether the session is up.
+func (p Peer) Established() bool { return p.State == "established" }
+
+// Speaker is a BGP speaker that announces a set of host routes.
+type Speaker struct {
+	opts Options
+	log  *slog.Logger
+	s    *server.BgpServer
+
+	// mu guards routes and stopped; Set, Retire and Stop hold it for
+	// their whole run, waits included, so that they do not interleave.
+	mu sync.Mutex
+	// routes are the routes announced, with the UUIDs GoBGP gave them.
+	routes map[netip.Prefix]route
+	// stopped says Stop ran.
+	stopped bool
+	// n4 and n6 count the IPv4 and IPv6 routes, for Peers, which does
+	// not wait for a Retire or a Stop.
+	n4, n6 atomic.Int64
+
+	// pmu guards peers.
+	pmu   sync.Mutex
+	peers map[netip.Addr]*Peer
+}
+
+type route struct {
+	attrs config.BGPAttrs
+	uuid  []byte
+	// gshut says the route carries GRACEFUL_SHUTDOWN (Retire).
+	gshut bool
+}
+
+// Start starts a speaker: it runs GoBGP with opts' identity and adds the
+// peers, which it connects to (or waits for, passive ones).
+func Start(ctx context.Context, opts Options) (*Speaker, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.ConnectRetry == 0 {
+		opts.ConnectRetry = 5 * time.Second
+	}
+	b := opts.BGP
+	if !b.RouterID.Is4() {
+		return nil, fmt.Errorf("router id %s is not an IPv4 address", b.RouterID)
+	}
+	sp := &Speaker{opts: opts, log: opts.Logger, routes: map[netip.Prefix]route{}, peers: map[netip.Addr]*Peer{}}
+	sp.s = server.NewBgpServer(server.LoggerOption(&logger{l: opts.Logger}))
+	go sp.s.Serve()
+	port := int32(b.ListenPort)
+	if port == 0 {
+		port = -1 // GoBGP listens on 179 for 0
+	}
+	if err := sp.s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
+		Asn: b.ASN, RouterId: b.RouterID.String(), ListenPort: port,
+	}}); err != nil {
+		sp.s.Stop()
+		return nil, fmt.Errorf("start bgp: %w", err)
+	}
+	for _, p := range b.Peers {
+		sp.peers[p.Address] = &Peer{Address: p.Address, ASN: p.ASN, State: "idle"}
+	}
+	// The watch is in place before the peers are added, so that no
+	// change of state is missed.
+	if err := sp.s.WatchEvent(ctx, &api.WatchEventRequest{Peer: &api.WatchEventRequest_Peer{}}, sp.peerEvent); err != nil {
+		sp.s.Stop()
+		return nil, fmt.Errorf("watch bgp peers: %w", err)
+	}
+	for _, p := range b.Peers {
+		if err := sp.s.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p, opts.ConnectRetry)}); err != nil {
+			sp.s.Stop()
+			return nil, fmt.Errorf("bgp peer %s: %w", p.Address, err)
+		}
+	}
+	sp.log.Info("bgp: started", "asn", b.ASN, "router_id", b.RouterID, "listen_port", b.ListenPort, "peers", len(b.Peers))
+	return sp, nil
+}
+
+// apiPeer returns GoBGP's form of a configured peer.
+func apiPeer(p config.BGPPeer, retry time.Duration) *api.Peer {
+	family := &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
+	if p.Address.Is6() {
+		family.Afi = api.Family_AFI_IP6
+	}
+	out := &api.Peer{
+		Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, AuthPassword: p.Password},
+		Timers: &api.Timers{Config: &api.TimersConfig{
+			HoldTime: uint64(p.HoldTime / time.Second), KeepaliveInterval: uint64(p.Keepalive / time.Second),
+			ConnectRetry: uint64(max(retry/time.Second, 1)),
+		}},
+		Transport: &api.Transport{PassiveMode: p.Passive, RemotePort: uint32(p.Port)},
+		AfiSafis:  []*api.AfiSafi{{Config: &api.AfiSafiConfig{Family: family, Enabled: true}}},
+	}
+	if p.Source.IsValid() {
+		out.Transport.LocalAddress = p.Source.String()
+	}
+	if p.Multihop > 0 {
+		out.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.Multihop)}
+	}
+	return out
+}
+
+// peerEvent records a change of a peer's state.
+func (sp *Speaker) peerEvent(r *api.WatchEventResponse) {
+	ev := r.GetPeer()
+	if ev == nil || ev.Type != api.WatchEventResponse_PeerEvent_STATE || ev.Peer == nil || ev.Peer.State == nil {
+		return
+	}
+	addr, err := netip.ParseAddr(ev.Peer.State.NeighborAddress)
+	if err != nil {
+		return
+	}
+	state := sessionState(ev.Peer.State.SessionState)
+	sp.pmu.Lock()
+	p, ok := sp.peers[addr.Unmap()]
+	if !ok || p.State == state {
+		sp.pmu.Unlock()
+		return
+	}
+	from := p.State
+	p.State, p.Since = state, time.Now()
+	cp := sp.peerCopy(p)
+	sp.pmu.Unlock()
+	level := slog.LevelDebug
+	if from == "established" || state == "established" {
+		level = slog.LevelInfo
+	}
+	sp.log.Log(context.Background(), level, "bgp: session state", "peer", addr, "asn", p.ASN, "from", from, "to", state)
+	if sp.opts.OnPeer != nil {
+		sp.opts.OnPeer(cp)
+	}
+}
+
+// sessionState names GoBGP's session states as RFC 4271 does.
+func sessionState(s api.PeerState_SessionState) string {
+	switch s {
+	case api.PeerState_IDLE:
+		return "idle"
+	case api.PeerState_CONNECT:
+		return "connect"
+	case api.PeerState_ACTIVE:
+		return "active"
+	case api.PeerState_OPENSENT:
+		return "opensent"
+	case api.PeerState_OPENCONFIRM:
+		return "openconfirm"
+	case api.PeerState_ESTABLISHED:
+		return "established"
+	}
+	return "unknown"
+}
+
+// Peers returns the state of every peer, in address order.
+func (sp *Speaker) Peers() []Peer {
+	sp.pmu.Lock()
+	defer sp.pmu.Unlock()
+	out := make([]Peer, 0, len(sp.peers))
+	for _, a := range slices.SortedFunc(maps.Keys(sp.peers), netip.Addr.Compare) {
+		out = append(out, sp.peerCopy(sp.peers[a]))
+	}
+	return out
+}
+
+// peerCopy returns a copy of p with its route count.
+func (sp *Speaker) peerCopy(p *Peer) Peer {
+	out := *p
+	out.Routes = 0
+	if p.Established() {
+		n := sp.n6.Load()
+		if p.Address.Is4() {
+			n = sp.n4.Load()
+		}
+		out.Routes = int(n)
+	}
+	return out
+}
+
+// count adds d to the count of pfx's family.
+func (sp *Speaker) count(pfx netip.Prefix, d int64) {
+	if pfx.Addr().Is4() {
+		sp.n4.Add(d)
+	} else {
+		sp.n6.Add(d)
+	}
+}
+
+// Set announces exactly routes, host routes (/32 and /128) with their
+// attributes: it announces the new and changed ones and withdraws those
+// no longer there. It is level-triggered: a Set with what is announced
+// already sends nothing. A Set after Retire announces again.
+func (sp *Speaker) Set(routes map[netip.Prefix]config.BGPAttrs) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.stopped {
+		return errors.New("bgp: the speaker is stopped")
+	}
+	var errs []error
+	for _, pfx := range slices.SortedFunc(maps.Keys(sp.routes), netip.Prefix.Compare) {
+		if _, ok := routes[pfx]; !ok {
+			errs = append(errs, sp.withdrawLocked(pfx))
+		}
+	}
+	for _, pfx := range slices.SortedFunc(maps.Keys(routes), netip.Prefix.Compare) {
+		attrs := routes[pfx]
+		if r, ok := sp.routes[pfx]; ok && !r.gshut && r.attrs.Equal(attrs) {
+			continue
+		}
+		errs = append(errs, sp.announceLocked(pfx, attrs, false))
+	}
+	return errors.Join(errs...)
+}
+
+// Routes returns the routes announced.
+func (sp *Speaker) Routes() map[netip.Prefix]config.BGPAttrs {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	out := make(map[netip.Prefix]config.BGPAttrs, len(sp.routes))
+	for p, r := range sp.routes {
+		out[p] = r.attrs
+	}
+	return out
+}
+
+// gshutCommunity is GRACEFUL_SHUTDOWN (RFC 8326), 65535:0.
+const gshutCommunity = 0xFFFF0000
+
+func (sp *Speaker) announceLocked(pfx netip.Prefix, attrs config.BGPAttrs, gshut bool) error {
+	if !pfx.IsSingleIP() || pfx.Addr().Zone() != "" {
+		return fmt.Errorf("bgp: %s is not a host route", pfx)
+	}
+	path, err := apiPath(pfx, attrs, gshut)
+	if err != nil {
+		return fmt.Errorf("bgp: announce %s: %w", pfx, err)
+	}
+	res, err := sp.s.AddPath(context.Background(), &api.AddPathRequest{TableType: api.TableType_GLOBAL, Path: path})
+	if err != nil {
+		return fmt.Errorf("bgp: announce %s: %w", pfx, err)
+	}
+	if _, ok := sp.routes[pfx]; !ok {
+		sp.count(pfx, 1)
+	}
+	sp.routes[pfx] = route{attrs: attrs, uuid: res.Uuid, gshut: gshut}
+	return nil
+}
+
+func (sp *Speaker) withdrawLocked(pfx netip.Prefix) error {
+	r := sp.routes[pfx]
+	delete(sp.routes, pfx)
+	sp.count(pfx, -1)
+	if err := sp.s.DeletePath(context.Background(), &api.DeletePathRequest{TableType: api.TableType_GLOBAL, Uuid: r.uuid}); err != nil {
+		return fmt.Errorf("bgp: withdraw %s: %w", pfx, err)
+	}
+	return nil
+}
+
+// apiPath returns GoBGP's form of an announcement of pfx: origin IGP and
+// an unspecified next hop, which GoBGP replaces with the session's local
+// address.
+func apiPath(pfx netip.Prefix, a config.BGPAttrs, gshut bool) (*api.Path, error) {
+	addr := pfx.Addr()
+	var nlri bgp.AddrPrefixInterface
+	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)}
+	if addr.Is4() {
+		nlri = bgp.NewIPAddrPrefix(32, addr.String())
+		attrs = append(attrs, bgp.NewPathAttributeNextHop("0.0.0.0"))
+	} else {
+		nlri = bgp.NewIPv6AddrPrefix(128, addr.String())
+		attrs = append(attrs, bgp.NewPathAttributeMpReachNLRI("::", []bgp.AddrPrefixInterface{nlri}))
+	}
+	if a.HasMED {
+		attrs = append(attrs, bgp.NewPathAttributeMultiExitDisc(a.MED))
+	}
+	if a.HasLocalPref {
+		attrs = append(attrs, bgp.NewPathAttributeLocalPref(a.LocalPref))
+	}
+	communities := slices.Clone(a.Communities)
+	if gshut && !slices.Contains(communities, gshutCommunity) {
+		communities = append(communities, gshutCommunity)
+	}
+	slices.Sort(communities)
+	if len(communities) > 0 {
+		attrs = append(attrs, bgp.NewPathAttributeCommunities(communities))
+	}
+	if len(a.LargeCommunities) > 0 {
+		lc := make([]*bgp.LargeCommunity, len(a.LargeCommunities))
+		for i, c := range a.LargeCommunities {
+			lc[i] = bgp.NewLargeCommunity(c.Global, c.Local1, c.Local2)
+		}
+		attrs = append(attrs, bgp.NewPathAttributeLargeCommunities(lc))
+	}
+	return apiutil.NewPath(nlri, false, attrs, time.Now())
+}
+
+// Retire takes the node's routes away gracefully: with graceful_shutdown
+// it first announces them again with GRACEFUL_SHUTDOWN and waits
+// graceful_shutdown_wait (or until ctx ends), then withdraws every
+// route. A later Set announces again.
+func (sp *Speaker) Retire(ctx context.Context) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.stopped {
+		return nil
+	}
+	return sp.retireLocked(ctx)
+}
+
+func (sp *Speaker) retireLocked(ctx context.Context) error {
+	b := sp.opts.BGP
+	var errs []error
+	if b.GracefulShutdown && len(sp.routes) > 0 {
+		for _, pfx := range slices.SortedFunc(maps.Keys(sp.routes), netip.Prefix.Compare) {
+			errs = append(errs, sp.announceLocked(pfx, sp.routes[pfx].attrs, true))
+		}
+		sp.log.Info("bgp: routes announced with GRACEFUL_SHUTDOWN", "routes", len(sp.routes), "wait", b.GracefulShutdownWait)
+		sleep(ctx, b.GracefulShutdownWait)
+	}
+	n := len(sp.routes)
+	for _, pfx := range slices.SortedFunc(maps.Keys(sp.routes), netip.Prefix.Compare) {
+		errs = append(errs, sp.withdrawLocked(pfx))
+	}
+	if n > 0 {
+		sp.log.Info("bgp: routes withdrawn", "routes", n)
+	}
+	return errors.Join(errs...)
+}
+
+// Stop stops the speaker gracefully: Retire, then withdraw_wait (or
+// until ctx ends) while the routers converge, then the sessions end with
+// a Cease notification. A speaker announcing nothing skips the wait.
+func (sp *Speaker) Stop(ctx context.Context) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.stopped {
+		return nil
+	}
+	n := len(sp.routes)
+	err := sp.retireLocked(ctx)
+	if n > 0 {
+		sleep(ctx, sp.opts.BGP.WithdrawWait)
+	}
+	sp.stopped = true
+	sp.s.Stop()
+	sp.log.Info("bgp: stopped")
+	return err
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+type (
+	gobgpFields = gobgplog.Fields
+	gobgpLevel  = gobgplog.LogLevel
+)
+
+// logger hands GoBGP's log to slog, one level down: GoBGP logs a peer's
+// every reconnection attempt at info.
+type logger struct {
+	l *slog.Logger
+}
+
+func (g *logger) log(level slog.Level, msg string, fields map[string]any) {
+	if !g.l.Enabled(context.Background(), level) {
+		return
+	}
+	args := make([]any, 0, 2*len(fields)+2)
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		args = append(args, k, fields[k])
+	}
+	g.l.Log(context.Background(), level, "gobgp: "+msg, args...)
+}
+
+func (g *logger) Panic(msg string, f gobgpFields) { g.log(slog.LevelError, msg, f); panic(msg) }
+func (g *logger) Fatal(msg string, f gobgpFields) { g.log(slog.LevelError, msg, f) }
+func (g *logger) Error(msg string, f gobgpFields) { g.log(slog.LevelWarn, msg, f) }
+func (g *logger) Warn(msg string, f gobgpFields)  { g.log(slog.LevelInfo, msg, f) }
+func (g *logger) Info(msg string, f gobgpFields)  { g.log(slog.LevelDebug, msg, f) }
+func (g *logger) Debug(string, gobgpFields)       {}
+func (g *logger) SetLevel(gobgpLevel)             {}
+func (g *logger) GetLevel() gobgpLevel            { return gobgplog.InfoLevel }
+
+// String is for the log.
+func (p Peer) String() string {
+	return p.Address.String() + " AS" + strconv.FormatUint(uint64(p.ASN), 10) + " " + p.State
+}

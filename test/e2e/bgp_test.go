@@ -1,0 +1,405 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The BGP tests run two vipd nodes, lb1 and lb2, as namespaces on the LAN
+// of topo_bgp. Both announce the VIP to the router (bird2 in namespace
+// rtr), which installs one route with both nodes as next hops (ECMP, L4
+// hashing); the client sits behind the router, the backends answer by
+// direct routing.
+
+// bgpNode is one vipd of the pair.
+type bgpNode struct {
+	*daemon
+	name, ip string
+}
+
+// bgpNodeConfig is a node's configuration: [bgp] towards the router, and
+// the one service.
+func bgpNodeConfig(d *daemon, tp *Topo, ip, svcExtra, bgpExtra string) string {
+	return fmt.Sprintf(`[daemon]
+state_dir = %q
+control_socket = %q
+resync_interval = "2s"
+metrics_listen = ""
+on_stop = "keep"
+
+[bgp]
+asn = 65001
+router_id = %q
+withdraw_wait = "2s"
+%s
+[[bgp.peer]]
+address = "10.0.3.254"
+asn = 65000
+hold_time = "3s"
+keepalive = "1s"
+`, filepath.Join(d.dir, "state"), filepath.Join(d.dir, "vipd.sock"), ip, bgpExtra) +
+		service("web", tp.VIP, 80, "forward = \"droute\"\n"+svcExtra, tp.BackendIPs...)
+}
+
+func startBGPNode(t *testing.T, tp *Topo, n int, svcExtra, bgpExtra string, more ...string) *bgpNode {
+	t.Helper()
+	d := newDaemon(t)
+	d.ns = fmt.Sprintf("lb%d", n)
+	ip := fmt.Sprintf("10.0.3.%d", 20+n)
+	d.write(bgpNodeConfig(d, tp, ip, svcExtra, bgpExtra) + strings.Join(more, ""))
+	d.start()
+	return &bgpNode{daemon: d, name: d.ns, ip: ip}
+}
+
+// startRouter runs bird2 in the router namespace: a session with each
+// node (hold time 3 s), and the best routes merged into multipath kernel
+// routes.
+func startRouter(t *testing.T, v6 bool) (birdc func(args ...string) string) {
+	t.Helper()
+	bird, err := exec.LookPath("bird")
+	if err != nil {
+		t.Fatal("bird is not in the guest: install bird2 on the host (test/deps.sh, make deps); initramfs.sh copies it")
+	}
+	dir := t.TempDir()
+	var c strings.Builder
+	c.WriteString("router id 10.0.3.254;\nlog stderr all;\nprotocol device { scan time 1; }\n")
+	c.WriteString("protocol kernel { ipv4 { export all; }; merge paths yes; }\n")
+	if v6 {
+		c.WriteString("protocol kernel { ipv6 { export all; }; merge paths yes; }\n")
+		for i := 1; i <= 2; i++ {
+			fmt.Fprintf(&c, `protocol bgp lb%dv6 {
+  local fd00:3::fe as 65000;
+  neighbor fd00:3::%d as 65001;
+  direct;
+  hold time 3;
+  keepalive time 1;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 2;
+  ipv6 { import all; export none; };
+}
+`, i, 20+i)
+		}
+	}
+	for i := 1; i <= 2; i++ {
+		fmt.Fprintf(&c, `protocol bgp lb%d {
+  local 10.0.3.254 as 65000;
+  neighbor 10.0.3.%d as 65001;
+  direct;
+  hold time 3;
+  keepalive time 1;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 2;
+  ipv4 { import all; export none; };
+}
+`, i, 20+i)
+	}
+	conf := filepath.Join(dir, "bird.conf")
+	if err := os.WriteFile(conf, []byte(c.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "bird.ctl")
+	log := &lockedBuffer{}
+	cmd := exec.Command("ip", "netns", "exec", "rtr", bird, "-f", "-c", conf, "-s", sock)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-done
+		if t.Failed() {
+			t.Logf("bird's log:\n%s", log)
+		}
+	})
+	return func(args ...string) string {
+		r := Exec("birdc", append([]string{"-s", sock}, args...)...)
+		return r.Stdout + r.Stderr
+	}
+}
+
+// nextHops returns the next hops of the router's kernel route to vip.
+func nextHops(t *testing.T, vip string) []string {
+	family, bits := "-4", "/32"
+	if strings.Contains(vip, ":") {
+		family, bits = "-6", "/128"
+	}
+	out := Exec("ip", "-n", "rtr", family, "route", "show", vip+bits).Stdout
+	var hops []string
+	for _, m := range regexp.MustCompile(`via (\S+)`).FindAllStringSubmatch(out, -1) {
+		hops = append(hops, m[1])
+	}
+	slices.Sort(hops)
+	return hops
+}
+
+// waitHops waits until the router routes vip to exactly hops, and
+// returns when it saw that.
+func waitHops(t *testing.T, vip string, timeout time.Duration, hops ...string) time.Time {
+	t.Helper()
+	want := strings.Join(slices.Sorted(slices.Values(hops)), " ")
+	Eventually(t, timeout, 10*time.Millisecond, func() bool {
+		return strings.Join(nextHops(t, vip), " ") == want
+	}, "the router routes %s via %v, not %q:\n%s", vip, nextHops(t, vip), want, Exec("ip", "-n", "rtr", "route").Stdout)
+	return time.Now()
+}
+
+// conns returns the connections the node's IPVS service on vip:80 has
+// handled.
+func (n *bgpNode) conns(t *testing.T, vip string) int {
+	out := Run(t, "ip", "netns", "exec", n.name, "ipvsadm", "-Ln", "--stats")
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) > 2 && f[0] == "TCP" && f[1] == HostPort(vip, 80) {
+			v, _ := strconv.Atoi(f[2])
+			return v
+		}
+	}
+	return 0
+}
+
+// spread returns the connections each node handled of the n just sent
+// to vip. The kernel sums its per-CPU counters every 2 seconds (the
+// estimator): it waits until they show most of the n (a new connection
+// on a reused client port that IPVS still lists is not counted again),
+// then one more period.
+func spread(t *testing.T, vip string, n int, nodes ...*bgpNode) []int {
+	t.Helper()
+	c := make([]int, len(nodes))
+	read := func() int {
+		sum := 0
+		for i, node := range nodes {
+			c[i] = node.conns(t, vip)
+			sum += c[i]
+		}
+		return sum
+	}
+	Eventually(t, 10*time.Second, 200*time.Millisecond, func() bool { return read() >= n*9/10 },
+		"the nodes' counters do not add up to the %d connections sent to %s: %v", n, vip, c)
+	time.Sleep(2500 * time.Millisecond)
+	read()
+	return c
+}
+
+// established counts the node's established IPVS connections.
+func (n *bgpNode) established(t *testing.T) int {
+	return strings.Count(Run(t, "ip", "netns", "exec", n.name, "ipvsadm", "-Lnc"), "ESTABLISHED")
+}
+
+// bgpPair builds the topology, the router and two nodes, and waits until
+// the router uses both.
+func bgpPair(t *testing.T, svcExtra, bgpExtra string) (*Topo, *bgpNode, *bgpNode, func(...string) string) {
+	t.Helper()
+	tp := NewTopo(t, "bgp 2")
+	birdc := startRouter(t, false)
+	lb1 := startBGPNode(t, tp, 1, svcExtra, bgpExtra)
+	lb2 := startBGPNode(t, tp, 2, svcExtra, bgpExtra)
+	start := time.Now()
+	waitHops(t, tp.VIP, 30*time.Second, lb1.ip, lb2.ip)
+	t.Logf("the router uses both nodes %v after the second node was ready", time.Since(start).Round(time.Millisecond))
+	return tp, lb1, lb2, birdc
+}
+
+// TestBGPECMP: both nodes announce the VIP, the router spreads the flows
+// over them, bird's table shows the attributes, a service without a
+// serving backend is withdrawn and comes back, and vipd status shows the
+// session.
+func TestBGPECMP(t *testing.T) {
+	tp, lb1, lb2, birdc := bgpPair(t, "scheduler = \"mh\"\n[service.check]\ntype = \"http\"\npath = \"/healthz\"\ninterval = \"200ms\"\nrise = 1\nfall = 1",
+		"communities = [\"65001:100\"]\nmed = 10")
+	mustContain(t, "bird's route", birdc("show", "route", "all", tp.VIP+"/32"), "BGP.community: (65001,100)", "BGP.med: 10",
+		"via 10.0.3.21 on eth0", "via 10.0.3.22 on eth0")
+	h := tp.Hit(t, url(tp, 80), 200, false)
+	if h.Errors != 0 {
+		t.Fatalf("requests failed: %+v", h)
+	}
+	c := spread(t, tp.VIP, 200, lb1, lb2)
+	c1, c2 := c[0], c[1]
+	t.Logf("200 new connections: lb1 took %d, lb2 %d; backends %v", c1, c2, h.Counts)
+	if c1 < 40 || c2 < 40 {
+		t.Errorf("the flows do not spread over both nodes: lb1 %d, lb2 %d of 200", c1, c2)
+	}
+	st := Run(t, vipdBin(), "status", "--socket", filepath.Join(lb1.dir, "vipd.sock"))
+	mustContain(t, "vipd status", st, "bgp: AS65001 router id 10.0.3.21, 1 VIPs announced, 0 withheld", "bgp peer 10.0.3.254 AS65000: established")
+
+	// Every backend fails its check on lb2 alone is not possible (the
+	// backends are shared): take them all down; both nodes withdraw,
+	// the route goes; one comes back, the route is back on both.
+	for _, be := range tp.Backends {
+		tp.BackendDown(t, be)
+	}
+	start := time.Now()
+	waitHops(t, tp.VIP, 20*time.Second)
+	t.Logf("every backend down: the route gone from the router after %v", time.Since(start).Round(time.Millisecond))
+	mustContain(t, "vipd status", Run(t, vipdBin(), "status", "--socket", filepath.Join(lb2.dir, "vipd.sock")),
+		"bgp withheld "+tp.VIP+"/32: no backend serves")
+	tp.BackendUp(t, tp.Backends[0])
+	start = time.Now()
+	waitHops(t, tp.VIP, 20*time.Second, lb1.ip, lb2.ip)
+	t.Logf("one backend up: the route back on both nodes after %v", time.Since(start).Round(time.Millisecond))
+	if h := tp.Hit(t, url(tp, 80), 20, false); h.Errors != 0 || h.Counts[tp.Backends[0]] != 20 {
+		t.Errorf("after one backend came back: %+v", h)
+	}
+	tp.BackendUp(t, tp.Backends[1])
+
+	// vipd drain --node withdraws the node's route; undrain restores it.
+	if r := Exec(vipdBin(), "drain", "--node", "--socket", filepath.Join(lb2.dir, "vipd.sock")); r.Err != nil {
+		t.Fatalf("drain --node: %s", r)
+	}
+	waitHops(t, tp.VIP, 10*time.Second, lb1.ip)
+	if r := Exec(vipdBin(), "undrain", "--node", "--socket", filepath.Join(lb2.dir, "vipd.sock")); r.Err != nil {
+		t.Fatalf("undrain --node: %s", r)
+	}
+	waitHops(t, tp.VIP, 10*time.Second, lb1.ip, lb2.ip)
+}
+
+// TestBGPGracefulStop: a node stopped with SIGTERM withdraws its route,
+// waits, then ends its session; the router moves its flows to the other
+// node: no request fails, no long-lived connection breaks (mh and sloppy
+// TCP: the other node sends each flow to the same backend).
+func TestBGPGracefulStop(t *testing.T) {
+	tp, lb1, lb2, _ := bgpPair(t, "scheduler = \"mh\"", "")
+	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 10, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
+	time.Sleep(2 * time.Second)
+	on1, on2 := lb1.established(t), lb2.established(t)
+	start := time.Now()
+	stopped := make(chan time.Duration, 1)
+	go func() {
+		lb2.stop()
+		stopped <- time.Since(start)
+	}()
+	gone := waitHops(t, tp.VIP, 10*time.Second, lb1.ip).Sub(start)
+	took := <-stopped
+	if gone > took {
+		t.Errorf("the route went %v after SIGTERM, after vipd exited (%v)", gone, took)
+	}
+	time.Sleep(2 * time.Second)
+	l.finish(t, "graceful stop of lb2")
+	withdrawn := "?"
+	if m := regexp.MustCompile(`time=(\S+) level=INFO msg="bgp: routes withdrawn"`).FindStringSubmatch(lb2.log.String()); m != nil {
+		if at, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+			withdrawn = at.Sub(start).Round(time.Millisecond).String()
+		}
+	}
+	for _, l := range strings.Split(lb2.logSince(), "\n") {
+		if strings.Contains(l, "stopping") || strings.Contains(l, "bgp:") || strings.Contains(l, "msg=reconciled") {
+			t.Logf("lb2: %s", l)
+		}
+	}
+	t.Logf("graceful stop: SIGTERM at %s; vipd withdrew %s after SIGTERM, the router's route changed %v after, vipd exited after %v; established connections: %d on lb1, %d on lb2",
+		start.Format("15:04:05.000"), withdrawn, gone.Round(time.Millisecond), took.Round(time.Millisecond), on1, on2)
+	if on2 == 0 {
+		t.Error("no connection was on lb2: the test proves nothing")
+	}
+}
+
+// nodeLoss cuts lb1's link under load and reports how long the router
+// kept using it and what broke.
+func nodeLoss(t *testing.T, svcExtra, bgpExtra string) (took time.Duration, on1, broken, failed, ok int) {
+	tp, lb1, lb2, _ := bgpPair(t, svcExtra, bgpExtra)
+	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 20, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
+	time.Sleep(2 * time.Second)
+	on1 = lb1.established(t)
+	cut := time.Now()
+	Run(t, "ip", "link", "set", "vlb1", "down")
+	took = waitHops(t, tp.VIP, 20*time.Second, lb2.ip).Sub(cut)
+	// Long-lived clients send every 200 ms; TCP retransmits what was
+	// lost while the router still sent to lb1.
+	time.Sleep(5 * time.Second)
+	close(l.stop)
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.longErrs {
+		t.Logf("long-lived: %s", e)
+	}
+	return took, on1, len(l.longErrs), len(l.shortErr), l.longOK + l.shortOK
+}
+
+// TestBGPNodeLoss: lb1 loses its link (a dead node: no withdrawal, no
+// end of session). The router stops using it when its hold timer (3 s)
+// expires; with mh and sloppy TCP the long-lived connections that were on
+// lb1 continue on lb2.
+func TestBGPNodeLoss(t *testing.T) {
+	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"mh\"", "sloppy = true")
+	t.Logf("mh, sloppy TCP: the router stopped using lb1 %v after its link was cut; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d requests succeeded",
+		took.Round(time.Millisecond), on1, broken, failed, ok)
+	if broken != 0 {
+		t.Errorf("%d long-lived connections broke with mh and sloppy TCP", broken)
+	}
+	if on1 == 0 {
+		t.Error("no long-lived connection was on lb1: the test proves nothing")
+	}
+}
+
+// TestBGPNodeLossWithoutSloppy: the same loss with wlc (the other node's
+// choice of backend differs) and without sloppy TCP (the other node drops
+// a mid-stream packet it does not know): the connections that were on
+// lb1 break. Reported, not asserted beyond that some broke.
+func TestBGPNodeLossWithoutSloppy(t *testing.T) {
+	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"wlc\"", "sloppy = false")
+	t.Logf("wlc, no sloppy TCP: the router stopped using lb1 %v after its link was cut; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d requests succeeded",
+		took.Round(time.Millisecond), on1, broken, failed, ok)
+	if on1 > 0 && broken == 0 {
+		t.Errorf("no connection broke without sloppy TCP although %d were on lb1", on1)
+	}
+}
+
+// TestBGPKill: vipd killed with SIGKILL: the kernel closes its session at
+// once, the router withdraws the route; the node's IPVS (on_stop = keep
+// or not, the kernel's tables outlive vipd) keeps serving what still
+// reaches it. No request fails.
+func TestBGPKill(t *testing.T) {
+	tp, lb1, _, _ := bgpPair(t, "scheduler = \"mh\"", "")
+	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 10, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
+	time.Sleep(2 * time.Second)
+	start := time.Now()
+	lb1.kill()
+	took := waitHops(t, tp.VIP, 20*time.Second, "10.0.3.22").Sub(start)
+	time.Sleep(2 * time.Second)
+	l.finish(t, "kill -9 of lb1")
+	t.Logf("kill -9 of lb1: the router stopped using it after %v", took.Round(time.Millisecond))
+}
+
+// TestBGPIPv6: the nodes announce an IPv6 VIP over IPv6 sessions (beside
+// the IPv4 ones) with their own addresses as next hops; the router
+// spreads the flows over both.
+func TestBGPIPv6(t *testing.T) {
+	tp := NewTopo(t, "bgp 2")
+	birdc := startRouter(t, true)
+	var nodes []*bgpNode
+	for n := 1; n <= 2; n++ {
+		peer6 := "[[bgp.peer]]\naddress = \"fd00:3::fe\"\nasn = 65000\nhold_time = \"3s\"\nkeepalive = \"1s\"\n"
+		web6 := service("web6", tp.VIP6, 80, "scheduler = \"mh\"\nforward = \"droute\"", tp.BackendIP6...)
+		nodes = append(nodes, startBGPNode(t, tp, n, "scheduler = \"mh\"", peer6, web6))
+	}
+	waitHops(t, tp.VIP, 30*time.Second, nodes[0].ip, nodes[1].ip)
+	waitHops(t, tp.VIP6, 30*time.Second, "fd00:3::21", "fd00:3::22")
+	mustContain(t, "bird's route", birdc("show", "route", "all", tp.VIP6+"/128"), "via fd00:3::21 on eth0", "via fd00:3::22 on eth0",
+		"BGP.next_hop: fd00:3::21")
+	h := tp.Hit(t, HTTPURL(tp.VIP6, 80, "/"), 100, false)
+	if h.Errors != 0 {
+		t.Fatalf("requests to the IPv6 VIP failed: %+v", h)
+	}
+	c := spread(t, tp.VIP6, 100, nodes...)
+	t.Logf("100 new IPv6 connections: lb1 took %d, lb2 %d", c[0], c[1])
+	if c[0] < 20 || c[1] < 20 {
+		t.Errorf("the IPv6 flows do not spread over both nodes: lb1 %d, lb2 %d of 100", c[0], c[1])
+	}
+	// A graceful stop withdraws the IPv6 route too.
+	nodes[1].stop()
+	waitHops(t, tp.VIP6, 10*time.Second, "fd00:3::21")
+}
