@@ -407,8 +407,10 @@ type failoverResult struct {
 
 // failover fails the master (how: "cut" its links or "kill" its daemon)
 // under load, waits for the backup to take over, brings the master back
-// and waits for it to take the VIP back.
-func (p *pair) failover(how string) failoverResult {
+// and waits for it to take the VIP back. It returns an error when the
+// client's neighbour entry never moved to the backup, or never back:
+// the pair did not fail over (the benchmark counts that; the tests fail).
+func (p *pair) failover(how string) (failoverResult, error) {
 	t, tp := p.t, p.tp
 	t.Helper()
 	master, backup := p.nodes[p.master], p.nodes[1-p.master]
@@ -436,10 +438,14 @@ func (p *pair) failover(how string) failoverResult {
 	// comes through the backup (when the master is cut off).
 	firstAnswer := probeVIP(t, tp, 5*time.Second)
 	var moved time.Time
-	Eventually(t, 10*time.Second, 10*time.Millisecond, func() bool {
+	if !within(10*time.Second, func() bool {
 		moved = p.mon.movedAt(tp.VIP, bmac, at)
 		return !moved.IsZero()
-	}, "%s: the client never resolved the VIP to the backup %s (%s)", p.o, backup.name, bmac)
+	}) {
+		l.end()
+		<-firstAnswer
+		return failoverResult{}, fmt.Errorf("%s: the client never resolved the VIP to the backup %s (%s) within 10s", p.o, backup.name, bmac)
+	}
 	time.Sleep(2 * time.Second)
 	answered := <-firstAnswer
 	// The master comes back, and takes the VIP back: it has the higher
@@ -450,9 +456,10 @@ func (p *pair) failover(how string) failoverResult {
 	} else {
 		p.start(master)
 	}
-	Eventually(t, 15*time.Second, 20*time.Millisecond, func() bool {
-		return !p.mon.movedAt(tp.VIP, mmac, back).IsZero()
-	}, "%s: the client never resolved the VIP to %s again after it came back", p.o, master.name)
+	if !within(15*time.Second, func() bool { return !p.mon.movedAt(tp.VIP, mmac, back).IsZero() }) {
+		l.end()
+		return failoverResult{}, fmt.Errorf("%s: the client never resolved the VIP to %s again within 15s after it came back", p.o, master.name)
+	}
 	time.Sleep(time.Second)
 	l.end()
 	r := failoverResult{Moved: moved.Sub(at), Broken: len(l.longErrs), Short: l.shortOK, Long: l.longOK}
@@ -476,7 +483,19 @@ func (p *pair) failover(how string) failoverResult {
 			}
 		}
 	}
-	return r
+	return r, nil
+}
+
+// within polls cond every 10 ms for up to d, and reports whether it held.
+func within(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
 }
 
 // checkFailover fails the test when a failover of a vipd pair with
@@ -501,7 +520,10 @@ func checkFailover(t *testing.T, p *pair, r failoverResult) {
 // back and takes the VIP and the gateway back just as cleanly.
 func TestHAFailoverNAT(t *testing.T) {
 	p := startPair(t, pairOptions{Mode: "nat", Sync: true})
-	r := p.failover("cut")
+	r, err := p.failover("cut")
+	if err != nil {
+		t.Fatal(err)
+	}
 	checkFailover(t, p, r)
 }
 
@@ -512,6 +534,9 @@ func TestHAFailoverNAT(t *testing.T) {
 func TestHAFailoverSNAT(t *testing.T) {
 	p := startPair(t, pairOptions{Mode: "snat", Sync: true})
 	mustContain(t, "nat rules of lb1", Run(t, "ip", "netns", "exec", "lb1", "iptables-save", "-t", "nat"), "-j SNAT --to-source "+snatSource)
-	r := p.failover("cut")
+	r, err := p.failover("cut")
+	if err != nil {
+		t.Fatal(err)
+	}
 	checkFailover(t, p, r)
 }
