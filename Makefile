@@ -88,6 +88,7 @@ check: lint build
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config ./agent
 	test/vm/bench.sh
+	test/vm/bench-ha.sh
 
 PREFIX  ?= /usr
 DESTDIR ?=
