@@ -214,7 +214,12 @@ func (s *Server) StartAPIServer() error {
 	s.api = p
 	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
 	defer tr.CloseIdleConnections()
-	if err := s.wait(p, s.Config.Host+"/readyz", tr, 90*time.Second); err != nil {
+	// Under the qemu guest's software emulation it takes a minute or two.
+	timeout := 90 * time.Second
+	if os.Getenv("VIPD_VM") == "1" {
+		timeout = 240 * time.Second
+	}
+	if err := s.wait(p, s.Config.Host+"/readyz", tr, timeout); err != nil {
 		return err
 	}
 	return nil
