@@ -25,6 +25,12 @@ type Spec struct {
 	// its peer had not synchronized yet (on the same backend with the mh
 	// scheduler, or with one backend).
 	Sloppy bool
+	// HoldOwned keeps the services vipd owns that Services does not name
+	// as the kernel has them, with their VIPs, set entries and
+	// announcements: a pass neither removes nor changes them. The agent
+	// sets it while a source of services has not yet said what it
+	// wants (after a restart), so that its services keep serving.
+	HoldOwned bool
 	// Services are the virtual services.
 	Services []VirtualService
 }

@@ -136,8 +136,8 @@ avoid_network_broadcast = true
 // changes reach the kernel; with the API server stopped the kernel keeps
 // the last state while vipd status and vipd_source_up say the source is
 // out of step; when it comes back the daemon is in step again without a
-// kernel call; and a restart of vipd writes no status and programs the
-// same addresses and backends.
+// kernel call; and a restart of vipd writes no status and makes no kernel
+// call either.
 func TestDaemonKubernetesAPILoss(t *testing.T) {
 	api := apitest.Start(t)
 	cs, err := kubernetes.NewForConfig(api.Config)
@@ -286,16 +286,49 @@ addresses = ["192.0.2.208/30"]
 		return grepLines(b.String(), "source kubernetes")
 	}
 	h2.eventually("the source in step after the restart", func() bool { return strings.Contains(rep(), "1 services, in step") })
-	// The restarted daemon's first pass does not hold the source's
-	// services until the source publishes: they are removed and added
-	// back (README, Kubernetes, "Not yet"). What it ends with is what
-	// it had.
-	h2.eventually("the kernel as before the restart", func() bool { return k.Dump() == before })
+	// The restarted daemon holds the source's services until the source
+	// publishes, and the source publishes what the kernel has.
+	time.Sleep(time.Second)
+	if calls := k.Calls(); len(calls) != 0 || k.Dump() != before {
+		t.Errorf("the restart made kernel calls %v; kernel:\n%s", calls, k.Dump())
+	}
 	got, err := cs.CoreV1().Services("default").Get(ctx, "app", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got.ResourceVersion != svc.ResourceVersion {
 		t.Errorf("the restart wrote the Service (resourceVersion %s, was %s): %+v", got.ResourceVersion, svc.ResourceVersion, got.Status)
+	}
+
+	// A restart while the API server is gone: the services stay until it
+	// is back, and then nothing changes either.
+	h2.cancel()
+	err = <-h2.done
+	h2.done <- err
+	if err != nil {
+		t.Fatalf("daemon: %v", err)
+	}
+	api.StopAPIServer()
+	h3 := startDaemonAt(t, dir, k)
+	h3.eventually("the source out of step", h3.logHas("source out of step"))
+	time.Sleep(4 * time.Second)
+	if calls := k.Calls(); len(calls) != 0 || k.Dump() != before {
+		t.Errorf("a restart without the API server made kernel calls %v; kernel:\n%s", calls, k.Dump())
+	}
+	if err := api.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	h3.eventually("the source in step with its service", func() bool {
+		r, err := callControl(h3.socket, "GET", "/v1/status")
+		if err != nil || r.Status == nil || len(r.Status.Sources) != 1 {
+			return false
+		}
+		var b strings.Builder
+		status.RenderTable(&b, r.Status)
+		return strings.Contains(b.String(), "source kubernetes: 1 services, in step")
+	})
+	time.Sleep(time.Second)
+	if calls := k.Calls(); len(calls) != 0 || k.Dump() != before {
+		t.Errorf("the API server's return made kernel calls %v; kernel:\n%s", calls, k.Dump())
 	}
 }
