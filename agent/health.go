@@ -70,13 +70,31 @@ func adopted(cfg *config.Config, k lb.Kernel) map[string]map[netip.AddrPort]bool
 // file: cfg's services, then the sources' (see sources.merge).
 func (a *Agent) spec(cfg *config.Config) *lb.Spec {
 	extra := a.sources.merged()
-	if len(extra) == 0 {
+	holding := a.holding()
+	if len(extra) == 0 && !holding {
 		return &cfg.Spec
 	}
 	out := cfg.Spec
-	out.Services = make([]lb.VirtualService, 0, len(cfg.Spec.Services)+len(extra))
-	out.Services = append(append(out.Services, cfg.Spec.Services...), extra...)
+	out.HoldOwned = holding
+	if len(extra) > 0 {
+		out.Services = make([]lb.VirtualService, 0, len(cfg.Spec.Services)+len(extra))
+		out.Services = append(append(out.Services, cfg.Spec.Services...), extra...)
+	}
 	return &out
+}
+
+// holding reports whether a source of services has not published yet.
+// Until each has, the services vipd owns that nobody names stay as they
+// are (lb.Spec.HoldOwned): after a restart they are the sources' until
+// the sources say otherwise, and a source whose origin cannot be reached
+// keeps them serving.
+func (a *Agent) holding() bool {
+	for _, src := range a.opts.Sources {
+		if _, ok := a.sources.by[src.Name()]; !ok {
+			return true
+		}
+	}
+	return false
 }
 
 // healthOf returns the health checking of the desired state's services

@@ -8,6 +8,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/monitor/health"
 )
 
@@ -54,4 +55,15 @@ func ParseCheck(text string) (*health.Spec, error) {
 		return nil, errors.New("exec checks are not allowed from an annotation: they would run commands on the load balancer")
 	}
 	return spec, nil
+}
+
+// ParseForward parses a forwarding method as the forward key takes it
+// (masq or nat, droute or dr, tunnel or tun), with the file's message, as
+// the Kubernetes source's vipd.io/forwarding annotation holds it.
+func ParseForward(text string) (lb.Forward, error) {
+	f, ok := parseForward(text)
+	if !ok {
+		return 0, fmt.Errorf("forward %q must be masq, droute or tunnel", text)
+	}
+	return f, nil
 }

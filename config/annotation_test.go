@@ -1,10 +1,12 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/monitor/health"
 )
 
@@ -32,6 +34,19 @@ func TestParseCheck(t *testing.T) {
 	} {
 		if _, err := ParseCheck(tt.in); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%.60q: %v, want %q", tt.in, err, tt.want)
+		}
+	}
+}
+
+func TestParseForward(t *testing.T) {
+	for in, want := range map[string]lb.Forward{"masq": lb.Masq, "nat": lb.Masq, "droute": lb.DirectRoute, "dr": lb.DirectRoute, "tunnel": lb.Tunnel, "tun": lb.Tunnel} {
+		if got, err := ParseForward(in); got != want || err != nil {
+			t.Errorf("%q: %v %v, want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "NAT", "fullnat"} {
+		if _, err := ParseForward(in); err == nil || err.Error() != fmt.Sprintf("forward %q must be masq, droute or tunnel", in) {
+			t.Errorf("%q: %v", in, err)
 		}
 	}
 }

@@ -377,7 +377,7 @@ func TestErrors(t *testing.T) {
 
 // TestExamples parses every example and checks that it plans.
 func TestExamples(t *testing.T) {
-	files, err := filepath.Glob("../examples/*.toml")
+	files, err := exampleFiles()
 	if err != nil || len(files) < 6 {
 		t.Fatalf("examples: %v %v", files, err)
 	}
@@ -409,7 +409,7 @@ func TestLoadMissingFile(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	files, _ := filepath.Glob("../examples/*.toml")
+	files, _ := exampleFiles()
 	for _, file := range files {
 		data, err := os.ReadFile(file)
 		if err != nil {
@@ -553,4 +553,11 @@ func TestHealthErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// exampleFiles returns the example configurations: examples/*.toml and
+// examples/kubernetes/vipd.toml.
+func exampleFiles() ([]string, error) {
+	files, err := filepath.Glob("../examples/*.toml")
+	return append(files, "../examples/kubernetes/vipd.toml"), err
 }

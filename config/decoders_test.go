@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -102,7 +101,7 @@ func checkDecoders(t *testing.T, data []byte) {
 // FuzzDecoders compares go-toml, which decodes blocks, with BurntSushi,
 // the reference, on any text.
 func FuzzDecoders(f *testing.F) {
-	files, _ := filepath.Glob("../examples/*.toml")
+	files, _ := exampleFiles()
 	for _, file := range files {
 		data, err := os.ReadFile(file)
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -200,7 +199,7 @@ var limitSeeds = []string{
 
 // TestLimitScan runs checkLimitScan on the seeds and the examples.
 func TestLimitScan(t *testing.T) {
-	files, _ := filepath.Glob("../examples/*.toml")
+	files, _ := exampleFiles()
 	for _, file := range files {
 		data, err := os.ReadFile(file)
 		if err != nil {

@@ -66,7 +66,7 @@ func sameParse(got *Config, gotErr error, want *Config, wantErr error) string {
 func equivalenceInputs(t *testing.T) map[string][]byte {
 	t.Helper()
 	in := map[string][]byte{}
-	files, err := filepath.Glob("../examples/*.toml")
+	files, err := exampleFiles()
 	if err != nil || len(files) == 0 {
 		t.Fatalf("examples: %v %v", files, err)
 	}
@@ -592,7 +592,7 @@ func checkParse(t *testing.T, base *Config, data []byte, got *Config, err error)
 // inserts ins) and checks that ParseFrom from the original returns what
 // Parse returns for the edit.
 func FuzzIncremental(f *testing.F) {
-	files, _ := filepath.Glob("../examples/*.toml")
+	files, _ := exampleFiles()
 	for _, file := range files {
 		data, err := os.ReadFile(file)
 		if err != nil {

@@ -468,9 +468,48 @@ func (r *Reconciler) Reconcile(ctx context.Context, spec *Spec) (*Result, error)
 	if err != nil {
 		return nil, err
 	}
+	if spec.HoldOwned {
+		hold(desired, observed)
+	}
 	r.forget(desired, observed)
 	ops := Plan(desired, observed, r.planOptions())
 	return r.apply(ctx, ops, desired, observed), nil
+}
+
+// hold puts into desired, as observed has them, the services the ledger
+// lists that desired does not want, with their VIPs, announcements and
+// set entries (see Spec.HoldOwned).
+func hold(desired, observed *State) {
+	held := map[netip.Addr]bool{}
+	for key := range observed.Owned {
+		st, ok := observed.Services[key]
+		if _, want := desired.Services[key]; want || !ok {
+			continue
+		}
+		desired.Services[key] = &ServiceState{Service: st.Service, Dests: cloneMap(st.Dests)}
+		desired.Owned[key] = struct{}{}
+		if key.Addr.IsValid() {
+			held[key.Addr] = true
+		}
+		for e := range observed.Rules.Entries {
+			if e.Set == SetServed && e.Addr == key.Addr && e.Proto == key.Proto && e.Port == key.Port {
+				desired.Rules.Entries[e] = struct{}{}
+			}
+		}
+	}
+	for a := range held {
+		if _, ok := observed.VIPs[a]; ok {
+			desired.VIPs[a] = struct{}{}
+		}
+		if _, ok := observed.Announce[a]; ok {
+			desired.Announce[a] = struct{}{}
+		}
+		for e := range observed.Rules.Entries {
+			if e.Set == SetVIPs && e.Addr == a {
+				desired.Rules.Entries[e] = struct{}{}
+			}
+		}
+	}
 }
 
 // forget stops the clocks of backends that are no longer leaving: gone

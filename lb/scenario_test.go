@@ -363,6 +363,52 @@ func TestRestartChangesNothing(t *testing.T) {
 	}
 }
 
+// TestHoldOwned: a fresh reconciler (a restarted daemon) whose spec lacks
+// services vipd owns (a source's, before it said what it wants) leaves
+// them as they are, VIPs, set entries and announcements included, while
+// the spec holds what it owns; without the hold it removes them.
+func TestHoldOwned(t *testing.T) {
+	k := lbtest.New()
+	cfg := mustParse(t, base+`
+[[service]]
+name = "api"
+vip = "192.0.2.11"
+port = 443
+backend = [{ address = "10.0.0.3" }]
+`)
+	opts := lb.Options{Kernel: k.Interface(), Dummy: "vipd0"}
+	if _, err := lb.NewReconciler(opts).Reconcile(context.Background(), &cfg.Spec); err != nil {
+		t.Fatal(err)
+	}
+	if calls := strings.Join(k.Calls(), "\n"); !strings.Contains(calls, "add-entry served/ipv4 192.0.2.11,tcp:443") ||
+		!strings.Contains(calls, "bind 192.0.2.11") || !strings.Contains(calls, "announce 192.0.2.11") {
+		t.Fatalf("the first pass did not program api's VIP, set entries and announcement:\n%s", calls)
+	}
+	before := k.Dump()
+	fewer := cfg.Spec
+	fewer.Services = fewer.Services[:1]
+	fewer.HoldOwned = true
+	if _, err := lb.NewReconciler(opts).Reconcile(context.Background(), &fewer); err != nil {
+		t.Fatal(err)
+	}
+	if calls := k.Calls(); len(calls) != 0 || k.Dump() != before {
+		t.Fatalf("held: calls %v; kernel:\n%s", calls, k.Dump())
+	}
+	fewer.HoldOwned = false
+	if _, err := lb.NewReconciler(opts).Reconcile(context.Background(), &fewer); err != nil {
+		t.Fatal(err)
+	}
+	removed := 0
+	for _, c := range k.Calls() {
+		if strings.HasPrefix(c, "delete-service") {
+			removed++
+		}
+	}
+	if want := len(cfg.Spec.Services) - 1; removed != want || want == 0 {
+		t.Fatalf("without the hold: %d services removed, want %d", removed, want)
+	}
+}
+
 // TestFailuresContinue checks that a failed operation neither stops the
 // pass nor hides what was reached, and that a missing scheduler fails only
 // its own service.

@@ -32,6 +32,12 @@ type Spec struct {
 	// route through them, or SNAT traffic comes from them, so that their
 	// replies follow the master.
 	Floating []netip.Addr
+	// HoldOwned keeps the services vipd owns that Services does not name
+	// as the kernel has them, with their VIPs, set entries and
+	// announcements: a pass neither removes nor changes them. The agent
+	// sets it while a source of services has not yet said what it
+	// wants (after a restart), so that its services keep serving.
+	HoldOwned bool
 	// Services are the virtual services.
 	Services []VirtualService
 }

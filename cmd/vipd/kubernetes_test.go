@@ -4,15 +4,19 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/vipd/vipd/lb/lbtest"
+	"github.com/vipd/vipd/monitor/status"
 	"github.com/vipd/vipd/source/kubernetes/apitest"
 )
 
@@ -124,5 +128,207 @@ avoid_network_broadcast = true
 			t.Fatalf("the deleted Service is still in the kernel:\n%s", h.k.Dump())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestDaemonKubernetesAPILoss runs the daemon against a real API server,
+// on the fake kernel, through what the API can do to it: EndpointSlice
+// changes reach the kernel; with the API server stopped the kernel keeps
+// the last state while vipd status and vipd_source_up say the source is
+// out of step; when it comes back the daemon is in step again without a
+// kernel call; and a restart of vipd writes no status and makes no kernel
+// call either.
+func TestDaemonKubernetesAPILoss(t *testing.T) {
+	api := apitest.Start(t)
+	cs, err := kubernetes.NewForConfig(api.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	k := lbtest.New()
+	h := newHarness(t, dir, k)
+	addr := freeAddr(t)
+	h.write(strings.Replace(h.header(""), `metrics_listen = ""`, `metrics_listen = "`+addr+`"`, 1) + fmt.Sprintf(`
+[kubernetes]
+kubeconfig = %q
+default_class = true
+backends = "endpoints"
+leader_election = false
+
+[[kubernetes.pool]]
+name = "test"
+addresses = ["192.0.2.208/30"]
+`, api.Kubeconfig) + twoServices)
+	h.run()
+
+	if _, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "app"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer,
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	slices := cs.DiscoveryV1().EndpointSlices("default")
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "app-1", Labels: map[string]string{discoveryv1.LabelServiceName: "app"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](8080)}},
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"10.244.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}},
+			{Addresses: []string{"10.244.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}},
+		},
+	}
+	es, err = slices.Create(ctx, es, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("both endpoints in the kernel", func() bool {
+		d := k.Dump()
+		return strings.Contains(d, "service tcp 192.0.2.208:80") && strings.Contains(d, "-> 10.244.0.1:8080 masq weight=1") &&
+			strings.Contains(d, "-> 10.244.0.2:8080 masq weight=1")
+	})
+	// A rolling change: a new endpoint, the old one terminating (drained),
+	// then gone.
+	es.Endpoints[1].Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+	es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.244.0.3"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
+	if es, err = slices.Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the terminating endpoint drained, the new one in", func() bool {
+		d := k.Dump()
+		return strings.Contains(d, "-> 10.244.0.2:8080 masq weight=0") && strings.Contains(d, "-> 10.244.0.3:8080 masq weight=1")
+	})
+	es.Endpoints = []discoveryv1.Endpoint{es.Endpoints[0], es.Endpoints[2]}
+	if _, err = slices.Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the old endpoint gone", func() bool { return !strings.Contains(k.Dump(), "10.244.0.2:8080") })
+	svc, err := cs.CoreV1().Services("default").Get(ctx, "app", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := k.Dump()
+	k.Calls()
+
+	sourceState := func() (up float64, line string) {
+		_, body, err := scrape(ctx, http.DefaultClient, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := callControl(h.socket, "GET", "/v1/status")
+		if err != nil || rep.Status == nil || len(rep.Status.Sources) != 1 {
+			t.Fatalf("status: %v %+v", err, rep)
+		}
+		var b strings.Builder
+		if err := status.RenderTable(&b, rep.Status); err != nil {
+			t.Fatal(err)
+		}
+		return metricValue(body, `vipd_source_up{source="kubernetes"}`), grepLines(b.String(), "source kubernetes")
+	}
+	if up, line := sourceState(); up != 1 || !strings.Contains(line, "source kubernetes: 1 services, in step") {
+		t.Fatalf("before the loss: vipd_source_up %v, status %q", up, line)
+	}
+
+	api.StopAPIServer()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		up, line := sourceState()
+		if up == 0 && strings.Contains(line, "out of step, its last services keep serving") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("with the API server stopped: vipd_source_up %v, status %q", up, line)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// A while without the API server: nothing changes in the kernel.
+	time.Sleep(4 * time.Second)
+	if d := k.Dump(); d != before {
+		t.Errorf("the kernel changed without the API server:\n%s\nwas:\n%s", d, before)
+	}
+	if err := api.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		up, line := sourceState()
+		if up == 1 && strings.Contains(line, "in step") && !strings.Contains(line, "out of step") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("with the API server back: vipd_source_up %v, status %q", up, line)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Zero churn: the resync changed nothing.
+	time.Sleep(time.Second)
+	if calls := k.Calls(); len(calls) != 0 || k.Dump() != before {
+		t.Errorf("the resync made kernel calls %v; kernel:\n%s", calls, k.Dump())
+	}
+
+	// A restart of vipd: the same kernel, no status written, no call.
+	h.cancel()
+	err = <-h.done
+	h.done <- err
+	if err != nil {
+		t.Fatalf("daemon: %v", err)
+	}
+	h2 := startDaemonAt(t, dir, k)
+	h2.eventually("the source in step after the restart", h2.logHas("kubernetes: waiting for the caches"))
+	rep := func() string {
+		r, err := callControl(h2.socket, "GET", "/v1/status")
+		if err != nil || r.Status == nil || len(r.Status.Sources) != 1 {
+			return ""
+		}
+		var b strings.Builder
+		status.RenderTable(&b, r.Status)
+		return grepLines(b.String(), "source kubernetes")
+	}
+	h2.eventually("the source in step after the restart", func() bool { return strings.Contains(rep(), "1 services, in step") })
+	// The restarted daemon holds the source's services until the source
+	// publishes, and the source publishes what the kernel has.
+	time.Sleep(time.Second)
+	if calls := k.Calls(); len(calls) != 0 || k.Dump() != before {
+		t.Errorf("the restart made kernel calls %v; kernel:\n%s", calls, k.Dump())
+	}
+	got, err := cs.CoreV1().Services("default").Get(ctx, "app", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ResourceVersion != svc.ResourceVersion {
+		t.Errorf("the restart wrote the Service (resourceVersion %s, was %s): %+v", got.ResourceVersion, svc.ResourceVersion, got.Status)
+	}
+
+	// A restart while the API server is gone: the services stay until it
+	// is back, and then nothing changes either.
+	h2.cancel()
+	err = <-h2.done
+	h2.done <- err
+	if err != nil {
+		t.Fatalf("daemon: %v", err)
+	}
+	api.StopAPIServer()
+	h3 := startDaemonAt(t, dir, k)
+	h3.eventually("the source out of step", h3.logHas("source out of step"))
+	time.Sleep(4 * time.Second)
+	if calls := k.Calls(); len(calls) != 0 || k.Dump() != before {
+		t.Errorf("a restart without the API server made kernel calls %v; kernel:\n%s", calls, k.Dump())
+	}
+	if err := api.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	h3.eventually("the source in step with its service", func() bool {
+		r, err := callControl(h3.socket, "GET", "/v1/status")
+		if err != nil || r.Status == nil || len(r.Status.Sources) != 1 {
+			return false
+		}
+		var b strings.Builder
+		status.RenderTable(&b, r.Status)
+		return strings.Contains(b.String(), "source kubernetes: 1 services, in step")
+	})
+	time.Sleep(time.Second)
+	if calls := k.Calls(); len(calls) != 0 || k.Dump() != before {
+		t.Errorf("the API server's return made kernel calls %v; kernel:\n%s", calls, k.Dump())
 	}
 }

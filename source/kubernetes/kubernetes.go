@@ -53,6 +53,17 @@ const (
 // service the agent refused because another source owns its key or name.
 const ReasonConflict = "Conflict"
 
+// ReasonNoNodePorts is the reason of the Event on a Service in nodeport
+// mode that has a port without a nodePort (spec.allocateLoadBalancerNodePorts
+// false): that port gets no backends.
+const ReasonNoNodePorts = "NoNodePorts"
+
+// ReasonPortChange is the reason of the Event on a Service forwarded with
+// droute or tunnel whose endpoints listen on another port than the
+// Service's: those endpoints are left out, for those methods cannot
+// change the port.
+const ReasonPortChange = "PortChange"
+
 // Options configure the source: one [kubernetes] section.
 type Options struct {
 	// Kubeconfig is the path of a kubeconfig file; empty means the
@@ -111,6 +122,9 @@ type Source struct {
 	pools    []Pool
 	// wrap, when set, wraps the transport to the API server (tests).
 	wrap func(http.RoundTripper) http.RoundTripper
+	// client, when set, is the API server's client, in place of the
+	// kubeconfig's (tests: client-go's fake clientset).
+	client clientset.Interface
 }
 
 // New validates opts and returns a source; nothing reaches the API
@@ -171,18 +185,23 @@ func (s *Source) restConfig() (*rest.Config, error) {
 // before its caches are in sync, so that a start never withdraws
 // services. It returns an error only when it cannot start.
 func (s *Source) Run(ctx context.Context, sink source.Sink) error {
-	cfg, err := s.restConfig()
-	if err != nil {
-		return err
-	}
-	cfg = rest.CopyConfig(cfg)
-	cfg.UserAgent = "vipd"
-	if s.wrap != nil {
-		cfg.Wrap(s.wrap)
-	}
-	cs, err := clientset.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("kubernetes: %w", err)
+	var cfg *rest.Config
+	var cs clientset.Interface
+	if s.client != nil {
+		cfg, cs = &rest.Config{Host: "(client)"}, s.client
+	} else {
+		c, err := s.restConfig()
+		if err != nil {
+			return err
+		}
+		cfg = rest.CopyConfig(c)
+		cfg.UserAgent = "vipd"
+		if s.wrap != nil {
+			cfg.Wrap(s.wrap)
+		}
+		if cs, err = clientset.NewForConfig(cfg); err != nil {
+			return fmt.Errorf("kubernetes: %w", err)
+		}
 	}
 	alloc, err := NewAllocator(s.pools)
 	if err != nil {
@@ -254,11 +273,13 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	// whose writes then are over: giving the Lease up is safe. It has a
 	// client of its own, so that a burst of status writes, held back by
 	// the client's rate limit, never delays a renewal.
-	ecfg := rest.CopyConfig(cfg)
-	ecfg.UserAgent = "vipd-leader-election"
-	ecs, err := clientset.NewForConfig(ecfg)
-	if err != nil {
-		return fmt.Errorf("kubernetes: %w", err)
+	ecs := cs
+	if s.client == nil {
+		ecfg := rest.CopyConfig(cfg)
+		ecfg.UserAgent = "vipd-leader-election"
+		if ecs, err = clientset.NewForConfig(ecfg); err != nil {
+			return fmt.Errorf("kubernetes: %w", err)
+		}
 	}
 	electCtx, stopElect := context.WithCancel(context.Background())
 	elected := make(chan context.Context)
@@ -300,11 +321,16 @@ func (c *controller) waitSynced(ctx context.Context, synced []cache.InformerSync
 	}
 }
 
-// probe asks the API server whether it is ready.
+// probe asks the API server whether it is ready. A client without a REST
+// client (client-go's fake) cannot be asked.
 func (c *controller) probe(ctx context.Context) error {
+	rc := c.cs.Discovery().RESTClient()
+	if rc == nil {
+		return nil
+	}
 	pctx, cancel := context.WithTimeout(ctx, probeEvery)
 	defer cancel()
-	if err := c.cs.Discovery().RESTClient().Get().AbsPath("/readyz").Do(pctx).Error(); err != nil {
+	if err := rc.Get().AbsPath("/readyz").Do(pctx).Error(); err != nil {
 		return fmt.Errorf("kubernetes: API server %s: %w", c.host, err)
 	}
 	return nil
@@ -531,8 +557,9 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		}
 		c.alloc.Release(key)
 		delete(c.lastGood, key)
-		delete(c.events, key+" address")
-		delete(c.events, key+" settings")
+		for _, what := range warnings {
+			delete(c.events, key+" "+what)
+		}
 		svc := present[key]
 		if !leading {
 			// The leader clears the status; should this instance lead
@@ -615,7 +642,9 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		c.written[key] = true
 		st, serr := c.settingsOf(svc)
 		c.warn(svc, "settings", serr)
+		c.warn(svc, "nodeports", noNodePorts(svc, st))
 		vss := virtualServices(svc, held, st, nodes, idx[key])
+		c.warn(svc, "ports", keepPorts(vss))
 		if st.check != nil {
 			for _, vs := range vss {
 				h := config.ServiceHealth{Checks: make(map[netip.AddrPort]health.Spec, len(vs.Backends))}
@@ -646,11 +675,67 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	return again || len(conflicts) > 0, nil
 }
 
+// warnings are the subjects of a Service's warning Events, one lasting
+// warning each: see warn.
+var warnings = []string{"address", "settings", "nodeports", "ports"}
+
+// noNodePorts returns an error when svc is in nodeport mode and has a
+// port without a nodePort, as spec.allocateLoadBalancerNodePorts false
+// leaves them: that port gets no backends.
+func noNodePorts(svc *corev1.Service, st settings) error {
+	if st.mode != BackendsNodePort {
+		return nil
+	}
+	var missing []string
+	for _, p := range svc.Spec.Ports {
+		if p.NodePort == 0 {
+			name := p.Name
+			if name == "" {
+				name = strconv.Itoa(int(p.Port))
+			}
+			missing = append(missing, fmt.Sprintf("%s/%s", name, strings.ToLower(string(p.Protocol))))
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	why := "it has no nodePort"
+	if a := svc.Spec.AllocateLoadBalancerNodePorts; a != nil && !*a {
+		why = "spec.allocateLoadBalancerNodePorts is false and it has no nodePort"
+	}
+	return allocErrorf(ReasonNoNodePorts, "port %s gets no backends in nodeport mode: %s (set %s: %s, or give it a nodePort)",
+		strings.Join(missing, ", "), why, AnnotationBackends, BackendsEndpoints)
+}
+
+// keepPorts leaves out of vss the backends that droute or tunnel
+// forwarding would reach at the wrong port (an endpoint that listens on
+// another port than the Service's), and returns an error naming the
+// first, with the file's message.
+func keepPorts(vss []lb.VirtualService) error {
+	var first error
+	for i := range vss {
+		vs := &vss[i]
+		vs.Backends = slices.DeleteFunc(vs.Backends, func(d lb.Destination) bool {
+			if d.Forward == lb.Masq || d.Addr.Port() == vs.Service.Key.Port {
+				return false
+			}
+			if first == nil {
+				first = allocErrorf(ReasonPortChange, "%s: %s forwarding cannot change the port (%d to %d): the backend sees the VIP's packet unchanged; endpoint %s left out",
+					AnnotationForwarding, d.Forward, vs.Service.Key.Port, d.Addr.Port(), d.Addr)
+			}
+			return true
+		})
+	}
+	return first
+}
+
 // settings are a Service's choices that are not about its address.
 type settings struct {
 	mode      string
 	scheduler string
 	flags     lb.SchedFlags
+	// forward is the forwarding method of every backend.
+	forward lb.Forward
 	// check is the health check of every backend, from vipd.io/check.
 	check *health.Spec
 }
@@ -665,7 +750,7 @@ func (c *controller) settingsOf(svc *corev1.Service) (settings, error) {
 	if err != nil {
 		last, ok := c.lastGood[key]
 		if !ok {
-			last = settings{mode: c.s.opts.Backends, scheduler: config.DefaultScheduler}
+			last = settings{mode: c.s.opts.Backends, scheduler: config.DefaultScheduler, forward: lb.Masq}
 		}
 		return last, err
 	}
@@ -674,10 +759,10 @@ func (c *controller) settingsOf(svc *corev1.Service) (settings, error) {
 }
 
 // parseSettings validates svc's vipd.io/backends, vipd.io/scheduler,
-// vipd.io/scheduler-flags and vipd.io/check annotations, with the file's
-// messages.
+// vipd.io/scheduler-flags, vipd.io/forwarding and vipd.io/check
+// annotations, with the file's messages.
 func parseSettings(svc *corev1.Service, defaultMode string) (settings, error) {
-	st := settings{mode: defaultMode, scheduler: config.DefaultScheduler}
+	st := settings{mode: defaultMode, scheduler: config.DefaultScheduler, forward: lb.Masq}
 	if mode, ok := svc.Annotations[AnnotationBackends]; ok {
 		if mode != BackendsNodePort && mode != BackendsEndpoints {
 			return settings{}, allocErrorf(ReasonBadAnnotation, "%s %q must be %q or %q", AnnotationBackends, mode, BackendsNodePort, BackendsEndpoints)
@@ -702,6 +787,16 @@ func parseSettings(svc *corev1.Service, defaultMode string) (settings, error) {
 			}
 			st.flags |= flag
 		}
+	}
+	if text, ok := svc.Annotations[AnnotationForwarding]; ok {
+		fwd, err := config.ParseForward(text)
+		if err != nil {
+			return settings{}, allocErrorf(ReasonBadAnnotation, "%s: %v", AnnotationForwarding, err)
+		}
+		if st.mode == BackendsNodePort && fwd != lb.Masq {
+			return settings{}, allocErrorf(ReasonBadAnnotation, "%s: a nodeport service forwards with masq, not %s", AnnotationForwarding, fwd)
+		}
+		st.forward = fwd
 	}
 	if text, ok := svc.Annotations[AnnotationCheck]; ok {
 		check, err := config.ParseCheck(text)
@@ -892,7 +987,7 @@ func virtualServices(svc *corev1.Service, addrs []netip.Addr, st settings, nodes
 				}
 			}
 			if st.mode == BackendsEndpoints {
-				vs.Backends = endpointBackends(p, fam, eps)
+				vs.Backends = endpointBackends(p, fam, eps, st.forward)
 			} else {
 				vs.Backends = nodePortBackends(svc, p, fam, nodes, eps)
 			}
@@ -954,10 +1049,10 @@ func nodePortBackends(svc *corev1.Service, p corev1.ServicePort, fam lb.Family, 
 	return sortDests(out)
 }
 
-// endpointBackends returns the endpoints of port p of family fam: ready
-// ones with weight 1, serving and terminating ones with weight 0
-// (drained), others not at all.
-func endpointBackends(p corev1.ServicePort, fam lb.Family, eps []*discoveryv1.EndpointSlice) []lb.Destination {
+// endpointBackends returns the endpoints of port p of family fam,
+// forwarded with fwd: ready ones with weight 1, serving and terminating
+// ones with weight 0 (drained), others not at all.
+func endpointBackends(p corev1.ServicePort, fam lb.Family, eps []*discoveryv1.EndpointSlice, fwd lb.Forward) []lb.Destination {
 	want := discoveryv1.AddressTypeIPv4
 	if fam == lb.IPv6 {
 		want = discoveryv1.AddressTypeIPv6
@@ -1011,7 +1106,7 @@ func endpointBackends(p corev1.ServicePort, fam lb.Family, eps []*discoveryv1.En
 	}
 	var out []lb.Destination
 	for ap, w := range best {
-		out = append(out, lb.Destination{Addr: ap, Weight: w, Forward: lb.Masq})
+		out = append(out, lb.Destination{Addr: ap, Weight: w, Forward: fwd})
 	}
 	return sortDests(out)
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/source"
 	"github.com/vipd/vipd/source/kubernetes"
 	"github.com/vipd/vipd/source/kubernetes/apitest"
@@ -75,6 +76,9 @@ func dump(snap source.Snapshot) string {
 		b.WriteString(" ->")
 		for _, d := range vs.Backends {
 			fmt.Fprintf(&b, " %s/%d", d.Addr, d.Weight)
+			if d.Forward != lb.Masq {
+				fmt.Fprintf(&b, "/%s", d.Forward)
+			}
 		}
 		lines = append(lines, b.String())
 	}

@@ -523,6 +523,11 @@ const (
 	// { type = "http", path = "/healthz", interval = "2s" }. Exec checks
 	// are refused.
 	AnnotationCheck = "vipd.io/check"
+	// AnnotationForwarding picks the forwarding method, as the file's
+	// forward key: "masq" (or "nat", the default), "droute" (or "dr")
+	// or "tunnel" (or "tun", IPIP). Only the endpoints backends may use
+	// droute and tunnel: node ports need masq.
+	AnnotationForwarding = "vipd.io/forwarding"
 )
 
 // wantOf returns what svc asks of the pools, from its ipFamilies, ports,

@@ -2,8 +2,11 @@
 # rig.sh — build (once) the etcd and kube-apiserver that the Kubernetes
 # source's integration tests run against.
 #
-#   test/k8s/rig.sh           # build what is missing; prints the directory
-#   test/k8s/rig.sh --dir     # print the directory only, build nothing
+#   test/k8s/rig.sh               # build what is missing; prints the directory
+#   test/k8s/rig.sh --dir         # print the directory only, build nothing
+#   test/k8s/rig.sh --kube-proxy  # also kube-proxy, of the same release (the
+#                                 # benchmark's peer), recorded in
+#                                 # kube-proxy.versions
 #
 # Each binary is built from the Go module proxy in its own throwaway module
 # (kube-apiserver's needs one replace per staging module of
@@ -35,7 +38,12 @@ if [[ ${1:-} == --dir ]]; then
 	echo "$OUT"
 	exit 0
 fi
-[[ $# == 0 ]] || die "usage: $0 [--dir]"
+proxy=0
+if [[ ${1:-} == --kube-proxy ]]; then
+	proxy=1
+	shift
+fi
+[[ $# == 0 ]] || die "usage: $0 [--dir | --kube-proxy]"
 
 command -v go >/dev/null || die "go is not installed"
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-buildvcs=false
@@ -45,9 +53,13 @@ etcd $ETCD_VERSION
 go $GO_VERSION
 cgo 0"
 
-current() {
+base_current() {
 	[[ -x $OUT/etcd && -x $OUT/kube-apiserver && -r $OUT/versions && $(<"$OUT/versions") == "$WANT" ]]
 }
+proxy_current() {
+	((proxy == 0)) || [[ -x $OUT/kube-proxy && -r $OUT/kube-proxy.versions && $(<"$OUT/kube-proxy.versions") == "$WANT" ]]
+}
+current() { base_current && proxy_current; }
 
 if current && [[ ${VIPD_K8S_FORCE:-} != 1 ]]; then
 	echo "$OUT"
@@ -130,12 +142,46 @@ EOF
 
 minor=${K8S_VERSION#v1.}
 minor=${minor%%.*}
-build etcd "$work/etcd" "-s -w"
-build kube-apiserver "$work/kube-apiserver" "-s -w \
+version_flags="-s -w \
 -X k8s.io/component-base/version.gitVersion=$K8S_VERSION \
 -X k8s.io/component-base/version.gitMajor=1 \
 -X k8s.io/component-base/version.gitMinor=$minor \
 -X k8s.io/component-base/version.gitTreeState=clean"
+
+# kube-proxy (--kube-proxy): the same module layout as kube-apiserver's.
+mkdir -p "$work/kube-proxy"
+sed 's|^module .*|module vipd.test/k8s-rig/kube-proxy|' "$work/kube-apiserver/go.mod" >"$work/kube-proxy/go.mod"
+cat >"$work/kube-proxy/main.go" <<'EOF'
+// Command kube-proxy is Kubernetes' service proxy, built for vipd's
+// benchmark (IPVS mode against the same API server).
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-proxy/app"
+)
+
+func main() { os.Exit(cli.Run(app.NewProxyCommand())) }
+EOF
+if ((proxy == 1)) && { ! proxy_current || [[ ${VIPD_K8S_FORCE:-} == 1 ]]; }; then
+	build kube-proxy "$work/kube-proxy" "$version_flags"
+	"$work/out/kube-proxy" --version | grep -q "Kubernetes $K8S_VERSION" ||
+		die "the built kube-proxy does not say it is $K8S_VERSION"
+	if base_current && [[ ${VIPD_K8S_FORCE:-} != 1 ]]; then
+		cp "$work/out/kube-proxy" "$OUT/kube-proxy.new"
+		printf '%s\n' "$WANT" >"$OUT/kube-proxy.versions.new"
+		mv "$OUT/kube-proxy.new" "$OUT/kube-proxy"
+		mv "$OUT/kube-proxy.versions.new" "$OUT/kube-proxy.versions"
+		log "cached kube-proxy in $OUT"
+		echo "$OUT"
+		exit 0
+	fi
+fi
+
+build etcd "$work/etcd" "-s -w"
+build kube-apiserver "$work/kube-apiserver" "$version_flags"
 
 "$work/out/etcd" --version | grep -q "etcd Version: ${ETCD_VERSION#v}" ||
 	die "the built etcd does not say it is $ETCD_VERSION"
@@ -146,6 +192,10 @@ printf '%s\n' "$WANT" >"$work/out/versions"
 rm -rf "$OUT.new"
 mkdir -p "$OUT.new"
 cp "$work/out/etcd" "$work/out/kube-apiserver" "$work/out/versions" "$OUT.new/"
+if [[ -x $work/out/kube-proxy ]]; then
+	cp "$work/out/kube-proxy" "$OUT.new/"
+	printf '%s\n' "$WANT" >"$OUT.new/kube-proxy.versions"
+fi
 rm -rf "$OUT"
 mv "$OUT.new" "$OUT"
 log "cached in $OUT"

@@ -29,6 +29,12 @@
 #   VIPD_E2E_QUIET=1       do not stream the console (summary only)
 #   VIPD_E2E_EXPECT_FAIL=1 make a rig self-test assert something false
 #                          (selftest.sh uses it to prove failures fail the run)
+#   VIPD_E2E_K8S           1: put etcd and kube-apiserver (test/k8s/rig.sh,
+#                          built when missing) in the payload, /payload/k8s,
+#                          for the Kubernetes tests, and boot with 2 GB; 0: not.
+#                          Default 1 when VIPD_E2E_RUN is empty or names
+#                          Kubernetes, else 0.
+#   VIPD_E2E_MEM           guest memory in MB (default 1024; 2048 with VIPD_E2E_K8S)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -79,6 +85,18 @@ add_test e2e ./test/e2e -tags "e2e${VIPD_E2E_TAGS:+,$VIPD_E2E_TAGS}"
 cp "$VM_DIR/topo.sh" "$VM_DIR/guest-tests.sh" "$payload/"
 # The import tests load keepalived's samples (test/deps.sh installs them).
 if [[ -d /usr/share/doc/keepalived/samples ]]; then cp -a /usr/share/doc/keepalived/samples "$payload/keepalived-samples"; fi
+k8s=${VIPD_E2E_K8S:-}
+if [[ -z $k8s ]]; then
+	k8s=0
+	[[ -n ${VIPD_E2E_RUN:-} && ${VIPD_E2E_RUN:-} != *Kubernetes* ]] || k8s=1
+fi
+mem=${VIPD_E2E_MEM:-1024}
+if [[ $k8s == 1 ]]; then
+	assets=$("$REPO_ROOT/test/k8s/rig.sh")
+	mkdir -p "$payload/k8s"
+	cp "$assets/etcd" "$assets/kube-apiserver" "$payload/k8s/"
+	mem=${VIPD_E2E_MEM:-2048}
+fi
 log "built $(wc -l <"$payload/tests/list") test binaries in $(elapsed "$tb") s ($(du -sh "$payload" | cut -f1) payload)"
 
 # Guest parameters travel on the kernel command line.
@@ -86,12 +104,13 @@ envs=()
 for v in VIPD_E2E_RUN VIPD_E2E_TEST_TIMEOUT VIPD_E2E_EXPECT_FAIL VIPD_HA_BENCH_N; do
 	[[ -z ${!v:-} ]] || envs+=(--env "$v=${!v}")
 done
+[[ $k8s != 1 ]] || envs+=(--env VIPD_K8S_ASSETS=/payload/k8s)
 logfile=${VIPD_E2E_LOG:-/tmp/vipd-e2e-$(date +%Y%m%d-%H%M%S).log}
 verbose=(--verbose)
 [[ ${VIPD_E2E_QUIET:-} != 1 ]] || verbose=(--quiet)
 
 rc=0
-"$VM_DIR/run.sh" "${verbose[@]}" --timeout "${VIPD_E2E_TIMEOUT:-2400}" --log "$logfile" \
+"$VM_DIR/run.sh" "${verbose[@]}" --timeout "${VIPD_E2E_TIMEOUT:-2400}" --mem "$mem" --log "$logfile" \
 	--payload "$payload" "${envs[@]}" -- bash /payload/guest-tests.sh || rc=$?
 
 # --- summary ---------------------------------------------------------------------

@@ -2,7 +2,8 @@
 # topo.sh — test topologies for the real-kernel rig. Runs INSIDE the guest only.
 #
 #   source /payload/topo.sh
-#   topo_nat 2          # or: topo_nat 2 onearm | topo_dr 2 | topo_tun 2 [ipip|gue|gre] | topo_ha 2 [nat] | topo_bgp 2
+#   topo_nat 2          # or: topo_nat 2 onearm | topo_dr 2 | topo_tun 2 [ipip|gue|gre] | topo_ha 2 [nat]
+#                       # | topo_bgp 2 | topo_k8s NODES PODS
 #   topo_vip_add        # put TOPO_VIP/TOPO_VIP6 on dummy 'rigvip0' (plain-ipvsadm tests;
 #                       # vipd adds its VIPs itself)
 #   ipvsadm -A -t "$TOPO_VIP:80" -s rr; ...
@@ -392,6 +393,64 @@ topo_tun() {
 		esac
 	done
 	_topo_finish
+}
+
+# topo_k8s NODES PODS: a cluster behind the LB, for the Kubernetes source's
+# tests: the NAT layout of topo_nat (client, bridge 'brbe' 10.0.2.1), with
+# NODES namespaces 'nodeI' at 10.0.2.(10+I) whose servers also listen on
+# TOPO_K8S_NODEPORT (30080, a Service's nodePort, answering with the node's
+# name) and PODS namespaces 'podJ' at 10.0.2.(100+J) (a routed pod network).
+# All default via the LB. TOPO_BACKENDS lists the nodes, then the pods.
+TOPO_K8S_NODEPORT=30080
+topo_k8s() {
+	local nodes=${1:-2} pods=${2:-2} i ns
+	[[ $pods =~ ^[0-9]+$ ]] || _topo_fail "topo_k8s: bad pod count '$pods'" || return 1
+	_topo_begin k8s "$((nodes + pods))" || return 1
+	TOPO_BACKENDS=""
+	TOPO_VIP=10.0.0.10 TOPO_VIP6=fd00::10
+	TOPO_LB_IP=10.0.1.1 TOPO_LB_IP6=fd00:1::1 TOPO_LB_IF=lb-c
+	TOPO_CLIENT_IP=10.0.1.2 TOPO_CLIENT_IP6=fd00:1::2
+	_topo_sysctl "" net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
+	_topo_ns client
+	_topo_veth client lb-c
+	_topo_root "addr add 10.0.1.1/24 dev lb-c" "addr add fd00:1::1/64 dev lb-c nodad"
+	_topo_in client "addr add 10.0.1.2/24 dev eth0" "addr add fd00:1::2/64 dev eth0 nodad" \
+		"route add default via 10.0.1.1" "route add default via fd00:1::1"
+	_topo_bridge brbe
+	_topo_root "addr add 10.0.2.1/24 dev brbe" "addr add fd00:2::1/64 dev brbe nodad"
+	local -a hosts=()
+	for ((i = 1; i <= nodes; i++)); do hosts+=("node$i $((10 + i))"); done
+	for ((i = 1; i <= pods; i++)); do hosts+=("pod$i $((100 + i))"); done
+	local h host
+	for h in "${hosts[@]}"; do
+		read -r ns host <<<"$h"
+		_topo_ns "$ns"
+		_topo_veth "$ns" "v$ns" brbe
+		_topo_in "$ns" "addr add 10.0.2.$host/24 dev eth0" "addr add fd00:2::$host/64 dev eth0 nodad" \
+			"route add default via 10.0.2.1" "route add default via fd00:2::1"
+		TOPO_BACKENDS+="${TOPO_BACKENDS:+ }$ns"
+		TOPO_BACKEND_IPS+="${TOPO_BACKEND_IPS:+ }10.0.2.$host"
+		TOPO_BACKEND_IP6S+="${TOPO_BACKEND_IP6S:+ }fd00:2::$host"
+	done
+	_topo_finish || return 1
+	# The nodes' nodePort: a second server per node, stopped by topo_down.
+	for ((i = 1; i <= nodes; i++)); do
+		ns=node$i
+		rm -f "$TOPO_STATE/$ns-nodeport.ready"
+		ip netns exec "$ns" "$TOPO_RIGNODE" serve -name "$ns" -http ":$TOPO_K8S_NODEPORT" \
+			-ready "$TOPO_STATE/$ns-nodeport.ready" >"$TOPO_STATE/$ns-nodeport.log" 2>&1 &
+		echo $! >"$TOPO_STATE/$ns-nodeport.pid"
+	done
+	for ((i = 1; i <= nodes; i++)); do
+		local j
+		for ((j = 0; j < 200; j++)); do
+			[[ -e $TOPO_STATE/node$i-nodeport.ready ]] && continue 2
+			sleep 0.05
+		done
+		cat "$TOPO_STATE/node$i-nodeport.log" >&2
+		_topo_fail "the nodePort server of node$i did not start"
+		return 1
+	done
 }
 
 # topo_env: print the TOPO_* variables as KEY=VALUE lines (for the Go harness).

@@ -20,8 +20,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -214,7 +216,12 @@ func (s *Server) StartAPIServer() error {
 	s.api = p
 	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
 	defer tr.CloseIdleConnections()
-	if err := s.wait(p, s.Config.Host+"/readyz", tr, 90*time.Second); err != nil {
+	// Under the qemu guest's software emulation it takes a minute or two.
+	timeout := 90 * time.Second
+	if os.Getenv("VIPD_VM") == "1" {
+		timeout = 240 * time.Second
+	}
+	if err := s.wait(p, s.Config.Host+"/readyz", tr, timeout); err != nil {
 		return err
 	}
 	return nil
@@ -241,7 +248,7 @@ func (s *Server) start(name string, args ...string) (*proc, error) {
 	cmd.Stdout, cmd.Stderr = f, f
 	// Die with the test binary, even when it is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := startOnKeptThread(cmd); err != nil {
 		return nil, fmt.Errorf("apitest: starting %s: %w", name, err)
 	}
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
@@ -324,4 +331,30 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// The parent-death signal comes when the thread that started the child
+// ends, not the process (golang/go#27505), and the runtime ends a thread
+// when a goroutine exits locked to it, as tests that enter a network
+// namespace do: a binary started on a thread such a goroutine used later
+// would be killed with it. startOnKeptThread starts cmd on one thread
+// that lives as long as the process.
+var (
+	keptOnce   sync.Once
+	keptStarts chan func()
+)
+
+func startOnKeptThread(cmd *exec.Cmd) error {
+	keptOnce.Do(func() {
+		keptStarts = make(chan func())
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread stays.
+			for f := range keptStarts {
+				f()
+			}
+		}()
+	})
+	done := make(chan error)
+	keptStarts <- func() { done <- cmd.Start() }
+	return <-done
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,5 +82,31 @@ func TestMissingBinaries(t *testing.T) {
 		if !strings.Contains(string(out), "no etcd in ") || !strings.Contains(string(out), "run test/k8s/rig.sh") {
 			t.Errorf("CI=%q: the message does not say what is missing and what to run:\n%s", ci, out)
 		}
+	}
+}
+
+// TestThreadsEnding ends threads after the rig started, as tests that
+// enter a network namespace do (a goroutine that exits locked to its
+// thread ends the thread): the binaries, which die with the thread that
+// started them, must not.
+func TestThreadsEnding(t *testing.T) {
+	s := apitest.Start(t)
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine.
+			for start := time.Now(); time.Since(start) < 100*time.Millisecond; {
+			}
+			time.Sleep(100 * time.Millisecond)
+		}()
+	}
+	wg.Wait()
+	time.Sleep(time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := kubernetes.NewForConfigOrDie(s.Config).CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the API server died with a thread: %v", err)
 	}
 }
