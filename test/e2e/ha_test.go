@@ -112,8 +112,8 @@ func TestHAFailover(t *testing.T) {
 
 	cut := time.Now()
 	Run(t, "ip", "link", "set", "vlb1", "down")
-	took := lb2.waitRole(t, "master", 5*time.Second).Sub(cut)
-	Eventually(t, 5*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb2") },
+	took := lb2.waitRole(t, "master", 15*time.Second).Sub(cut)
+	Eventually(t, 15*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb2") },
 		"the client still resolves the VIP to %s, not to lb2", clientNeighbour(t, tp))
 	time.Sleep(3 * time.Second)
 	l.finish(t, "link of the master cut")
@@ -133,7 +133,7 @@ func TestHAGracefulStop(t *testing.T) {
 	time.Sleep(time.Second)
 	stop := time.Now()
 	lb1.stop()
-	took := lb2.waitRole(t, "master", 5*time.Second).Sub(stop)
+	took := lb2.waitRole(t, "master", 15*time.Second).Sub(stop)
 	time.Sleep(2 * time.Second)
 	l.finish(t, "master stopped")
 	t.Logf("takeover after SIGTERM: %v", took.Round(time.Millisecond))
@@ -145,9 +145,9 @@ func TestHAGracefulStop(t *testing.T) {
 	l = startLoadWith(t, tp, loadOptions{Port: 80, Long: 4, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
 	time.Sleep(time.Second)
 	lb1.start()
-	lb1.waitRole(t, "master", 5*time.Second)
-	lb2.waitRole(t, "backup", 5*time.Second)
-	Eventually(t, 5*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb1") },
+	lb1.waitRole(t, "master", 15*time.Second)
+	lb2.waitRole(t, "backup", 15*time.Second)
+	Eventually(t, 15*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb1") },
 		"the client still resolves the VIP to %s, not to the restarted lb1", clientNeighbour(t, tp))
 	time.Sleep(time.Second)
 	l.finish(t, "master restarted")
@@ -237,7 +237,7 @@ func TestHAKeepalivedPeer(t *testing.T) {
 	}, "vipd's node has not keepalived's 6 long-lived connections:\n%s", Run(t, "ip", "netns", "exec", "lb2", "ipvsadm", "-Lnc"))
 	cut := time.Now()
 	Run(t, "ip", "link", "set", "vlb1", "down")
-	took := lb2.waitRole(t, "master", 5*time.Second).Sub(cut)
+	took := lb2.waitRole(t, "master", 15*time.Second).Sub(cut)
 	time.Sleep(3 * time.Second)
 	l.finish(t, "keepalived's node cut off")
 	t.Logf("vipd took over from keepalived %v after the cut", took.Round(time.Millisecond))
@@ -260,8 +260,8 @@ func TestHAKillAndComeBack(t *testing.T) {
 	}, "lb2 has not the master's long-lived connections")
 	kill := time.Now()
 	lb1.kill()
-	took := lb2.waitRole(t, "master", 5*time.Second).Sub(kill)
-	Eventually(t, 5*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb2") },
+	took := lb2.waitRole(t, "master", 15*time.Second).Sub(kill)
+	Eventually(t, 15*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb2") },
 		"the client still resolves the VIP to %s, not to lb2", clientNeighbour(t, tp))
 	time.Sleep(2 * time.Second)
 	// Back: lb1 was master when it was killed, so it starts as master.
@@ -270,8 +270,8 @@ func TestHAKillAndComeBack(t *testing.T) {
 	if !strings.Contains(back, "master when it stopped; taking the VIPs back") {
 		t.Errorf("the restarted lb1 did not take the VIPs back as the master it was:\n%s", back)
 	}
-	lb2.waitRole(t, "backup", 5*time.Second)
-	Eventually(t, 5*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb1") },
+	lb2.waitRole(t, "backup", 15*time.Second)
+	Eventually(t, 15*time.Second, 20*time.Millisecond, func() bool { return clientNeighbour(t, tp) == macOf(t, "lb1") },
 		"the client still resolves the VIP to %s, not to lb1", clientNeighbour(t, tp))
 	time.Sleep(2 * time.Second)
 	l.finish(t, "master killed and restarted")
