@@ -353,7 +353,9 @@ func TestObserveDrift(t *testing.T) {
 			t.Fatalf("Observe before sync = %s, want none", p)
 		}
 		floating := lb.RulePolicy{Enabled: true, SNATMark: 0x1, SNATSource4: netip.MustParseAddr("10.0.3.99"), SNATSource6: netip.MustParseAddr("fd00:3::99")}
-		for _, p := range []lb.RulePolicy{testPolicy, {Enabled: true, SNATMark: 0x1, FilterVIPs: false}, floating, testPolicy} {
+		floatingFiltered := floating
+		floatingFiltered.FilterVIPs = true
+		for _, p := range []lb.RulePolicy{testPolicy, {Enabled: true, SNATMark: 0x1, FilterVIPs: false}, floating, floatingFiltered, testPolicy} {
 			if err := tb.SyncChains(p); err != nil {
 				t.Fatal(err)
 			}

@@ -46,7 +46,8 @@ type renderOptions struct {
 }
 
 // render returns the tables that implement policy p for family fam: the
-// nat table always, the filter table with no chains unless p.FilterVIPs.
+// nat table always, the filter table with no chains unless p.FilterVIPs or
+// p has a floating SNAT source.
 // A disabled policy renders empty tables.
 func render(fam lb.Family, p lb.RulePolicy, o renderOptions) []table {
 	nat := table{name: "nat"}
@@ -71,17 +72,30 @@ func render(fam lb.Family, p lb.RulePolicy, o renderOptions) []table {
 		jump("OUTPUT", chainMark, "vipd mark traffic to snat services"),
 		jump("POSTROUTING", chainMasq, "vipd masquerade marked ipvs traffic"),
 	}
-	if p.FilterVIPs {
+	src := p.SNATSource(fam)
+	if p.FilterVIPs || src.IsValid() {
 		icmp := "icmp"
 		if fam == lb.IPv6 {
 			icmp = "ipv6-icmp"
 		}
 		filter.chains = []string{chainFilter}
-		filter.rules = []string{
-			fmt.Sprintf("-A %s -m set ! --match-set %s dst -j RETURN", chainFilter, setName(lb.SetVIPs, fam)),
-			fmt.Sprintf("-A %s -m set --match-set %s dst,dst -j RETURN", chainFilter, setName(lb.SetServed, fam)),
-			fmt.Sprintf("-A %s -p %s -j RETURN", chainFilter, icmp),
-			fmt.Sprintf("-A %s -m conntrack --ctstate NEW -m comment --comment %s -j DROP", chainFilter, quote("vipd drop vip ports no service serves")),
+		if src.IsValid() {
+			// What reaches the floating SNAT source itself was not
+			// translated back: a backend's packet for a connection this
+			// node does not track (yet), such as the answer to a
+			// handshake begun on the peer before a takeover. Dropped, it
+			// is sent again and finds the connection tracked; answered
+			// with a reset, it would end the connection.
+			filter.rules = append(filter.rules, fmt.Sprintf("-A %s -d %s ! -p %s -m comment --comment %s -j DROP",
+				chainFilter, netip.PrefixFrom(src, src.BitLen()), icmp, quote("vipd drop unsolicited traffic to the floating snat source")))
+		}
+		if p.FilterVIPs {
+			filter.rules = append(filter.rules,
+				fmt.Sprintf("-A %s -m set ! --match-set %s dst -j RETURN", chainFilter, setName(lb.SetVIPs, fam)),
+				fmt.Sprintf("-A %s -m set --match-set %s dst,dst -j RETURN", chainFilter, setName(lb.SetServed, fam)),
+				fmt.Sprintf("-A %s -p %s -j RETURN", chainFilter, icmp),
+				fmt.Sprintf("-A %s -m conntrack --ctstate NEW -m comment --comment %s -j DROP", chainFilter, quote("vipd drop vip ports no service serves")),
+			)
 		}
 		filter.jumps = []string{jump("INPUT", chainFilter, "vipd filter traffic to vips")}
 	}

@@ -181,6 +181,16 @@ func TestRenderSNATSource(t *testing.T) {
 	if !strings.Contains(v4, "-j SNAT --to-source 10.0.3.99") || strings.Contains(v4, "MASQUERADE") {
 		t.Errorf("IPv4 rules with a floating source:\n%s", v4)
 	}
+	// What reaches the floating source unsolicited is dropped, not reset,
+	// also without the VIP filter.
+	p.FilterVIPs = false
+	f4 := render(lb.IPv4, p, renderOptions{})[1]
+	if got := strings.Join(f4.rules, "\n"); !strings.HasPrefix(got, "-A VIPD-FILTER -d 10.0.3.99/32 ! -p icmp ") || strings.Contains(got, "RETURN") || len(f4.jumps) != 1 {
+		t.Errorf("IPv4 filter with a floating source and no VIP filter:\n%s\n%v", got, f4.jumps)
+	}
+	if f6 := render(lb.IPv6, p, renderOptions{})[1]; len(f6.chains)+len(f6.rules)+len(f6.jumps) != 0 {
+		t.Errorf("IPv6 filter without a floating source or the VIP filter: %+v", f6)
+	}
 	if !strings.Contains(v6, "-j MASQUERADE --random-fully") || strings.Contains(v6, "SNAT --to-source") {
 		t.Errorf("IPv6 rules without a floating source:\n%s", v6)
 	}
