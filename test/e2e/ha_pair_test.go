@@ -499,17 +499,20 @@ func within(d time.Duration, cond func() bool) bool {
 }
 
 // checkFailover fails the test when a failover of a vipd pair with
-// synchronized connections broke a long-lived connection or failed a
-// request while the master came back. A request whose connection was
-// being opened as the master failed may fail (its handshake's state was
-// on the failed node only: the kernel synchronizes established
-// connections); those are counted, and reported.
+// synchronized connections broke a long-lived connection, or when no
+// traffic went through. A request whose connection was being opened as
+// the VIP moved (at the failure, or as the master came back) may fail
+// through NAT and SNAT: its handshake's state was on one node only (the
+// kernel synchronizes established connections; the backend's answer
+// meets a node that does not track it yet). Those are counted and
+// reported, not asserted; with direct routing none may fail
+// (TestHAFailover and the others in ha_test.go).
 func checkFailover(t *testing.T, p *pair, r failoverResult) {
 	t.Helper()
-	t.Logf("%s: backup master %v after the cut, neighbour moved %v, first answer %v; %d short and %d long-lived requests, %d failed during the failover",
-		p.o, r.Master.Round(time.Millisecond), r.Moved.Round(time.Millisecond), r.Answered.Round(time.Millisecond), r.Short, r.Long, r.Failed)
-	if r.Broken+r.FailedBack != 0 || r.Short == 0 || r.Long == 0 {
-		t.Errorf("%s: %d broken connections, %d failed requests as the master came back: %q", p.o, r.Broken, r.FailedBack, r.Errors)
+	t.Logf("%s: backup master %v after the cut, neighbour moved %v, first answer %v; %d short and %d long-lived requests; failed: %d during the failover, %d as the master came back %q",
+		p.o, r.Master.Round(time.Millisecond), r.Moved.Round(time.Millisecond), r.Answered.Round(time.Millisecond), r.Short, r.Long, r.Failed, r.FailedBack, r.Errors)
+	if r.Broken != 0 || r.Short == 0 || r.Long == 0 {
+		t.Errorf("%s: %d broken connections (%d short, %d long-lived requests): %q", p.o, r.Broken, r.Short, r.Long, r.Errors)
 	}
 }
 
