@@ -1,7 +1,6 @@
 package bgp
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
@@ -105,25 +104,8 @@ type bird struct {
 	birdc string
 	sock  string
 	cmd   *exec.Cmd
-	out   *lockedBuffer
+	out   *nstest.Buffer
 	done  chan struct{}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // newLink joins the test's namespace to a new peer namespace with the
@@ -169,7 +151,7 @@ func startBird(t *testing.T, p *nstest.Peer, peers ...birdPeer) *bird {
 	if err := os.WriteFile(conf, []byte(c.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b := &bird{t: t, birdc: birdc, sock: filepath.Join(dir, "bird.ctl"), out: &lockedBuffer{}, done: make(chan struct{})}
+	b := &bird{t: t, birdc: birdc, sock: filepath.Join(dir, "bird.ctl"), out: &nstest.Buffer{}, done: make(chan struct{})}
 	b.cmd = exec.Command(bin, "-f", "-c", conf, "-s", b.sock)
 	b.cmd.Stdout, b.cmd.Stderr = b.out, b.out
 	p.Do(t, b.cmd.Start)

@@ -2,7 +2,6 @@ package vrrp
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -13,7 +12,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -103,7 +101,7 @@ type keepalived struct {
 	vips   []netip.Addr
 	dir    string
 	cmd    *exec.Cmd
-	out    *lockedBuffer
+	out    *nstest.Buffer
 	states chan kaState
 	fifo   *os.File
 	done   chan struct{}
@@ -114,30 +112,13 @@ type kaState struct {
 	state string
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 func startKeepalived(t *testing.T, bin string, p *nstest.Peer, c kaConfig) *keepalived {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "vrrp-keepalived-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &keepalived{t: t, peer: p, vips: c.vips, dir: dir, out: &lockedBuffer{}, states: make(chan kaState, 64), done: make(chan struct{})}
+	k := &keepalived{t: t, peer: p, vips: c.vips, dir: dir, out: &nstest.Buffer{}, states: make(chan kaState, 64), done: make(chan struct{})}
 	fifo := filepath.Join(dir, "fifo")
 	if err := unix.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
