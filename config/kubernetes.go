@@ -36,7 +36,17 @@ type Kubernetes struct {
 	LeaderElection                            bool
 	LeaseNamespace, LeaseName, Identity       string
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// APIQPS and APIBurst are the client's rate limit on its requests
+	// to the API server (status writes, Events): a steady rate per
+	// second and a burst. Zero means the source's defaults (see
+	// source/kubernetes).
+	APIQPS   float64
+	APIBurst int
 }
+
+// MaxKubernetesAPIQPS bounds api_qps and api_burst: beyond, the limit is
+// the API server's own (priority and fairness), not the client's.
+const MaxKubernetesAPIQPS = 100000
 
 // KubernetesPool is one [[kubernetes.pool]].
 type KubernetesPool struct {
@@ -62,7 +72,8 @@ func (k Kubernetes) Equal(o Kubernetes) bool {
 		k.DefaultClass == o.DefaultClass && slices.Equal(k.Namespaces, o.Namespaces) && k.ServiceSelector == o.ServiceSelector &&
 		k.Backends == o.Backends && k.LeaderElection == o.LeaderElection && k.LeaseNamespace == o.LeaseNamespace &&
 		k.LeaseName == o.LeaseName && k.Identity == o.Identity && k.LeaseDuration == o.LeaseDuration &&
-		k.RenewDeadline == o.RenewDeadline && k.RetryPeriod == o.RetryPeriod && slices.EqualFunc(k.Pools, o.Pools, func(a, b KubernetesPool) bool {
+		k.RenewDeadline == o.RenewDeadline && k.RetryPeriod == o.RetryPeriod && k.APIQPS == o.APIQPS &&
+		k.APIBurst == o.APIBurst && slices.EqualFunc(k.Pools, o.Pools, func(a, b KubernetesPool) bool {
 		return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses) && a.AutoAssign == b.AutoAssign &&
 			a.AvoidNetworkBroadcast == b.AvoidNetworkBroadcast
 	})
@@ -84,6 +95,8 @@ type rawKubernetes struct {
 	LeaseDuration     *duration    `toml:"lease_duration"`
 	RenewDeadline     *duration    `toml:"renew_deadline"`
 	RetryPeriod       *duration    `toml:"retry_period"`
+	APIQPS            *float64     `toml:"api_qps"`
+	APIBurst          *int64       `toml:"api_burst"`
 }
 
 type rawK8sPool struct {
@@ -97,7 +110,8 @@ type rawK8sPool struct {
 func (k *rawKubernetes) set() bool {
 	return k.Kubeconfig != nil || k.LoadBalancerClass != nil || k.DefaultClass != nil || k.Namespaces != nil ||
 		k.ServiceSelector != nil || k.Backends != nil || k.Pool != nil || k.LeaderElection != nil || k.LeaseNamespace != nil ||
-		k.LeaseName != nil || k.Identity != nil || k.LeaseDuration != nil || k.RenewDeadline != nil || k.RetryPeriod != nil
+		k.LeaseName != nil || k.Identity != nil || k.LeaseDuration != nil || k.RenewDeadline != nil || k.RetryPeriod != nil ||
+		k.APIQPS != nil || k.APIBurst != nil
 }
 
 // kubernetes validates the [kubernetes] section into cfg.Kubernetes. The
@@ -184,6 +198,19 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 	}
 	if out.RenewDeadline < 0 || out.RetryPeriod < 0 {
 		v.errorf("kubernetes", ctx, "renew_deadline and retry_period must not be negative")
+	}
+	if k.APIQPS != nil {
+		out.APIQPS = *k.APIQPS
+		if !(out.APIQPS > 0 && out.APIQPS <= MaxKubernetesAPIQPS) {
+			v.errorf("kubernetes.api_qps", ctx, "api_qps %v must be above 0 and at most %d (requests per second)", out.APIQPS, MaxKubernetesAPIQPS)
+		}
+	}
+	if k.APIBurst != nil {
+		if *k.APIBurst < 1 || *k.APIBurst > MaxKubernetesAPIQPS {
+			v.errorf("kubernetes.api_burst", ctx, "api_burst %d must be between 1 and %d (requests)", *k.APIBurst, MaxKubernetesAPIQPS)
+		} else {
+			out.APIBurst = int(*k.APIBurst)
+		}
 	}
 	cfg.Kubernetes = out
 }

@@ -16,6 +16,8 @@ backends = "endpoints"
 lease_namespace = "vipd"
 identity = "lb-a"
 lease_duration = "20s"
+api_qps = 200
+api_burst = 400
 
 [[kubernetes.pool]]
 name = "public"
@@ -40,6 +42,12 @@ auto_assign = false
 	if !k.LeaderElection || k.LeaseNamespace != "vipd" || k.LeaseName != "" || k.Identity != "lb-a" || k.LeaseDuration != 20*time.Second {
 		t.Errorf("lease %+v", k)
 	}
+	if k.APIQPS != 200 || k.APIBurst != 400 {
+		t.Errorf("rate limit %+v", k)
+	}
+	if cfg, _ := Parse("t.toml", []byte("[kubernetes]\ndefault_class = true\napi_qps = 7.5\n[[kubernetes.pool]]\nname = \"p\"\naddresses = [\"192.0.2.0/28\"]\n"+haService)); cfg == nil || cfg.Kubernetes.APIQPS != 7.5 || cfg.Kubernetes.APIBurst != 0 {
+		t.Errorf("api_qps 7.5: %+v", cfg)
+	}
 	if cfg, _ := Parse("t.toml", []byte(haService)); cfg.Kubernetes.Enabled {
 		t.Error("no [kubernetes], enabled")
 	}
@@ -62,6 +70,11 @@ func TestKubernetesErrors(t *testing.T) {
 		{"unknown key", "[kubernetes]\ndefault_class = true\nclass = \"x\"\n" + pool, `t.toml:3: `},
 		{"lease seconds", "[kubernetes]\ndefault_class = true\nlease_duration = \"2500ms\"\n" + pool, `t.toml:3: kubernetes: lease_duration 2.5s must be whole seconds`},
 		{"lease name", "[kubernetes]\ndefault_class = true\nlease_name = \"a b\"\n" + pool, `t.toml:3: kubernetes: lease_name "a b" is not a name Kubernetes takes`},
+		{"qps zero", "[kubernetes]\ndefault_class = true\napi_qps = 0\n" + pool, `t.toml:3: kubernetes: api_qps 0 must be above 0 and at most 100000`},
+		{"qps negative", "[kubernetes]\ndefault_class = true\n\napi_qps = -5\n" + pool, `t.toml:4: kubernetes: api_qps -5 must be above 0`},
+		{"qps not a number", "[kubernetes]\ndefault_class = true\napi_qps = \"fast\"\n" + pool, `t.toml:3: `},
+		{"burst zero", "[kubernetes]\ndefault_class = true\napi_burst = 0\n" + pool, `t.toml:3: kubernetes: api_burst 0 must be between 1 and 100000`},
+		{"burst huge", "[kubernetes]\ndefault_class = true\napi_qps = 10\napi_burst = 1000000\n" + pool, `t.toml:4: kubernetes: api_burst 1000000 must be between 1 and 100000`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Parse("t.toml", []byte(tt.in+haService))

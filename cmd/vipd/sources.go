@@ -29,6 +29,8 @@ func openSources(cfg *config.Config, log *slog.Logger) ([]source.Source, error) 
 		LeaseDuration:     k.LeaseDuration,
 		RenewDeadline:     k.RenewDeadline,
 		RetryPeriod:       k.RetryPeriod,
+		APIQPS:            k.APIQPS,
+		APIBurst:          k.APIBurst,
 		Logger:            log.With("source", "kubernetes"),
 	}
 	for _, p := range k.Pools {
