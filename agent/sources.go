@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/vipd/vipd/config"
@@ -32,6 +33,8 @@ type sources struct {
 	// order of the sources' names, and their health checking.
 	extra  []lb.VirtualService
 	checks map[string]config.ServiceHealth
+	// at holds the position of each service of extra, by name.
+	at map[string]int
 
 	mu       sync.Mutex
 	reported map[string]error
@@ -126,6 +129,12 @@ func (s *sources) rebuild(cfg *config.Config, refuse func([]lb.VirtualService) m
 		}
 	}
 	s.extra, s.checks = nil, nil
+	defer func() {
+		s.at = make(map[string]int, len(s.extra))
+		for i := range s.extra {
+			s.at[s.extra[i].Name] = i
+		}
+	}()
 	for _, name := range names {
 		st := s.by[name]
 		var mine []lb.VirtualService
@@ -275,6 +284,9 @@ func (a *Agent) publish(ctx context.Context, name string, snap source.Snapshot) 
 		st = &sourceState{}
 		a.sources.by[name] = st
 	}
+	if snap.Changed != nil && a.publishChanged(ctx, name, st, snap) {
+		return nil
+	}
 	st.snap = snap
 	conflicts := a.sources.rebuild(a.cfg, a.hostVIPConflicts)
 	for _, c := range conflicts[name] {
@@ -284,6 +296,63 @@ func (a *Agent) publish(ctx context.Context, name string, snap source.Snapshot) 
 	a.remember(a.reconcile(ctx, "source "+name, a.effective(a.cfg)))
 	a.stats.Invalidate()
 	return conflicts[name]
+}
+
+// publishChanged takes a source's snapshot that differs from its last
+// one only in the services it names as changed (source.Snapshot.Changed)
+// with a pass over those services alone (see passOver), in time that
+// does not grow with the number of services. It returns false, having
+// changed nothing, when it cannot: the hint does not hold (a service is
+// not one the agent took, or its key or VIP changed), a changed service
+// is health checked, or operations are failing; the caller then takes
+// the snapshot whole, with a full pass.
+func (a *Agent) publishChanged(ctx context.Context, name string, st *sourceState, snap source.Snapshot) bool {
+	ss := &a.sources
+	if len(a.failing) > 0 || a.ledgerFailing || len(snap.Services) != len(st.snap.Services) {
+		return false
+	}
+	byName := func(vs lb.VirtualService, n string) int { return strings.Compare(vs.Name, n) }
+	old := make([]lb.VirtualService, 0, len(snap.Changed))
+	cur := make([]lb.VirtualService, 0, len(snap.Changed))
+	at := make([]int, 0, len(snap.Changed))
+	for _, n := range snap.Changed {
+		i, ok := slices.BinarySearchFunc(snap.Services, n, byName)
+		p, taken := ss.at[n]
+		if !ok || !taken || !st.taken[n] {
+			return false
+		}
+		nv, ov := snap.Services[i], ss.extra[p]
+		if nv.Service.Key != ov.Service.Key || nv.VIP != ov.VIP || valid(&nv) != nil {
+			return false
+		}
+		if _, ok := snap.Health[n]; ok {
+			return false
+		}
+		if _, ok := st.snap.Health[n]; ok {
+			return false
+		}
+		old, cur, at = append(old, ov), append(cur, nv), append(at, p)
+	}
+	st.snap = snap
+	for k, p := range at {
+		ss.extra[p] = cur[k]
+	}
+	defer a.stats.Invalidate()
+	why := "source " + name
+	res := a.passOver(ctx, why, a.spec(a.cfg), old, cur)
+	if res == nil {
+		// Declined (the change reaches what services share) or the
+		// services could not be read: a full pass over the same state.
+		a.remember(a.reconcile(ctx, why, a.effective(a.cfg)))
+		return true
+	}
+	for _, f := range res.Failed {
+		if a.failing == nil {
+			a.failing = map[lb.OpKey]bool{}
+		}
+		a.failing[f.Op.Key()] = true
+	}
+	return true
 }
 
 // retake takes the sources' services again after the configuration

@@ -51,6 +51,14 @@ type Snapshot struct {
 	// Health holds the health checks of the services that have any, by
 	// service name.
 	Health map[string]config.ServiceHealth
+	// Changed, when not nil, says that the snapshot differs from the
+	// last one the sink took from this source only in the content of
+	// these services (their backends, say): the same names, in the same
+	// order, sorted by name, with the same keys. It lets the agent
+	// program those services alone; nil says anything may have changed.
+	// The agent checks what it relies on, and falls back to a full pass
+	// when the hint does not hold.
+	Changed []string
 }
 
 // Conflict is a service refused because another source owns its key or

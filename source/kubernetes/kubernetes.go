@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vipd/vipd/config"
@@ -32,6 +33,7 @@ import (
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	listerscorev1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -110,9 +112,29 @@ type Options struct {
 	RenewDeadline time.Duration `toml:"renew_deadline"`
 	RetryPeriod   time.Duration `toml:"retry_period"`
 
+	// APIQPS and APIBurst are the client's rate limit on its requests to
+	// the API server: a steady rate per second and a burst. Status
+	// writes have one limiter, Events another, so that the Events of a
+	// start never delay the statuses. Zero means DefaultAPIQPS and
+	// DefaultAPIBurst.
+	APIQPS   float64 `toml:"api_qps"`
+	APIBurst int     `toml:"api_burst"`
+
 	// Logger logs what the source does; nil discards.
 	Logger *slog.Logger `toml:"-"`
 }
+
+// The default rate limit of the requests to the API server: client-go's
+// own (5 per second, bursts of 10) makes a start at 1,000 Services take
+// minutes of status writes; these are kube-scheduler's.
+const (
+	DefaultAPIQPS   = 50
+	DefaultAPIBurst = 100
+)
+
+// statusWorkers is how many status writes are in flight at once: a write
+// is a round trip, so that one at a time could not reach the rate limit.
+const statusWorkers = 8
 
 // Source is the Kubernetes source.
 type Source struct {
@@ -158,6 +180,15 @@ func New(opts Options) (*Source, error) {
 	if err := s.leaseDefaults(); err != nil {
 		return nil, err
 	}
+	if s.opts.APIQPS == 0 {
+		s.opts.APIQPS = DefaultAPIQPS
+	}
+	if s.opts.APIBurst == 0 {
+		s.opts.APIBurst = DefaultAPIBurst
+	}
+	if !(s.opts.APIQPS > 0) || s.opts.APIBurst < 0 {
+		return nil, fmt.Errorf("kubernetes: api_qps %v and api_burst %d must be positive", s.opts.APIQPS, s.opts.APIBurst)
+	}
 	return s, nil
 }
 
@@ -186,9 +217,9 @@ func (s *Source) restConfig() (*rest.Config, error) {
 // services. It returns an error only when it cannot start.
 func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	var cfg *rest.Config
-	var cs clientset.Interface
+	var cs, events clientset.Interface
 	if s.client != nil {
-		cfg, cs = &rest.Config{Host: "(client)"}, s.client
+		cfg, cs, events = &rest.Config{Host: "(client)"}, s.client, s.client
 	} else {
 		c, err := s.restConfig()
 		if err != nil {
@@ -196,10 +227,15 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 		}
 		cfg = rest.CopyConfig(c)
 		cfg.UserAgent = "vipd"
+		cfg.QPS, cfg.Burst = float32(s.opts.APIQPS), s.opts.APIBurst
 		if s.wrap != nil {
 			cfg.Wrap(s.wrap)
 		}
 		if cs, err = clientset.NewForConfig(cfg); err != nil {
+			return fmt.Errorf("kubernetes: %w", err)
+		}
+		// Events have a client, and so a rate limiter, of their own.
+		if events, err = clientset.NewForConfig(cfg); err != nil {
 			return fmt.Errorf("kubernetes: %w", err)
 		}
 	}
@@ -223,7 +259,7 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	defer broadcaster.Shutdown()
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: events.CoreV1().Events("")})
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vipd"})
 
 	c := &controller{
@@ -236,12 +272,28 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 		lastGood: map[string]settings{},
 	}
 	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { c.poke() },
-		UpdateFunc: func(any, any) { c.poke() },
-		DeleteFunc: func(any) { c.poke() },
+		AddFunc:    func(any) { c.pokeAll() },
+		UpdateFunc: func(any, any) { c.pokeAll() },
+		DeleteFunc: func(any) { c.pokeAll() },
 	}
-	for _, inf := range []cache.SharedIndexInformer{svcInf.Informer(), sliceInf.Informer(), nodeInf.Informer()} {
-		if _, err := inf.AddEventHandler(handler); err != nil {
+	// A change of EndpointSlices alone touches their Services alone.
+	sliceHandler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.pokeSlice(obj) },
+		UpdateFunc: func(old, obj any) { c.pokeSlice(old); c.pokeSlice(obj) },
+		DeleteFunc: func(obj any) { c.pokeSlice(obj) },
+	}
+	sliceInformer := sliceInf.Informer()
+	if err := sliceInformer.AddIndexers(cache.Indexers{byService: sliceService}); err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	c.sliceIndex = sliceInformer.GetIndexer()
+	c.serviceGet = svcInf.Lister()
+	for i, inf := range []cache.SharedIndexInformer{svcInf.Informer(), sliceInformer, nodeInf.Informer()} {
+		h := handler
+		if i == 1 {
+			h = sliceHandler
+		}
+		if _, err := inf.AddEventHandler(h); err != nil {
 			return fmt.Errorf("kubernetes: %w", err)
 		}
 		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
@@ -356,6 +408,19 @@ type controller struct {
 
 	// dirty says that something changed since the last sync.
 	dirty chan struct{}
+	// mu guards touched and all, which the informers' handlers set:
+	// touched holds the Services whose EndpointSlices changed, and all
+	// says that something else changed (a Service, a Node), which needs
+	// a full sync.
+	mu      sync.Mutex
+	touched map[string]bool
+	all     bool
+	// sliceIndex holds the EndpointSlices by Service (byService), and
+	// serviceGet the Services, for a sync of a few Services.
+	sliceIndex cache.Indexer
+	serviceGet interface {
+		Services(string) listerscorev1.ServiceNamespaceLister
+	}
 	// watchErr carries watch failures to the loop.
 	watchErr chan error
 
@@ -387,6 +452,60 @@ func (c *controller) poke() {
 	}
 }
 
+// pokeAll asks for a full sync: a Service or a Node changed.
+func (c *controller) pokeAll() {
+	c.mu.Lock()
+	c.all = true
+	c.mu.Unlock()
+	c.poke()
+}
+
+// pokeSlice asks for a sync of the Service of the EndpointSlice obj.
+func (c *controller) pokeSlice(obj any) {
+	es, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		// A tombstone: the slice was deleted while the watch was down.
+		c.pokeAll()
+		return
+	}
+	key, _ := sliceService(es)
+	c.mu.Lock()
+	if len(key) > 0 {
+		if c.touched == nil {
+			c.touched = map[string]bool{}
+		}
+		c.touched[key[0]] = true
+	}
+	c.mu.Unlock()
+	c.poke()
+}
+
+// takeTouched returns, and forgets, the Services whose EndpointSlices
+// changed since the last call, and whether anything else changed.
+func (c *controller) takeTouched() (keys []string, all bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	keys, all = slices.Sorted(maps.Keys(c.touched)), c.all
+	c.touched, c.all = nil, false
+	return keys, all
+}
+
+// byService names the index of the EndpointSlices by their Service's key.
+const byService = "service"
+
+// sliceService is the index function of byService.
+func sliceService(obj any) ([]string, error) {
+	es, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	name := es.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return nil, nil
+	}
+	return []string{es.Namespace + "/" + name}, nil
+}
+
 // probeEvery is how often the source asks the API server whether it is
 // ready: client-go's watches retry a refused connection silently, so a
 // stopped API server shows only here.
@@ -408,6 +527,9 @@ func (c *controller) loop(ctx context.Context, elected <-chan context.Context) e
 	c.sink.Report(nil)
 	var lost error
 	for {
+		// full says that this round syncs everything: only a change of
+		// EndpointSlices alone lets it sync the Services they touch.
+		full := true
 		var termEnd <-chan struct{}
 		if c.lead != nil {
 			termEnd = c.lead.Done()
@@ -430,6 +552,7 @@ func (c *controller) loop(ctx context.Context, elected <-chan context.Context) e
 			c.s.log.Warn("kubernetes: lost the lease: following, from the statuses", "identity", c.s.opts.Identity)
 			c.lead = nil
 		case <-c.dirty:
+			full = false
 		case <-timer.C:
 		case err := <-c.watchErr:
 			c.lose(fmt.Errorf("kubernetes: watch: %w", err), &lost)
@@ -452,7 +575,14 @@ func (c *controller) loop(ctx context.Context, elected <-chan context.Context) e
 			lost = nil
 			c.sink.Report(nil)
 		}
-		again, err := c.sync(ctx)
+		keys, all := c.takeTouched()
+		again, synced, err := false, false, error(nil)
+		if !full && !all {
+			again, synced, err = c.syncSlices(ctx, keys)
+		}
+		if !synced && err == nil {
+			again, err = c.sync(ctx)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -610,6 +740,7 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	}
 
 	snap := source.Snapshot{}
+	var writes []statusWrite
 	idx := c.indexSlices()
 	nodes, err := c.nodes.List(labels.Everything())
 	if err != nil {
@@ -629,15 +760,7 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 			continue
 		}
 		if leading && !sameAddrs(statusAddrs(svc), held) {
-			if err := c.writeStatus(svc, held); errors.Is(err, errNotLeading) {
-				return false, err
-			} else if err != nil {
-				c.s.log.Warn("kubernetes: writing status failed", "service", key, "err", err)
-				again = true
-			} else {
-				c.s.log.Info("kubernetes: assigned", "service", key, "addresses", joinAddrs(held))
-				c.event(svc, corev1.EventTypeNormal, "AddressAssigned", "assigned "+joinAddrs(held))
-			}
+			writes = append(writes, statusWrite{svc: svc, addrs: held})
 		}
 		c.written[key] = true
 		st, serr := c.settingsOf(svc)
@@ -660,6 +783,23 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		snap.Services = append(snap.Services, vss...)
 	}
 	slices.SortFunc(snap.Services, func(a, b lb.VirtualService) int { return strings.Compare(a.Name, b.Name) })
+	var notLeading error
+	for i, err := range c.writeStatuses(writes) {
+		w := writes[i]
+		switch {
+		case errors.Is(err, errNotLeading):
+			notLeading = err
+		case err != nil:
+			c.s.log.Warn("kubernetes: writing status failed", "service", keyOf(w.svc), "err", err)
+			again = true
+		default:
+			c.s.log.Info("kubernetes: assigned", "service", keyOf(w.svc), "addresses", joinAddrs(w.addrs))
+			c.event(w.svc, corev1.EventTypeNormal, "AddressAssigned", "assigned "+joinAddrs(w.addrs))
+		}
+	}
+	if notLeading != nil {
+		return false, notLeading
+	}
 
 	if c.published != nil && reflect.DeepEqual(*c.published, snap) && len(c.conflicts) == 0 {
 		return again, nil
@@ -673,6 +813,105 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	// The sink takes a refused service at a later Publish, once its owner
 	// lets go of it: ask again.
 	return again || len(conflicts) > 0, nil
+}
+
+// syncSlices brings the published snapshot in line with the
+// EndpointSlices of the Services of keys, when nothing but EndpointSlices
+// changed since the last sync: it maps those Services alone, and
+// publishes the last snapshot with their virtual services replaced,
+// naming the ones that changed (source.Snapshot.Changed), so that the
+// work of an update does not grow with the number of Services. synced is
+// false when it cannot, having published nothing: before the first full
+// sync, while refusals wait, or when a Service is health checked or its
+// virtual services are not the ones published; the caller then runs a
+// full sync (sync), which is always right.
+func (c *controller) syncSlices(ctx context.Context, keys []string) (again, synced bool, err error) {
+	if c.published == nil || len(c.conflicts) > 0 {
+		return false, false, nil
+	}
+	if len(keys) == 0 {
+		return false, true, nil
+	}
+	nodes, err := c.nodes.List(labels.Everything())
+	if err != nil {
+		return false, false, err
+	}
+	services := c.published.Services
+	var out []lb.VirtualService
+	var changed []string
+	present := map[string]*corev1.Service{}
+	for _, key := range keys {
+		ns, name, _ := strings.Cut(key, "/")
+		svc, err := c.serviceGet.Services(ns).Get(name)
+		if err != nil || !c.served(svc) {
+			// Gone or not served: the change of the Service asks for a
+			// full sync of its own.
+			continue
+		}
+		lo, hi := nameRange(services, key)
+		held := c.alloc.Held(key)
+		st, _ := c.settingsOf(svc)
+		if st.check != nil {
+			return false, false, nil
+		}
+		var vss []lb.VirtualService
+		if len(held) > 0 {
+			vss = virtualServices(svc, held, st, nodes, c.slicesOf(key))
+			c.warn(svc, "ports", keepPorts(vss))
+		}
+		if hi-lo != len(vss) {
+			return false, false, nil
+		}
+		for k := range vss {
+			if services[lo+k].Name != vss[k].Name {
+				return false, false, nil
+			}
+			if reflect.DeepEqual(services[lo+k], vss[k]) {
+				continue
+			}
+			if out == nil {
+				out = slices.Clone(services)
+			}
+			out[lo+k] = vss[k]
+			changed = append(changed, vss[k].Name)
+		}
+		present[key] = svc
+	}
+	if len(changed) == 0 {
+		return false, true, nil
+	}
+	snap := source.Snapshot{Services: out, Health: c.published.Health, Changed: changed}
+	conflicts, err := c.sink.Publish(ctx, snap)
+	if err != nil {
+		return true, true, fmt.Errorf("publish: %w", err)
+	}
+	c.published = &snap
+	c.noteConflicts(present, conflicts)
+	return len(conflicts) > 0, true, nil
+}
+
+// nameRange returns where the virtual services of the Service of key are
+// in services, sorted by name: [lo, hi).
+func nameRange(services []lb.VirtualService, key string) (lo, hi int) {
+	prefix := "k8s/" + key + "/"
+	lo, _ = slices.BinarySearchFunc(services, prefix, func(vs lb.VirtualService, p string) int { return strings.Compare(vs.Name, p) })
+	hi = lo
+	for hi < len(services) && strings.HasPrefix(services[hi].Name, prefix) {
+		hi++
+	}
+	return lo, hi
+}
+
+// slicesOf returns the EndpointSlices of the Service of key.
+func (c *controller) slicesOf(key string) []*discoveryv1.EndpointSlice {
+	objs, _ := c.sliceIndex.ByIndex(byService, key)
+	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if es, ok := o.(*discoveryv1.EndpointSlice); ok {
+			out = append(out, es)
+		}
+	}
+	return out
 }
 
 // warnings are the subjects of a Service's warning Events, one lasting
@@ -879,6 +1118,35 @@ func (c *controller) writeStatus(svc *corev1.Service, addrs []netip.Addr) error 
 		return fmt.Errorf("%w: %w", errNotLeading, err)
 	}
 	return err
+}
+
+// statusWrite is a status that sync writes: svc's addresses become addrs.
+type statusWrite struct {
+	svc   *corev1.Service
+	addrs []netip.Addr
+}
+
+// writeStatuses makes the writes, statusWorkers at a time (the client's
+// rate limit paces them), and returns the error of each.
+func (c *controller) writeStatuses(writes []statusWrite) []error {
+	errs := make([]error, len(writes))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(statusWorkers, len(writes)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				errs[i] = c.writeStatus(writes[i].svc, writes[i].addrs)
+			}
+		}()
+	}
+	for i := range writes {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return errs
 }
 
 // restore takes the addresses of the served Services (oldest first) back
