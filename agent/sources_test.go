@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -240,4 +241,61 @@ func TestSourceHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.waitFor(t, []string{"10.1.0.1:80 masq weight=1", "10.1.0.2:80 masq weight=0"}, nil)
+}
+
+// TestSourceChangedHint: a snapshot that names its changed services
+// (source.Snapshot.Changed) is programmed with a pass over those alone,
+// which reads no dump of the kernel's table, and leaves the kernel as
+// the same snapshots taken whole, with full passes, do; a hint that
+// does not hold (a changed VIP, a service the agent did not take) takes
+// a full pass, with the same result.
+func TestSourceChangedHint(t *testing.T) {
+	a := vs("k8s/a", "192.0.2.50", "10.1.0.1")
+	b := vs("k8s/b", "192.0.2.51", "10.1.1.1", "10.1.1.2")
+	steps := []struct {
+		name    string
+		svcs    []lb.VirtualService
+		changed []string
+		delta   bool
+	}{
+		{"first", []lb.VirtualService{a, b}, nil, false},
+		{"a backend replaced", []lb.VirtualService{a, vs("k8s/b", "192.0.2.51", "10.1.1.1", "10.1.1.3")}, []string{"k8s/b"}, true},
+		{"both change", []lb.VirtualService{vs("k8s/a", "192.0.2.50"), vs("k8s/b", "192.0.2.51", "10.1.1.3")}, []string{"k8s/a", "k8s/b"}, true},
+		{"a weight", []lb.VirtualService{vs("k8s/a", "192.0.2.50"), func() lb.VirtualService {
+			v := vs("k8s/b", "192.0.2.51", "10.1.1.3")
+			v.Backends[0].Weight = 5
+			return v
+		}()}, []string{"k8s/b"}, true},
+		{"a VIP changed", []lb.VirtualService{vs("k8s/a", "192.0.2.52", "10.1.0.1"), vs("k8s/b", "192.0.2.51", "10.1.1.3")}, []string{"k8s/a", "k8s/b"}, false},
+		{"an unknown service", []lb.VirtualService{vs("k8s/a", "192.0.2.52", "10.1.0.2"), vs("k8s/b", "192.0.2.51", "10.1.1.3")}, []string{"k8s/c"}, false},
+	}
+	hinted, whole := newFakeSource("kubernetes"), newFakeSource("kubernetes")
+	rh, rw := newRig(t, services(1, 1), hinted), newRig(t, services(1, 1), whole)
+	sh, sw := hinted.sink(t), whole.sink(t)
+	for _, st := range steps {
+		rh.k.Reads()
+		if _, err := sh.Publish(context.Background(), source.Snapshot{Services: st.svcs, Changed: st.changed}); err != nil {
+			t.Fatal(err)
+		}
+		publish(t, sw, st.svcs...)
+		dumped := slices.Contains(rh.k.Reads(), "services")
+		if dumped == st.delta {
+			t.Errorf("%s: the pass read the whole table: %v, want %v", st.name, dumped, !st.delta)
+		}
+		// A pass over some services leaves the backends that drain
+		// elsewhere to the drain passes (every second), where a full
+		// pass deletes them at once: the kernels meet once they have.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			got, want := rh.k.Dump(), rw.k.Dump()
+			if got == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the kernel with hints:\n%s\nwant, as with whole snapshots:\n%s", st.name, got, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	rh.has(t, "192.0.2.52:80", "10.1.0.2:80 masq weight=1", "10.1.1.3:80 masq weight=1")
 }
