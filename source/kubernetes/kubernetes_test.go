@@ -131,6 +131,13 @@ func (e *env) namespace(t *testing.T) string {
 // run runs a source until the test ends; stop stops it early.
 func (e *env) run(t *testing.T, opts kubernetes.Options, sink *fakeSink) (stop func()) {
 	t.Helper()
+	return e.runWith(t, opts, sink, nil)
+}
+
+// runWith is run with set, when not nil, changing the source before it
+// runs.
+func (e *env) runWith(t *testing.T, opts kubernetes.Options, sink *fakeSink, set func(*kubernetes.Source)) (stop func()) {
+	t.Helper()
 	opts.Kubeconfig = e.srv.Kubeconfig
 	if opts.LoadBalancerClass == "" {
 		opts.DefaultClass = true
@@ -141,6 +148,9 @@ func (e *env) run(t *testing.T, opts kubernetes.Options, sink *fakeSink) (stop f
 	src, err := kubernetes.New(opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if set != nil {
+		set(src)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -618,7 +628,7 @@ k8s/%[1]s/c/80/tcp tcp 192.0.2.74:80 ->`, ns)
 	e.create(t, lbService(ns, "d", port("", corev1.ProtocolTCP, 80)))
 
 	sink2 := &fakeSink{}
-	e.run(t, opts, sink2)
+	stop = e.run(t, opts, sink2)
 	// d gets an address nobody holds; a and c keep theirs, unwritten.
 	e.waitStatus(t, ns, "d", "192.0.2.73")
 	waitSnap(t, sink2, fmt.Sprintf(`
@@ -643,6 +653,45 @@ k8s/%[1]s/d/80/tcp tcp 192.0.2.73:80 ->`, ns))
 		if !strings.Contains(first, fmt.Sprintf("k8s/%s/%s/80/tcp", ns, name)) {
 			t.Errorf("the first snapshot after the restart lacks %s:\n%s", name, first)
 		}
+	}
+	// Once d's status and Event are written (the Event is sent on its
+	// own), a restart with nothing changed writes nothing: no status,
+	// no Event, no Service; the Lease is the election's.
+	for deadline := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
+		evs, err := e.cs.CoreV1().Events(ns).List(ctxOf(t), metav1.ListOptions{FieldSelector: "involvedObject.name=d"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(evs.Items, func(ev corev1.Event) bool { return ev.Reason == "AddressAssigned" }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no AddressAssigned Event on d")
+		}
+	}
+	stop()
+	writes := &requests{used: map[permission]int{}, refused: map[permission]int{}}
+	sink3 := &fakeSink{}
+	e.runWith(t, opts, sink3, func(src *kubernetes.Source) { kubernetes.WrapTransport(src, writes.via) })
+	want = fmt.Sprintf(`
+k8s/%[1]s/a/80/tcp tcp 192.0.2.72:80 ->
+k8s/%[1]s/c/80/tcp tcp 192.0.2.74:80 ->
+k8s/%[1]s/d/80/tcp tcp 192.0.2.73:80 ->`, ns)
+	waitSnap(t, sink3, want)
+	// Let the source run a while: statuses are written before the
+	// snapshot, Events a moment after.
+	time.Sleep(2 * time.Second)
+	used, refused := writes.snapshot()
+	for p, n := range used {
+		if p.verb != "get" && p.verb != "list" && p.verb != "watch" && p.resource != "leases" {
+			t.Errorf("a restart with nothing changed made %d %s requests", n, p)
+		}
+	}
+	if len(refused) > 0 {
+		t.Errorf("refused: %v", refused)
+	}
+	if _, n := sink3.last(); n != 1 {
+		t.Errorf("%d snapshots after a restart with nothing changed, want 1", n)
 	}
 }
 

@@ -63,10 +63,27 @@ type requests struct {
 }
 
 func (r *requests) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := r.next.RoundTrip(req)
+	return r.via(r.next).RoundTrip(req)
+}
+
+// via returns a transport that records in r what goes through next: a
+// source wraps each of its clients' transports.
+func (r *requests) via(next http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(req *http.Request) (*http.Response, error) {
+		resp, err := next.RoundTrip(req)
+		r.record(req, resp, err)
+		return resp, err
+	})
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+func (r *requests) record(req *http.Request, resp *http.Response, err error) {
 	p, ok := permissionOf(req)
 	if !ok || err != nil {
-		return resp, err
+		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -77,7 +94,6 @@ func (r *requests) RoundTrip(req *http.Request) (*http.Response, error) {
 	if resp.StatusCode == http.StatusForbidden {
 		r.refused[p]++
 	}
-	return resp, err
 }
 
 func (r *requests) snapshot() (used, refused map[permission]int) {
