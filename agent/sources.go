@@ -339,7 +339,12 @@ func (a *Agent) publishChanged(ctx context.Context, name string, st *sourceState
 	}
 	defer a.stats.Invalidate()
 	why := "source " + name
-	res := a.passOver(ctx, why, a.spec(a.cfg), old, cur)
+	// The pass reads the Spec's settings, not its services: the spec
+	// holds the changed ones alone, not a copy of every service.
+	spec := a.cfg.Spec
+	spec.HoldOwned = a.holding()
+	spec.Services = cur
+	res := a.passOver(ctx, why, &spec, old, cur)
 	if res == nil {
 		// Declined (the change reaches what services share) or the
 		// services could not be read: a full pass over the same state.
