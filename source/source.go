@@ -33,7 +33,10 @@ type Sink interface {
 	// refused because another source owns their key or name, and an
 	// error when the agent did not take snap (ctx ended, or the agent
 	// stopped). A service refused now is taken by a later Publish once
-	// the owner has let go of it.
+	// the owner has let go of it. The sink keeps no snapshot but the
+	// last it took: once a Publish has returned nil, the source may
+	// reuse the Services of the snapshot before (see
+	// Snapshot.Changed), never those of the last.
 	Publish(ctx context.Context, snap Snapshot) ([]Conflict, error)
 	// Report says whether the source is in step with its origin: nil
 	// when it is, or why not (the API server cannot be reached). A

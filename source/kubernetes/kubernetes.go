@@ -443,6 +443,11 @@ type controller struct {
 	// refusals it answered.
 	published *source.Snapshot
 	conflicts map[string]string
+	// spare is the Services of the snapshot before the published one,
+	// which the sink no longer holds: syncSlices fills it in place of
+	// allocating the next snapshot's (at 10,000 Services, collecting a
+	// copy per update costs more than making it).
+	spare []lb.VirtualService
 }
 
 func (c *controller) poke() {
@@ -805,6 +810,7 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		return again, nil
 	}
 	conflicts, err := c.sink.Publish(ctx, snap)
+	c.spare = nil
 	if err != nil {
 		return true, fmt.Errorf("publish: %w", err)
 	}
@@ -870,7 +876,7 @@ func (c *controller) syncSlices(ctx context.Context, keys []string) (again, sync
 				continue
 			}
 			if out == nil {
-				out = slices.Clone(services)
+				out = append(c.spare[:0], services...)
 			}
 			out[lo+k] = vss[k]
 			changed = append(changed, vss[k].Name)
@@ -882,9 +888,11 @@ func (c *controller) syncSlices(ctx context.Context, keys []string) (again, sync
 	}
 	snap := source.Snapshot{Services: out, Health: c.published.Health, Changed: changed}
 	conflicts, err := c.sink.Publish(ctx, snap)
+	c.spare = nil
 	if err != nil {
 		return true, true, fmt.Errorf("publish: %w", err)
 	}
+	c.spare = services
 	c.published = &snap
 	c.noteConflicts(present, conflicts)
 	return len(conflicts) > 0, true, nil

@@ -35,6 +35,9 @@ type fakeSink struct {
 func (f *fakeSink) Publish(ctx context.Context, snap source.Snapshot) ([]source.Conflict, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// The source may reuse the Services of a snapshot once it has
+	// published the next: keep a copy.
+	snap.Services = slices.Clone(snap.Services)
 	f.snaps = append(f.snaps, snap)
 	var out []source.Conflict
 	for _, vs := range snap.Services {
