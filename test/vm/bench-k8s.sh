@@ -15,6 +15,8 @@
 #   VIPD_BENCH_K8S_CONVERGE_S  how long each system has from its start to
 #                           have every Service in IPVS; one that does not
 #                           is a row saying so, with how many it had [3600]
+#   VIPD_BENCH_K8S_DEADLINE_S  bounds each size from its start: creating its
+#                           Services, and each system's convergence [21600]
 #   VIPD_BENCH_TIMEOUT      whole guest, seconds [7200]
 #   VIPD_BENCH_MEM          guest memory, MiB [3072]
 #   VIPD_BENCH_OUT          output path without extension
@@ -36,7 +38,7 @@ cp "$assets/etcd" "$assets/kube-apiserver" "$assets/kube-proxy" "$payload/k8s/"
 log "built vipd and the benchmark in $(elapsed "$t0") s"
 
 envs=(--env VIPD_K8S_ASSETS=/payload/k8s)
-for v in VIPD_BENCH_K8S_SIZES VIPD_BENCH_K8S_SAMPLES VIPD_BENCH_K8S_CONVERGE_S; do
+for v in VIPD_BENCH_K8S_SIZES VIPD_BENCH_K8S_SAMPLES VIPD_BENCH_K8S_CONVERGE_S VIPD_BENCH_K8S_DEADLINE_S; do
 	[[ -z ${!v:-} ]] || envs+=(--env "$v=${!v}")
 done
 out=${VIPD_BENCH_OUT:-$REPO_ROOT/bin/bench/bench-k8s-$(date +%Y%m%d-%H%M%S)}
