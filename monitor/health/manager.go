@@ -782,6 +782,8 @@ func (m *Manager) requeue(cs []*check) {
 
 // probe runs one probe of c and records its result.
 func (m *Manager) probe(ctx context.Context, c *check) {
+	// c.next changes only under mu while c is queued, never in flight.
+	late := m.clock.Now().Sub(c.next)
 	pctx, cancel := context.WithTimeout(ctx, c.timeout)
 	err := c.prober.Probe(pctx)
 	if err != nil && errors.Is(pctx.Err(), context.DeadlineExceeded) {
@@ -793,12 +795,13 @@ func (m *Manager) probe(ctx context.Context, c *check) {
 		m.requeue([]*check{c})
 		return
 	}
-	m.record(c, err)
+	m.record(c, err, late)
 }
 
 // record feeds a probe's result to c's state machine, reports the
-// transitions of the backends it serves, and schedules its next probe.
-func (m *Manager) record(c *check, err error) {
+// transitions of the backends it serves, and schedules its next probe;
+// late is how long after its due time the probe started.
+func (m *Manager) record(c *check, err error, late time.Duration) {
 	m.mu.Lock()
 	now := m.clock.Now()
 	m.stats.InFlight--
@@ -807,6 +810,7 @@ func (m *Manager) record(c *check, err error) {
 		return
 	}
 	m.stats.Probes++
+	m.stats.Lateness.observe(late)
 	if err != nil {
 		m.stats.Failures++
 	}
@@ -958,6 +962,31 @@ type Stats struct {
 	Transitions uint64
 	// InFlight is the number of probes running or waiting for a slot.
 	InFlight int
+	// Lateness counts the recorded probes by how late they started: the
+	// time from a probe's due time to its start, which grows when the
+	// scheduler, the workers or the CPU cannot keep up.
+	Lateness Histogram
+}
+
+// LatenessBuckets are the upper bounds of Histogram's buckets, in
+// seconds; a last bucket without a bound counts the later probes.
+var LatenessBuckets = [...]float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}
+
+// Histogram counts durations in the buckets of LatenessBuckets: Counts[i]
+// those at most LatenessBuckets[i] seconds and above the bound before,
+// the last count those above every bound. Sum is their total in seconds.
+type Histogram struct {
+	Counts [len(LatenessBuckets) + 1]uint64
+	Sum    float64
+}
+
+// observe counts d, which a negative value (a probe handed out before
+// its due time by a clock that stepped back) counts as zero.
+func (h *Histogram) observe(d time.Duration) {
+	s := max(d.Seconds(), 0)
+	i, _ := slices.BinarySearch(LatenessBuckets[:], s)
+	h.Counts[i]++
+	h.Sum += s
 }
 
 // Stats returns the Manager's counters.

@@ -188,6 +188,8 @@ var (
 		"Health probes that failed.", nil, nil)
 	inFlightDesc = prometheus.NewDesc("vipd_health_probes_in_flight",
 		"Health probes running or waiting for a free slot.", nil, nil)
+	latenessDesc = prometheus.NewDesc("vipd_health_check_lateness_seconds",
+		"How late health probes started: the time from a probe's due time to its start.", nil, nil)
 )
 
 // healthCollector exports the health checker's counters, read at each
@@ -196,7 +198,7 @@ type healthCollector func() health.Stats
 
 // Describe implements prometheus.Collector.
 func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{checksDesc, checkedDesc, probesDesc, probeFailuresDesc, inFlightDesc} {
+	for _, d := range []*prometheus.Desc{checksDesc, checkedDesc, probesDesc, probeFailuresDesc, inFlightDesc, latenessDesc} {
 		ch <- d
 	}
 }
@@ -209,4 +211,12 @@ func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(probesDesc, prometheus.CounterValue, float64(s.Probes))
 	ch <- prometheus.MustNewConstMetric(probeFailuresDesc, prometheus.CounterValue, float64(s.Failures))
 	ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(s.InFlight))
+	buckets := make(map[float64]uint64, len(health.LatenessBuckets))
+	var n uint64
+	for i, le := range health.LatenessBuckets {
+		n += s.Lateness.Counts[i]
+		buckets[le] = n
+	}
+	n += s.Lateness.Counts[len(health.LatenessBuckets)]
+	ch <- prometheus.MustNewConstHistogram(latenessDesc, n, s.Lateness.Sum, buckets)
 }
