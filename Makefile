@@ -91,6 +91,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config ./agent
 	test/vm/bench.sh
 	test/vm/bench-ha.sh
+	test/vm/bench-health.sh
 	test/vm/bench-k8s.sh
 
 PREFIX  ?= /usr
