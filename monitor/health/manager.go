@@ -19,6 +19,7 @@ const (
 	DefaultMaxInFlight = 1024
 	DefaultStartSpread = time.Second
 	DefaultRetain      = time.Minute
+	DefaultSlack       = time.Millisecond
 )
 
 // Target asks for one check of one backend of one service. A backend may
@@ -71,6 +72,14 @@ type Options struct {
 	NewProber func(spec Spec, target netip.AddrPort) (Prober, error)
 	// Seed seeds the jitter; zero means a random seed.
 	Seed uint64
+	// Slack is how late the scheduler may start a probe so that it
+	// wakes once for the probes due within it rather than once for each:
+	// it wakes at most once per Slack, and a probe starts at most Slack
+	// after its due time (plus the time to hand it out). At 10,000
+	// probes a second this saves most of the wake-ups, and the
+	// CPU they cost. Zero means DefaultSlack; a negative value wakes for
+	// every due time.
+	Slack time.Duration
 	// Retain is how long the state of a check that an Update removed is
 	// kept for a later Update that asks for its target again, as the
 	// Update that undoes a failed reload does; zero means DefaultRetain,
@@ -147,9 +156,12 @@ type check struct {
 	prober Prober
 	refs   []ref
 
-	m       machine
-	next    time.Time // due time of the next (or running) probe
-	index   int       // position in the queue, -1 when not queued
+	m    machine
+	next time.Time // due time of the next (or running) probe
+	// due is next as a number, set when c is queued, which orders the
+	// queue faster than comparing times.
+	due     time.Duration
+	index   int // position in the queue, -1 when not queued
 	stopped bool
 }
 
@@ -215,6 +227,9 @@ func NewManager(opts Options) *Manager {
 	}
 	if opts.Retain == 0 {
 		opts.Retain = DefaultRetain
+	}
+	if opts.Slack == 0 {
+		opts.Slack = DefaultSlack
 	}
 	seed := opts.Seed
 	if seed == 0 {
@@ -665,7 +680,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	timer := m.clock.NewTimer()
 	defer timer.Stop()
 	for {
-		due, next := m.popDue()
+		due, next, now := m.popDue()
 		for i, c := range due {
 			if !m.hand(ctx, &wg, c) {
 				m.requeue(due[i:])
@@ -676,9 +691,14 @@ func (m *Manager) Run(ctx context.Context) error {
 			// Handing them out may have taken a while: look again.
 			continue
 		}
-		if next.IsZero() {
+		switch {
+		case next.IsZero():
 			timer.Stop()
-		} else {
+		case m.opts.Slack > 0 && next.Before(now.Add(m.opts.Slack)):
+			// Not again within Slack: the probes due by then start
+			// together.
+			timer.Reset(now.Add(m.opts.Slack))
+		default:
 			timer.Reset(next)
 		}
 		select {
@@ -752,8 +772,9 @@ func (m *Manager) retire(force bool) bool {
 }
 
 // popDue takes the checks due now off the queue, and returns them with the
-// due time of the next check still queued (zero if none).
-func (m *Manager) popDue() ([]*check, time.Time) {
+// due time of the next check still queued (zero if none) and the time it
+// took them at.
+func (m *Manager) popDue() ([]*check, time.Time, time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.clock.Now()
@@ -763,9 +784,9 @@ func (m *Manager) popDue() ([]*check, time.Time) {
 	}
 	m.stats.InFlight += len(due)
 	if len(m.queue) == 0 {
-		return due, time.Time{}
+		return due, time.Time{}, now
 	}
-	return due, m.queue[0].next
+	return due, m.queue[0].next, now
 }
 
 // requeue puts checks taken off the queue but not probed back on it.
@@ -1001,8 +1022,11 @@ func (m *Manager) Stats() Stats {
 // checkHeap orders checks by due time.
 type checkHeap []*check
 
+// epoch is the origin of check.due.
+var epoch = time.Now()
+
 func (h checkHeap) Len() int           { return len(h) }
-func (h checkHeap) Less(i, j int) bool { return h[i].next.Before(h[j].next) }
+func (h checkHeap) Less(i, j int) bool { return h[i].due < h[j].due }
 func (h checkHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].index = i
@@ -1011,6 +1035,7 @@ func (h checkHeap) Swap(i, j int) {
 
 func (h *checkHeap) Push(x any) {
 	c := x.(*check)
+	c.due = c.next.Sub(epoch)
 	c.index = len(*h)
 	*h = append(*h, c)
 }

@@ -663,3 +663,49 @@ func TestManagerLateness(t *testing.T) {
 		t.Errorf("lateness sum %v, want 0.03", h.Sum)
 	}
 }
+
+// TestManagerSlack checks that the scheduler does not wake again within
+// Options.Slack: a probe due 0.3ms after another starts with the
+// probes due by the end of the slack, 1ms after the first, and so counts
+// as 0.7ms late; with no slack it starts when due.
+func TestManagerSlack(t *testing.T) {
+	for _, slack := range []time.Duration{0, -1} {
+		clock := newFakeClock()
+		m := NewManager(Options{
+			Clock:       clock,
+			StartSpread: -1,
+			Slack:       slack,
+			NewProber: func(Spec, netip.AddrPort) (Prober, error) {
+				return ProberFunc(func(context.Context) error { return nil }), nil
+			},
+		})
+		a, b := tcpSpec(), tcpSpec()
+		b.Interval += 300 * time.Microsecond
+		if err := m.Update([]Target{{Service: "s", Backend: be1, Spec: a}, {Service: "s", Backend: be2, Spec: b}}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _ = m.Run(ctx); close(done) }()
+		waitFor(t, "first probes", func() bool { return m.Stats().Probes == 2 })
+		clock.Advance(time.Second)
+		waitFor(t, "a's second probe", func() bool { return m.Stats().Probes >= 3 })
+		clock.Advance(300 * time.Microsecond)
+		if slack < 0 {
+			waitFor(t, "b's second probe, when due", func() bool { return m.Stats().Probes == 4 })
+		} else {
+			time.Sleep(50 * time.Millisecond)
+			if n := m.Stats().Probes; n != 3 {
+				t.Fatalf("slack %v: %d probes 0.3ms after the first, want 3 (b waits for the slack)", slack, n)
+			}
+			clock.Advance(700 * time.Microsecond)
+			waitFor(t, "b's second probe, after the slack", func() bool { return m.Stats().Probes == 4 })
+			h := m.Stats().Lateness
+			if h.Counts[3] != 1 || h.Counts[0] != 3 {
+				t.Errorf("lateness counts %v, want three on time and one at most 1ms late", h.Counts)
+			}
+		}
+		cancel()
+		<-done
+	}
+}
