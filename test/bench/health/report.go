@@ -38,6 +38,10 @@ type Peer struct {
 	// Probes is the probe rate in the window, 0 if the checker does not
 	// say.
 	Probes float64
+	// Failures is, for vipd, the probes that failed in the window; for
+	// keepalived, the backends at weight 0 at its end. Every backend
+	// listens then: any is a failure of the checker (a timeout, say).
+	Failures float64
 	// DetectTCP and DetectHTTP are the detection latencies, in ms: from
 	// a backend's listener closed to its weight 0.
 	DetectTCP, DetectHTTP []float64
@@ -156,6 +160,13 @@ func (r *Result) WriteTable(w io.Writer) error {
 	}
 	if v := r.peer("vipd"); v != nil && strings.HasPrefix(r.Where, "host") && r.Workload.HTTP == 0 && r.Workload.TCP >= 10000 {
 		notes = append(notes, fmt.Sprintf("vipd cpu, mean: %.1f%% of one core (target <= %.0f%%: %s)", v.CPUMean, TargetHostCPU, verdict(v.CPUMean <= TargetHostCPU)))
+	}
+	for _, p := range r.Peers {
+		what := "probes failed in the window"
+		if p.Name == "keepalived" {
+			what = "backends at weight 0 after the window"
+		}
+		notes = append(notes, fmt.Sprintf("%s: %.0f %s (every backend listening)", p.Name, p.Failures, what))
 	}
 	notes = append(notes, "detection: from the listener closed to "+r.Detection)
 	for _, n := range notes {
