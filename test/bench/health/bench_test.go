@@ -453,7 +453,23 @@ func (b *bench) vipd() Peer {
 	} else {
 		seen = b.pollZero
 	}
-	p.DetectTCP, p.DetectHTTP = b.detect(seen)
+	p.DetectTCP, p.DetectHTTP = b.detect(seen, func(addr netip.AddrPort) string {
+		var out []string
+		if inGuest() {
+			out = append(out, b.kernelWeight(addr))
+		}
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		if err == nil {
+			data, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for line := range strings.Lines(string(data)) {
+				if strings.Contains(line, `"`+addr.String()+`"`) && (strings.HasPrefix(line, "vipd_backend_up") || strings.HasPrefix(line, "vipd_backend_weight")) {
+					out = append(out, strings.TrimSpace(line))
+				}
+			}
+		}
+		return strings.Join(out, "; ") + "; log: " + tail(logf.Name(), 5)
+	})
 	stop()
 	return p
 }
@@ -530,7 +546,9 @@ func (b *bench) keepalived() Peer {
 	p := Peer{Name: "keepalived"}
 	b.measure(&p, pids)
 	p.Failures = float64(zeroWeights(t, a))
-	p.DetectTCP, p.DetectHTTP = b.detect(b.pollZero)
+	p.DetectTCP, p.DetectHTTP = b.detect(b.pollZero, func(addr netip.AddrPort) string {
+		return b.kernelWeight(addr) + "; log: " + tail(logf.Name(), 5)
+	})
 	return p
 }
 
@@ -561,7 +579,7 @@ func (b *bench) measure(p *Peer, pids []int) {
 // HTTP ones, one every 200 ms, each of another service, and returns the
 // time from each kill to its weight 0 (seen reports when each of a set of
 // backends was seen at weight 0), in ms. The listeners come back after.
-func (b *bench) detect(seen func([]netip.AddrPort, time.Duration) map[netip.AddrPort]time.Time) (tcp, httpMs []float64) {
+func (b *bench) detect(seen func([]netip.AddrPort, time.Duration) map[netip.AddrPort]time.Time, diagnose func(netip.AddrPort) string) (tcp, httpMs []float64) {
 	t := b.t
 	var victims []Backend
 	all := b.w.Backends()
@@ -594,12 +612,18 @@ func (b *bench) detect(seen func([]netip.AddrPort, time.Duration) map[netip.Addr
 		time.Sleep(200 * time.Millisecond)
 	}
 	zero := <-done
+	var missed []string
+	for _, v := range victims {
+		if _, ok := zero[v.Addr]; !ok {
+			missed = append(missed, fmt.Sprintf("%s (%s, closed %s ago): %s", v.Addr, v.Kind, time.Since(killed[v.Addr]).Round(time.Millisecond), diagnose(v.Addr)))
+		}
+	}
+	if len(missed) > 0 {
+		t.Fatalf("%d of %d backends not at weight 0 within %s of their listeners' close:\n%s", len(missed), len(victims), bound, strings.Join(missed, "\n"))
+	}
 	for _, v := range victims {
 		b.listeners.revive(v.Addr)
-		z, ok := zero[v.Addr]
-		if !ok {
-			t.Fatalf("backend %s (%s) not at weight 0 within %s of its listener's close", v.Addr, v.Kind, bound)
-		}
+		z := zero[v.Addr]
 		ms := float64(z.Sub(killed[v.Addr]).Microseconds()) / 1000
 		if v.Kind == TCP {
 			tcp = append(tcp, ms)
@@ -701,6 +725,42 @@ func (b *bench) pollZero(addrs []netip.AddrPort, bound time.Duration) map[netip.
 		time.Sleep(5 * time.Millisecond)
 	}
 	return out
+}
+
+// kernelWeight describes addr's destination in the kernel's table.
+func (b *bench) kernelWeight(addr netip.AddrPort) string {
+	a, err := ipvs.New(ipvs.Options{})
+	if err != nil {
+		return err.Error()
+	}
+	defer a.Close()
+	for _, s := range b.w.Services() {
+		for _, be := range s.Backends {
+			if be.Addr != addr {
+				continue
+			}
+			st, err := a.Service(lb.ServiceKey{Family: lb.IPv4, Proto: lb.TCP, Addr: s.VIP.Addr(), Port: s.VIP.Port()})
+			switch {
+			case err != nil:
+				return fmt.Sprintf("kernel: service %s: %v", s.VIP, err)
+			case st == nil:
+				return fmt.Sprintf("kernel: no service %s", s.VIP)
+			}
+			d, ok := st.Dests[addr]
+			return fmt.Sprintf("kernel: service %s, destination present %v, weight %d", s.VIP, ok, d.Weight)
+		}
+	}
+	return "not a backend of the workload"
+}
+
+// tail returns the last n lines of a file, joined by " | ".
+func tail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], " | ")
 }
 
 func openIPVS(t *testing.T) *ipvs.IPVS {
