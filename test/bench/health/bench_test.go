@@ -446,6 +446,7 @@ func (b *bench) vipd() Peer {
 	}
 	p.Probes = (s1.Values["vipd_health_probes_total"] - s0.Values["vipd_health_probes_total"]) / time.Since(at0).Seconds()
 	p.Failures = s1.Values["vipd_health_probe_failures_total"] - s0.Values["vipd_health_probe_failures_total"]
+	p.InFlight = s1.Values["vipd_health_probes_in_flight"]
 
 	var seen func([]netip.AddrPort, time.Duration) map[netip.AddrPort]time.Time
 	if weights != nil {
@@ -552,9 +553,14 @@ func (b *bench) keepalived() Peer {
 	return p
 }
 
-// measure samples pids' CPU and RSS each second of the window.
+// measure samples pids' CPU and RSS each second of the window, and the
+// listener process's CPU over it.
 func (b *bench) measure(p *Peer, pids []int) {
 	t := b.t
+	l0, err := ReadProc(b.listeners.cmd.Process.Pid)
+	if err != nil {
+		t.Fatalf("listener process: %v", err)
+	}
 	u0, err := ReadProcs(pids)
 	if err != nil {
 		t.Fatalf("%s: %v", p.Name, err)
@@ -573,6 +579,11 @@ func (b *bench) measure(p *Peer, pids []int) {
 		prev, prevT = u, now
 	}
 	p.CPUMean = 100 * (prev.CPU - u0.CPU).Seconds() / prevT.Sub(t0).Seconds()
+	l1, err := ReadProc(b.listeners.cmd.Process.Pid)
+	if err != nil {
+		t.Fatalf("listener process: %v", err)
+	}
+	p.ListenersCPU = 100 * (l1.CPU - l0.CPU).Seconds() / prevT.Sub(t0).Seconds()
 }
 
 // detect kills the listeners of samples TCP backends and half as many

@@ -311,7 +311,7 @@ func TestReport(t *testing.T) {
 	w := DefaultWorkload.Scaled(1000, 200)
 	lat := []Bucket{{0.001, 90}, {0.01, 100}, {math.Inf(1), 100}}
 	r := &Result{Where: "guest", Workload: w, Window: 20, Detection: "weight 0 in the kernel's table", Peers: []Peer{
-		{Name: "vipd", CPU: []float64{10, 12, 11}, CPUMean: 11, RSS: []float64{30, 31}, Lateness: lat, Probes: 1100, DetectTCP: []float64{2100, 2500}, DetectHTTP: []float64{4000}},
+		{Name: "vipd", CPU: []float64{10, 12, 11}, CPUMean: 11, RSS: []float64{30, 31}, Lateness: lat, Probes: 1100, InFlight: 12, ListenersCPU: 30, DetectTCP: []float64{2100, 2500}, DetectHTTP: []float64{4000}},
 		{Name: "keepalived", CPU: []float64{40, 44}, CPUMean: 42, RSS: []float64{20}, Failures: 2, DetectTCP: []float64{2300}, DetectHTTP: []float64{4100}},
 	}}
 	if err := r.Check("vipd", "keepalived"); err != nil {
@@ -334,8 +334,9 @@ func TestReport(t *testing.T) {
 		"keepalived  rss MiB (per s)            1     20.0  20.0  max 20.0",
 		"cpu keepalived/vipd (means): 3.8x (target >= 3x: met)",
 		"detection: from the listener closed to weight 0 in the kernel's table",
-		"vipd: 0 probes failed in the window (every backend listening)",
-		"keepalived: 2 backends at weight 0 after the window (every backend listening)",
+		"vipd: 0 probes failed in the window (every backend listening); the listener process used 30.0% of one core in its window",
+		"vipd: 12 probes in flight at the window's end",
+		"keepalived: 2 backends at weight 0 after the window (every backend listening); the listener process used 0.0% of one core in its window",
 	} {
 		if want = strings.Join(strings.Fields(want), " "); !strings.Contains(got, want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())

@@ -42,6 +42,11 @@ type Peer struct {
 	// keepalived, the backends at weight 0 at its end. Every backend
 	// listens then: any is a failure of the checker (a timeout, say).
 	Failures float64
+	// InFlight is, for vipd, its probes in flight (running or waiting
+	// for a slot) at the window's end; ListenersCPU the listener
+	// process's CPU over the window, in % of one core: the other half of
+	// every check on a loopback.
+	InFlight, ListenersCPU float64
 	// DetectTCP and DetectHTTP are the detection latencies, in ms: from
 	// a backend's listener closed to its weight 0.
 	DetectTCP, DetectHTTP []float64
@@ -166,7 +171,10 @@ func (r *Result) WriteTable(w io.Writer) error {
 		if p.Name == "keepalived" {
 			what = "backends at weight 0 after the window"
 		}
-		notes = append(notes, fmt.Sprintf("%s: %.0f %s (every backend listening)", p.Name, p.Failures, what))
+		notes = append(notes, fmt.Sprintf("%s: %.0f %s (every backend listening); the listener process used %.1f%% of one core in its window", p.Name, p.Failures, what, p.ListenersCPU))
+		if p.Name == "vipd" {
+			notes = append(notes, fmt.Sprintf("vipd: %.0f probes in flight at the window's end", p.InFlight))
+		}
 	}
 	notes = append(notes, "detection: from the listener closed to "+r.Detection)
 	for _, n := range notes {
