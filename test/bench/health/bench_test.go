@@ -33,7 +33,7 @@ import (
 // The benchmark's knobs (environment):
 //
 //	VIPD_HEALTHBENCH_SIZES    workloads, TCP/HTTP backends, comma-separated
-//	                          (host: 10000/0,10000/2000; guest: 1000/200)
+//	                          (host: 10000/0,10000/2000; guest: 200/40)
 //	VIPD_HEALTHBENCH_PEERS    checkers (host: vipd; guest: vipd,keepalived)
 //	VIPD_HEALTHBENCH_WINDOW   CPU window in seconds (default 20)
 //	VIPD_HEALTHBENCH_SAMPLES  detection samples of TCP backends (default 20;
@@ -199,7 +199,7 @@ func inGuest() bool { return os.Getenv("VIPD_VM") == "1" }
 func TestHealthBench(t *testing.T) {
 	sizes, peers := "10000/0,10000/2000", "vipd"
 	if inGuest() {
-		sizes, peers = "1000/200", "vipd,keepalived"
+		sizes, peers = "200/40", "vipd,keepalived"
 	} else if os.Getenv("VIPD_HEALTHBENCH_NETNS") != "1" {
 		t.Fatal("on the host, run in a private network namespace (test/vm/bench-health.sh runs it under unshare -n) with VIPD_HEALTHBENCH_NETNS=1")
 	}
