@@ -687,9 +687,24 @@ func TestManagerSlack(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { _ = m.Run(ctx); close(done) }()
+		t0 := clock.Now()
+		// armedAt waits until the scheduler sleeps until at.
+		armedAt := func(what string, at time.Time) {
+			t.Helper()
+			waitFor(t, what, func() bool {
+				ts := clock.armed()
+				return len(ts) == 1 && ts[0].Equal(at)
+			})
+		}
 		waitFor(t, "first probes", func() bool { return m.Stats().Probes == 2 })
+		armedAt("the wake for a's second probe", t0.Add(time.Second))
 		clock.Advance(time.Second)
 		waitFor(t, "a's second probe", func() bool { return m.Stats().Probes >= 3 })
+		if slack < 0 {
+			armedAt("the wake for b's second probe", t0.Add(b.Interval))
+		} else {
+			armedAt("the wake at the end of the slack", t0.Add(time.Second+DefaultSlack))
+		}
 		clock.Advance(300 * time.Microsecond)
 		if slack < 0 {
 			waitFor(t, "b's second probe, when due", func() bool { return m.Stats().Probes == 4 })
