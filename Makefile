@@ -84,13 +84,17 @@ check: lint build
 ## bench: Go benchmarks of the planner, the config parser and the
 ## daemon's reload, then vipd against ipvsadm -R and keepalived in one
 ## guest boot (test/vm/bench.sh; VIPD_BENCH_SIZES etc. size it; ~10-20
-## minutes), then vipd against kube-proxy (IPVS mode) with LoadBalancer
+## minutes), then health checks at scale: vipd alone on the host and
+## vipd against keepalived's checker in one guest boot
+## (test/vm/bench-health.sh; VIPD_HEALTHBENCH_*), then vipd against
+## kube-proxy (IPVS mode) with LoadBalancer
 ## Services of a real API server in another (test/vm/bench-k8s.sh;
 ## VIPD_BENCH_K8S_SIZES). Not part of make test.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config ./agent
+	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config ./agent ./monitor/metrics ./monitor/status
 	test/vm/bench.sh
 	test/vm/bench-ha.sh
+	test/vm/bench-health.sh
 	test/vm/bench-k8s.sh
 
 PREFIX  ?= /usr

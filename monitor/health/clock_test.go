@@ -44,6 +44,19 @@ func (c *fakeClock) Advance(d time.Duration) {
 	}
 }
 
+// armed returns the times the armed timers are set to.
+func (c *fakeClock) armed() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []time.Time
+	for _, t := range c.timers {
+		if t.armed {
+			out = append(out, t.at)
+		}
+	}
+	return out
+}
+
 type fakeTimer struct {
 	c     *fakeClock
 	ch    chan time.Time

@@ -595,3 +595,132 @@ func TestManagerRealChecks(t *testing.T) {
 		t.Errorf("events %v", events)
 	}
 }
+
+func TestHistogramBuckets(t *testing.T) {
+	var h Histogram
+	for _, d := range []time.Duration{-time.Millisecond, 0, 100 * time.Microsecond, 101 * time.Microsecond, time.Second, 3 * time.Second} {
+		h.observe(d)
+	}
+	var want [len(LatenessBuckets) + 1]uint64
+	want[0] = 3                    // -1ms (as 0), 0 and 100µs: at most 0.0001 s
+	want[1] = 1                    // 101µs
+	want[12] = 1                   // 1 s is at most the 1 s bound
+	want[len(LatenessBuckets)] = 1 // 3 s is above every bound
+	if h.Counts != want {
+		t.Errorf("counts %v, want %v", h.Counts, want)
+	}
+	if got := h.Sum; got < 4.000200 || got > 4.000202 {
+		t.Errorf("sum %v, want 4.000201", got)
+	}
+}
+
+// TestManagerLateness checks that a probe that waits for a free slot
+// counts as late by the time it waited, and one that starts when due as
+// on time.
+func TestManagerLateness(t *testing.T) {
+	clock := newFakeClock()
+	started := make(chan struct{}, 2)
+	release := make(chan struct{})
+	m := NewManager(Options{
+		Clock:       clock,
+		StartSpread: -1,
+		MaxInFlight: 1,
+		NewProber: func(Spec, netip.AddrPort) (Prober, error) {
+			return ProberFunc(func(ctx context.Context) error {
+				started <- struct{}{}
+				<-release
+				return nil
+			}), nil
+		},
+	})
+	// With one slot the second check, due with the first, waits for the
+	// first probe to end.
+	targets := []Target{
+		{Service: "s", Backend: be1, Spec: tcpSpec()},
+		{Service: "s", Backend: be2, Spec: tcpSpec()},
+	}
+	if err := m.Update(targets); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = m.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	<-started
+	clock.Advance(30 * time.Millisecond)
+	release <- struct{}{}
+	<-started
+	release <- struct{}{}
+	waitFor(t, "two probes", func() bool { return m.Stats().Probes == 2 })
+	h := m.Stats().Lateness
+	var want [len(LatenessBuckets) + 1]uint64
+	want[0] = 1 // the first, on time
+	want[8] = 1 // the second, 30ms late: at most 0.05 s
+	if h.Counts != want {
+		t.Errorf("lateness counts %v, want %v", h.Counts, want)
+	}
+	if h.Sum < 0.029 || h.Sum > 0.031 {
+		t.Errorf("lateness sum %v, want 0.03", h.Sum)
+	}
+}
+
+// TestManagerSlack checks that the scheduler does not wake again within
+// Options.Slack: a probe due 0.3ms after another starts with the
+// probes due by the end of the slack, 1ms after the first, and so counts
+// as 0.7ms late; with no slack it starts when due.
+func TestManagerSlack(t *testing.T) {
+	for _, slack := range []time.Duration{0, -1} {
+		clock := newFakeClock()
+		m := NewManager(Options{
+			Clock:       clock,
+			StartSpread: -1,
+			Slack:       slack,
+			NewProber: func(Spec, netip.AddrPort) (Prober, error) {
+				return ProberFunc(func(context.Context) error { return nil }), nil
+			},
+		})
+		a, b := tcpSpec(), tcpSpec()
+		b.Interval += 300 * time.Microsecond
+		if err := m.Update([]Target{{Service: "s", Backend: be1, Spec: a}, {Service: "s", Backend: be2, Spec: b}}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _ = m.Run(ctx); close(done) }()
+		t0 := clock.Now()
+		// armedAt waits until the scheduler sleeps until at.
+		armedAt := func(what string, at time.Time) {
+			t.Helper()
+			waitFor(t, what, func() bool {
+				ts := clock.armed()
+				return len(ts) == 1 && ts[0].Equal(at)
+			})
+		}
+		waitFor(t, "first probes", func() bool { return m.Stats().Probes == 2 })
+		armedAt("the wake for a's second probe", t0.Add(time.Second))
+		clock.Advance(time.Second)
+		waitFor(t, "a's second probe", func() bool { return m.Stats().Probes >= 3 })
+		if slack < 0 {
+			armedAt("the wake for b's second probe", t0.Add(b.Interval))
+		} else {
+			armedAt("the wake at the end of the slack", t0.Add(time.Second+DefaultSlack))
+		}
+		clock.Advance(300 * time.Microsecond)
+		if slack < 0 {
+			waitFor(t, "b's second probe, when due", func() bool { return m.Stats().Probes == 4 })
+		} else {
+			time.Sleep(50 * time.Millisecond)
+			if n := m.Stats().Probes; n != 3 {
+				t.Fatalf("slack %v: %d probes 0.3ms after the first, want 3 (b waits for the slack)", slack, n)
+			}
+			clock.Advance(700 * time.Microsecond)
+			waitFor(t, "b's second probe, after the slack", func() bool { return m.Stats().Probes == 4 })
+			h := m.Stats().Lateness
+			if h.Counts[3] != 1 || h.Counts[0] != 3 {
+				t.Errorf("lateness counts %v, want three on time and one at most 1ms late", h.Counts)
+			}
+		}
+		cancel()
+		<-done
+	}
+}

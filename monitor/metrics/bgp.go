@@ -57,7 +57,7 @@ func (m *Metrics) bgpm() *bgpMetrics {
 		for _, r := range []string{WithdrawNoBackend, WithdrawDrained, WithdrawRemoved, WithdrawStopping} {
 			b.withdrawals.WithLabelValues(r)
 		}
-		m.reg.MustRegister(b.peerUp, b.routes, b.announcements, b.withdrawals, b.drained)
+		m.register(b.peerUp, b.routes, b.announcements, b.withdrawals, b.drained)
 		m.bgp = b
 	})
 	return m.bgp

@@ -23,6 +23,26 @@ type statusCollector struct {
 	backendUp, foreign, taken                                        *prometheus.Desc
 }
 
+// statusHelp is the help of each family of the status metrics, which
+// the collector and the text writer (statustext.go) share.
+var statusHelp = map[string]string{
+	"vipd_backend_active_connections":   "Active (established) connections to a backend.",
+	"vipd_backend_bytes_total":          "Bytes of a backend, by direction: in from clients, out to them.",
+	"vipd_backend_configured_weight":    "A backend's configured weight; absent when only the kernel has it (draining after removal, say).",
+	"vipd_backend_connections_total":    "Connections the kernel scheduled to a backend.",
+	"vipd_backend_inactive_connections": "Inactive connections to a backend: closing, or UDP flows.",
+	"vipd_backend_packets_total":        "Packets of a backend, by direction: in from clients, out to them.",
+	"vipd_backend_up":                   "1 when a configured backend passes its health checks or has none, 0 when it fails them.",
+	"vipd_backend_weight":               "A backend's weight in the kernel; absent when the kernel lacks it.",
+	"vipd_foreign_services":             "IPVS services vipd does not own.",
+	"vipd_service_bytes_total":          "Bytes of a service, by direction: in from clients, out to them.",
+	"vipd_service_connections_total":    "Connections the kernel scheduled for a service.",
+	"vipd_service_packets_total":        "Packets of a service, by direction: in from clients, out to them.",
+	"vipd_service_state":                "State of a service: 1 for its current state (ok, degraded, down, missing in the kernel), 0 for the others.",
+	"vipd_status_errors_total":          "Scrapes that could not read the status of vipd's services, and so lack their metrics.",
+	"vipd_status_timestamp_seconds":     "When the status behind the service and backend metrics was taken, as a Unix time; vipd takes it again at most once per stats_interval.",
+}
+
 var serviceStates = []status.State{status.OK, status.Degraded, status.Down, status.Missing}
 
 func newStatusCollector(snapshot func() (*status.Snapshot, error), log *slog.Logger) *statusCollector {
@@ -37,36 +57,22 @@ func newStatusCollector(snapshot func() (*status.Snapshot, error), log *slog.Log
 		log:      log,
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vipd_status_errors_total",
-			Help: "Scrapes that could not read the status of vipd's services, and so lack their metrics.",
+			Help: statusHelp["vipd_status_errors_total"],
 		}),
-		serviceState: prometheus.NewDesc("vipd_service_state",
-			"State of a service: 1 for its current state (ok, degraded, down, missing in the kernel), 0 for the others.", with(svc, "state"), nil),
-		serviceConns: prometheus.NewDesc("vipd_service_connections_total",
-			"Connections the kernel scheduled for a service.", svc, nil),
-		servicePackets: prometheus.NewDesc("vipd_service_packets_total",
-			"Packets of a service, by direction: in from clients, out to them.", with(svc, "direction"), nil),
-		serviceBytes: prometheus.NewDesc("vipd_service_bytes_total",
-			"Bytes of a service, by direction: in from clients, out to them.", with(svc, "direction"), nil),
-		backendConns: prometheus.NewDesc("vipd_backend_connections_total",
-			"Connections the kernel scheduled to a backend.", be, nil),
-		backendPackets: prometheus.NewDesc("vipd_backend_packets_total",
-			"Packets of a backend, by direction: in from clients, out to them.", with(be, "direction"), nil),
-		backendBytes: prometheus.NewDesc("vipd_backend_bytes_total",
-			"Bytes of a backend, by direction: in from clients, out to them.", with(be, "direction"), nil),
-		backendActive: prometheus.NewDesc("vipd_backend_active_connections",
-			"Active (established) connections to a backend.", be, nil),
-		backendInactive: prometheus.NewDesc("vipd_backend_inactive_connections",
-			"Inactive connections to a backend: closing, or UDP flows.", be, nil),
-		backendWeight: prometheus.NewDesc("vipd_backend_weight",
-			"A backend's weight in the kernel; absent when the kernel lacks it.", be, nil),
-		backendConfWeight: prometheus.NewDesc("vipd_backend_configured_weight",
-			"A backend's configured weight; absent when only the kernel has it (draining after removal, say).", be, nil),
-		backendUp: prometheus.NewDesc("vipd_backend_up",
-			"1 when a configured backend passes its health checks or has none, 0 when it fails them.", []string{"service", "backend"}, nil),
-		foreign: prometheus.NewDesc("vipd_foreign_services",
-			"IPVS services vipd does not own.", nil, nil),
-		taken: prometheus.NewDesc("vipd_status_timestamp_seconds",
-			"When the status behind the service and backend metrics was taken, as a Unix time; vipd takes it again at most once per stats_interval.", nil, nil),
+		serviceState:      prometheus.NewDesc("vipd_service_state", statusHelp["vipd_service_state"], with(svc, "state"), nil),
+		serviceConns:      prometheus.NewDesc("vipd_service_connections_total", statusHelp["vipd_service_connections_total"], svc, nil),
+		servicePackets:    prometheus.NewDesc("vipd_service_packets_total", statusHelp["vipd_service_packets_total"], with(svc, "direction"), nil),
+		serviceBytes:      prometheus.NewDesc("vipd_service_bytes_total", statusHelp["vipd_service_bytes_total"], with(svc, "direction"), nil),
+		backendConns:      prometheus.NewDesc("vipd_backend_connections_total", statusHelp["vipd_backend_connections_total"], be, nil),
+		backendPackets:    prometheus.NewDesc("vipd_backend_packets_total", statusHelp["vipd_backend_packets_total"], with(be, "direction"), nil),
+		backendBytes:      prometheus.NewDesc("vipd_backend_bytes_total", statusHelp["vipd_backend_bytes_total"], with(be, "direction"), nil),
+		backendActive:     prometheus.NewDesc("vipd_backend_active_connections", statusHelp["vipd_backend_active_connections"], be, nil),
+		backendInactive:   prometheus.NewDesc("vipd_backend_inactive_connections", statusHelp["vipd_backend_inactive_connections"], be, nil),
+		backendWeight:     prometheus.NewDesc("vipd_backend_weight", statusHelp["vipd_backend_weight"], be, nil),
+		backendConfWeight: prometheus.NewDesc("vipd_backend_configured_weight", statusHelp["vipd_backend_configured_weight"], be, nil),
+		backendUp:         prometheus.NewDesc("vipd_backend_up", statusHelp["vipd_backend_up"], []string{"service", "backend"}, nil),
+		foreign:           prometheus.NewDesc("vipd_foreign_services", statusHelp["vipd_foreign_services"], nil, nil),
+		taken:             prometheus.NewDesc("vipd_status_timestamp_seconds", statusHelp["vipd_status_timestamp_seconds"], nil, nil),
 	}
 }
 
@@ -188,6 +194,8 @@ var (
 		"Health probes that failed.", nil, nil)
 	inFlightDesc = prometheus.NewDesc("vipd_health_probes_in_flight",
 		"Health probes running or waiting for a free slot.", nil, nil)
+	latenessDesc = prometheus.NewDesc("vipd_health_check_lateness_seconds",
+		"How late health probes started: the time from a probe's due time to its start.", nil, nil)
 )
 
 // healthCollector exports the health checker's counters, read at each
@@ -196,7 +204,7 @@ type healthCollector func() health.Stats
 
 // Describe implements prometheus.Collector.
 func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{checksDesc, checkedDesc, probesDesc, probeFailuresDesc, inFlightDesc} {
+	for _, d := range []*prometheus.Desc{checksDesc, checkedDesc, probesDesc, probeFailuresDesc, inFlightDesc, latenessDesc} {
 		ch <- d
 	}
 }
@@ -209,4 +217,12 @@ func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(probesDesc, prometheus.CounterValue, float64(s.Probes))
 	ch <- prometheus.MustNewConstMetric(probeFailuresDesc, prometheus.CounterValue, float64(s.Failures))
 	ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(s.InFlight))
+	buckets := make(map[float64]uint64, len(health.LatenessBuckets))
+	var n uint64
+	for i, le := range health.LatenessBuckets {
+		n += s.Lateness.Counts[i]
+		buckets[le] = n
+	}
+	n += s.Lateness.Counts[len(health.LatenessBuckets)]
+	ch <- prometheus.MustNewConstHistogram(latenessDesc, n, s.Lateness.Sum, buckets)
 }

@@ -12,8 +12,11 @@
 package metrics
 
 import (
+	"bufio"
+	"compress/gzip"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -24,6 +27,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/vipd/vipd/kernel/arp"
 	"github.com/vipd/vipd/lb"
@@ -81,9 +86,15 @@ const (
 
 // Metrics are vipd's metrics. Its methods are safe for concurrent use.
 type Metrics struct {
-	reg     *prometheus.Registry
-	handler http.Handler
-	now     func() time.Time
+	// reg holds every metric; base every one but the status metrics,
+	// which the handler writes itself in the text format (see serve).
+	reg, base *prometheus.Registry
+	status    *statusCollector
+	log       *slog.Logger
+	handler   http.Handler
+	// full serves the whole registry through client_golang.
+	full http.Handler
+	now  func() time.Time
 
 	passes      *prometheus.CounterVec
 	ops         *prometheus.CounterVec
@@ -147,8 +158,10 @@ func New(opts Options) *Metrics {
 		opts.Now = time.Now
 	}
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
-		now: opts.Now,
+		reg:  prometheus.NewRegistry(),
+		base: prometheus.NewRegistry(),
+		log:  opts.Logger,
+		now:  opts.Now,
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vipd_reconcile_passes_total",
 			Help: "Reconcile passes run, by what triggered them.",
@@ -242,26 +255,123 @@ func New(opts Options) *Metrics {
 	}, []string{"version"})
 	buildInfo.WithLabelValues(opts.Version).Set(1)
 
-	m.reg.MustRegister(buildInfo, m.passes, m.ops, m.passErrors, m.duration, m.lastSuccess,
+	m.register(buildInfo, m.passes, m.ops, m.passErrors, m.duration, m.lastSuccess,
 		m.generation, m.lastReload, m.reloadFailures, m.stale, m.transitions, m.drift, m.rejected)
 	if opts.Status != nil {
-		m.reg.MustRegister(newStatusCollector(opts.Status, opts.Logger))
+		m.status = newStatusCollector(opts.Status, opts.Logger)
+		m.reg.MustRegister(m.status)
 	}
 	if opts.Announcer != nil {
-		m.reg.MustRegister(announcerCollector(opts.Announcer))
+		m.register(announcerCollector(opts.Announcer))
 	}
 	if opts.Health != nil {
-		m.reg.MustRegister(healthCollector(opts.Health))
+		m.register(healthCollector(opts.Health))
 	}
 	if !opts.NoRuntime {
-		m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.register(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	m.handler = promhttp.InstrumentMetricHandler(m.reg, promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+	m.full = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
 		ErrorLog:      errorLog{opts.Logger},
 		ErrorHandling: promhttp.ContinueOnError,
-		Registry:      m.reg,
-	}))
+	})
+	m.handler = promhttp.InstrumentMetricHandler(registries{m.reg, m.base}, http.HandlerFunc(m.serve))
 	return m
+}
+
+// register registers cs on both registries.
+func (m *Metrics) register(cs ...prometheus.Collector) {
+	m.reg.MustRegister(cs...)
+	m.base.MustRegister(cs...)
+}
+
+// registries registers on both of its registries.
+type registries [2]*prometheus.Registry
+
+func (r registries) Register(c prometheus.Collector) error {
+	if err := r[0].Register(c); err != nil {
+		return err
+	}
+	return r[1].Register(c)
+}
+
+func (r registries) MustRegister(cs ...prometheus.Collector) {
+	r[0].MustRegister(cs...)
+	r[1].MustRegister(cs...)
+}
+
+func (r registries) Unregister(c prometheus.Collector) bool {
+	a, b := r[0].Unregister(c), r[1].Unregister(c)
+	return a || b
+}
+
+// serve serves a scrape. In the text format, the one Prometheus asks for,
+// it gathers the registry without the status metrics and writes those
+// itself, merged in by name, byte for byte what the registry would write
+// (statusFamilies); other formats (protobuf) get the registry's whole
+// output.
+func (m *Metrics) serve(w http.ResponseWriter, r *http.Request) {
+	format := expfmt.Negotiate(r.Header)
+	if m.status == nil || format.FormatType() != expfmt.TypeTextPlain {
+		m.full.ServeHTTP(w, r)
+		return
+	}
+	mfs, err := m.base.Gather()
+	if err != nil {
+		// As the registry's handler does with ContinueOnError: serve
+		// what was gathered.
+		errorLog{m.log}.Println("error gathering metrics:", err)
+	}
+	snap, err := m.status.snapshot()
+	if err != nil {
+		m.status.errors.Inc()
+		m.status.log.Warn("metrics scrape: cannot read the status of services", "err", err)
+		snap = nil
+	}
+	var errs dto.Metric
+	if err := m.status.errors.Write(&errs); err != nil {
+		errorLog{m.log}.Println("error reading vipd_status_errors_total:", err)
+	}
+	fams := statusFamilies(snap, errs.GetCounter().GetValue())
+
+	w.Header().Set("Content-Type", string(format))
+	var out io.Writer = w
+	if acceptsGzip(r.Header.Get("Accept-Encoding")) {
+		w.Header().Set("Content-Encoding", "gzip")
+		gz := gzip.NewWriter(w)
+		defer gz.Close()
+		out = gz
+	}
+	bw := bufio.NewWriterSize(out, 64<<10)
+	enc := expfmt.NewEncoder(bw, format)
+	tw := &textWriter{w: bw}
+	for i, j := 0, 0; i < len(mfs) || j < len(fams); {
+		if j == len(fams) || (i < len(mfs) && mfs[i].GetName() < fams[j].name) {
+			if err := enc.Encode(mfs[i]); err != nil {
+				errorLog{m.log}.Println("error encoding and sending metric family:", err)
+				return
+			}
+			i++
+			continue
+		}
+		fams[j].write(tw)
+		j++
+	}
+	if err := bw.Flush(); err != nil {
+		errorLog{m.log}.Println("error sending metrics:", err)
+	}
+}
+
+// acceptsGzip reports whether an Accept-Encoding header accepts gzip.
+func acceptsGzip(header string) bool {
+	for part := range strings.SplitSeq(header, ",") {
+		coding, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if !strings.EqualFold(strings.TrimSpace(coding), "gzip") {
+			continue
+		}
+		q, ok := strings.CutPrefix(strings.ReplaceAll(params, " ", ""), "q=")
+		return !ok || (q != "0" && q != "0.0" && q != "0.00" && q != "0.000")
+	}
+	return false
 }
 
 // errorLog hands promhttp's errors to a Logger.
@@ -410,7 +520,7 @@ func (m *Metrics) Rejected(s Server) {
 // HA records the node's VRRP role and priority; transition says the role
 // just changed.
 func (m *Metrics) HA(master bool, priority uint8, cause string) {
-	m.haOnce.Do(func() { m.reg.MustRegister(m.haMaster, m.haPriority, m.haTransitions) })
+	m.haOnce.Do(func() { m.register(m.haMaster, m.haPriority, m.haTransitions) })
 	role := "backup"
 	if master {
 		role = "master"
@@ -426,7 +536,7 @@ func (m *Metrics) HA(master bool, priority uint8, cause string) {
 
 // Source records whether a source is in step with its origin.
 func (m *Metrics) Source(name string, up bool) {
-	m.sourceOnce.Do(func() { m.reg.MustRegister(m.sourceUp) })
+	m.sourceOnce.Do(func() { m.register(m.sourceUp) })
 	v := 0.0
 	if up {
 		v = 1
@@ -435,7 +545,7 @@ func (m *Metrics) Source(name string, up bool) {
 }
 
 func (m *Metrics) Watch(up bool) {
-	m.watchOnce.Do(func() { m.reg.MustRegister(m.watchUp, m.watchFailures) })
+	m.watchOnce.Do(func() { m.register(m.watchUp, m.watchFailures) })
 	if up {
 		m.watchUp.Set(1)
 		return

@@ -232,9 +232,33 @@ vipd_garp_sent_total 12
 
 func TestHealthCollector(t *testing.T) {
 	c := healthCollector(func() health.Stats {
-		return health.Stats{Checks: 3, Backends: 5, Probes: 1000, Failures: 7, Transitions: 2, InFlight: 1}
+		s := health.Stats{Checks: 3, Backends: 5, Probes: 1000, Failures: 7, Transitions: 2, InFlight: 1}
+		s.Lateness.Counts[0] = 990 // at most 100µs late
+		s.Lateness.Counts[5] = 8   // at most 5ms
+		s.Lateness.Counts[14] = 2  // above 2.5s
+		s.Lateness.Sum = 6.5
+		return s
 	})
 	want := `
+# HELP vipd_health_check_lateness_seconds How late health probes started: the time from a probe's due time to its start.
+# TYPE vipd_health_check_lateness_seconds histogram
+vipd_health_check_lateness_seconds_bucket{le="0.0001"} 990
+vipd_health_check_lateness_seconds_bucket{le="0.00025"} 990
+vipd_health_check_lateness_seconds_bucket{le="0.0005"} 990
+vipd_health_check_lateness_seconds_bucket{le="0.001"} 990
+vipd_health_check_lateness_seconds_bucket{le="0.0025"} 990
+vipd_health_check_lateness_seconds_bucket{le="0.005"} 998
+vipd_health_check_lateness_seconds_bucket{le="0.01"} 998
+vipd_health_check_lateness_seconds_bucket{le="0.025"} 998
+vipd_health_check_lateness_seconds_bucket{le="0.05"} 998
+vipd_health_check_lateness_seconds_bucket{le="0.1"} 998
+vipd_health_check_lateness_seconds_bucket{le="0.25"} 998
+vipd_health_check_lateness_seconds_bucket{le="0.5"} 998
+vipd_health_check_lateness_seconds_bucket{le="1"} 998
+vipd_health_check_lateness_seconds_bucket{le="2.5"} 998
+vipd_health_check_lateness_seconds_bucket{le="+Inf"} 1000
+vipd_health_check_lateness_seconds_sum 6.5
+vipd_health_check_lateness_seconds_count 1000
 # HELP vipd_health_checked_backends Backends of services with at least one health check.
 # TYPE vipd_health_checked_backends gauge
 vipd_health_checked_backends 5

@@ -1,6 +1,7 @@
 package status
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -71,12 +72,12 @@ func RenderTable(w io.Writer, snap *Snapshot) error {
 	}
 	tw.Flush() // cannot fail: it writes to a buffer
 	// Padding before an empty last cell leaves trailing blanks.
-	var out strings.Builder
-	for line := range strings.Lines(buf.String()) {
-		out.WriteString(strings.TrimRight(line, " \n"))
+	out := bufio.NewWriterSize(w, 64<<10)
+	for line := range bytes.Lines(buf.Bytes()) {
+		out.Write(bytes.TrimRight(line, " \n"))
 		out.WriteByte('\n')
 	}
-	if _, err := io.WriteString(w, out.String()); err != nil {
+	if err := out.Flush(); err != nil {
 		return fmt.Errorf("render status table: %w", err)
 	}
 	return nil

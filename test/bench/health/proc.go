@@ -1,0 +1,93 @@
+package healthbench
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTick is the unit of /proc/PID/stat's times (USER_HZ, 100 on every
+// Linux architecture Go runs on).
+const clockTick = 10 * time.Millisecond
+
+// ProcUsage is a process's CPU time (user and system) and resident set
+// size.
+type ProcUsage struct {
+	CPU time.Duration
+	RSS uint64
+}
+
+// ReadProc reads the CPU time and resident set size of process pid.
+func ReadProc(pid int) (ProcUsage, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ProcUsage{}, err
+	}
+	cpu, err := parseStat(string(stat))
+	if err != nil {
+		return ProcUsage{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return ProcUsage{}, err
+	}
+	rss, err := parseRSS(string(status))
+	if err != nil {
+		return ProcUsage{}, fmt.Errorf("/proc/%d/status: %w", pid, err)
+	}
+	return ProcUsage{CPU: cpu, RSS: rss}, nil
+}
+
+// ReadProcs sums ReadProc over pids.
+func ReadProcs(pids []int) (ProcUsage, error) {
+	var sum ProcUsage
+	for _, pid := range pids {
+		u, err := ReadProc(pid)
+		if err != nil {
+			return ProcUsage{}, err
+		}
+		sum.CPU += u.CPU
+		sum.RSS += u.RSS
+	}
+	return sum, nil
+}
+
+// parseStat returns utime+stime of a /proc/PID/stat line. The command
+// name, in parentheses, may hold spaces and parentheses: the fields
+// that follow are counted from the last ')'.
+func parseStat(s string) (time.Duration, error) {
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("no command name in %q", s)
+	}
+	// After ") ": state is field 3, utime field 14 and stime field 15.
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("%d fields after the command name, want at least 13", len(f))
+	}
+	var ticks uint64
+	for _, v := range f[11:13] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("cpu time %q: %w", v, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * clockTick, nil
+}
+
+// parseRSS returns the VmRSS of a /proc/PID/status file, in bytes.
+func parseRSS(s string) (uint64, error) {
+	for line := range strings.Lines(s) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("parse %q: %w", strings.TrimSpace(line), err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS line")
+}

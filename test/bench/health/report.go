@@ -1,0 +1,193 @@
+package healthbench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// Targets of the issue.
+const (
+	// TargetHostCPU is the most of one core vipd may use on the host for
+	// the TCP-only workload (10,000 checks a second).
+	TargetHostCPU = 10.0
+	// TargetRatio is how many times less CPU than keepalived vipd uses
+	// in the same boot.
+	TargetRatio = 3.0
+)
+
+// Peer is what was measured of one checker under one workload.
+type Peer struct {
+	// Name is "vipd" or "keepalived".
+	Name string
+	// CPU is the checker's CPU, in % of one core, over each second of
+	// the window; CPUMean over the whole window.
+	CPU     []float64
+	CPUMean float64
+	// RSS is the checker's resident set size in MiB, sampled each second
+	// of the window.
+	RSS []float64
+	// Lateness holds the lateness histogram's observations in the window
+	// (vipd_health_check_lateness_seconds), nil for a checker that
+	// exports none.
+	Lateness []Bucket
+	// Probes is the probe rate in the window, 0 if the checker does not
+	// say.
+	Probes float64
+	// Failures is, for vipd, the probes that failed in the window; for
+	// keepalived, the backends at weight 0 at its end. Every backend
+	// listens then: any is a failure of the checker (a timeout, say).
+	Failures float64
+	// InFlight is, for vipd, its probes in flight (running or waiting
+	// for a slot) at the window's end; ListenersCPU the listener
+	// process's CPU over the window, in % of one core: the other half of
+	// every check on a loopback.
+	InFlight, ListenersCPU float64
+	// DetectTCP and DetectHTTP are the detection latencies, in ms: from
+	// a backend's listener closed to its weight 0.
+	DetectTCP, DetectHTTP []float64
+}
+
+// Result is one run of the benchmark: peers measured under one workload
+// in one place.
+type Result struct {
+	// Where says where it ran: "host (fake kernel)" or "guest".
+	Where    string
+	Workload Workload
+	// Window is the CPU window, in seconds.
+	Window float64
+	Peers  []Peer
+	// Detection is where the detection latency ends (vipd applying weight
+	// 0, or the kernel's table showing it).
+	Detection string
+}
+
+// Check returns an error for every figure a peer lacks: a benchmark
+// that could not measure a peer fails rather than print a partial table.
+func (r *Result) Check(peers ...string) error {
+	var errs []error
+	for _, name := range peers {
+		i := slices.IndexFunc(r.Peers, func(p Peer) bool { return p.Name == name })
+		if i < 0 {
+			errs = append(errs, fmt.Errorf("%s: not measured", name))
+			continue
+		}
+		p := r.Peers[i]
+		if len(p.CPU) == 0 || len(p.RSS) == 0 {
+			errs = append(errs, fmt.Errorf("%s: no CPU or RSS samples", name))
+		}
+		if r.Workload.TCP > 0 && len(p.DetectTCP) == 0 {
+			errs = append(errs, fmt.Errorf("%s: no tcp detection sample", name))
+		}
+		if r.Workload.HTTP > 0 && len(p.DetectHTTP) == 0 {
+			errs = append(errs, fmt.Errorf("%s: no http detection sample", name))
+		}
+		if name == "vipd" && len(p.Lateness) == 0 {
+			errs = append(errs, fmt.Errorf("%s: no lateness histogram", name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Percentile returns the p-th percentile (0-100) of xs by nearest rank,
+// NaN for none.
+func Percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Sorted(slices.Values(xs))
+	rank := int(math.Ceil(p / 100 * float64(len(s))))
+	return s[min(max(rank, 1), len(s))-1]
+}
+
+// peer returns the named peer, or nil.
+func (r *Result) peer(name string) *Peer {
+	for i := range r.Peers {
+		if r.Peers[i].Name == name {
+			return &r.Peers[i]
+		}
+	}
+	return nil
+}
+
+// CPURatio returns keepalived's mean CPU over vipd's, and false unless
+// both were measured.
+func (r *Result) CPURatio() (float64, bool) {
+	v, k := r.peer("vipd"), r.peer("keepalived")
+	if v == nil || k == nil || v.CPUMean <= 0 {
+		return 0, false
+	}
+	return k.CPUMean / v.CPUMean, true
+}
+
+// WriteTable writes r as the report's table: one row per figure and
+// peer with n, p50 and p99, then the ratios and the targets.
+func (r *Result) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "%s: %s; %.0f checks/s; CPU window %.0f s\n", r.Where, r.Workload, r.Workload.ChecksPerSecond(), r.Window)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "peer\tfigure\tn\tp50\tp99\tmean/bound\t")
+	f := func(x float64, prec int) string {
+		if math.IsNaN(x) {
+			return "-"
+		}
+		return fmt.Sprintf("%.*f", prec, x)
+	}
+	for _, p := range r.Peers {
+		fmt.Fprintf(tw, "%s\tcpu %% of one core (per s)\t%d\t%s\t%s\tmean %s\t\n", p.Name, len(p.CPU), f(Percentile(p.CPU, 50), 1), f(Percentile(p.CPU, 99), 1), f(p.CPUMean, 1))
+		fmt.Fprintf(tw, "%s\trss MiB (per s)\t%d\t%s\t%s\tmax %s\t\n", p.Name, len(p.RSS), f(Percentile(p.RSS, 50), 1), f(Percentile(p.RSS, 99), 1), f(Percentile(p.RSS, 100), 1))
+		if p.Lateness != nil {
+			n := p.Lateness[len(p.Lateness)-1].Count
+			fmt.Fprintf(tw, "%s\tcheck lateness ms\t%.0f\t%s\t%s\t%s probes/s\t\n", p.Name, n, f(1000*Quantile(p.Lateness, 0.5), 2), f(1000*Quantile(p.Lateness, 0.99), 2), f(p.Probes, 0))
+		} else {
+			fmt.Fprintf(tw, "%s\tcheck lateness ms\t-\t-\t-\tnot exported\t\n", p.Name)
+		}
+		for _, d := range []struct {
+			kind Kind
+			ms   []float64
+		}{{TCP, p.DetectTCP}, {HTTP, p.DetectHTTP}} {
+			if len(d.ms) == 0 {
+				continue
+			}
+			bound := float64(r.Workload.Fall) * r.Workload.interval(d.kind).Seconds() * 1000
+			fmt.Fprintf(tw, "%s\tdetection %s ms\t%d\t%s\t%s\tfall x interval %.0f\t\n", p.Name, d.kind, len(d.ms), f(Percentile(d.ms, 50), 0), f(Percentile(d.ms, 99), 0), bound)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	var notes []string
+	if ratio, ok := r.CPURatio(); ok {
+		notes = append(notes, fmt.Sprintf("cpu keepalived/vipd (means): %.1fx (target >= %.0fx: %s)", ratio, TargetRatio, verdict(ratio >= TargetRatio)))
+	}
+	if v := r.peer("vipd"); v != nil && strings.HasPrefix(r.Where, "host") && r.Workload.HTTP == 0 && r.Workload.TCP >= 10000 {
+		notes = append(notes, fmt.Sprintf("vipd cpu, mean: %.1f%% of one core (target <= %.0f%%: %s)", v.CPUMean, TargetHostCPU, verdict(v.CPUMean <= TargetHostCPU)))
+	}
+	for _, p := range r.Peers {
+		what := "probes failed in the window"
+		if p.Name == "keepalived" {
+			what = "backends at weight 0 after the window"
+		}
+		notes = append(notes, fmt.Sprintf("%s: %.0f %s (every backend listening); the listener process used %.1f%% of one core in its window", p.Name, p.Failures, what, p.ListenersCPU))
+		if p.Name == "vipd" {
+			notes = append(notes, fmt.Sprintf("vipd: %.0f probes in flight at the window's end", p.InFlight))
+		}
+	}
+	notes = append(notes, "detection: from the listener closed to "+r.Detection)
+	for _, n := range notes {
+		if _, err := fmt.Fprintln(w, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "missed"
+}

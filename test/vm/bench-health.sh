@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# test/vm/bench-health.sh — the health-check benchmark (part of make bench,
+# never of make test): TestHealthBench (test/bench/health, build tag
+# healthbench) twice:
+#
+#   1. on the host, vipd alone (its agent on a fake kernel: the host has no
+#      IPVS) at full size, 10,000 TCP checks every second, then with 2,000
+#      HTTP checks every 2 s beside them, against listeners on 10.77.0.0/16
+#      in a private network namespace (unshare -n);
+#   2. in one guest boot, vipd and keepalived's checker with the same,
+#      scaled-down, checks (the emulator cannot run the full size).
+#
+# Each prints a table: CPU (% of one core, per second of a window), RSS,
+# check lateness (vipd_health_check_lateness_seconds), and detection
+# latency (a listener closed -> weight 0), with n, p50, p99, and the
+# ratios to the targets. It fails when a peer cannot be measured.
+#
+#   VIPD_HEALTHBENCH_HOST_SIZES   host workloads, TCP/HTTP (default 10000/0,10000/2000)
+#   VIPD_HEALTHBENCH_GUEST_SIZES  guest workloads (default 200/40: at 1,000/200 the
+#                                 emulated checkers fall behind by seconds)
+#   VIPD_HEALTHBENCH_WINDOW       CPU window, s (default 20)
+#   VIPD_HEALTHBENCH_SAMPLES      detection samples per workload (default 20 TCP, 10 HTTP)
+#   VIPD_HEALTHBENCH_WHERE        host, guest or both (default both)
+#   VIPD_BENCH_OUT                result path prefix (default bin/bench/bench-health-DATE);
+#                                 tables in PREFIX-host.txt and PREFIX-guest.txt
+#
+# The host part keeps both cores busy for about a minute: run it on a quiet
+# host (no guest beside it; it prints the load).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+t0=$(now)
+out=${VIPD_BENCH_OUT:-$REPO_ROOT/bin/bench/bench-health-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$(dirname "$out")"
+where=${VIPD_HEALTHBENCH_WHERE:-both}
+commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD)
+export VIPD_HEALTHBENCH_WINDOW VIPD_HEALTHBENCH_SAMPLES
+
+if [[ $where == host || $where == both ]]; then
+	bin=$(mktemp -d /tmp/vipd-healthbench.XXXXXX)
+	trap 'rm -rf "$bin"' EXIT
+	(cd "$REPO_ROOT" && CGO_ENABLED=0 go test -c -tags healthbench -o "$bin/health.test" ./test/bench/health)
+	log "host: load $(cut -d' ' -f1-3 /proc/loadavg), $(pgrep -c qemu-system || true) guests running"
+	{
+		echo "Health-check benchmark, host part (test/vm/bench-health.sh), $(date +%F), commit $commit."
+		echo "host: $(uname -r), $(nproc) CPUs, load at start $(cut -d' ' -f1-3 /proc/loadavg); listeners in another process."
+	} >"$out-host.txt"
+	(cd "$bin" && unshare -n env VIPD_HEALTHBENCH_NETNS=1 VIPD_HEALTHBENCH_OUT="$bin/table.txt" \
+		VIPD_HEALTHBENCH_SIZES="${VIPD_HEALTHBENCH_HOST_SIZES:-10000/0,10000/2000}" \
+		./health.test -test.run '^TestHealthBench$' -test.v -test.timeout 60m) || {
+		echo "bench-health: the host run failed" >&2
+		exit 1
+	}
+	cat "$bin/table.txt" >>"$out-host.txt"
+	cat "$out-host.txt"
+fi
+
+if [[ $where == guest || $where == both ]]; then
+	logfile=$out-guest.console.log
+	rc=0
+	VIPD_GUEST_PKGS=./test/bench/health VIPD_GUEST_TAGS=healthbench VIPD_E2E_RUN='^TestHealthBench$' VIPD_E2E_QUIET=1 \
+		VIPD_HEALTHBENCH_SIZES="${VIPD_HEALTHBENCH_GUEST_SIZES:-200/40}" \
+		VIPD_E2E_TEST_TIMEOUT=${VIPD_HEALTHBENCH_TIMEOUT:-40m} VIPD_E2E_TIMEOUT=3000 VIPD_E2E_LOG=$logfile \
+		"$VM_DIR/e2e.sh" || rc=$?
+	clean=$(mktemp)
+	tr -d '\r' <"$logfile" >"$clean"
+	{
+		echo "Health-check benchmark, guest part (test/vm/bench-health.sh), one guest boot, $(date +%F), commit $commit."
+		echo "host: $(uname -r), $(nproc) CPUs; $(qemu-system-x86_64 --version | head -n 1); guest: Debian 12 cloud kernel, 2 vCPUs (TCG); keepalived $(keepalived --version 2>&1 | head -n 1 | awk '{print $2}') (-n -C: its checker process and its parent)."
+		sed -n '/^HEALTH-BENCH-TABLE-BEGIN$/,/^HEALTH-BENCH-TABLE-END$/{/^HEALTH-BENCH-TABLE-/d;p}' "$clean"
+	} >"$out-guest.txt"
+	if ! grep -q '^guest: ' "$out-guest.txt" || ((rc != 0)); then
+		rm -f "$clean"
+		echo "bench-health: the guest run failed or is incomplete (e2e exit $rc); console log: $logfile" >&2
+		exit 1
+	fi
+	rm -f "$clean"
+	cat "$out-guest.txt"
+fi
+echo "bench-health: results in $out-{host,guest}.txt; $(elapsed "$t0") s in all"
