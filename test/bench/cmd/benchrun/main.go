@@ -247,7 +247,9 @@ type KindPhase struct {
 // measured alone in the guest with vipd's packages: parsing the file,
 // the desired state, the plan from an empty table, binding the VIPs,
 // applying the IPVS operations in batches as the reconciler does (into a
-// fresh namespace), and writing one log line per operation.
+// fresh namespace), and writing the log lines of the applied operations
+// as a pass does (one per operation up to lb.LogEachMax, else one per run
+// of a kind).
 type ColdSteps struct {
 	Parse, Desired, Plan, BindVIPs, ApplyIPVS, Log float64
 	VIPs, IPVSOps                                  int
@@ -1286,8 +1288,21 @@ func measureColdSteps(o options, ff *fixtureFiles) *ColdSteps {
 		go func() { io.Copy(io.Discard, pr); close(drained) }()
 		lg := slog.New(slog.NewTextHandler(pw, nil))
 		t = time.Now()
-		for _, op := range ops {
-			lg.Info("applied", "op", op.Kind.String(), "detail", op.String())
+		// As vipd's pass logs: each operation up to lb.LogEachMax, and
+		// above that one line per run of a kind, with its count.
+		for i := 0; i < len(ops); {
+			j := i + 1
+			for j < len(ops) && ops[j].Kind == ops[i].Kind {
+				j++
+			}
+			if len(ops) <= lb.LogEachMax {
+				for _, op := range ops[i:j] {
+					lg.Info("applied", "op", op.Kind.String(), "detail", op.String())
+				}
+			} else {
+				lg.Info("applied", "op", ops[i].Kind.String(), "count", j-i)
+			}
+			i = j
 		}
 		cs.Log = since(t)
 		pw.Close()

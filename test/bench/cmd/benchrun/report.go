@@ -134,7 +134,7 @@ func render(res *Results) string {
 	}
 	b.WriteString("cold-start steps, each measured alone in the guest with vipd's packages (seconds)\n")
 	w = tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "size\tparse file\tdesired state\tplan\tbind VIPs\tIPVS ops, batched\tlog a line per op\tsum\tvipd measured\t")
+	fmt.Fprintln(w, "size\tparse file\tdesired state\tplan\tbind VIPs\tIPVS ops, batched\tlog the ops (as a pass)\tsum\tvipd measured\t")
 	for _, r := range res.Sizes {
 		c := r.ColdSteps
 		if c == nil {
