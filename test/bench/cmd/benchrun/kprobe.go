@@ -33,9 +33,11 @@ import (
 // series). The probe is therefore defined at the start (a disabled
 // probe patches nothing), armed once, with the guest idle, before the
 // first series of changes, and never disarmed: between series the
-// instance's tracing_on (a flag of its ring buffer) stops the recording,
-// which patches nothing. The probe and the instance stay until the guest
-// powers off.
+// event's filter matches no process, so that its events are discarded
+// in the kernel (a filter is data the event's handler reads; changing it
+// patches no code). tracing_on cannot serve: once trace_pipe has been
+// read, a read with tracing off returns end of file. The probe and the
+// instance stay until the guest powers off.
 const (
 	tracefsDir    = "/sys/kernel/tracing"
 	probeGroup    = "vipd_bench"
@@ -102,6 +104,8 @@ type setTracer struct {
 	pipe   *os.File
 	// armed says that the probe was armed (see arm).
 	armed bool
+	// filter is the event's filter while recording (the measured comm).
+	filter string
 }
 
 // newSetTracer defines the probe, creates the instance with the mono
@@ -123,14 +127,15 @@ func newSetTracer(comm string) (*setTracer, error) {
 	if err := appendTo(filepath.Join(tracefsDir, "kprobe_events"), def); err != nil {
 		return nil, fmt.Errorf("define the kretprobe %q (is ip_vs loaded?): %w", def, err)
 	}
-	t := &setTracer{dir: filepath.Join(tracefsDir, "instances", traceInstance), events: make(chan traceEvent, 1024), done: make(chan struct{})}
+	t := &setTracer{dir: filepath.Join(tracefsDir, "instances", traceInstance), events: make(chan traceEvent, 1024), done: make(chan struct{}),
+		filter: fmt.Sprintf("comm == %q", comm)}
 	if err := os.Mkdir(t.dir, 0o755); err != nil {
 		t.removeProbe()
 		return nil, fmt.Errorf("create trace instance: %w", err)
 	}
 	setup := []struct{ file, value string }{
 		{"trace_clock", "mono"},
-		{filepath.Join("events", probeGroup, probeEvent, "filter"), fmt.Sprintf("comm == %q", comm)},
+		{filepath.Join("events", probeGroup, probeEvent, "filter"), offFilter},
 	}
 	for _, s := range setup {
 		if err := os.WriteFile(filepath.Join(t.dir, s.file), []byte(s.value), 0o644); err != nil {
@@ -153,11 +158,12 @@ func newSetTracer(comm string) (*setTracer, error) {
 	if err := t.checkClock(); err != nil {
 		return nil, errors.Join(err, t.close())
 	}
-	if err := t.record(false); err != nil {
-		return nil, errors.Join(err, t.close())
-	}
 	return t, nil
 }
+
+// offFilter is the event's filter between series: no process has this
+// name.
+const offFilter = `comm == "vipd-bench-off"`
 
 // read sends the events of trace_pipe until the stop marker.
 func (t *setTracer) read() {
@@ -210,16 +216,16 @@ func (t *setTracer) arm() error {
 	return nil
 }
 
-// record starts or stops the recording of events in the instance
-// (tracing_on): the armed probe keeps firing, and its events are dropped
-// while the recording is off.
+// record starts or stops the recording of the measured process's events,
+// by the event's filter: the armed probe keeps firing, and its events
+// are discarded in the kernel while the recording is off.
 func (t *setTracer) record(on bool) error {
-	v := "0"
+	v := offFilter
 	if on {
-		v = "1"
+		v = t.filter
 	}
-	if err := os.WriteFile(filepath.Join(t.dir, "tracing_on"), []byte(v), 0o644); err != nil {
-		return fmt.Errorf("tracing_on %s in the trace instance: %w", v, err)
+	if err := os.WriteFile(filepath.Join(t.dir, "events", probeGroup, probeEvent, "filter"), []byte(v), 0o644); err != nil {
+		return fmt.Errorf("set the event's filter to %q: %w", v, err)
 	}
 	return nil
 }
@@ -300,7 +306,7 @@ func (t *setTracer) waitSet(a *ipvs.IPVS, ff *fixtureFiles, w int, t0 int64, tim
 // it, which patches kernel text): the guest powers off after the run.
 // One that was never armed is removed with the instance.
 func (t *setTracer) close() error {
-	errs := []error{t.record(true)}
+	var errs []error
 	if err := os.WriteFile(filepath.Join(t.dir, "trace_marker"), []byte(stopMarker), 0o644); err != nil {
 		errs = append(errs, fmt.Errorf("write trace_marker: %w", err))
 	} else {
