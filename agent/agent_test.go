@@ -289,6 +289,20 @@ func TestReloadDeltaPass(t *testing.T) {
 	if len(out.Applied) != 1 || !strings.Contains(out.Applied[0].String(), "10.0.7.1:80") {
 		t.Errorf("applied %v, want the one weight", out.Applied)
 	}
+	// A weight is planned from the running configuration's state of the
+	// service: nothing is read.
+	if reads := r.k.Reads(); len(reads) != 0 {
+		t.Errorf("a weight change read %v, want nothing", reads)
+	}
+	// A backend added is planned from the kernel's state of its service.
+	text = bytes.Replace(text, []byte(`"10.0.7.1", weight = 3 }`), []byte(`"10.0.7.1", weight = 3 }, { address = "10.0.7.3" }`), 1)
+	os.WriteFile(r.path, text, 0o644)
+	if out, err = r.a.Reload(context.Background(), ReloadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Applied) != 1 || !strings.Contains(out.Applied[0].String(), "10.0.7.3:80") {
+		t.Errorf("applied %v, want the new backend", out.Applied)
+	}
 	reads := r.k.Reads()
 	if len(reads) != 1 || reads[0] != "service tcp 192.0.2.17:80" {
 		t.Errorf("a one-service change read %v, want that service alone", reads)

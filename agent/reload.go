@@ -141,7 +141,7 @@ func (a *Agent) reload(ctx context.Context, in fileRead, force bool) (Outcome, e
 			"parse", parsed.Sub(picked).Round(time.Microsecond), "apply", time.Since(parsed).Round(time.Microsecond),
 			"total", time.Since(in.seen).Round(time.Microsecond), "services_parsed", delta.NewTo-delta.From, "full", delta.Full)
 	}()
-	if err := a.refuseHostVIPs(cfg, cfg.Spec.Services[delta.From:delta.NewTo]); err != nil {
+	if err := a.refuseHostVIPs(cfg, reloadedVIPs(a.cfg, cfg, delta)); err != nil {
 		return Outcome{}, a.rejectInvalid(why, err)
 	}
 	a.notify(a.n.Reloading())

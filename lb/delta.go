@@ -3,6 +3,7 @@ package lb
 import (
 	"context"
 	"maps"
+	"slices"
 )
 
 // Delta is a change of a Spec confined to some of its services: Old are
@@ -18,6 +19,14 @@ type Delta struct {
 // only the IPVS services the change touches (with IPVS.Service), plans
 // them alone and applies the result, trusting the last full pass for
 // everything else.
+//
+// A service whose change keeps its settings and its set of backends (a
+// backend's weight, say) and that has no backend leaving is not read
+// either: the kernel holds what the passes so far left there, which is
+// the old desired state of the service, and the plan against that is
+// the change's updates alone. Should an update fail (the kernel lost
+// the backend behind vipd's back), the services are read and planned
+// again, and what that plan applies replaces the failures.
 //
 // That is only sound while the change leaves everything shared between
 // services alone, so ok is false, and nothing is done, unless the old and
@@ -49,7 +58,13 @@ func (r *Reconciler) ReconcileDelta(ctx context.Context, spec *Spec, d Delta) (r
 		Rules:    newD.Rules,
 		Announce: newD.Announce,
 	}
-	for key := range newD.Services {
+	trusted := 0
+	for key, want := range newD.Services {
+		if was := oldD.Services[key]; r.settled(key, was, want) {
+			observed.Services[key] = &ServiceState{Service: was.Service, Dests: maps.Clone(was.Dests)}
+			trusted++
+			continue
+		}
 		st, err := r.opts.Kernel.IPVS.Service(key)
 		if err != nil {
 			return nil, true, err
@@ -59,7 +74,49 @@ func (r *Reconciler) ReconcileDelta(ctx context.Context, spec *Spec, d Delta) (r
 		}
 	}
 	ops := Plan(newD, observed, r.planOptions())
-	return r.apply(ctx, ops, nil, nil), true, nil
+	res = r.apply(ctx, ops, nil, nil)
+	if trusted == 0 || len(res.Failed)+len(res.Skipped) == 0 {
+		return res, true, nil
+	}
+	// The kernel did not hold what the last passes left: read the
+	// services and plan them again from what they hold now.
+	for key := range newD.Services {
+		st, err := r.opts.Kernel.IPVS.Service(key)
+		if err != nil {
+			return res, true, err
+		}
+		delete(observed.Services, key)
+		if st != nil {
+			observed.Services[key] = st
+		}
+	}
+	again := r.apply(ctx, Plan(newD, observed, r.planOptions()), nil, nil)
+	again.Applied = append(slices.Clip(res.Applied), again.Applied...)
+	again.Existed = append(res.Existed, again.Existed...)
+	return again, true, nil
+}
+
+// settled reports whether the kernel's state of service key can be taken
+// to be was, the old desired state of a service changed to want, without
+// reading it: both exist, with the same settings and the same backends'
+// addresses (the plan then only updates backends, which needs none of
+// the kernel's counters), and none of its backends is leaving (the
+// kernel holds those besides was's). The caller holds r.mu.
+func (r *Reconciler) settled(key ServiceKey, was, want *ServiceState) bool {
+	if was == nil || want == nil || was.Service != want.Service || len(was.Dests) != len(want.Dests) {
+		return false
+	}
+	for addr := range want.Dests {
+		if _, ok := was.Dests[addr]; !ok {
+			return false
+		}
+	}
+	for k := range r.draining {
+		if k.svc == key {
+			return false
+		}
+	}
+	return true
 }
 
 // deltaDesired is the desired state of some services of spec: their IPVS

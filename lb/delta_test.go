@@ -205,3 +205,70 @@ func TestReconcileDeltaDrains(t *testing.T) {
 		t.Errorf("draining %d backends; want 1", rd.Draining())
 	}
 }
+
+// TestReconcileDeltaTrusted: a change that keeps a service's settings and
+// backends (weights) is planned from the old desired state without
+// reading the service, and leaves the kernel as a full pass does; a
+// change of settings, or of the backends, reads it.
+func TestReconcileDeltaTrusted(t *testing.T) {
+	for _, e := range []struct {
+		name, from, to string
+		read           bool
+	}{
+		{"weight", `weight = 3 }`, `weight = 5 }`, false},
+		{"weight to 0", `weight = 3 }`, `weight = 0 }`, false},
+		{"scheduler", "port = 443\n", "port = 443\nscheduler = \"rr\"\n", true},
+		{"add backend", `weight = 3 }`, `weight = 3 }, { address = "10.0.1.3" }`, true},
+	} {
+		t.Run(e.name, func(t *testing.T) {
+			cur := strings.Replace(deltaBase, e.from, e.to, 1)
+			old, next := mustParse(t, deltaBase), mustParse(t, cur)
+			rd, rf, kd, kf := newPair(t, deltaBase)
+			res, ok, err := rd.ReconcileDelta(context.Background(), &next.Spec, deltaOf(old, next, "api"))
+			if err != nil || !ok || len(res.Applied) != 1 || len(res.Failed) > 0 {
+				t.Fatalf("ReconcileDelta: ok %v, err %v, applied %v, failed %v", ok, err, res.Applied, res.Failed)
+			}
+			if reads := kd.Reads(); e.read != (len(reads) > 0) {
+				t.Errorf("reads %q; want a read of the service: %v", reads, e.read)
+			}
+			if _, err := rf.Reconcile(context.Background(), &next.Spec); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := kd.Dump(), kf.Dump(); got != want {
+				t.Errorf("kernel after the delta pass:\n%s\nafter a full pass:\n%s", got, want)
+			}
+			if got, want := kd.Calls(), kf.Calls(); !slices.Equal(got, want) {
+				t.Errorf("delta pass calls %q, full pass %q", got, want)
+			}
+		})
+	}
+}
+
+// TestReconcileDeltaTrustedLost: when the kernel lost the backend whose
+// weight changes (deleted behind vipd's back), the update fails, the
+// service is read, and the backend is added again with its new weight:
+// the pass reports the add and no failure.
+func TestReconcileDeltaTrustedLost(t *testing.T) {
+	cur := strings.Replace(deltaBase, `weight = 3 }`, `weight = 5 }`, 1)
+	old, next := mustParse(t, deltaBase), mustParse(t, cur)
+	rd, _, kd, _ := newPair(t, deltaBase)
+	lost := netip.MustParseAddrPort("10.0.1.2:443")
+	kd.Edit(func(s *lb.State) {
+		for _, st := range s.Services {
+			delete(st.Dests, lost)
+		}
+	})
+	res, ok, err := rd.ReconcileDelta(context.Background(), &next.Spec, deltaOf(old, next, "api"))
+	if err != nil || !ok || len(res.Failed) > 0 {
+		t.Fatalf("ReconcileDelta: ok %v, err %v, failed %v", ok, err, res.Failed)
+	}
+	if len(res.Applied) != 1 || res.Applied[0].Kind != lb.OpAddDest || res.Applied[0].Dest.Weight != 5 {
+		t.Fatalf("applied %v; want the backend added with weight 5", res.Applied)
+	}
+	if reads := kd.Reads(); !slices.Equal(reads, []string{"service tcp 192.0.2.11:443"}) {
+		t.Errorf("reads %q; want one read of the service after the failed update", reads)
+	}
+	if !strings.Contains(kd.Dump(), "-> 10.0.1.2:443 masq weight=5") {
+		t.Errorf("the lost backend is not back with weight 5:\n%s", kd.Dump())
+	}
+}

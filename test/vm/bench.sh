@@ -17,6 +17,10 @@
 #   VIPD_BENCH_SIZES         sizes NxM [100x10,1000x10,10000x10]
 #   VIPD_BENCH_CHANGE_SIZES  one-backend change at [100x10,10000x10]
 #   VIPD_BENCH_READD_SIZES   vipd re-adding right after a flush at [1000x10]
+#   VIPD_BENCH_MEM_SIZES     vipd alone, cold, for its memory, at
+#                            [1000x100,100x1000,50000x2]; "none" for none
+#   VIPD_BENCH_SOAK          reloads after the timed changes at the largest
+#                            change size, for vipd's memory [1000]
 #   VIPD_BENCH_REPS          vipd changes per size [100]
 #   VIPD_BENCH_KREPS         keepalived reloads per size [3]
 #   VIPD_BENCH_TOOLS         [ipvsadm,keepalived,vipd]
@@ -52,8 +56,8 @@ echo "$qemu" >"$payload/qemu-version"
 log "built vipd and benchrun in $(elapsed "$t0") s"
 
 envs=()
-for v in VIPD_BENCH_SIZES VIPD_BENCH_CHANGE_SIZES VIPD_BENCH_READD_SIZES VIPD_BENCH_REPS VIPD_BENCH_KREPS VIPD_BENCH_TOOLS \
-	VIPD_BENCH_LAYOUTS VIPD_BENCH_PER_FILE; do
+for v in VIPD_BENCH_SIZES VIPD_BENCH_CHANGE_SIZES VIPD_BENCH_READD_SIZES VIPD_BENCH_MEM_SIZES VIPD_BENCH_SOAK VIPD_BENCH_REPS \
+	VIPD_BENCH_KREPS VIPD_BENCH_TOOLS VIPD_BENCH_LAYOUTS VIPD_BENCH_PER_FILE; do
 	[[ -z ${!v:-} ]] || envs+=(--env "$v=${!v}")
 done
 out=${VIPD_BENCH_OUT:-$REPO_ROOT/bin/bench/bench-$(date +%Y%m%d-%H%M%S)}

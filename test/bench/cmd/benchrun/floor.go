@@ -145,7 +145,7 @@ func measureFloor(n int, ns *namespace, a *ipvs.IPVS, ff *fixtureFiles, tr *setT
 	case <-time.After(30 * time.Second):
 		return fail(fmt.Errorf("the floor daemon did not start in 30s"))
 	}
-	if err := tr.enable(true); err != nil {
+	if err := tr.start(); err != nil {
 		return fail(err)
 	}
 	stray := 0
@@ -158,7 +158,7 @@ func measureFloor(n int, ns *namespace, a *ipvs.IPVS, ff *fixtureFiles, tr *setT
 		stray += skipped
 		return t, err
 	}, nil)
-	if err := tr.enable(false); err != nil && got.Err == "" {
+	if err := tr.record(false); err != nil && got.Err == "" {
 		got.Err = err.Error()
 	}
 	got.Layout, got.File, got.Stray = c.Layout, c.File, stray

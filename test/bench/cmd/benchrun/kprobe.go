@@ -25,6 +25,19 @@ import (
 // reads the events from the instance's trace_pipe. Unlike polling the
 // kernel, this costs the measured daemon nothing: no netlink queries that
 // compete for the guest's two CPUs and take the IPVS mutex.
+//
+// Arming a kretprobe patches kernel text (ftrace's trampoline, through
+// text_poke_bp), and under the emulator's multi-threaded vCPUs that has
+// stalled the guest (an RCU stall in text_poke_bp called from
+// ftrace_update_trampoline, as the probe was armed again between two
+// series). The probe is therefore defined at the start (a disabled
+// probe patches nothing), armed once, with the guest idle, before the
+// first series of changes, and never disarmed: between series the
+// event's filter matches no process, so that its events are discarded
+// in the kernel (a filter is data the event's handler reads; changing it
+// patches no code). tracing_on cannot serve: once trace_pipe has been
+// read, a read with tracing off returns end of file. The probe and the
+// instance stay until the guest powers off.
 const (
 	tracefsDir    = "/sys/kernel/tracing"
 	probeGroup    = "vipd_bench"
@@ -89,10 +102,14 @@ type setTracer struct {
 	done   chan struct{}
 	err    error // why the reader stopped, once done is closed
 	pipe   *os.File
+	// armed says that the probe was armed (see arm).
+	armed bool
+	// filter is the event's filter while recording (the measured comm).
+	filter string
 }
 
 // newSetTracer defines the probe, creates the instance with the mono
-// clock and a filter for comm (the probe stays disabled until enable),
+// clock and a filter for comm (the probe stays disabled until arm),
 // starts reading its trace_pipe, and checks with a marker that the
 // timestamps are CLOCK_MONOTONIC's. It mounts tracefs when it is not
 // mounted. Without tracefs or kprobe events it fails: there is no
@@ -110,14 +127,15 @@ func newSetTracer(comm string) (*setTracer, error) {
 	if err := appendTo(filepath.Join(tracefsDir, "kprobe_events"), def); err != nil {
 		return nil, fmt.Errorf("define the kretprobe %q (is ip_vs loaded?): %w", def, err)
 	}
-	t := &setTracer{dir: filepath.Join(tracefsDir, "instances", traceInstance), events: make(chan traceEvent, 1024), done: make(chan struct{})}
+	t := &setTracer{dir: filepath.Join(tracefsDir, "instances", traceInstance), events: make(chan traceEvent, 1024), done: make(chan struct{}),
+		filter: fmt.Sprintf("comm == %q", comm)}
 	if err := os.Mkdir(t.dir, 0o755); err != nil {
 		t.removeProbe()
 		return nil, fmt.Errorf("create trace instance: %w", err)
 	}
 	setup := []struct{ file, value string }{
 		{"trace_clock", "mono"},
-		{filepath.Join("events", probeGroup, probeEvent, "filter"), fmt.Sprintf("comm == %q", comm)},
+		{filepath.Join("events", probeGroup, probeEvent, "filter"), offFilter},
 	}
 	for _, s := range setup {
 		if err := os.WriteFile(filepath.Join(t.dir, s.file), []byte(s.value), 0o644); err != nil {
@@ -142,6 +160,10 @@ func newSetTracer(comm string) (*setTracer, error) {
 	}
 	return t, nil
 }
+
+// offFilter is the event's filter between series: no process has this
+// name.
+const offFilter = `comm == "vipd-bench-off"`
 
 // read sends the events of trace_pipe until the stop marker.
 func (t *setTracer) read() {
@@ -180,16 +202,40 @@ func (t *setTracer) checkClock() error {
 	return nil
 }
 
-// enable switches the probe on or off in the instance.
-func (t *setTracer) enable(on bool) error {
-	v := "0"
-	if on {
-		v = "1"
+// arm enables the probe in the instance: the one change of kernel text
+// of the run. It is called once, with the guest idle, before the first
+// series of changes; later calls do nothing.
+func (t *setTracer) arm() error {
+	if t.armed {
+		return nil
 	}
-	if err := os.WriteFile(filepath.Join(t.dir, "events", probeGroup, probeEvent, "enable"), []byte(v), 0o644); err != nil {
-		return fmt.Errorf("enable the kretprobe (%s): %w", v, err)
+	if err := os.WriteFile(filepath.Join(t.dir, "events", probeGroup, probeEvent, "enable"), []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("arm the kretprobe: %w", err)
+	}
+	t.armed = true
+	return nil
+}
+
+// record starts or stops the recording of the measured process's events,
+// by the event's filter: the armed probe keeps firing, and its events
+// are discarded in the kernel while the recording is off.
+func (t *setTracer) record(on bool) error {
+	v := offFilter
+	if on {
+		v = t.filter
+	}
+	if err := os.WriteFile(filepath.Join(t.dir, "events", probeGroup, probeEvent, "filter"), []byte(v), 0o644); err != nil {
+		return fmt.Errorf("set the event's filter to %q: %w", v, err)
 	}
 	return nil
+}
+
+// start arms the probe if it is not yet armed, and starts recording.
+func (t *setTracer) start() error {
+	if err := t.arm(); err != nil {
+		return err
+	}
+	return t.record(true)
 }
 
 // next returns the next event, waiting up to timeout.
@@ -255,10 +301,12 @@ func (t *setTracer) waitSet(a *ipvs.IPVS, ff *fixtureFiles, w int, t0 int64, tim
 	}
 }
 
-// close disables the probe, stops the reader, removes the instance and
-// the probe's definition.
+// close stops the reader. A probe that was armed stays armed, and the
+// instance and the probe's definition stay (removing them would disarm
+// it, which patches kernel text): the guest powers off after the run.
+// One that was never armed is removed with the instance.
 func (t *setTracer) close() error {
-	errs := []error{t.enable(false)}
+	var errs []error
 	if err := os.WriteFile(filepath.Join(t.dir, "trace_marker"), []byte(stopMarker), 0o644); err != nil {
 		errs = append(errs, fmt.Errorf("write trace_marker: %w", err))
 	} else {
@@ -268,7 +316,10 @@ func (t *setTracer) close() error {
 			errs = append(errs, errors.New("the trace reader did not stop"))
 		}
 	}
-	errs = append(errs, t.pipe.Close(), t.removeInstance(), t.removeProbe())
+	errs = append(errs, t.pipe.Close())
+	if !t.armed {
+		errs = append(errs, t.removeInstance(), t.removeProbe())
+	}
 	return errors.Join(errs...)
 }
 

@@ -61,7 +61,12 @@ import (
 
 type options struct {
 	sizes, changeSizes, readdSizes []size
-	tools                          []string
+	// memSizes are sizes at which vipd alone starts cold, for its memory.
+	memSizes []size
+	// soak is the number of reloads after which vipd's memory is read
+	// again, at the largest change size.
+	soak  int
+	tools []string
 	// layouts are vipd's configuration layouts, "single" and "split", in
 	// order: the first is the one vipd starts cold with.
 	layouts                   []string
@@ -111,10 +116,12 @@ func main() {
 		return
 	}
 	var o options
-	var sizes, changes, readd, tools, layouts string
+	var sizes, changes, readd, mem, tools, layouts string
 	flag.StringVar(&sizes, "sizes", "100x10,1000x10,10000x10", "sizes NxM to program cold")
 	flag.StringVar(&changes, "change-sizes", "100x10,10000x10", "sizes at which to time a one-backend change")
 	flag.StringVar(&readd, "readd-sizes", "1000x10", "sizes at which to time vipd re-adding a table right after a flush (the kernel's pathology)")
+	flag.StringVar(&mem, "mem-sizes", "1000x100,100x1000,50000x2", "sizes at which vipd alone starts cold, for its peak RSS")
+	flag.IntVar(&o.soak, "soak", 1000, "reloads after the timed changes at the largest change size, after which vipd's RSS is read again")
 	flag.StringVar(&tools, "tools", "ipvsadm,keepalived,vipd", "tools to measure, in this order")
 	flag.StringVar(&layouts, "layouts", "single,split", "vipd's configuration layouts in which to time the change, in this order (the first is the cold start's): single (one file), split (vipd.toml includes "+bench.IncludeDir+"/*.toml)")
 	flag.IntVar(&o.perFile, "per-file", bench.PerFile, "services per file of the split layout")
@@ -131,7 +138,7 @@ func main() {
 	for _, x := range []struct {
 		s   string
 		out *[]size
-	}{{sizes, &o.sizes}, {changes, &o.changeSizes}, {readd, &o.readdSizes}} {
+	}{{sizes, &o.sizes}, {changes, &o.changeSizes}, {readd, &o.readdSizes}, {mem, &o.memSizes}} {
 		if *x.out, err = parseSizes(x.s); err != nil {
 			log.Fatal(err)
 		}
@@ -184,6 +191,10 @@ type SizeResult struct {
 	VipdPeakMiB float64
 	VipdRSSMiB  float64
 	VipdCPUAll  float64
+	// MemOnly says that only vipd ran at this size, for its memory.
+	MemOnly bool `json:",omitempty"`
+	// Soak is vipd's memory over many reloads (see soakReloads).
+	Soak *Soak `json:",omitempty"`
 	// Changes are vipd's one-backend changes by layout, Reload
 	// keepalived's.
 	Changes map[string]*Change
@@ -206,6 +217,18 @@ type SizeResult struct {
 	Notes     []string
 }
 
+// Soak is vipd's memory over many reloads of one file, each waited for
+// (its "reload timing" line) before the next: RSS (VmRSS, MiB) after the
+// timed changes, after the first tenth of the reloads and after all of
+// them, and the peak (VmHWM) at the end.
+type Soak struct {
+	Layout                                 string
+	Reloads                                int
+	RSSBefore, RSSTenth, RSSAfter, PeakMiB float64
+	Seconds, CPU                           float64
+	Err                                    string `json:",omitempty"`
+}
+
 // Phases is a cold start by vipd's log, in seconds since the exec: the
 // configuration read and the kernel opened ("starting"), the first
 // operation, each kind of operation's first and last, the pass's end.
@@ -224,7 +247,9 @@ type KindPhase struct {
 // measured alone in the guest with vipd's packages: parsing the file,
 // the desired state, the plan from an empty table, binding the VIPs,
 // applying the IPVS operations in batches as the reconciler does (into a
-// fresh namespace), and writing one log line per operation.
+// fresh namespace), and writing the log lines of the applied operations
+// as a pass does (one per operation up to lb.LogEachMax, else one per run
+// of a kind).
 type ColdSteps struct {
 	Parse, Desired, Plan, BindVIPs, ApplyIPVS, Log float64
 	VIPs, IPVSOps                                  int
@@ -294,23 +319,68 @@ func run(o options) *Results {
 		ReloadMethod: fmt.Sprintf("from CLOCK_MONOTONIC right before the rename (the SIGHUP follows it) to a query of the service showing the new weight, polled every %v", pollInterval)}
 	var tr *setTracer
 	if len(o.changeSizes) > 0 && slices.Contains(o.tools, "vipd") {
+		// Defined now, so that a guest without kprobe events fails before
+		// anything ran; armed only before the first change (see kprobe.go).
 		var err error
 		if tr, err = newSetTracer(commOf(o.vipd)); err != nil {
 			log.Fatalf("vipd's change is timed by a kretprobe through tracefs, and it cannot be set up: %v", err)
 		}
 		defer func() {
 			if err := tr.close(); err != nil {
-				log.Printf("tearing the kretprobe down: %v", err)
+				log.Printf("stopping the trace reader: %v", err)
 			}
 		}()
-		log.Printf("kretprobe %s/%s on %s ready (comm %q, trace_clock mono)", probeGroup, probeEvent, probeFunc, commOf(o.vipd))
+		log.Printf("kretprobe %s/%s on %s defined (comm %q, trace_clock mono), not armed", probeGroup, probeEvent, probeFunc, commOf(o.vipd))
 	}
+	// First every cold start, with the probe not armed: an armed
+	// kretprobe runs on every IPVS command of every tool.
+	files := map[size]*fixtureFiles{}
 	for _, sz := range o.sizes {
 		r := &SizeResult{N: sz.N, M: sz.M, Cold: map[string]*Cold{}, Changes: map[string]*Change{}, Flush: map[string]float64{}, Read: map[int]float64{}}
 		res.Sizes = append(res.Sizes, r)
-		if err := runSize(o, sz, r, tr); err != nil {
+		ff, err := runSize(o, sz, r, false)
+		if err != nil {
 			r.Notes = append(r.Notes, "error: "+err.Error())
 			log.Printf("%s: %v", sz, err)
+		}
+		files[sz] = ff
+	}
+	if slices.Contains(o.tools, "vipd") {
+		for _, sz := range o.memSizes {
+			if slices.Contains(o.sizes, sz) {
+				continue
+			}
+			r := &SizeResult{N: sz.N, M: sz.M, MemOnly: true, Cold: map[string]*Cold{}, Changes: map[string]*Change{}, Flush: map[string]float64{}, Read: map[int]float64{}}
+			res.Sizes = append(res.Sizes, r)
+			if _, err := runSize(o, sz, r, true); err != nil {
+				r.Notes = append(r.Notes, "error: "+err.Error())
+				log.Printf("%s: %v", sz, err)
+			}
+		}
+	}
+	// Then vipd's changes, timed by the probe.
+	if tr != nil {
+		var last size
+		for _, sz := range o.sizes {
+			if slices.Contains(o.changeSizes, sz) && files[sz] != nil {
+				last = sz
+			}
+		}
+		for i, sz := range o.sizes {
+			ff := files[sz]
+			if !slices.Contains(o.changeSizes, sz) || ff == nil {
+				continue
+			}
+			soak := 0
+			if sz == last {
+				soak = o.soak
+			}
+			waited := quiesce(60 * time.Second)
+			log.Printf("%s: vipd's changes (waited %.1fs for idle CPUs)", sz, waited.Seconds())
+			if err := runVipdChanges(o, ff, res.Sizes[i], tr, soak); err != nil {
+				res.Sizes[i].Notes = append(res.Sizes[i].Notes, "vipd changes: "+err.Error())
+				log.Printf("%s: vipd changes: %v", sz, err)
+			}
 		}
 	}
 	res.Duration = time.Since(res.Started).Seconds()
@@ -405,15 +475,17 @@ func newLayouts(o options, ff *fixtureFiles, d bench.Daemon) error {
 	return nil
 }
 
-func runSize(o options, sz size, r *SizeResult, tr *setTracer) error {
+// runSize programs size sz cold with each tool (vipd alone with memOnly)
+// and returns its fixture's files.
+func runSize(o options, sz size, r *SizeResult, memOnly bool) (*fixtureFiles, error) {
 	f, err := bench.New(bench.Spec{Services: sz.N, Backends: sz.M})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	r.Objects = f.Objects()
 	dir := filepath.Join(o.work, sz.String())
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	ff := &fixtureFiles{f: f, dir: dir, want: f.Table(), changeSvc: sz.N / 2, changeBackend: sz.M / 2}
 	last := f.Services[len(f.Services)-1]
@@ -425,12 +497,12 @@ func runSize(o options, sz size, r *SizeResult, tr *setTracer) error {
 	// another layout adopts the table its previous run left.
 	d := bench.Daemon{StateDir: filepath.Join(dir, "vipd-state"), ControlSocket: filepath.Join(dir, "vipd.sock")}
 	if err := newLayouts(o, ff, d); err != nil {
-		return err
+		return nil, err
 	}
 	for i, w := range []int{2, 1} {
 		var k bytes.Buffer
 		if err := f.WithWeight(ff.changeSvc, ff.changeBackend, w).WriteKeepalived(&k); err != nil {
-			return err
+			return nil, err
 		}
 		ff.kaliveVariant[i] = k.Bytes()
 	}
@@ -441,16 +513,20 @@ func runSize(o options, sz size, r *SizeResult, tr *setTracer) error {
 	} {
 		fh, err := os.Create(path)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := write(fh); err != nil {
-			return err
+			return nil, err
 		}
 		fh.Close()
 	}
 	log.Printf("%s: %d objects; fixtures in %s", sz, r.Objects, dir)
 	change := slices.Contains(o.changeSizes, sz)
-	for _, tool := range o.tools {
+	tools := o.tools
+	if memOnly {
+		tools = []string{"vipd"}
+	}
+	for _, tool := range tools {
 		waited := quiesce(60 * time.Second)
 		log.Printf("%s: %s (waited %.1fs for idle CPUs)", sz, tool, waited.Seconds())
 		var err error
@@ -460,7 +536,7 @@ func runSize(o options, sz size, r *SizeResult, tr *setTracer) error {
 		case "keepalived":
 			err = runKeepalived(o, ff, r, change)
 		case "vipd":
-			err = runVipd(o, ff, r, tr, change, slices.Contains(o.readdSizes, sz))
+			err = runVipd(o, ff, r, slices.Contains(o.readdSizes, sz), memOnly)
 		default:
 			err = fmt.Errorf("unknown tool %q", tool)
 		}
@@ -469,7 +545,7 @@ func runSize(o options, sz size, r *SizeResult, tr *setTracer) error {
 			log.Printf("%s: %s: %v", sz, tool, err)
 		}
 	}
-	return nil
+	return ff, nil
 }
 
 // coldTimeout bounds one cold programming run.
@@ -690,7 +766,11 @@ func pollWeight(a *ipvs.IPVS, ff *fixtureFiles, w int, timeout time.Duration) (i
 	return 0, fmt.Errorf("weight %d not in the kernel after %v", w, timeout)
 }
 
-func runVipd(o options, ff *fixtureFiles, r *SizeResult, tr *setTracer, change, readd bool) error {
+// runVipd times vipd's cold start into a fresh namespace, reads its
+// resources and, unless memOnly, how long reading the table takes; at
+// readd sizes it times vipd re-adding its table right after a flush; and,
+// unless memOnly, it times a cold start's steps one by one.
+func runVipd(o options, ff *fixtureFiles, r *SizeResult, readd, memOnly bool) error {
 	ns, err := newNamespace("vipd")
 	if err != nil {
 		return err
@@ -732,36 +812,15 @@ func runVipd(o options, ff *fixtureFiles, r *SizeResult, tr *setTracer, change, 
 		r.VipdCPUCold = ps.CPU.Seconds()
 	}
 	log.Printf("vipd (%s layout): %.2fs (first pass %+v)", first.name, c.Seconds, r.VipdStart)
-
-	if change {
-		r.Changes[first.name] = vipdChanges(o, a, ff, first, vl, tr)
-		if first.name == "single" {
-			r.Steps = measureSteps(a, ff)
-		}
-	}
 	if ps, err := readProc(p.pid()); err == nil {
 		r.VipdPeakMiB = float64(ps.HWMKiB) / 1024
 		r.VipdRSSMiB = float64(ps.RSSKiB) / 1024
 		r.VipdCPUAll = ps.CPU.Seconds()
 	}
-	measureReads(ns, a, r)
+	if !memOnly {
+		measureReads(ns, a, r)
+	}
 	p.stop(30 * time.Second)
-	if change {
-		// The floor, on the same service, in the same namespace, with vipd
-		// stopped: an even number of changes leaves the fixture's weight
-		// for the layouts that follow.
-		r.Floor = measureFloor(o.reps, ns, a, ff, tr)
-	}
-
-	if change {
-		for _, name := range o.layouts[1:] {
-			lf := ff.layouts[name]
-			r.Changes[name] = vipdRestarted(o, ns, a, ff, lf, r.Objects, tr)
-			if name == "single" {
-				r.Steps = measureSteps(a, ff)
-			}
-		}
-	}
 
 	if readd {
 		// The pathology: flush, then the same daemon starts again at once
@@ -786,15 +845,132 @@ func runVipd(o options, ff *fixtureFiles, r *SizeResult, tr *setTracer, change, 
 	}
 	flush(ns, "vipd", r, o.ipvsadm)
 	ns.close()
-	quiesce(time.Minute)
-	r.ColdSteps = measureColdSteps(o, ff)
+	if !memOnly {
+		quiesce(time.Minute)
+		r.ColdSteps = measureColdSteps(o, ff)
+	}
 	return nil
+}
+
+// runVipdChanges starts vipd on size ff in a fresh namespace, in the
+// first layout, and times its changes there; then the floor's, with vipd
+// stopped; then vipd's in each other layout, restarted on the table. With
+// soak > 0, soak more reloads follow the last layout's changes (see
+// soakReloads).
+func runVipdChanges(o options, ff *fixtureFiles, r *SizeResult, tr *setTracer, soak int) error {
+	ns, err := newNamespace("vipd-changes")
+	if err != nil {
+		return err
+	}
+	defer ns.close()
+	a, err := ipvs.New(ipvs.Options{NetnsPath: ns.path()})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	os.RemoveAll(filepath.Join(ff.dir, "vipd-state"))
+	first := ff.layouts[o.layouts[0]]
+	if err := first.write(); err != nil {
+		return err
+	}
+	p, vl, _, err := startVipd(o, ns, first.main, filepath.Join(ff.dir, "vipd-changes.log"))
+	if err != nil {
+		return err
+	}
+	defer p.stop(30 * time.Second)
+	if _, _, err := waitProgrammed(a, ff, coldTimeout(r.Objects), p); err != nil {
+		return fmt.Errorf("vipd's start before the changes: %w; vipd errors: %q", err, vl.firstErrors())
+	}
+	if _, ok := vl.next("start", time.Minute); !ok {
+		return fmt.Errorf("vipd did not log its start pass: %q", vl.tail())
+	}
+	quiesce(time.Minute)
+	r.Changes[first.name] = vipdChanges(o, a, ff, first, vl, tr)
+	if first.name == "single" {
+		r.Steps = measureSteps(a, ff)
+	}
+	if soak > 0 && len(o.layouts) == 1 {
+		r.Soak = soakReloads(p, vl, first, soak)
+	}
+	p.stop(30 * time.Second)
+	// The floor, on the same service, in the same namespace, with vipd
+	// stopped: an even number of changes leaves the fixture's weight for
+	// the layouts that follow.
+	r.Floor = measureFloor(o.reps, ns, a, ff, tr)
+	for i, name := range o.layouts[1:] {
+		lf := ff.layouts[name]
+		n := 0
+		if i == len(o.layouts)-2 {
+			n = soak
+		}
+		r.Changes[name] = vipdRestarted(o, ns, a, ff, lf, r, tr, n)
+		if name == "single" {
+			r.Steps = measureSteps(a, ff)
+		}
+	}
+	flush(ns, "vipd (changes)", r, o.ipvsadm)
+	return nil
+}
+
+// soakReloads makes n more reloads of lf's changed file, alternately
+// with the two weights, each waited for (vipd's pass and its "reload
+// timing" line) before the next, and reads vipd's memory before, after a
+// tenth of them and at the end: its RSS must not grow with the reloads.
+func soakReloads(p *proc, vl *vipdLog, lf *layoutFiles, n int) *Soak {
+	s := &Soak{Layout: lf.name}
+	rss := func() (float64, procStats) {
+		ps, err := readProc(p.pid())
+		if err != nil {
+			s.Err = err.Error()
+		}
+		return float64(ps.RSSKiB) / 1024, ps
+	}
+	var ps0 procStats
+	s.RSSBefore, ps0 = rss()
+	// Lines of a series that stopped early would pair each write with
+	// the reload of the one before.
+	time.Sleep(time.Second)
+	if n := vl.drain(); n > 0 {
+		log.Printf("soak: dropped %d lines of vipd's log not taken", n)
+	}
+	// Start with the variant the file does not hold.
+	cur, _ := os.ReadFile(lf.changed)
+	k := 0
+	if bytes.Equal(cur, lf.variants[0]) {
+		k = 1
+	}
+	t := time.Now()
+	for i := range n {
+		if _, err := writeAtomic(lf.changed, lf.variants[(i+k)%2]); err != nil {
+			s.Err = err.Error()
+			break
+		}
+		if _, ok := vl.next("", 30*time.Second); !ok {
+			s.Err = fmt.Sprintf("reload %d: no pass in 30s: %q", i+1, vl.tail())
+			break
+		}
+		if _, ok := vl.timing(5 * time.Second); !ok {
+			s.Err = fmt.Sprintf("reload %d: no reload timing line: %q", i+1, vl.tail())
+			break
+		}
+		s.Reloads++
+		if s.Reloads == n/10 {
+			s.RSSTenth, _ = rss()
+		}
+	}
+	s.Seconds = time.Since(t).Seconds()
+	var ps1 procStats
+	s.RSSAfter, ps1 = rss()
+	s.PeakMiB = float64(ps1.HWMKiB) / 1024
+	s.CPU = (ps1.CPU - ps0.CPU).Seconds()
+	log.Printf("soak (%s layout): %+v", lf.name, *s)
+	return s
 }
 
 // vipdRestarted starts vipd again, with the configuration in layout lf,
 // on the table its run in the first layout left; checks that after its
 // start the table is still the fixture's; and times the changes in lf.
-func vipdRestarted(o options, ns *namespace, a *ipvs.IPVS, ff *fixtureFiles, lf *layoutFiles, objects int, tr *setTracer) *Change {
+func vipdRestarted(o options, ns *namespace, a *ipvs.IPVS, ff *fixtureFiles, lf *layoutFiles, r *SizeResult, tr *setTracer, soak int) *Change {
 	fail := func(err error) *Change {
 		log.Printf("vipd (%s layout): %v", lf.name, err)
 		return &Change{Layout: lf.name, File: lf.rel(lf.changed), FileBytes: len(lf.variants[0]), Err: err.Error()}
@@ -807,7 +983,7 @@ func vipdRestarted(o options, ns *namespace, a *ipvs.IPVS, ff *fixtureFiles, lf 
 		return fail(err)
 	}
 	defer p.stop(30 * time.Second)
-	start, ok := vl.next("start", coldTimeout(objects))
+	start, ok := vl.next("start", coldTimeout(r.Objects))
 	if !ok {
 		select {
 		case <-p.done:
@@ -822,6 +998,9 @@ func vipdRestarted(o options, ns *namespace, a *ipvs.IPVS, ff *fixtureFiles, lf 
 	log.Printf("vipd (%s layout): started on the table left by the %s layout, %d operations", lf.name, o.layouts[0], start.Applied)
 	c := vipdChanges(o, a, ff, lf, vl, tr)
 	c.StartOps = &start.Applied
+	if soak > 0 {
+		r.Soak = soakReloads(p, vl, lf, soak)
+	}
 	return c
 }
 
@@ -829,7 +1008,7 @@ func vipdRestarted(o options, ns *namespace, a *ipvs.IPVS, ff *fixtureFiles, lf 
 // in layout lf, each by the kernel's timestamp of vipd's set command,
 // with vipd's log's account of each.
 func vipdChanges(o options, a *ipvs.IPVS, ff *fixtureFiles, lf *layoutFiles, vl *vipdLog, tr *setTracer) *Change {
-	if err := tr.enable(true); err != nil {
+	if err := tr.start(); err != nil {
 		return &Change{Layout: lf.name, Err: err.Error()}
 	}
 	stray := 0
@@ -869,7 +1048,7 @@ func vipdChanges(o options, a *ipvs.IPVS, ff *fixtureFiles, lf *layoutFiles, vl 
 			}
 		}
 	})
-	if err := tr.enable(false); err != nil && c.Err == "" {
+	if err := tr.record(false); err != nil && c.Err == "" {
 		c.Err = err.Error()
 	}
 	c.Layout, c.File, c.FileBytes, c.Stray = lf.name, lf.rel(lf.changed), len(lf.variants[0]), stray
@@ -1115,8 +1294,21 @@ func measureColdSteps(o options, ff *fixtureFiles) *ColdSteps {
 		go func() { io.Copy(io.Discard, pr); close(drained) }()
 		lg := slog.New(slog.NewTextHandler(pw, nil))
 		t = time.Now()
-		for _, op := range ops {
-			lg.Info("applied", "op", op.Kind.String(), "detail", op.String())
+		// As vipd's pass logs: each operation up to lb.LogEachMax, and
+		// above that one line per run of a kind, with its count.
+		for i := 0; i < len(ops); {
+			j := i + 1
+			for j < len(ops) && ops[j].Kind == ops[i].Kind {
+				j++
+			}
+			if len(ops) <= lb.LogEachMax {
+				for _, op := range ops[i:j] {
+					lg.Info("applied", "op", op.Kind.String(), "detail", op.String())
+				}
+			} else {
+				lg.Info("applied", "op", ops[i].Kind.String(), "count", j-i)
+			}
+			i = j
 		}
 		cs.Log = since(t)
 		pw.Close()

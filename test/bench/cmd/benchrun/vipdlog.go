@@ -201,6 +201,22 @@ func (l *vipdLog) next(why string, timeout time.Duration) (pass, bool) {
 	}
 }
 
+// drain discards the passes and "reload timing" lines read and not yet
+// taken (those of a series of changes that stopped early), and returns
+// how many there were.
+func (l *vipdLog) drain() int {
+	n := 0
+	for {
+		select {
+		case <-l.passes:
+		case <-l.timings:
+		default:
+			return n
+		}
+		n++
+	}
+}
+
 // tail returns the last lines read (up to five).
 func (l *vipdLog) tail() []string {
 	l.mu.Lock()
