@@ -52,17 +52,14 @@ func TestNewRejects(t *testing.T) {
 
 func TestBurstIPv4(t *testing.T) {
 	links := newFakeLinks("eth0", "eth1")
-	const interval = 40 * time.Millisecond
+	const interval = 200 * time.Millisecond
 	a := newTest(t, links, Options{Count: 3, Interval: interval})
-	start := time.Now()
 	if err := a.Announce(vip4); err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d > interval/2 {
-		t.Errorf("Announce took %s; the burst must go on in the background", d)
-	}
 	for _, name := range []string{"eth0", "eth1"} {
-		// The first announcement is out when Announce returns.
+		// The first announcement is out when Announce returns, and the
+		// rest of the burst is not: it goes on in the background.
 		if n := links.arp(t, name).count(); n != 2 {
 			t.Errorf("%s: %d packets sent at once, want 2", name, n)
 		}
