@@ -65,6 +65,10 @@ type Options struct {
 	// OpenElector opens the election of the configuration's [ha]
 	// section (VRRP); nil refuses a configuration with one.
 	OpenElector func(ElectorOptions) (Elector, error)
+	// ConnTracker tracks the SNAT connections a peer synchronized when
+	// the node becomes master ([ha] snat_addresses); nil tracks none,
+	// and those connections break at a takeover.
+	ConnTracker ConnTracker
 	// LinkUp reports whether an interface is up with a carrier, for
 	// [ha] track_interfaces; nil tracks none.
 	LinkUp func(name string) (bool, error)

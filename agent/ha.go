@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vipd/vipd/agent/ledger"
@@ -85,6 +86,11 @@ type ha struct {
 	// last is the last change of role the loop took, at since.
 	last  RoleChange
 	since time.Time
+	// tracker, when not nil, tracks the SNAT connections a peer
+	// synchronized as the node becomes master, before it announces:
+	// snat holds the services of the last pass that need it.
+	tracker ConnTracker
+	snat    atomic.Pointer[snatServices]
 
 	mu      sync.Mutex
 	reports []roleReport
@@ -100,12 +106,21 @@ type roleReport struct {
 	changed int
 	took    time.Duration
 	err     error
+	// adopted is what becoming master did to the tracking of the SNAT
+	// connections a peer synchronized (nil when there was none to do).
+	adopted *adoption
 }
 
 // report puts a change of role on the wire at once, through the role
 // gate, and queues it for the main loop.
 func (h *ha) report(c RoleChange) {
 	r := roleReport{RoleChange: c}
+	if s := h.snat.Load(); c.Master && s != nil {
+		// Before the first packet: the clients and the backends reach
+		// the node once it announces.
+		a := adoptSNAT(h.tracker, s)
+		r.adopted = &a
+	}
 	start := time.Now()
 	if h.gate != nil {
 		r.changed, r.err = h.gate.setRole(c.Master)
@@ -151,7 +166,7 @@ func (a *Agent) openHA(cfg *config.Config) error {
 	if a.opts.OpenElector == nil {
 		return fmt.Errorf("%s: [ha] mode = %q: this vipd has no elector", cfg.File, cfg.HA.Mode)
 	}
-	h := &ha{cfg: cfg.HA, priority: cfg.HA.Priority, changed: make(chan struct{}, 1)}
+	h := &ha{cfg: cfg.HA, priority: cfg.HA.Priority, changed: make(chan struct{}, 1), tracker: a.opts.ConnTracker}
 	addrs := advertised(cfg)
 	if len(addrs) == 0 {
 		return fmt.Errorf("%s: [ha]: no VIP to advertise: high availability needs a service with a vip", cfg.File)
@@ -335,6 +350,13 @@ func (a *Agent) roleChanged() {
 		}
 		a.log.Info("high availability: role changed", "role", role, "reason", r.Reason,
 			"changed", r.changed, "took", r.took.Round(time.Microsecond))
+		if ad := r.adopted; ad != nil {
+			a.log.Info("high availability: SNAT connections taken over", "tracked", ad.Created, "tracked_already", ad.Existing,
+				"failed", ad.Failed, "took", ad.took.Round(time.Microsecond))
+			if ad.err != nil {
+				a.log.Error("high availability: taking SNAT connections over", "err", ad.err)
+			}
+		}
 		if r.err != nil {
 			// The next pass announces (or withdraws) what failed: the
 			// reconciler sees it missing from the announcer.
@@ -349,6 +371,9 @@ func (a *Agent) roleChanged() {
 func (a *Agent) track(spec *lb.Spec) {
 	if a.ha == nil {
 		return
+	}
+	if a.ha.tracker != nil {
+		a.ha.snat.Store(snatServicesOf(spec))
 	}
 	a.watchInterface()
 	h := a.ha.cfg
@@ -418,6 +443,16 @@ func (a *Agent) watchInterface() {
 	}
 }
 
+// syncMaxLen is the master daemon's largest message: so small that each
+// message holds one connection. The kernel sends a message once the next
+// connection does not fit in it, or after two seconds: in messages of
+// the interface's MTU (about forty connections), the connections of the
+// last moments before a failure reach the backup up to two seconds late,
+// or never; one per message, they leave with the next one (the next
+// connection the master opens or updates). The cost is a datagram per
+// synchronized connection instead of one per forty.
+const syncMaxLen = 1
+
 // syncer is the kernel's connection synchronization (kernel/ipvs).
 type syncer interface {
 	StartSync(ipvs.SyncDaemon) error
@@ -449,6 +484,9 @@ func (a *Agent) startSync(k lb.Kernel) error {
 	}
 	for _, state := range []ipvs.SyncState{ipvs.SyncMaster, ipvs.SyncBackup} {
 		want := ipvs.SyncDaemon{State: state, Interface: h.SyncInterface, SyncID: id}
+		if state == ipvs.SyncMaster {
+			want.MaxLen = syncMaxLen
+		}
 		i := slices.IndexFunc(running, func(d ipvs.SyncDaemon) bool { return d.State == state })
 		if i >= 0 {
 			if got := running[i]; got.Interface != want.Interface || got.SyncID != want.SyncID {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/kernel/conntrack"
+	"github.com/vipd/vipd/kernel/ipvs"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
 )
@@ -363,4 +365,79 @@ func waitCalls(t *testing.T, r *rig, want ...string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Fatalf("calls %q, want %q among them", seen, want)
+}
+
+// fakeTracker is a kernel's IPVS connection table and connection
+// tracking.
+type fakeTracker struct {
+	mu    sync.Mutex
+	conns []ipvs.Connection
+	// announced says whether the kernel announced a VIP before each
+	// Track.
+	announced func() bool
+	tracked   [][]conntrack.Flow
+	before    []bool
+}
+
+func (f *fakeTracker) Connections(fn func(ipvs.Connection) bool) error {
+	for _, c := range f.conns {
+		if !fn(c) {
+			break
+		}
+	}
+	return nil
+}
+
+func (f *fakeTracker) Track(flows []conntrack.Flow) (conntrack.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tracked = append(f.tracked, flows)
+	f.before = append(f.before, f.announced())
+	return conntrack.Result{Created: len(flows)}, nil
+}
+
+// TestHATakesSNATConnectionsOver tracks the SNAT connections a peer
+// synchronized as the node becomes master, before it announces the VIPs:
+// only those of services whose traffic comes from the floating SNAT
+// source, in a state with something to keep.
+func TestHATakesSNATConnectionsOver(t *testing.T) {
+	conn := func(proto lb.Proto, vip, state string) ipvs.Connection {
+		return ipvs.Connection{Proto: proto, Client: netip.MustParseAddrPort("198.51.100.7:40000"), Virtual: netip.MustParseAddrPort(vip),
+			Backend: netip.MustParseAddrPort("10.0.3.5:8080"), State: state, Expires: 900 * time.Second}
+	}
+	f := &fakeTracker{conns: []ipvs.Connection{
+		conn(lb.TCP, "192.0.2.50:80", "ESTABLISHED"),
+		conn(lb.TCP, "192.0.2.50:80", "TIME_WAIT"),
+		conn(lb.UDP, "192.0.2.50:80", "UDP"),
+		conn(lb.TCP, "192.0.2.10:80", "ESTABLISHED"),
+		conn(lb.TCP, "192.0.2.50:443", "ESTABLISHED"),
+	}}
+	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
+	e := &fakeElector{}
+	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]")+services(1, 1)+snat, func(o *Options) {
+		o.OpenElector = func(opts ElectorOptions) (Elector, error) {
+			e.opts = opts
+			return e, nil
+		}
+		o.ConnTracker = f
+	})
+	f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
+	r.has(t, "snat-source=10.0.3.99")
+	e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
+	r.waitFor(t, []string{"announce 192.0.2.50", "announce 10.0.3.99"}, nil)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	want := []conntrack.Flow{{Proto: lb.TCP, Client: netip.MustParseAddrPort("198.51.100.7:40000"), Virtual: netip.MustParseAddrPort("192.0.2.50:80"),
+		Backend: netip.MustParseAddrPort("10.0.3.5:8080"), Source: netip.MustParseAddr("10.0.3.99"), State: conntrack.TCPEstablished, Timeout: 900 * time.Second}}
+	if len(f.tracked) != 1 || !slices.Equal(f.tracked[0], want) {
+		t.Errorf("tracked %+v, want once %+v", f.tracked, want)
+	}
+	if len(f.before) == 1 && f.before[0] {
+		t.Error("the node announced its VIPs before it tracked the SNAT connections")
+	}
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(r.log.String(), `SNAT connections taken over" tracked=1`); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log of the takeover:\n%s", r.log.String())
+		}
+	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/vipd/vipd/agent"
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/kernel/conntrack"
 	"github.com/vipd/vipd/kernel/link"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/monitor/metrics"
@@ -101,7 +102,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	log := opts.Logger
 	aopts := agent.Options{Path: opts.Path, Logger: log, OpenKernel: opts.OpenKernel, KernelRelease: opts.KernelRelease,
 		KernelLock: opts.KernelLock, StartRetry: opts.StartRetry, Version: versionString(),
-		OpenElector: openElector(log), LinkUp: linkUp, OpenSources: openSources,
+		OpenElector: openElector(log), LinkUp: linkUp, OpenSources: openSources, ConnTracker: conntrack.Tracker{},
 		OpenAnnouncer: openAnnouncer(log)}
 	if opts.Notifier != nil {
 		aopts.Notifier = opts.Notifier

@@ -1,0 +1,287 @@
+// Package conntrack creates the kernel's connection-tracking entries of
+// source-NATed IPVS connections over netlink (ctnetlink), so that a node
+// that takes a VIP over from a peer translates the connections the peer
+// synchronized as the peer did.
+//
+// A one-arm (SNAT) service's traffic reaches its backends from the
+// high-availability pair's floating SNAT address, and the backends answer
+// that address. IPVS's connection synchronization gives the new master
+// each established connection, but not the connection-tracking entry
+// that holds its address translation: without one, the backend's answer
+// to the floating address meets a node that tracks nothing (it is
+// dropped as unsolicited, or answered with a reset), and a client's FIN
+// or RST, which connection tracking never picks up from the middle of a
+// connection, leaves the node untranslated and reaches the backend from
+// the wrong address. An entry made from the IPVS connection (client to
+// VIP; backend to the floating address at the client's port) is what the
+// peer's kernel holds, so every packet of the connection is translated
+// on the new master from the first.
+package conntrack
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/kernel/ipvs"
+	"github.com/vipd/vipd/lb"
+)
+
+// TCPState is connection tracking's state of a TCP connection
+// (enum tcp_conntrack).
+type TCPState uint8
+
+// The TCP states a connection taken over can be in.
+const (
+	TCPSynSent     TCPState = 1
+	TCPSynRecv     TCPState = 2
+	TCPEstablished TCPState = 3
+	TCPFinWait     TCPState = 4
+	TCPLastAck     TCPState = 6
+)
+
+// TCPStateOf returns the connection-tracking state of a TCP connection
+// that IPVS lists in state (ipvs.Connection.State), and false for a state
+// with nothing left to take over (closed, in TIME_WAIT, a template). Both
+// of IPVS's closing states become FIN_WAIT, connection tracking's state
+// after a first FIN from either side: the next packets move it on.
+func TCPStateOf(state string) (TCPState, bool) {
+	switch state {
+	case "ESTABLISHED":
+		return TCPEstablished, true
+	case "SYN_RECV":
+		// IPVS received the client's SYN: connection tracking saw it
+		// leave towards the backend.
+		return TCPSynSent, true
+	case "SYNACK":
+		return TCPSynRecv, true
+	case "FIN_WAIT", "CLOSE_WAIT":
+		return TCPFinWait, true
+	case "LAST_ACK":
+		return TCPLastAck, true
+	}
+	return 0, false
+}
+
+// Flow is one source-NATed IPVS connection to track.
+type Flow struct {
+	Proto lb.Proto
+	// Client, Virtual and Backend are the connection's addresses, as
+	// IPVS lists them (ipvs.Connection).
+	Client, Virtual, Backend netip.AddrPort
+	// Source is the SNAT source the backend sees the connection come
+	// from, at the client's port.
+	Source netip.Addr
+	// State is the TCP state (TCP only).
+	State TCPState
+	// Timeout is how long the entry lives without a packet; the first
+	// packet sets the timeout of its state.
+	Timeout time.Duration
+}
+
+// FlowOf returns the flow of an IPVS connection source-NATed to src, and
+// false when there is nothing to track: a protocol other than TCP and
+// UDP, a TCP state with nothing to take over, or addresses of different
+// families.
+func FlowOf(c ipvs.Connection, src netip.Addr) (Flow, bool) {
+	f := Flow{Proto: c.Proto, Client: c.Client, Virtual: c.Virtual, Backend: c.Backend, Source: src, Timeout: max(c.Expires, minTimeout)}
+	switch c.Proto {
+	case lb.TCP:
+		s, ok := TCPStateOf(c.State)
+		if !ok {
+			return Flow{}, false
+		}
+		f.State = s
+	case lb.UDP:
+	default:
+		return Flow{}, false
+	}
+	a := c.Client.Addr()
+	if !src.IsValid() || a.Is4() != c.Virtual.Addr().Is4() || a.Is4() != c.Backend.Addr().Is4() || a.Is4() != src.Is4() {
+		return Flow{}, false
+	}
+	return f, true
+}
+
+// minTimeout is the shortest life of an entry made for a connection: time
+// for its next packet, which sets the timeout of its state.
+const minTimeout = time.Minute
+
+// Netlink's values (linux/netfilter/nfnetlink_conntrack.h).
+const (
+	ctMsgNew = 0 // IPCTNL_MSG_CT_NEW
+
+	ctaTupleOrig  = 1
+	ctaTupleReply = 2
+	ctaStatus     = 3
+	ctaProtoinfo  = 4
+	ctaNATSrc     = 6
+	ctaTimeout    = 7
+
+	ctaTupleIP    = 1
+	ctaTupleProto = 2
+
+	ctaIPv4Src = 1
+	ctaIPv4Dst = 2
+	ctaIPv6Src = 3
+	ctaIPv6Dst = 4
+
+	ctaProtoNum     = 1
+	ctaProtoSrcPort = 2
+	ctaProtoDstPort = 3
+
+	ctaNATv4MinIP = 1
+	ctaNATv4MaxIP = 2
+	ctaNATProto   = 3
+	ctaNATv6MinIP = 4
+	ctaNATv6MaxIP = 5
+
+	ctaProtoNATPortMin = 1
+	ctaProtoNATPortMax = 2
+
+	ctaProtoinfoTCP              = 1
+	ctaProtoinfoTCPState         = 1
+	ctaProtoinfoTCPFlagsOriginal = 4
+	ctaProtoinfoTCPFlagsReply    = 5
+
+	// tcpFlagBeLiberal (IP_CT_TCP_FLAG_BE_LIBERAL) accepts every packet
+	// of the direction whatever its window: the entry starts with no
+	// record of the windows the peer's kernel tracked.
+	tcpFlagBeLiberal = 0x08
+
+	// statusSeenReply and statusAssured (IPS_SEEN_REPLY, IPS_ASSURED):
+	// the connection has seen both directions and is not the first
+	// entry dropped when the table is full. statusConfirmed
+	// (IPS_CONFIRMED) is set by the kernel before it reads the status,
+	// which must keep it.
+	statusSeenReply = 1 << 1
+	statusAssured   = 1 << 2
+	statusConfirmed = 1 << 3
+)
+
+// request returns the netlink request that creates f's entry: the
+// original direction from the client to the VIP; the reply from the
+// backend to the client as IPVS leaves it, which the kernel then
+// translates to the SNAT source at the client's port, as the nat table's
+// SNAT rule did on the peer.
+func (f Flow) request() *nl.NetlinkRequest {
+	family := unix.AF_INET
+	if f.Client.Addr().Is6() {
+		family = unix.AF_INET6
+	}
+	req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_CTNETLINK<<8|ctMsgNew, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(family), Version: nl.NFNETLINK_V0})
+	proto := protoNumber(f.Proto)
+	req.AddData(tuple(ctaTupleOrig, proto, f.Client, f.Virtual))
+	req.AddData(tuple(ctaTupleReply, proto, f.Backend, f.Client))
+	req.AddData(nl.NewRtAttr(ctaStatus, nl.BEUint32Attr(statusSeenReply|statusAssured|statusConfirmed)))
+	if f.Proto == lb.TCP {
+		info := nl.NewRtAttr(unix.NLA_F_NESTED|ctaProtoinfo, nil)
+		tcp := info.AddRtAttr(unix.NLA_F_NESTED|ctaProtoinfoTCP, nil)
+		tcp.AddRtAttr(ctaProtoinfoTCPState, []byte{byte(f.State)})
+		tcp.AddRtAttr(ctaProtoinfoTCPFlagsOriginal, []byte{tcpFlagBeLiberal, tcpFlagBeLiberal})
+		tcp.AddRtAttr(ctaProtoinfoTCPFlagsReply, []byte{tcpFlagBeLiberal, tcpFlagBeLiberal})
+		req.AddData(info)
+	}
+	nat := nl.NewRtAttr(unix.NLA_F_NESTED|ctaNATSrc, nil)
+	minIP, maxIP := ctaNATv4MinIP, ctaNATv4MaxIP
+	if f.Source.Is6() {
+		minIP, maxIP = ctaNATv6MinIP, ctaNATv6MaxIP
+	}
+	nat.AddRtAttr(minIP, f.Source.AsSlice())
+	nat.AddRtAttr(maxIP, f.Source.AsSlice())
+	ports := nat.AddRtAttr(unix.NLA_F_NESTED|ctaNATProto, nil)
+	ports.AddRtAttr(ctaProtoNATPortMin, nl.BEUint16Attr(f.Client.Port()))
+	ports.AddRtAttr(ctaProtoNATPortMax, nl.BEUint16Attr(f.Client.Port()))
+	req.AddData(nat)
+	req.AddData(nl.NewRtAttr(ctaTimeout, nl.BEUint32Attr(uint32(min(f.Timeout/time.Second, 1<<31)))))
+	return req
+}
+
+// tuple returns a tuple attribute of type typ from src to dst.
+func tuple(typ int, proto uint8, src, dst netip.AddrPort) *nl.RtAttr {
+	t := nl.NewRtAttr(unix.NLA_F_NESTED|typ, nil)
+	ip := t.AddRtAttr(unix.NLA_F_NESTED|ctaTupleIP, nil)
+	srcType, dstType := ctaIPv4Src, ctaIPv4Dst
+	if src.Addr().Is6() {
+		srcType, dstType = ctaIPv6Src, ctaIPv6Dst
+	}
+	ip.AddRtAttr(srcType, src.Addr().AsSlice())
+	ip.AddRtAttr(dstType, dst.Addr().AsSlice())
+	p := t.AddRtAttr(unix.NLA_F_NESTED|ctaTupleProto, nil)
+	p.AddRtAttr(ctaProtoNum, []byte{proto})
+	p.AddRtAttr(ctaProtoSrcPort, nl.BEUint16Attr(src.Port()))
+	p.AddRtAttr(ctaProtoDstPort, nl.BEUint16Attr(dst.Port()))
+	return t
+}
+
+func protoNumber(p lb.Proto) uint8 {
+	switch p {
+	case lb.UDP:
+		return unix.IPPROTO_UDP
+	case lb.SCTP:
+		return unix.IPPROTO_SCTP
+	}
+	return unix.IPPROTO_TCP
+}
+
+// Result counts what Track did.
+type Result struct {
+	// Created counts the entries made; Existing those the kernel had
+	// already (a packet of the connection came first, or a previous
+	// takeover made it); Failed those it refused.
+	Created, Existing, Failed int
+}
+
+// maxErrors bounds the errors Track returns: the first ones say what
+// went wrong, the count says how often.
+const maxErrors = 3
+
+// Tracker creates connection-tracking entries in the network namespace
+// of the calling thread.
+type Tracker struct{}
+
+// Connections calls fn for each connection of the kernel's IPVS table
+// (ipvs.Connections).
+func (Tracker) Connections(fn func(ipvs.Connection) bool) error {
+	return ipvs.Connections(fn)
+}
+
+// Track creates an entry for each flow, leaving alone those that exist,
+// and goes on after a failure: it returns what it did, and the first
+// errors.
+func (Tracker) Track(flows []Flow) (Result, error) {
+	var r Result
+	if len(flows) == 0 {
+		return r, nil
+	}
+	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_NETFILTER)
+	if err != nil {
+		return r, fmt.Errorf("conntrack: open netlink socket: %w", err)
+	}
+	defer s.Close()
+	sockets := map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: {Socket: s}}
+	var errs []error
+	for _, f := range flows {
+		req := f.request()
+		req.Sockets = sockets
+		_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+		switch {
+		case err == nil:
+			r.Created++
+		case errors.Is(err, unix.EEXIST):
+			r.Existing++
+		default:
+			r.Failed++
+			if len(errs) < maxErrors {
+				errs = append(errs, fmt.Errorf("conntrack: track %s %s -> %s via %s from %s: %w", f.Proto, f.Client, f.Virtual, f.Backend, f.Source, err))
+			}
+		}
+	}
+	return r, errors.Join(errs...)
+}

@@ -1,0 +1,135 @@
+package conntrack
+
+import (
+	"net"
+	"net/netip"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/lb/lbtest/nstest"
+)
+
+// TestTrackKernel makes entries in the kernel, IPv4 and IPv6, and reads
+// them back: the reply direction is translated to the SNAT source at the
+// client's port, and a second Track finds them there.
+func TestTrackKernel(t *testing.T) {
+	nstest.Need(t)
+	flows := []Flow{
+		{Proto: lb.TCP, Client: netip.MustParseAddrPort("192.0.2.2:40000"), Virtual: netip.MustParseAddrPort("198.51.100.10:80"),
+			Backend: netip.MustParseAddrPort("203.0.113.3:8080"), Source: netip.MustParseAddr("203.0.113.99"), State: TCPEstablished, Timeout: time.Minute},
+		{Proto: lb.UDP, Client: netip.MustParseAddrPort("[2001:db8::2]:40001"), Virtual: netip.MustParseAddrPort("[2001:db8:100::10]:53"),
+			Backend: netip.MustParseAddrPort("[2001:db8:1::3]:5353"), Source: netip.MustParseAddr("2001:db8:1::99"), Timeout: time.Minute},
+	}
+	r, err := Tracker{}.Track(flows)
+	if err != nil || r != (Result{Created: 2}) {
+		t.Fatalf("Track: %+v, %v", r, err)
+	}
+	for _, f := range flows {
+		family := netlink.InetFamily(unix.AF_INET)
+		if f.Client.Addr().Is6() {
+			family = unix.AF_INET6
+		}
+		list, err := netlink.ConntrackTableList(netlink.ConntrackTable, family)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, e := range list {
+			fwd, rev := e.Forward, e.Reverse
+			if !fwd.SrcIP.Equal(f.Client.Addr().AsSlice()) || fwd.SrcPort != f.Client.Port() {
+				continue
+			}
+			found = true
+			if !fwd.DstIP.Equal(f.Virtual.Addr().AsSlice()) || fwd.DstPort != f.Virtual.Port() || fwd.Protocol != protoNumber(f.Proto) {
+				t.Errorf("%s: original direction %s", f.Client, e)
+			}
+			if !rev.SrcIP.Equal(f.Backend.Addr().AsSlice()) || rev.SrcPort != f.Backend.Port() ||
+				!rev.DstIP.Equal(f.Source.AsSlice()) || rev.DstPort != f.Client.Port() {
+				t.Errorf("%s: reply direction not translated to %s port %d: %s", f.Client, f.Source, f.Client.Port(), e)
+			}
+		}
+		if !found {
+			t.Errorf("%s: no entry in %d", f.Client, len(list))
+		}
+	}
+	r, err = Tracker{}.Track(flows)
+	if err != nil || r != (Result{Existing: 2}) {
+		t.Fatalf("second Track: %+v, %v", r, err)
+	}
+}
+
+// TestTrackTraffic sends a backend's UDP answer to the SNAT source through
+// a node that tracks the connection: the node translates it back to the
+// client, as the peer that made the connection would have.
+func TestTrackTraffic(t *testing.T) {
+	nstest.Need(t)
+	client := nstest.NewPeer(t, "vipd-ct-c0", "vipd-ct-c1")
+	backend := nstest.NewPeer(t, "vipd-ct-b0", "vipd-ct-b1")
+	for _, s := range [][2]string{{"vipd-ct-c0", "192.0.2.1/24"}, {"vipd-ct-b0", "203.0.113.1/24"}, {"vipd-ct-b0", "203.0.113.99/32"}} {
+		if err := nstest.AddAddr(s[0], s[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nstest.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel tracks connections and translates addresses only in a
+	// namespace whose rules need it: vipd's SNAT rule, and a nat chain
+	// at PREROUTING, where the answers are translated back.
+	for _, rule := range [][]string{
+		{"-t", "nat", "-A", "PREROUTING", "-j", "RETURN"},
+		{"-t", "nat", "-A", "POSTROUTING", "-m", "mark", "--mark", "0x4000000/0x4000000", "-j", "SNAT", "--to-source", "203.0.113.99"},
+	} {
+		if out, err := exec.Command("iptables", rule...).CombinedOutput(); err != nil {
+			t.Fatalf("iptables %v: %v: %s", rule, err, out)
+		}
+	}
+	var cconn, bconn *net.UDPConn
+	client.Do(t, func() error {
+		if err := nstest.AddAddr("vipd-ct-c1", "192.0.2.2/24"); err != nil {
+			return err
+		}
+		var err error
+		cconn, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP("192.0.2.2"), Port: 40000})
+		return err
+	})
+	defer cconn.Close()
+	backend.Do(t, func() error {
+		if err := nstest.AddAddr("vipd-ct-b1", "203.0.113.3/24"); err != nil {
+			return err
+		}
+		var err error
+		bconn, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP("203.0.113.3"), Port: 8080})
+		return err
+	})
+	defer bconn.Close()
+	f := Flow{Proto: lb.UDP, Client: netip.MustParseAddrPort("192.0.2.2:40000"), Virtual: netip.MustParseAddrPort("198.51.100.10:53"),
+		Backend: netip.MustParseAddrPort("203.0.113.3:8080"), Source: netip.MustParseAddr("203.0.113.99"), Timeout: time.Minute}
+	if r, err := (Tracker{}).Track([]Flow{f}); err != nil || r.Created != 1 {
+		t.Fatalf("Track: %+v, %v", r, err)
+	}
+	// The neighbour entries may take a moment: the answer is sent until
+	// it arrives, or for 10 s.
+	buf := make([]byte, 64)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := bconn.WriteToUDP([]byte("answer"), &net.UDPAddr{IP: net.ParseIP("203.0.113.99"), Port: 40000}); err != nil {
+			t.Fatal(err)
+		}
+		cconn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		n, from, err := cconn.ReadFromUDP(buf)
+		if err == nil {
+			if string(buf[:n]) != "answer" || from.AddrPort() != netip.MustParseAddrPort("203.0.113.3:8080") {
+				t.Fatalf("client got %q from %s", buf[:n], from)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the client never got the backend's answer to %s: %v", f.Source, err)
+		}
+	}
+}
