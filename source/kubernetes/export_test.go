@@ -13,3 +13,6 @@ func WrapTransport(s *Source, wrap func(http.RoundTripper) http.RoundTripper) { 
 // UseClient makes s talk to cs (client-go's fake clientset) in place of
 // the API server of its kubeconfig.
 func UseClient(s *Source, cs clientset.Interface) { s.client = cs }
+
+// FullSyncs returns how many full syncs s made.
+func FullSyncs(s *Source) int64 { return s.fullSyncs.Load() }

@@ -22,7 +22,7 @@ import (
 // runWatched runs a source against cs until the test ends, and returns
 // once its informers watch EndpointSlices: the fake clientset's watches
 // miss what changes between an informer's list and its watch.
-func runWatched(t *testing.T, cs *fake.Clientset, sink *fakeSink) {
+func runWatched(t *testing.T, cs *fake.Clientset, sink *fakeSink) *kubernetes.Source {
 	t.Helper()
 	watching := make(chan struct{}, 1)
 	cs.PrependWatchReactor("endpointslices", func(k8stesting.Action) (bool, watch.Interface, error) {
@@ -53,6 +53,7 @@ func runWatched(t *testing.T, cs *fake.Clientset, sink *fakeSink) {
 	case <-time.After(timeout):
 		t.Fatal("the source does not watch EndpointSlices")
 	}
+	return src
 }
 
 // lastSnap returns the sink's last snapshot and how many there were.
@@ -197,5 +198,68 @@ k8s/ns/other/http/tcp tcp 192.0.2.3:80 -> 10.244.3.2:8080/1`, func() error {
 	got.Changed = nil
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("the incremental snapshot differs from a full sync's:\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+// TestStatusEchoNoFullSync: a change of a Service's status alone that
+// says what the leader holds (the echo of its own write) makes no full
+// sync, while one that says something else does, and the leader writes
+// its address back.
+func TestStatusEchoNoFullSync(t *testing.T) {
+	endpoints := map[string]string{kubernetes.AnnotationBackends: kubernetes.BackendsEndpoints}
+	httpPort := []discoveryv1.EndpointPort{epPort("http", corev1.ProtocolTCP, 8080)}
+	svc := stamped(fakeService("ep", endpoints, port("http", corev1.ProtocolTCP, 80)), 1)
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.0", IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)}}
+	cs := fake.NewClientset(svc, fakeSlice("ep", "ep-1", httpPort, "10.244.0.1"))
+	sink := &fakeSink{}
+	src := runWatched(t, cs, sink)
+	waitSnap(t, sink, `
+k8s/ns/ep/http/tcp tcp 192.0.2.0:80 -> 10.244.0.1:8080/1`)
+	ctx := context.Background()
+	services := cs.CoreV1().Services("ns")
+	setStatus := func(ip string) {
+		t.Helper()
+		cur, err := services.Get(ctx, "ep", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)}}
+		if ip == "192.0.2.0" {
+			// An echo changes something vipd does not read.
+			cur.Status.Conditions = append(cur.Status.Conditions, metav1.Condition{Type: "Echo", Status: metav1.ConditionTrue, Reason: "Test"})
+		}
+		if _, err := services.UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := kubernetes.FullSyncs(src)
+	setStatus("192.0.2.0")
+	// Then a change of EndpointSlices, synced after the status: its
+	// snapshot says the status was taken.
+	time.Sleep(100 * time.Millisecond)
+	if _, err := cs.DiscoveryV1().EndpointSlices("ns").Update(ctx, fakeSlice("ep", "ep-1", httpPort, "10.244.0.2"), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitSnap(t, sink, `
+k8s/ns/ep/http/tcp tcp 192.0.2.0:80 -> 10.244.0.2:8080/1`)
+	if n := kubernetes.FullSyncs(src) - before; n != 0 {
+		t.Errorf("the echo of the status made %d full syncs", n)
+	}
+	// Someone else's address in the status: a full sync, which writes
+	// the held address back.
+	setStatus("192.0.2.9")
+	deadline := time.Now().Add(timeout)
+	for {
+		cur, err := services.Get(ctx, "ep", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ing := cur.Status.LoadBalancer.Ingress; len(ing) == 1 && ing[0].IP == "192.0.2.0" && kubernetes.FullSyncs(src) > before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the status says %v after %d full syncs, want 192.0.2.0 back", cur.Status.LoadBalancer.Ingress, kubernetes.FullSyncs(src)-before)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

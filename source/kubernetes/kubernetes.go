@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vipd/vipd/config"
@@ -27,6 +28,7 @@ import (
 	"github.com/vipd/vipd/source"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -147,6 +149,8 @@ type Source struct {
 	// client, when set, is the API server's client, in place of the
 	// kubeconfig's (tests: client-go's fake clientset).
 	client clientset.Interface
+	// fullSyncs counts the full syncs (tests).
+	fullSyncs atomic.Int64
 }
 
 // New validates opts and returns a source; nothing reaches the API
@@ -288,9 +292,17 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	}
 	c.sliceIndex = sliceInformer.GetIndexer()
 	c.serviceGet = svcInf.Lister()
+	// A change of a Service's status alone (the echo of vipd's own
+	// write, as the leader writes a thousand at a start) is checked
+	// against the addresses held, not synced in full.
+	serviceHandler := handler
+	serviceHandler.UpdateFunc = c.pokeService
 	for i, inf := range []cache.SharedIndexInformer{svcInf.Informer(), sliceInformer, nodeInf.Informer()} {
 		h := handler
-		if i == 1 {
+		switch i {
+		case 0:
+			h = serviceHandler
+		case 1:
 			h = sliceHandler
 		}
 		if _, err := inf.AddEventHandler(h); err != nil {
@@ -415,6 +427,8 @@ type controller struct {
 	mu      sync.Mutex
 	touched map[string]bool
 	all     bool
+	// statuses holds the Services whose status alone changed.
+	statuses map[string]bool
 	// sliceIndex holds the EndpointSlices by Service (byService), and
 	// serviceGet the Services, for a sync of a few Services.
 	sliceIndex cache.Indexer
@@ -465,6 +479,51 @@ func (c *controller) pokeAll() {
 	c.poke()
 }
 
+// pokeService asks for a full sync when a Service changed, unless only its
+// status did: then for a check of that status (see statusesHeld).
+func (c *controller) pokeService(old, obj any) {
+	o, ok := old.(*corev1.Service)
+	n, ok2 := obj.(*corev1.Service)
+	if !ok || !ok2 || !statusOnly(o, n) {
+		c.pokeAll()
+		return
+	}
+	c.mu.Lock()
+	if c.statuses == nil {
+		c.statuses = map[string]bool{}
+	}
+	c.statuses[n.Namespace+"/"+n.Name] = true
+	c.mu.Unlock()
+	c.poke()
+}
+
+// statusOnly reports whether a Service changed from o to n in its status
+// alone: what vipd reads of a Service besides its status is its spec, its
+// labels and annotations, and whether it is being deleted.
+func statusOnly(o, n *corev1.Service) bool {
+	return o.Generation == n.Generation && o.DeletionTimestamp.Equal(n.DeletionTimestamp) &&
+		maps.Equal(o.Labels, n.Labels) && maps.Equal(o.Annotations, n.Annotations) &&
+		slices.Equal(o.Finalizers, n.Finalizers) && equality.Semantic.DeepEqual(o.Spec, n.Spec)
+}
+
+// statusesHeld reports whether the statuses of the Services of keys say
+// what this instance holds, so that their change needs no sync: only when
+// it leads, and has taken the addresses back from the statuses in this
+// term (a follower takes its addresses from the statuses, on a full sync).
+func (c *controller) statusesHeld(keys []string) bool {
+	if !c.leading() || !c.restored {
+		return len(keys) == 0
+	}
+	for _, key := range keys {
+		ns, name, _ := strings.Cut(key, "/")
+		svc, err := c.serviceGet.Services(ns).Get(name)
+		if err != nil || !sameAddrs(statusAddrs(svc), c.alloc.Held(key)) {
+			return false
+		}
+	}
+	return true
+}
+
 // pokeSlice asks for a sync of the Service of the EndpointSlice obj.
 func (c *controller) pokeSlice(obj any) {
 	es, ok := obj.(*discoveryv1.EndpointSlice)
@@ -486,13 +545,14 @@ func (c *controller) pokeSlice(obj any) {
 }
 
 // takeTouched returns, and forgets, the Services whose EndpointSlices
-// changed since the last call, and whether anything else changed.
-func (c *controller) takeTouched() (keys []string, all bool) {
+// changed since the last call, those whose status alone changed, and
+// whether anything else changed.
+func (c *controller) takeTouched() (keys, statuses []string, all bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	keys, all = slices.Sorted(maps.Keys(c.touched)), c.all
-	c.touched, c.all = nil, false
-	return keys, all
+	keys, statuses, all = slices.Sorted(maps.Keys(c.touched)), slices.Sorted(maps.Keys(c.statuses)), c.all
+	c.touched, c.statuses, c.all = nil, nil, false
+	return keys, statuses, all
 }
 
 // byService names the index of the EndpointSlices by their Service's key.
@@ -580,7 +640,8 @@ func (c *controller) loop(ctx context.Context, elected <-chan context.Context) e
 			lost = nil
 			c.sink.Report(nil)
 		}
-		keys, all := c.takeTouched()
+		keys, statuses, all := c.takeTouched()
+		all = all || !c.statusesHeld(statuses)
 		again, synced, err := false, false, error(nil)
 		if !full && !all {
 			again, synced, err = c.syncSlices(ctx, keys)
@@ -650,6 +711,7 @@ func statusAddrs(svc *corev1.Service) []netip.Addr {
 // the caches. It returns true when something should be tried again
 // later: a status write or a publish that failed, a refused service.
 func (c *controller) sync(ctx context.Context) (bool, error) {
+	c.s.fullSyncs.Add(1)
 	all, err := c.services.List(labels.Everything())
 	if err != nil {
 		return false, err
