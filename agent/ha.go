@@ -91,6 +91,9 @@ type ha struct {
 	// snat holds the services of the last pass that need it.
 	tracker ConnTracker
 	snat    atomic.Pointer[snatServices]
+	// term counts the changes of role, so that the late tracking of a
+	// term as master stops when it ends.
+	term atomic.Uint64
 
 	mu      sync.Mutex
 	reports []roleReport
@@ -99,8 +102,9 @@ type ha struct {
 
 type roleReport struct {
 	RoleChange
-	// reassert says the master announced its VIPs again.
-	reassert bool
+	// reassert says the master announced its VIPs again; late that
+	// it tracked SNAT connections after it became master.
+	reassert, late bool
 	// changed counts the addresses announced or withdrawn, in took,
 	// with err.
 	changed int
@@ -114,8 +118,10 @@ type roleReport struct {
 // report puts a change of role on the wire at once, through the role
 // gate, and queues it for the main loop.
 func (h *ha) report(c RoleChange) {
+	term := h.term.Add(1)
 	r := roleReport{RoleChange: c}
-	if s := h.snat.Load(); c.Master && s != nil {
+	s := h.snat.Load()
+	if c.Master && s != nil {
 		// Before the first packet: the clients and the backends reach
 		// the node once it announces.
 		a := adoptSNAT(h.tracker, s)
@@ -127,6 +133,31 @@ func (h *ha) report(c RoleChange) {
 	}
 	r.took = time.Since(start)
 	h.queue(r)
+	if c.Master && s != nil {
+		go h.adoptLate(term)
+	}
+}
+
+// lateAdoptions are the times after becoming master at which the node
+// tracks again the SNAT connections its peer synchronized: those whose
+// synchronization was on its way at the takeover. A backend's packet
+// that came first was dropped, and is sent again.
+var lateAdoptions = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.Second}
+
+// adoptLate tracks the synchronized SNAT connections again at each of
+// lateAdoptions, while the node stays master in term.
+func (h *ha) adoptLate(term uint64) {
+	start := time.Now()
+	for _, at := range lateAdoptions {
+		time.Sleep(time.Until(start.Add(at)))
+		s := h.snat.Load()
+		if h.term.Load() != term || s == nil {
+			return
+		}
+		if a := adoptSNAT(h.tracker, s); a.Created > 0 || a.Failed > 0 || a.err != nil {
+			h.queue(roleReport{RoleChange: RoleChange{Master: true}, late: true, adopted: &a})
+		}
+	}
 }
 
 // reassert announces the master's VIPs again (it heard another master
@@ -328,6 +359,10 @@ func (a *Agent) recordRole(master bool) {
 // counts and logs the change.
 func (a *Agent) roleChanged() {
 	for _, r := range a.ha.take() {
+		if r.late {
+			a.logAdoption(r.adopted, "high availability: SNAT connections synchronized late taken over")
+			continue
+		}
 		if r.reassert {
 			if r.err != nil {
 				a.log.Error("high availability: announcing the VIPs again", "reason", r.Reason, "err", r.err)
@@ -350,18 +385,22 @@ func (a *Agent) roleChanged() {
 		}
 		a.log.Info("high availability: role changed", "role", role, "reason", r.Reason,
 			"changed", r.changed, "took", r.took.Round(time.Microsecond))
-		if ad := r.adopted; ad != nil {
-			a.log.Info("high availability: SNAT connections taken over", "tracked", ad.Created, "tracked_already", ad.Existing,
-				"failed", ad.Failed, "took", ad.took.Round(time.Microsecond))
-			if ad.err != nil {
-				a.log.Error("high availability: taking SNAT connections over", "err", ad.err)
-			}
+		if r.adopted != nil {
+			a.logAdoption(r.adopted, "high availability: SNAT connections taken over")
 		}
 		if r.err != nil {
 			// The next pass announces (or withdraws) what failed: the
 			// reconciler sees it missing from the announcer.
 			a.log.Error("high availability: announcements failed", "role", role, "err", r.err)
 		}
+	}
+}
+
+// logAdoption logs what tracking the synchronized SNAT connections did.
+func (a *Agent) logAdoption(ad *adoption, msg string) {
+	a.log.Info(msg, "tracked", ad.Created, "tracked_already", ad.Existing, "failed", ad.Failed, "took", ad.took.Round(time.Microsecond))
+	if ad.err != nil {
+		a.log.Error("high availability: tracking SNAT connections", "err", ad.err)
 	}
 }
 

@@ -380,7 +380,10 @@ type fakeTracker struct {
 }
 
 func (f *fakeTracker) Connections(fn func(ipvs.Connection) bool) error {
-	for _, c := range f.conns {
+	f.mu.Lock()
+	conns := slices.Clone(f.conns)
+	f.mu.Unlock()
+	for _, c := range conns {
 		if !fn(c) {
 			break
 		}
@@ -425,19 +428,36 @@ func TestHATakesSNATConnectionsOver(t *testing.T) {
 	r.has(t, "snat-source=10.0.3.99")
 	e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
 	r.waitFor(t, []string{"announce 192.0.2.50", "announce 10.0.3.99"}, nil)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	want := []conntrack.Flow{{Proto: lb.TCP, Client: netip.MustParseAddrPort("198.51.100.7:40000"), Virtual: netip.MustParseAddrPort("192.0.2.50:80"),
-		Backend: netip.MustParseAddrPort("10.0.3.5:8080"), Source: netip.MustParseAddr("10.0.3.99"), State: conntrack.TCPEstablished, Timeout: 900 * time.Second}}
-	if len(f.tracked) != 1 || !slices.Equal(f.tracked[0], want) {
-		t.Errorf("tracked %+v, want once %+v", f.tracked, want)
+	flow := func(c ipvs.Connection) conntrack.Flow {
+		return conntrack.Flow{Proto: lb.TCP, Client: c.Client, Virtual: c.Virtual, Backend: c.Backend, Source: netip.MustParseAddr("10.0.3.99"),
+			State: conntrack.TCPEstablished, Timeout: 900 * time.Second}
 	}
-	if len(f.before) == 1 && f.before[0] {
+	f.mu.Lock()
+	if len(f.tracked) == 0 || !slices.Equal(f.tracked[0], []conntrack.Flow{flow(f.conns[0])}) {
+		t.Errorf("tracked %+v, want first %+v", f.tracked, flow(f.conns[0]))
+	}
+	if len(f.before) > 0 && f.before[0] {
 		t.Error("the node announced its VIPs before it tracked the SNAT connections")
 	}
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(r.log.String(), `SNAT connections taken over" tracked=1`); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no log of the takeover:\n%s", r.log.String())
+	// A connection whose synchronization arrives after the takeover is
+	// tracked later.
+	late := conn(lb.TCP, "192.0.2.50:80", "ESTABLISHED")
+	late.Client = netip.MustParseAddrPort("198.51.100.8:40001")
+	f.conns = append(f.conns, late)
+	f.mu.Unlock()
+	waitLog := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(r.log.String(), want); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the log:\n%s", want, r.log.String())
+			}
 		}
+	}
+	waitLog(`SNAT connections taken over" tracked=1`)
+	waitLog(`SNAT connections synchronized late taken over" tracked=2`)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if last := f.tracked[len(f.tracked)-1]; !slices.Contains(last, flow(late)) {
+		t.Errorf("the late tracking has %+v, want %+v in it", last, flow(late))
 	}
 }
