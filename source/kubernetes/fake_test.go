@@ -21,6 +21,14 @@ import (
 func runFake(t *testing.T, opts kubernetes.Options, sink *fakeSink, objs ...runtime.Object) *fake.Clientset {
 	t.Helper()
 	cs := fake.NewClientset(objs...)
+	runSource(t, opts, cs, sink)
+	return cs
+}
+
+// runSource runs a source of opts, serving Services of no class and
+// electing no leader, against cs until the test ends.
+func runSource(t *testing.T, opts kubernetes.Options, cs *fake.Clientset, sink *fakeSink) *kubernetes.Source {
+	t.Helper()
 	opts.DefaultClass = true
 	opts.LeaderElection = ptr.To(false)
 	opts.Kubeconfig = "unused"
@@ -38,7 +46,7 @@ func runFake(t *testing.T, opts kubernetes.Options, sink *fakeSink, objs ...runt
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return cs
+	return src
 }
 
 // waitFakeEvent waits for a warning Event with reason on the Service whose

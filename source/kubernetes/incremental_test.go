@@ -32,21 +32,7 @@ func runWatched(t *testing.T, cs *fake.Clientset, sink *fakeSink) *kubernetes.So
 		}
 		return false, nil, nil
 	})
-	src, err := kubernetes.New(kubernetes.Options{Kubeconfig: "unused", DefaultClass: true, LeaderElection: ptr.To(false),
-		Pools: pools("192.0.2.0/28")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubernetes.UseClient(src, cs)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, sink) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	src := runSource(t, kubernetes.Options{Pools: pools("192.0.2.0/28")}, cs, sink)
 	select {
 	case <-watching:
 		time.Sleep(50 * time.Millisecond) // the reactor runs just before the watch starts
