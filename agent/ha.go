@@ -121,11 +121,12 @@ func (h *ha) report(c RoleChange) {
 	term := h.term.Add(1)
 	r := roleReport{RoleChange: c}
 	s := h.snat.Load()
+	partial := false
 	if c.Master && s != nil {
 		// Before the first packet: the clients and the backends reach
 		// the node once it announces.
-		a := adoptSNAT(h.tracker, s)
-		r.adopted = &a
+		a := adoptSNAT(h.tracker, s, time.Now().Add(adoptBudget))
+		r.adopted, partial = &a, a.partial
 	}
 	start := time.Now()
 	if h.gate != nil {
@@ -134,9 +135,13 @@ func (h *ha) report(c RoleChange) {
 	r.took = time.Since(start)
 	h.queue(r)
 	if c.Master && s != nil {
-		go h.adoptLate(term)
+		go h.adoptLate(term, partial)
 	}
 }
+
+// adoptBudget bounds the tracking of SNAT connections before a takeover's
+// announcement; a later pass tracks what it leaves.
+const adoptBudget = 100 * time.Millisecond
 
 // lateAdoptions are the times after becoming master at which the node
 // tracks again the SNAT connections its peer synchronized: those whose
@@ -145,16 +150,21 @@ func (h *ha) report(c RoleChange) {
 var lateAdoptions = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.Second}
 
 // adoptLate tracks the synchronized SNAT connections again at each of
-// lateAdoptions, while the node stays master in term.
-func (h *ha) adoptLate(term uint64) {
+// lateAdoptions, while the node stays master in term: at once, too, when
+// the pass before the announcement was partial.
+func (h *ha) adoptLate(term uint64, partial bool) {
 	start := time.Now()
-	for _, at := range lateAdoptions {
+	times := lateAdoptions
+	if partial {
+		times = append([]time.Duration{0}, times...)
+	}
+	for _, at := range times {
 		time.Sleep(time.Until(start.Add(at)))
 		s := h.snat.Load()
 		if h.term.Load() != term || s == nil {
 			return
 		}
-		if a := adoptSNAT(h.tracker, s); a.Created > 0 || a.Failed > 0 || a.err != nil {
+		if a := adoptSNAT(h.tracker, s, time.Time{}); a.Created > 0 || a.Failed > 0 || a.err != nil {
 			h.queue(roleReport{RoleChange: RoleChange{Master: true}, late: true, adopted: &a})
 		}
 	}

@@ -377,13 +377,18 @@ type fakeTracker struct {
 	announced func() bool
 	tracked   [][]conntrack.Flow
 	before    []bool
+	// slow is how long reading the table stalls after 256 connections.
+	slow time.Duration
 }
 
 func (f *fakeTracker) Connections(fn func(ipvs.Connection) bool) error {
 	f.mu.Lock()
 	conns := slices.Clone(f.conns)
 	f.mu.Unlock()
-	for _, c := range conns {
+	for i, c := range conns {
+		if i == 256 {
+			time.Sleep(f.slow)
+		}
 		if !fn(c) {
 			break
 		}
@@ -459,5 +464,46 @@ func TestHATakesSNATConnectionsOver(t *testing.T) {
 	defer f.mu.Unlock()
 	if last := f.tracked[len(f.tracked)-1]; !slices.Contains(last, flow(late)) {
 		t.Errorf("the late tracking has %+v, want %+v in it", last, flow(late))
+	}
+}
+
+// TestHATakeoverBoundsSNATTracking: a connection table too long to read
+// within the budget before the announcement is read in part, and the
+// rest is tracked right after it.
+func TestHATakeoverBoundsSNATTracking(t *testing.T) {
+	f := &fakeTracker{slow: 2 * adoptBudget}
+	for i := range 600 {
+		f.conns = append(f.conns, ipvs.Connection{Proto: lb.TCP, Client: netip.AddrPortFrom(netip.MustParseAddr("198.51.100.7"), uint16(10000+i)),
+			Virtual: netip.MustParseAddrPort("192.0.2.50:80"), Backend: netip.MustParseAddrPort("10.0.3.5:8080"), State: "ESTABLISHED", Expires: time.Minute})
+	}
+	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
+	e := &fakeElector{}
+	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]")+snat, func(o *Options) {
+		o.OpenElector = func(opts ElectorOptions) (Elector, error) {
+			e.opts = opts
+			return e, nil
+		}
+		o.ConnTracker = f
+	})
+	f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
+	e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
+	r.waitFor(t, []string{"announce 192.0.2.50"}, nil)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		f.mu.Lock()
+		n := len(f.tracked)
+		var first, second int
+		if n >= 2 {
+			first, second = len(f.tracked[0]), len(f.tracked[1])
+		}
+		f.mu.Unlock()
+		if n >= 2 {
+			if first >= 600 || second != 600 {
+				t.Fatalf("tracked %d, then %d connections; want part of the 600 before the announcement, then all", first, second)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tracked %d times, want twice", n)
+		}
 	}
 }

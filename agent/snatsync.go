@@ -80,20 +80,32 @@ type adoption struct {
 	conntrack.Result
 	took time.Duration
 	err  error
+	// partial says that the pass stopped at its deadline, having read
+	// part of the connection table.
+	partial bool
 }
 
 // adoptSNAT tracks the connections of the IPVS table to s's services
-// that the node does not track yet: those a peer synchronized.
-func adoptSNAT(t ConnTracker, s *snatServices) adoption {
+// that the node does not track yet: those a peer synchronized. It stops
+// reading the table at deadline (the zero time reads it all), so that a
+// table of a million connections does not hold a takeover back: what it
+// leaves, a later pass tracks.
+func adoptSNAT(t ConnTracker, s *snatServices, deadline time.Time) adoption {
 	start := time.Now()
+	var a adoption
 	var flows []conntrack.Flow
+	n := 0
 	err := t.Connections(func(c ipvs.Connection) bool {
 		if f, ok := s.flow(c); ok {
 			flows = append(flows, f)
 		}
+		// The clock is read every 256 connections.
+		if n++; n%256 == 0 && !deadline.IsZero() && time.Now().After(deadline) {
+			a.partial = true
+			return false
+		}
 		return true
 	})
-	var a adoption
 	if err == nil {
 		a.Result, err = t.Track(flows)
 	}
