@@ -408,6 +408,7 @@ func (a *Agent) roleChanged() {
 
 // logAdoption logs what tracking the synchronized SNAT connections did.
 func (a *Agent) logAdoption(ad *adoption, msg string) {
+	a.m.HASNAT(ad.Created, ad.Existing, ad.Failed)
 	a.log.Info(msg, "tracked", ad.Created, "tracked_already", ad.Existing, "failed", ad.Failed, "took", ad.took.Round(time.Microsecond))
 	if ad.err != nil {
 		a.log.Error("high availability: tracking SNAT connections", "err", ad.err)

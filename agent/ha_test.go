@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http/httptest"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -461,10 +463,29 @@ func TestHATakesSNATConnectionsOver(t *testing.T) {
 	waitLog(`SNAT connections taken over" tracked=1`)
 	waitLog(`SNAT connections synchronized late taken over" tracked=2`)
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if last := f.tracked[len(f.tracked)-1]; !slices.Contains(last, flow(late)) {
 		t.Errorf("the late tracking has %+v, want %+v in it", last, flow(late))
 	}
+	f.mu.Unlock()
+	rec := httptest.NewRecorder()
+	r.a.Metrics().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	// Three at least: one before the announcement, two in the late pass
+	// that logged (a later pass may have come since).
+	line := grepLines(rec.Body.String(), `vipd_ha_snat_connections_total{result="tracked"}`)
+	if n, err := strconv.Atoi(strings.TrimSpace(line[strings.LastIndex(line, " ")+1:])); err != nil || n < 3 {
+		t.Errorf("metrics:\n%s", grepLines(rec.Body.String(), "vipd_ha_snat"))
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for l := range strings.Lines(s) {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "")
 }
 
 // TestHATakeoverBoundsSNATTracking: a connection table too long to read

@@ -122,6 +122,9 @@ type Metrics struct {
 	haMaster      prometheus.Gauge
 	haPriority    prometheus.Gauge
 	haTransitions *prometheus.CounterVec
+	// haSNAT counts the connection-tracking entries of SNAT connections
+	// a new master made, found or failed to make (registered with HA).
+	haSNAT *prometheus.CounterVec
 	// bgp is registered when a BGP method is first called (see bgpm).
 	bgpOnce sync.Once
 	bgp     *bgpMetrics
@@ -231,6 +234,10 @@ func New(opts Options) *Metrics {
 			Name: "vipd_ha_transitions_total",
 			Help: "Changes of this node's VRRP role, by the role taken and its cause (start, owner, restart, master_down, peer_resigned, preempt, higher_priority, resign).",
 		}, []string{"role", "cause"}),
+		haSNAT: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_ha_snat_connections_total",
+			Help: "Synchronized connections of snat services whose connection tracking this node took over on becoming master, by result: tracked (entry made), existing (the kernel had one), failed.",
+		}, []string{"result"}),
 		sourceUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "vipd_source_up",
 			Help: "1 while a source of services besides the file is in step with its origin, 0 while it is not (its last services keep serving).",
@@ -520,7 +527,7 @@ func (m *Metrics) Rejected(s Server) {
 // HA records the node's VRRP role and priority; transition says the role
 // just changed.
 func (m *Metrics) HA(master bool, priority uint8, cause string) {
-	m.haOnce.Do(func() { m.register(m.haMaster, m.haPriority, m.haTransitions) })
+	m.haOnce.Do(m.registerHA)
 	role := "backup"
 	if master {
 		role = "master"
@@ -532,6 +539,22 @@ func (m *Metrics) HA(master bool, priority uint8, cause string) {
 	if cause != "" {
 		m.haTransitions.WithLabelValues(role, cause).Inc()
 	}
+}
+
+func (m *Metrics) registerHA() {
+	m.register(m.haMaster, m.haPriority, m.haTransitions, m.haSNAT)
+	for _, r := range []string{"tracked", "existing", "failed"} {
+		m.haSNAT.WithLabelValues(r)
+	}
+}
+
+// HASNAT counts what a new master did to the connection tracking of the
+// SNAT connections it took over.
+func (m *Metrics) HASNAT(tracked, existing, failed int) {
+	m.haOnce.Do(m.registerHA)
+	m.haSNAT.WithLabelValues("tracked").Add(float64(tracked))
+	m.haSNAT.WithLabelValues("existing").Add(float64(existing))
+	m.haSNAT.WithLabelValues("failed").Add(float64(failed))
 }
 
 // Source records whether a source is in step with its origin.
