@@ -150,16 +150,23 @@ func runSize(t *testing.T, n, samples int) []Result {
 		name := fmt.Sprintf("s%05d", i)
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: map[string]string{"vipd.io/backends": "endpoints"}},
-			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{
-				{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+			// No node ports: both systems balance to the endpoints, and
+			// the node-port range (2,768 ports) is smaller than 10,000
+			// Services.
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, AllocateLoadBalancerNodePorts: ptr.To(false),
+				Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}},
 		}
 		for {
-			if _, err := cs.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err == nil || strings.Contains(err.Error(), "already exists") {
+			_, err := cs.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
+			if err == nil || strings.Contains(err.Error(), "already exists") {
 				break
-			} else {
-				t.Logf("create %s: %v; again", name, err)
-				time.Sleep(time.Second)
 			}
+			if time.Now().After(deadline) {
+				t.Errorf("create %s: %v (given up at the deadline)", name, err)
+				return
+			}
+			t.Logf("create %s: %v; again", name, err)
+			time.Sleep(time.Second)
 		}
 		createSlice(t, cs, i)
 	})
