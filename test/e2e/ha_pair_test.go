@@ -537,8 +537,9 @@ func TestHAFailoverNAT(t *testing.T) {
 
 // TestHAFailoverSNAT does the same for a one-arm SNAT service whose
 // traffic comes from the pair's floating SNAT address: the new master
-// maps each connection it picks up to the same address and port, so the
-// backends see the same connection.
+// tracks each synchronized connection, translated to the same address and
+// port, before it announces, so the backends see the same connection and
+// their packets are translated back from the first.
 func TestHAFailoverSNAT(t *testing.T) {
 	p := startPair(t, pairOptions{Mode: "snat", Sync: true})
 	mustContain(t, "nat rules of lb1", Run(t, "ip", "netns", "exec", "lb1", "iptables-save", "-t", "nat"), "-j SNAT --to-source "+snatSource)
