@@ -1,0 +1,18 @@
+//go:build !linux
+
+package health
+
+import "errors"
+
+// poller runs probes on non-blocking sockets; only Linux has one, and
+// elsewhere every probe runs through Prober.Probe.
+type poller struct{}
+
+// newPoller fails outside Linux.
+func newPoller() (*poller, error) { return nil, errors.New("probes on a poller need Linux") }
+
+// close does nothing.
+func (p *poller) close() {}
+
+// socketAddr is a socket address for the poller, which only Linux has.
+type socketAddr = struct{}
