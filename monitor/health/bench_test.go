@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vipd/vipd/lb/lbtest/nstest"
 )
 
 // listenersEnv makes the test binary a listener process for the benchmark
@@ -30,7 +32,8 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// As root, in a private network namespace.
+	nstest.Main(m)
 }
 
 // serveListeners opens n TCP listeners, a hundred on each of 127.0.0.1,
