@@ -16,8 +16,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/vipd/vipd/lb/lbtest/nstest"
 )
 
 // listenersEnv makes the test binary a listener process for the benchmark
@@ -32,8 +30,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	// As root, in a private network namespace.
-	nstest.Main(m)
+	runTests(m)
 }
 
 // serveListeners opens n TCP listeners, a hundred on each of 127.0.0.1,

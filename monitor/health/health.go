@@ -127,7 +127,9 @@ type pollProber interface {
 	// start begins one attempt that must end by deadline, and returns
 	// at once. done gets the result exactly once: from p's goroutine,
 	// or from start's caller before start returns when the attempt
-	// fails before it is under way. A timeout's error wraps
-	// os.ErrDeadlineExceeded or context.DeadlineExceeded.
-	start(p *poller, deadline time.Time, done func(error))
+	// ends at once. A timeout's error wraps os.ErrDeadlineExceeded or
+	// context.DeadlineExceeded. start returns false, and done is never
+	// called, when this prober's attempts cannot run on a poller (an
+	// https check, say): Probe runs them.
+	start(p *poller, deadline time.Time, done func(error)) bool
 }

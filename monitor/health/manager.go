@@ -746,8 +746,7 @@ func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, p *poller, c *ch
 			return false
 		}
 	}
-	if pp, ok := c.prober.(pollProber); ok && p != nil {
-		m.start(ctx, wg, p, c, pp)
+	if pp, ok := c.prober.(pollProber); ok && p != nil && m.start(ctx, wg, p, c, pp) {
 		return true
 	}
 	select {
@@ -772,12 +771,13 @@ func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, p *poller, c *ch
 	}
 }
 
-// start starts a probe of c on p, which records its result when it ends.
-func (m *Manager) start(ctx context.Context, wg *sync.WaitGroup, p *poller, c *check, pp pollProber) {
+// start starts a probe of c on p, which records its result when it ends,
+// and reports whether c's probes can run on p.
+func (m *Manager) start(ctx context.Context, wg *sync.WaitGroup, p *poller, c *check, pp pollProber) bool {
 	// c.next changes only under mu while c is queued, never in flight.
 	late := m.clock.Now().Sub(c.next)
 	wg.Add(1)
-	pp.start(p, time.Now().Add(c.timeout), func(err error) {
+	ok := pp.start(p, time.Now().Add(c.timeout), func(err error) {
 		defer wg.Done()
 		<-m.slots
 		if ctx.Err() != nil {
@@ -790,6 +790,10 @@ func (m *Manager) start(ctx context.Context, wg *sync.WaitGroup, p *poller, c *c
 		}
 		m.record(c, err, late)
 	})
+	if !ok {
+		wg.Done()
+	}
+	return ok
 }
 
 // work probes c, then every check handed to it, until ctx ends or it has

@@ -459,3 +459,20 @@ func runIP(args ...string) error {
 	}
 	return nil
 }
+
+// httpProbes returns the ways c probes: through net/http, and on a
+// poller if c can run there (if it cannot, start must say so).
+func httpProbes(t *testing.T, c *HTTPCheck) map[string]func(time.Duration) error {
+	ways := map[string]func(time.Duration) error{
+		"net/http": func(d time.Duration) error { return c.Probe(probeCtx(t, d)) },
+	}
+	p := testPoller(t)
+	if canPoll := !c.tls && !c.opts.FollowRedirects; !canPoll {
+		if c.start(p, time.Now(), func(error) { t.Error("done called for a probe that did not start") }) {
+			t.Error("an https check, or one that follows redirects, runs on the poller")
+		}
+		return ways
+	}
+	ways["poller"] = func(d time.Duration) error { return pollProbe(t, p, c, d) }
+	return ways
+}

@@ -14,5 +14,8 @@ func newPoller() (*poller, error) { return nil, errors.New("probes on a poller n
 // close does nothing.
 func (p *poller) close() {}
 
+// pollRequest returns nil: no http check runs on a poller.
+func (c *HTTPCheck) pollRequest() []byte { return nil }
+
 // socketAddr is a socket address for the poller, which only Linux has.
 type socketAddr = struct{}

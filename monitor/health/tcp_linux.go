@@ -14,7 +14,8 @@ import (
 
 // start begins a probe on p: a non-blocking connect whose completion p
 // reports, ending at deadline; done gets the result, from p's goroutine,
-// or from start's caller when the probe ends at once.
+// or from start's caller when the probe ends at once. It always runs on
+// p.
 //
 // A connect to a local address has often finished by the time connect
 // returns (the kernel runs both ends of the handshake in the call), so
@@ -22,14 +23,14 @@ import (
 // second connect reports the first's result, if it has one) and ends the
 // probe without the poller. A check whose probes do not finish at once
 // asks only every sameCallRetry probes, to notice a change.
-func (c *TCPCheck) start(p *poller, deadline time.Time, done func(error)) {
+func (c *TCPCheck) start(p *poller, deadline time.Time, done func(error)) bool {
 	if c.sa == nil {
 		_, c.sa = sockaddr(c.target)
 	}
 	fd, err := c.dial.connect(c.target, c.sa)
 	if err != nil {
 		done(c.dialError(err))
-		return
+		return true
 	}
 	if c.skip == 0 {
 		switch err := unix.Connect(fd, c.sa); err {
@@ -38,11 +39,11 @@ func (c *TCPCheck) start(p *poller, deadline time.Time, done func(error)) {
 		case nil, unix.EISCONN:
 			unix.Close(fd)
 			done(nil)
-			return
+			return true
 		default:
 			unix.Close(fd)
 			done(c.dialError(os.NewSyscallError("connect", err)))
-			return
+			return true
 		}
 	} else {
 		c.skip--
@@ -52,6 +53,7 @@ func (c *TCPCheck) start(p *poller, deadline time.Time, done func(error)) {
 		unix.Close(fd)
 		done(c.dialError(err))
 	}
+	return true
 }
 
 // event ends the probe when the connect has: established, or failed.
