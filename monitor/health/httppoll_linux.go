@@ -27,13 +27,12 @@ import (
 // connection with a reset without reading more. https checks, and checks
 // that follow redirects, run through net/http (Probe) on a worker.
 
-// Limits of a response read on the poller: its headers (net/http's
-// MaxResponseHeaderBytes, as Probe sets it), informational responses
-// before the final one (net/http's), and all of it, chunk framing
+// Limits of a response read on the poller: its headers, those of the
+// informational responses before it included (net/http's
+// MaxResponseHeaderBytes, as Probe sets it), and all of it, chunk framing
 // included, before the first maxBody bytes of the body are in.
 const (
 	maxHeader      = 64 << 10
-	max1xx         = 5
 	maxResponse    = 1 << 20
 	readBufferSize = 4 << 10
 )
@@ -58,13 +57,17 @@ func (c *HTTPCheck) pollRequest() []byte {
 	if err != nil {
 		return nil
 	}
-	// The transport's DisableKeepAlives.
-	req.Close = true
 	var b bytes.Buffer
 	if err := req.Write(&b); err != nil {
 		return nil
 	}
-	return b.Bytes()
+	// The transport's DisableKeepAlives, which it adds after the
+	// request's headers.
+	head, ok := bytes.CutSuffix(b.Bytes(), []byte("\r\n\r\n"))
+	if !ok {
+		return nil
+	}
+	return append(head, "\r\nConnection: close\r\n\r\n"...)
 }
 
 // start begins a probe on p, if c can run there, and reports whether it
@@ -204,25 +207,29 @@ var errIncomplete = errors.New("incomplete response")
 // is errIncomplete means that b ended before the response could be
 // judged.
 func (c *HTTPCheck) judge(b []byte, eof bool) (bool, error) {
-	for informational := 0; ; informational++ {
-		end := headerEnd(b)
+	tooLarge := func() error {
+		return c.urlError(fmt.Errorf("net/http: server response headers exceeded %d bytes; aborted", maxHeader))
+	}
+	for head := 0; ; {
+		end := headerEnd(b[head:])
 		if end < 0 {
 			if len(b) > maxHeader {
-				return true, c.urlError(fmt.Errorf("net/http: server response headers exceeded %d bytes; aborted", maxHeader))
+				return true, tooLarge()
 			}
 			return eof, errIncomplete
 		}
-		code, err := parseHead(b[:end])
+		if head+end > maxHeader {
+			return true, tooLarge()
+		}
+		code, err := parseHead(b[head : head+end])
 		if err != nil {
 			return true, c.urlError(err)
 		}
 		if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
-			if informational == max1xx {
-				return true, c.urlError(errors.New("net/http: too many 1xx informational responses"))
-			}
-			b = b[end:]
+			head += end
 			continue
 		}
+		b = b[head:]
 		if !statusOK(c.opts.Status, code) {
 			return true, fmt.Errorf("status %d not in %s", code, c.ranges)
 		}
@@ -287,14 +294,14 @@ func parseHead(b []byte) (int, error) {
 	if !ok {
 		return 0, fmt.Errorf("malformed HTTP response %q", line)
 	}
-	if _, _, ok := http.ParseHTTPVersion(proto); !ok {
-		return 0, fmt.Errorf("malformed HTTP version %q", proto)
-	}
 	status = strings.TrimLeft(status, " ")
 	digits, _, _ := strings.Cut(status, " ")
 	code, err := strconv.Atoi(digits)
 	if len(digits) != 3 || err != nil || code < 0 {
 		return 0, fmt.Errorf("malformed HTTP status code %q", digits)
+	}
+	if _, _, ok := http.ParseHTTPVersion(proto); !ok {
+		return 0, fmt.Errorf("malformed HTTP version %q", proto)
 	}
 	first := true
 	for len(rest) > 0 {
@@ -313,7 +320,7 @@ func parseHead(b []byte) (int, error) {
 		first = false
 		name, _, ok := bytes.Cut(h, []byte(":"))
 		if !ok || !validMethod(string(name)) {
-			return 0, fmt.Errorf("malformed MIME header line: %q", h)
+			return 0, fmt.Errorf("malformed MIME header: missing colon: %q", h)
 		}
 	}
 	return code, nil
