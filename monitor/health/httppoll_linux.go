@@ -76,10 +76,10 @@ func (c *HTTPCheck) start(p *poller, deadline time.Time, done func(error)) bool 
 	if c.request == nil {
 		return false
 	}
-	if c.sa == nil {
-		_, c.sa = sockaddr(c.target)
+	if c.sa.len == 0 {
+		c.sa = rawAddrOf(c.target)
 	}
-	fd, err := c.dial.connect(c.target, c.sa)
+	fd, err := c.dial.connect(c.target, &c.sa)
 	if err != nil {
 		done(c.urlError(c.dial.dialError(c.target, err)))
 		return true

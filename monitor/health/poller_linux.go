@@ -239,7 +239,7 @@ func (p *poller) loop() {
 		p.plan()
 		p.mu.Unlock()
 		for _, d := range done {
-			unix.Close(d.op.fd)
+			rawClose(d.op.fd)
 			d.op.done(d.err)
 		}
 		if closing {

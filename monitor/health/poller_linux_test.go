@@ -396,8 +396,8 @@ func TestPollTCPCheckMarkDevice(t *testing.T) {
 			t.Errorf("probe bound to a missing device: %v", err)
 		}
 	})
-	_, sa := sockaddr(up)
-	fd, err := opts.connect(up, sa)
+	sa := rawAddrOf(up)
+	fd, err := opts.connect(up, &sa)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,24 +24,24 @@ import (
 // probe without the poller. A check whose probes do not finish at once
 // asks only every sameCallRetry probes, to notice a change.
 func (c *TCPCheck) start(p *poller, deadline time.Time, done func(error)) bool {
-	if c.sa == nil {
-		_, c.sa = sockaddr(c.target)
+	if c.sa.len == 0 {
+		c.sa = rawAddrOf(c.target)
 	}
-	fd, err := c.dial.connect(c.target, c.sa)
+	fd, err := c.dial.connect(c.target, &c.sa)
 	if err != nil {
 		done(c.dialError(err))
 		return true
 	}
 	if c.skip == 0 {
-		switch err := unix.Connect(fd, c.sa); err {
+		switch err := rawConnect(fd, &c.sa); err {
 		case unix.EALREADY, unix.EINPROGRESS, unix.EINTR:
 			c.skip = sameCallRetry - 1
 		case nil, unix.EISCONN:
-			unix.Close(fd)
+			rawClose(fd)
 			done(nil)
 			return true
 		default:
-			unix.Close(fd)
+			rawClose(fd)
 			done(c.dialError(os.NewSyscallError("connect", err)))
 			return true
 		}
@@ -104,21 +104,17 @@ func connected(fd int, events uint32) error {
 // connect opens a non-blocking TCP socket with o's options, closing with
 // a reset, and starts connecting it to target. It returns the socket,
 // whose connect may be under way still.
-func (o DialOptions) connect(target netip.AddrPort, sa unix.Sockaddr) (int, error) {
-	family := unix.AF_INET6
-	if target.Addr().Is4() {
-		family = unix.AF_INET
-	}
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+func (o DialOptions) connect(target netip.AddrPort, sa *rawAddr) (int, error) {
+	fd, err := rawSocket(sa.family())
 	if err != nil {
 		return -1, os.NewSyscallError("socket", err)
 	}
 	if err := o.prepare(fd, target); err != nil {
-		unix.Close(fd)
+		rawClose(fd)
 		return -1, err
 	}
-	if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS {
-		unix.Close(fd)
+	if err := rawConnect(fd, sa); err != nil && err != unix.EINPROGRESS {
+		rawClose(fd)
 		return -1, os.NewSyscallError("connect", err)
 	}
 	return fd, nil
@@ -127,7 +123,7 @@ func (o DialOptions) connect(target netip.AddrPort, sa unix.Sockaddr) (int, erro
 // prepare sets the options of fd, a socket to connect to
 // target: a reset on close, o's mark and device, and o's source address.
 func (o DialOptions) prepare(fd int, target netip.AddrPort) error {
-	if err := unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1}); err != nil {
+	if err := rawResetOnClose(fd); err != nil {
 		return os.NewSyscallError("setsockopt", err)
 	}
 	if o.Mark != 0 {
@@ -180,6 +176,3 @@ var _ pollProber = (*TCPCheck)(nil)
 // sameCallRetry is how often start asks at once for the result of the
 // connect of a check whose connects do not finish in the call.
 const sameCallRetry = 16
-
-// socketAddr is a socket address for the poller.
-type socketAddr = unix.Sockaddr
