@@ -189,6 +189,7 @@ type HTTPCheck struct {
 	target  netip.AddrPort
 	dial    DialOptions
 	sa      socketAddr
+	skip    int // see TCPCheck.skip
 }
 
 // NewHTTPCheck returns a check of addr over HTTP, or HTTPS when useTLS is

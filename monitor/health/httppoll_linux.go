@@ -71,7 +71,9 @@ func (c *HTTPCheck) pollRequest() []byte {
 }
 
 // start begins a probe on p, if c can run there, and reports whether it
-// did.
+// did. As a tcp check's start does, it asks at once whether the connect
+// has finished, if the last probe found it had; then it writes the
+// request at once too, and the poller waits for the response alone.
 func (c *HTTPCheck) start(p *poller, deadline time.Time, done func(error)) bool {
 	if c.request == nil {
 		return false
@@ -85,7 +87,30 @@ func (c *HTTPCheck) start(p *poller, deadline time.Time, done func(error)) bool 
 		return true
 	}
 	op := &pollOp{fd: fd, deadline: p.at(deadline), handler: c, done: done}
-	if err := p.add(op, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET); err != nil {
+	if c.skip == 0 {
+		switch err := rawConnect(fd, &c.sa); err {
+		case unix.EALREADY, unix.EINPROGRESS, unix.EINTR:
+			c.skip = sameCallRetry - 1
+		case nil, unix.EISCONN:
+			op.state = httpWriting
+			if end, err := c.write(op); end {
+				rawClose(fd)
+				done(err)
+				return true
+			}
+		default:
+			rawClose(fd)
+			done(c.urlError(c.dial.dialError(c.target, os.NewSyscallError("connect", err))))
+			return true
+		}
+	} else {
+		c.skip--
+	}
+	events := uint32(unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET)
+	if op.state != httpReading {
+		events |= unix.EPOLLOUT
+	}
+	if err := p.add(op, events); err != nil {
 		unix.Close(fd)
 		done(c.urlError(err))
 	}
@@ -113,31 +138,40 @@ func (c *HTTPCheck) event(op *pollOp, events uint32) (bool, error) {
 		op.state = httpWriting
 	}
 	if op.state == httpWriting {
-		// op.buf counts what is written until the reading starts.
-		written := len(op.buf)
-		for written < len(c.request) {
-			n, err := unix.SendmsgN(op.fd, c.request[written:], nil, nil, unix.MSG_NOSIGNAL)
-			if err == unix.EAGAIN {
-				op.buf = c.request[:written]
-				return false, nil
-			}
-			if err != nil {
-				return true, c.urlError(os.NewSyscallError("write", err))
-			}
-			written += n
+		if end, err := c.write(op); end || op.state == httpWriting {
+			return end, err
 		}
-		op.buf = nil
-		op.state = httpReading
 	}
 	return c.read(op)
 }
 
-// read reads what the socket holds and judges the response when it can.
+// write writes what is left of the request, and moves op on to reading
+// once it is all written.
+func (c *HTTPCheck) write(op *pollOp) (bool, error) {
+	// op.buf is what is written until the reading starts.
+	written := len(op.buf)
+	for written < len(c.request) {
+		n, err := rawSend(op.fd, c.request[written:])
+		if err == unix.EAGAIN {
+			op.buf = c.request[:written]
+			return false, nil
+		}
+		if err != nil {
+			return true, c.urlError(os.NewSyscallError("write", err))
+		}
+		written += n
+	}
+	op.buf = nil
+	op.state = httpReading
+	return false, nil
+}
+
+// read reads what the socket holds and judges the response as soon as
+// it can.
 func (c *HTTPCheck) read(op *pollOp) (bool, error) {
 	if op.buf == nil {
 		op.buf = (*readBuffers.Get().(*[]byte))[:0]
 	}
-	eof := false
 	var rerr error
 	for {
 		if len(op.buf) == cap(op.buf) {
@@ -146,24 +180,28 @@ func (c *HTTPCheck) read(op *pollOp) (bool, error) {
 			}
 			op.buf = append(op.buf, make([]byte, len(op.buf))...)[:len(op.buf)]
 		}
-		n, err := unix.Read(op.fd, op.buf[len(op.buf):cap(op.buf)])
+		n, err := rawRead(op.fd, op.buf[len(op.buf):cap(op.buf)])
 		if err == unix.EAGAIN {
-			break
+			return false, nil
 		}
 		if err != nil {
-			eof, rerr = true, os.NewSyscallError("read", err)
+			rerr = os.NewSyscallError("read", err)
 			break
 		}
 		if n == 0 {
-			eof = true
 			break
 		}
 		op.buf = op.buf[:len(op.buf)+n]
+		if len(op.buf) >= maxResponse {
+			break
+		}
+		if end, err := c.judge(op.buf, false); end {
+			c.release(op)
+			return true, err
+		}
 	}
-	end, err := c.judge(op.buf, eof || len(op.buf) >= maxResponse)
-	if !end {
-		return false, nil
-	}
+	// The response has ended (or outgrown maxResponse).
+	_, err := c.judge(op.buf, true)
 	if err == errIncomplete {
 		switch {
 		case rerr != nil:

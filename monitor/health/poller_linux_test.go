@@ -473,6 +473,13 @@ func httpProbes(t *testing.T, c *HTTPCheck) map[string]func(time.Duration) error
 		}
 		return ways
 	}
-	ways["poller"] = func(d time.Duration) error { return pollProbe(t, p, c, d) }
+	ways["poller"] = func(d time.Duration) error {
+		c.skip = 0
+		return pollProbe(t, p, c, d)
+	}
+	ways["polled"] = func(d time.Duration) error {
+		c.skip = sameCallRetry
+		return pollProbe(t, p, c, d)
+	}
 	return ways
 }
