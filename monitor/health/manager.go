@@ -687,8 +687,7 @@ func (m *Manager) Run(ctx context.Context) error {
 
 	p, err := newPoller()
 	if err != nil {
-		p = nil
-		m.log.Debug("health checks run without a poller", "err", err)
+		m.log.Warn("health checks run on goroutines, without a poller", "err", err)
 	} else {
 		// Before wg.Wait: closing ends the probes in flight.
 		defer p.close()
@@ -746,7 +745,7 @@ func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, p *poller, c *ch
 			return false
 		}
 	}
-	if pp, ok := c.prober.(pollProber); ok && p != nil && m.start(ctx, wg, p, c, pp) {
+	if pp, ok := c.prober.(pollProber); ok && p.usable() && m.start(ctx, wg, p, c, pp) {
 		return true
 	}
 	select {
@@ -780,8 +779,10 @@ func (m *Manager) start(ctx context.Context, wg *sync.WaitGroup, p *poller, c *c
 	ok := pp.start(p, time.Now().Add(c.timeout), func(err error) {
 		defer wg.Done()
 		<-m.slots
-		if ctx.Err() != nil {
-			// Shutting down: the result says nothing about the backend.
+		if ctx.Err() != nil || errors.Is(err, errPollerClosed) {
+			// Shutting down, or the poller failed (and the check
+			// runs on a worker now): the result says nothing about
+			// the backend.
 			m.requeue([]*check{c})
 			return
 		}

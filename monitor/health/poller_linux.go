@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,6 +48,8 @@ type poller struct {
 	sleep   int64
 	gen     uint32
 	closing bool
+	// failed says that the loop ended on an error of its own.
+	failed atomic.Bool
 }
 
 // pollHandler is what a kind of probe does on its socket's readiness.
@@ -105,6 +108,10 @@ func newPoller() (*poller, error) {
 	go p.loop()
 	return p, nil
 }
+
+// usable reports whether p (which may be nil) takes probes: it is open
+// and its loop runs.
+func (p *poller) usable() bool { return p != nil && !p.failed.Load() }
 
 // now returns the poller's time: nanoseconds on the monotonic clock.
 func (p *poller) now() int64 { return int64(time.Since(p.t0)) }
@@ -199,8 +206,9 @@ func (p *poller) loop() {
 		default:
 			// Only a bad descriptor or buffer fails epoll_wait, not
 			// something waiting fixes: end everything rather than
-			// spin.
+			// spin, and let the probes run elsewhere.
 			n = 0
+			p.failed.Store(true)
 			p.mu.Lock()
 			p.closing = true
 			p.mu.Unlock()
