@@ -21,15 +21,19 @@ import (
 // runtime's network poller, which watches the epoll instance (itself
 // pollable) with one deadline, the earliest of the heap's, rather than in
 // a blocking epoll_wait: a thread blocked in a system call costs the
-// runtime a thread hand-off and keeps its monitor waking every 20 µs. A probe (pollOp) is started by
-// its prober on the caller's goroutine, which creates the socket and
-// starts connecting; from then on the poller's goroutine alone handles it,
-// and when it ends (its handler says so, its deadline passes, or the
-// poller closes) closes the socket and calls the op's done function once.
+// runtime a thread hand-off and keeps its monitor waking every 20 µs.
 //
-// Sockets are closed only by the poller's goroutine, after it has handled
-// every event of the epoll_wait that reported them, so a descriptor number
-// reused by a new probe cannot receive a stale event of an old one.
+// A probe (pollOp) is started by its prober on the caller's goroutine,
+// which creates the socket and starts connecting (and may end the probe
+// there and then, without the poller); once added, the poller's
+// goroutine alone handles it, and when it ends (its handler says so, its
+// deadline passes, or the poller closes) closes the socket and calls the
+// op's done function once.
+//
+// The sockets the poller watches are closed only by its goroutine, after
+// it has handled every event of the epoll_wait that reported them, so a
+// descriptor number reused by a new probe cannot receive a stale event
+// of an old one.
 type poller struct {
 	epfd int
 	// file is epfd in the runtime's network poller, whose read
@@ -202,7 +206,11 @@ func (p *poller) loop() {
 		switch {
 		case err == nil && werr == nil:
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			n = 0
+			// A deadline already past returns before polling: poll,
+			// so that a run of timeouts does not hold events back.
+			if n, werr = unix.EpollWait(p.epfd, events, 0); werr != nil {
+				n = 0
+			}
 		default:
 			// Only a bad descriptor or buffer fails epoll_wait, not
 			// something waiting fixes: end everything rather than
