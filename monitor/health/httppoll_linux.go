@@ -274,6 +274,18 @@ func (c *HTTPCheck) judge(b []byte, eof bool) (bool, error) {
 		if c.opts.Body == "" && c.bodyRe == nil {
 			return true, nil
 		}
+		if n, ok := contentLength(b[:end]); ok && code != http.StatusNoContent && code != http.StatusNotModified && c.opts.Method != http.MethodHead {
+			// The common case, a body of a plain Content-Length,
+			// without net/http's parser.
+			n = min(n, maxBody)
+			if len(b)-end < n {
+				if eof {
+					return true, fmt.Errorf("read body: %w", io.ErrUnexpectedEOF)
+				}
+				return false, nil
+			}
+			return true, c.matchBody(b[end : end+n])
+		}
 		return c.judgeBody(b, eof)
 	}
 }
@@ -296,13 +308,52 @@ func (c *HTTPCheck) judgeBody(b []byte, eof bool) (bool, error) {
 	case untilClose && !eof:
 		return false, nil
 	}
+	return true, c.matchBody(body)
+}
+
+// matchBody judges body, the first maxBody bytes of a response's body
+// at most.
+func (c *HTTPCheck) matchBody(body []byte) error {
 	if c.opts.Body != "" && !bytes.Contains(body, []byte(c.opts.Body)) {
-		return true, fmt.Errorf("body does not contain %q", c.opts.Body)
+		return fmt.Errorf("body does not contain %q", c.opts.Body)
 	}
 	if c.bodyRe != nil && !c.bodyRe.Match(body) {
-		return true, fmt.Errorf("body does not match %q", c.opts.BodyRegexp)
+		return fmt.Errorf("body does not match %q", c.opts.BodyRegexp)
 	}
-	return true, nil
+	return nil
+}
+
+// contentLength returns the Content-Length of head, a response's status
+// line and headers, and true when it has exactly one, a plain decimal
+// number, and no Transfer-Encoding: a body framed by its length alone.
+func contentLength(head []byte) (int, bool) {
+	n, found := 0, false
+	_, rest, _ := bytes.Cut(head, []byte("\n"))
+	for len(rest) > 0 {
+		var h []byte
+		h, rest, _ = bytes.Cut(rest, []byte("\n"))
+		name, value, ok := bytes.Cut(bytes.TrimSuffix(h, []byte("\r")), []byte(":"))
+		if !ok {
+			continue
+		}
+		switch {
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+			return 0, false
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			v := bytes.TrimSpace(value)
+			if found || len(v) == 0 || len(v) > 18 {
+				return 0, false
+			}
+			for _, d := range v {
+				if d < '0' || d > '9' {
+					return 0, false
+				}
+				n = n*10 + int(d-'0')
+			}
+			found = true
+		}
+	}
+	return n, found
 }
 
 // headerEnd returns the length of the status line and headers at the
