@@ -88,6 +88,11 @@ func (o DialOptions) dialError(target netip.AddrPort, err error) error {
 // connected returns the error of the connect that fd, with readiness
 // events, reports: nil when it is established or still under way.
 func connected(fd int, events uint32) error {
+	if events&(unix.EPOLLERR|unix.EPOLLHUP) == 0 {
+		// Writable without an error: established (or, without
+		// EPOLLOUT, under way), with no system call to ask.
+		return nil
+	}
 	errno, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
 	if err != nil {
 		return os.NewSyscallError("getsockopt", err)
