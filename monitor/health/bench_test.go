@@ -30,14 +30,17 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	runTests(m)
 }
 
 // serveListeners opens n TCP listeners, a hundred on each of 127.0.0.1,
 // 127.0.0.2 and so on, prints their addresses, and accepts and closes
-// connections on them until its standard input closes. It runs in its own
-// process so that the benchmark measures the checker's CPU alone.
+// connections on them until its standard input closes; with arg "n/http"
+// it answers an HTTP request on each connection first, with 200 and a
+// short body. It runs in its own process so that the benchmark measures
+// the checker's CPU alone.
 func serveListeners(arg string) error {
+	arg, http := strings.CutSuffix(arg, "/http")
 	n, err := strconv.Atoi(arg)
 	if err != nil || n < 1 || n > 25400 {
 		return fmt.Errorf("listener count %q is not within 1-25400", arg)
@@ -55,7 +58,23 @@ func serveListeners(arg string) error {
 				if err != nil {
 					return
 				}
-				c.Close()
+				if !http {
+					c.Close()
+					continue
+				}
+				go func() {
+					defer c.Close()
+					var req []byte
+					buf := make([]byte, 1024)
+					for !strings.Contains(string(req), "\r\n\r\n") {
+						n, err := c.Read(buf)
+						if err != nil {
+							return
+						}
+						req = append(req, buf[:n]...)
+					}
+					_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"))
+				}()
 			}
 		}()
 		fmt.Fprintln(out, ln.Addr())
@@ -70,10 +89,14 @@ func serveListeners(arg string) error {
 
 // startListeners runs serveListeners in a child process and returns the
 // addresses it listens on.
-func startListeners(b *testing.B, n int) []netip.AddrPort {
+func startListeners(b *testing.B, n int, http bool) []netip.AddrPort {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), listenersEnv+"="+strconv.Itoa(n))
+	arg := strconv.Itoa(n)
+	if http {
+		arg += "/http"
+	}
+	cmd.Env = append(os.Environ(), listenersEnv+"="+arg)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -168,7 +191,7 @@ func BenchmarkManagerTCP(b *testing.B) {
 			b.Fatalf("VIPD_HEALTH_BENCH_SECONDS=%q is not within 1-600", s)
 		}
 	}
-	addrs := startListeners(b, checks)
+	addrs := startListeners(b, checks, false)
 
 	spec := Spec{Kind: KindTCP, Interval: time.Second, Timeout: time.Second}
 	targets := make([]Target, len(addrs))

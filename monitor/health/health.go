@@ -24,6 +24,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Prober is one kind of health check against one target. Probe makes one
@@ -118,3 +119,17 @@ func ParseState(s string) (State, error) {
 
 // MarshalText implements encoding.TextMarshaler.
 func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// pollProber is a Prober that can also probe on a poller, which the
+// Manager prefers: without a goroutine of its own.
+type pollProber interface {
+	Prober
+	// start begins one attempt that must end by deadline, and returns
+	// at once. done gets the result exactly once: from p's goroutine,
+	// or from start's caller before start returns when the attempt
+	// ends at once. A timeout's error wraps os.ErrDeadlineExceeded or
+	// context.DeadlineExceeded. start returns false, and done is never
+	// called, when this prober's attempts cannot run on a poller (an
+	// https check, say): Probe runs them.
+	start(p *poller, deadline time.Time, done func(error)) bool
+}

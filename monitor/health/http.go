@@ -170,6 +170,9 @@ func statusOK(ranges []StatusRange, code int) bool {
 // HTTPCheck is up when an HTTP or HTTPS request to its address gets a
 // response whose status (and optionally body) passes. Every probe opens a
 // new connection; no proxy from the environment is used.
+//
+// On Linux the Manager runs the probes of a plain http check that follows
+// no redirects on a poller, without net/http (see pollRequest).
 type HTTPCheck struct {
 	client  *http.Client
 	url     string // scheme://address/path
@@ -177,6 +180,16 @@ type HTTPCheck struct {
 	opts    HTTPOptions
 	bodyRe  *regexp.Regexp
 	ranges  string // opts.Status formatted for errors
+	tls     bool
+
+	// The poller's: the request's bytes (nil: the check cannot run on
+	// the poller), where it goes and how, and the target's socket
+	// address, built at the first probe.
+	request []byte
+	target  netip.AddrPort
+	dial    DialOptions
+	sa      socketAddr
+	skip    int // see TCPCheck.skip
 }
 
 // NewHTTPCheck returns a check of addr over HTTP, or HTTPS when useTLS is
@@ -194,6 +207,9 @@ func NewHTTPCheck(addr netip.AddrPort, useTLS bool, opts HTTPOptions, dial DialO
 		url:     scheme + "://" + addr.String() + opts.Path,
 		opts:    opts,
 		address: addr.String(),
+		tls:     useTLS,
+		target:  addr,
+		dial:    dial,
 	}
 	if opts.BodyRegexp != "" {
 		c.bodyRe = regexp.MustCompile(opts.BodyRegexp)
@@ -234,6 +250,7 @@ func NewHTTPCheck(addr netip.AddrPort, useTLS bool, opts HTTPOptions, dial DialO
 		tr.TLSClientConfig = cfg
 	}
 	c.client = &http.Client{Transport: tr, CheckRedirect: c.checkRedirect}
+	c.request = c.pollRequest()
 	return c, nil
 }
 
@@ -270,16 +287,25 @@ func (c *HTTPCheck) checkRedirect(req *http.Request, via []*http.Request) error 
 	return nil
 }
 
-// Probe sends one request and judges the response.
-func (c *HTTPCheck) Probe(ctx context.Context) error {
+// newRequest returns the request of a probe.
+func (c *HTTPCheck) newRequest(ctx context.Context) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, c.opts.Method, c.url, nil)
 	if err != nil {
-		return fmt.Errorf("build request: %w", err)
+		return nil, fmt.Errorf("build request: %w", err)
 	}
 	req.Host = c.opts.Host
 	req.Header.Set("User-Agent", "vipd-health-check")
 	for name, value := range c.opts.Header {
 		req.Header.Set(name, value)
+	}
+	return req, nil
+}
+
+// Probe sends one request and judges the response.
+func (c *HTTPCheck) Probe(ctx context.Context) error {
+	req, err := c.newRequest(ctx)
+	if err != nil {
+		return err
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {

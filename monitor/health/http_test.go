@@ -116,12 +116,16 @@ func TestHTTPCheck(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = c.Probe(probeCtx(t, 5*time.Second))
-			switch {
-			case tt.err == "" && err != nil:
-				t.Fatalf("probe: %v", err)
-			case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
-				t.Fatalf("probe: %v, want error containing %q", err, tt.err)
+			// Every way the check can probe: through net/http, and on
+			// the poller where it can run there.
+			for way, probe := range httpProbes(t, c) {
+				err = probe(5 * time.Second)
+				switch {
+				case tt.err == "" && err != nil:
+					t.Errorf("%s: probe: %v", way, err)
+				case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
+					t.Errorf("%s: probe: %v, want error containing %q", way, err, tt.err)
+				}
 			}
 		})
 	}
@@ -133,6 +137,11 @@ func TestHTTPCheckTimeout(t *testing.T) {
 	c, err := NewHTTPCheck(serverAddr(t, srv), false, HTTPOptions{Path: "/slow"}, DialOptions{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for way, probe := range httpProbes(t, c) {
+		if err := probe(100 * time.Millisecond); err == nil {
+			t.Fatalf("%s: slow response passed", way)
+		}
 	}
 	start := time.Now()
 	if err := c.Probe(probeCtx(t, 100*time.Millisecond)); err == nil {
@@ -148,8 +157,10 @@ func TestHTTPCheckClosedPort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Probe(probeCtx(t, 5*time.Second)); err == nil || !strings.Contains(err.Error(), "refused") {
-		t.Fatalf("closed port: %v", err)
+	for way, probe := range httpProbes(t, c) {
+		if err := probe(5 * time.Second); err == nil || !strings.Contains(err.Error(), "refused") {
+			t.Errorf("%s: closed port: %v", way, err)
+		}
 	}
 }
 
@@ -185,12 +196,14 @@ func TestHTTPSCheck(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = c.Probe(probeCtx(t, 5*time.Second))
-			switch {
-			case tt.err == "" && err != nil:
-				t.Fatalf("probe: %v", err)
-			case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
-				t.Fatalf("probe: %v, want error containing %q", err, tt.err)
+			for way, probe := range httpProbes(t, c) {
+				err = probe(5 * time.Second)
+				switch {
+				case tt.err == "" && err != nil:
+					t.Errorf("%s: probe: %v", way, err)
+				case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
+					t.Errorf("%s: probe: %v, want error containing %q", way, err, tt.err)
+				}
 			}
 		})
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -110,15 +111,21 @@ type Options struct {
 // Update that brings them back (undoing a reload whose pass failed)
 // finds their state too.
 //
-// One goroutine schedules all checks from a heap ordered by due time and
-// hands each due check to a pool of at most MaxInFlight workers, which
-// grows with demand and shrinks when idle: a waiting check costs a heap
-// entry and no goroutine.
+// One goroutine schedules all checks from a heap ordered by due time. It
+// starts the probes of checks that can run on a poller (tcp checks, and
+// plain http ones, on Linux) itself: a non-blocking connect that one
+// epoll instance and its goroutine see to the end, timing it out from a
+// heap of deadlines, with no goroutine, timer or context per probe. It
+// hands the other checks to a pool of workers, which grows with demand
+// and shrinks when idle: a waiting check costs a heap entry and no
+// goroutine. At most MaxInFlight probes of either kind run at once.
 type Manager struct {
 	opts  Options
 	log   *slog.Logger
 	clock Clock
 	jobs  chan *check // due checks, handed to idle workers
+	// slots holds a token for each probe running, MaxInFlight at most.
+	slots chan struct{}
 	wake  chan struct{}
 	evs   chan struct{}
 
@@ -240,6 +247,7 @@ func NewManager(opts Options) *Manager {
 		log:       opts.Logger,
 		clock:     opts.Clock,
 		jobs:      make(chan *check),
+		slots:     make(chan struct{}, opts.MaxInFlight),
 		wake:      make(chan struct{}, 1),
 		evs:       make(chan struct{}, 1),
 		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
@@ -677,12 +685,20 @@ func (m *Manager) Run(ctx context.Context) error {
 	}()
 	wg.Go(func() { m.dispatch(ctx) })
 
+	p, err := newPoller()
+	if err != nil {
+		m.log.Warn("health checks run on goroutines, without a poller", "err", err)
+	} else {
+		// Before wg.Wait: closing ends the probes in flight.
+		defer p.close()
+	}
+
 	timer := m.clock.NewTimer()
 	defer timer.Stop()
 	for {
 		due, next, now := m.popDue()
 		for i, c := range due {
-			if !m.hand(ctx, &wg, c) {
+			if !m.hand(ctx, &wg, p, c) {
 				m.requeue(due[i:])
 				return nil
 			}
@@ -710,10 +726,28 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 }
 
-// hand gives a due check to an idle worker, or to a new one while there
-// are fewer than MaxInFlight, or else waits for a worker to be free. It
-// returns false if ctx ended first.
-func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, c *check) bool {
+// hand waits for one of the MaxInFlight slots, then starts a due check's
+// probe on p if it can run there, or else gives the check to an idle
+// worker, or to a new one while there are fewer than MaxInFlight, or
+// waits for a worker to be free. It returns false if ctx ended first.
+func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, p *poller, c *check) bool {
+	if ctx.Err() != nil {
+		// Probes that end at once requeue their checks at once: without
+		// this the loop would start them again for ever.
+		return false
+	}
+	select {
+	case m.slots <- struct{}{}:
+	default:
+		select {
+		case m.slots <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	if pp, ok := c.prober.(pollProber); ok && p.usable() && m.start(ctx, wg, p, c, pp) {
+		return true
+	}
 	select {
 	case m.jobs <- c:
 		return true
@@ -731,8 +765,36 @@ func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, c *check) bool {
 	case m.jobs <- c:
 		return true
 	case <-ctx.Done():
+		<-m.slots
 		return false
 	}
+}
+
+// start starts a probe of c on p, which records its result when it ends,
+// and reports whether c's probes can run on p.
+func (m *Manager) start(ctx context.Context, wg *sync.WaitGroup, p *poller, c *check, pp pollProber) bool {
+	// c.next changes only under mu while c is queued, never in flight.
+	late := m.clock.Now().Sub(c.next)
+	wg.Add(1)
+	ok := pp.start(p, time.Now().Add(c.timeout), func(err error) {
+		defer wg.Done()
+		<-m.slots
+		if ctx.Err() != nil || errors.Is(err, errPollerClosed) {
+			// Shutting down, or the poller failed (and the check
+			// runs on a worker now): the result says nothing about
+			// the backend.
+			m.requeue([]*check{c})
+			return
+		}
+		if err != nil && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
+			err = fmt.Errorf("timed out after %s: %w", c.timeout, err)
+		}
+		m.record(c, err, late)
+	})
+	if !ok {
+		wg.Done()
+	}
+	return ok
 }
 
 // work probes c, then every check handed to it, until ctx ends or it has
@@ -742,6 +804,7 @@ func (m *Manager) work(ctx context.Context, c *check) {
 	defer idle.Stop()
 	for c != nil {
 		m.probe(ctx, c)
+		<-m.slots
 		c = nil
 		for c == nil {
 			idle.Reset(workerIdle)

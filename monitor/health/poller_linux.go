@@ -1,0 +1,309 @@
+package health
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// poller runs probes on non-blocking sockets without a goroutine, timer
+// or context of their own: one epoll instance watches every socket in
+// flight, one goroutine waits on it, and a heap of deadlines, also served
+// by that goroutine, times the probes out. The goroutine waits in the Go
+// runtime's network poller, which watches the epoll instance (itself
+// pollable) with one deadline, the earliest of the heap's, rather than in
+// a blocking epoll_wait: a thread blocked in a system call costs the
+// runtime a thread hand-off and keeps its monitor waking every 20 µs.
+//
+// A probe (pollOp) is started by its prober on the caller's goroutine,
+// which creates the socket and starts connecting (and may end the probe
+// there and then, without the poller); once added, the poller's
+// goroutine alone handles it, and when it ends (its handler says so, its
+// deadline passes, or the poller closes) closes the socket and calls the
+// op's done function once.
+//
+// The sockets the poller watches are closed only by its goroutine, after
+// it has handled every event of the epoll_wait that reported them, so a
+// descriptor number reused by a new probe cannot receive a stale event
+// of an old one.
+type poller struct {
+	epfd int
+	// file is epfd in the runtime's network poller, whose read
+	// deadline is the loop's wake-up time.
+	file   *os.File
+	raw    syscall.RawConn
+	t0     time.Time
+	exited chan struct{}
+
+	mu  sync.Mutex
+	ops map[int32]*pollOp // by descriptor
+	// deadlines orders the ops by deadline.
+	deadlines opHeap
+	// sleep is when the loop wakes on its own (math.MaxInt64: never),
+	// so that add wakes it only for an earlier deadline.
+	sleep   int64
+	gen     uint32
+	closing bool
+	// failed says that the loop ended on an error of its own.
+	failed atomic.Bool
+}
+
+// pollHandler is what a kind of probe does on its socket's readiness.
+type pollHandler interface {
+	// event handles the readiness events of op's socket (EPOLLIN,
+	// EPOLLOUT, EPOLLERR, EPOLLHUP...) and reports whether the probe
+	// has ended, and with what result.
+	event(op *pollOp, events uint32) (bool, error)
+	// timeout returns the error of op, whose deadline passed.
+	timeout(op *pollOp) error
+}
+
+// pollOp is one probe in flight on a poller.
+type pollOp struct {
+	fd       int
+	gen      uint32
+	deadline int64 // poller time, ns
+	index    int   // in the deadline heap, -1 once off it
+	handler  pollHandler
+	done     func(error)
+	// state is the handler's: how far the probe has got.
+	state int
+	// buf is the handler's.
+	buf []byte
+}
+
+// errPollerClosed ends the probes in flight when a poller closes.
+var errPollerClosed = errors.New("health checks stopped")
+
+// newPoller opens a poller and starts its goroutine.
+func newPoller() (*poller, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("create epoll instance: %w", err)
+	}
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("create epoll instance: %w", err)
+	}
+	// Non-blocking, the descriptor joins the runtime's poller.
+	file := os.NewFile(uintptr(epfd), "epoll")
+	raw, err := file.SyscallConn()
+	if err != nil {
+		file.Close()
+		return nil, fmt.Errorf("create epoll instance: %w", err)
+	}
+	p := &poller{
+		epfd:   epfd,
+		file:   file,
+		raw:    raw,
+		t0:     time.Now(),
+		exited: make(chan struct{}),
+		ops:    map[int32]*pollOp{},
+		sleep:  math.MaxInt64,
+	}
+	go p.loop()
+	return p, nil
+}
+
+// usable reports whether p (which may be nil) takes probes: it is open
+// and its loop runs.
+func (p *poller) usable() bool { return p != nil && !p.failed.Load() }
+
+// now returns the poller's time: nanoseconds on the monotonic clock.
+func (p *poller) now() int64 { return int64(time.Since(p.t0)) }
+
+// at returns the poller time of t.
+func (p *poller) at(t time.Time) int64 { return int64(t.Sub(p.t0)) }
+
+// add hands op, whose socket op.fd is connecting, to the poller, to be
+// watched for events until op.deadline. On an error op is not added and
+// its socket is left to the caller.
+func (p *poller) add(op *pollOp, events uint32) error {
+	op.index = -1
+	p.mu.Lock()
+	if p.closing {
+		p.mu.Unlock()
+		return errPollerClosed
+	}
+	p.gen++
+	op.gen = p.gen
+	p.ops[int32(op.fd)] = op
+	heap.Push(&p.deadlines, op)
+	if op.deadline < p.sleep {
+		p.sleep = op.deadline
+		p.setWake()
+	}
+	p.mu.Unlock()
+	ev := unix.EpollEvent{Events: events, Fd: int32(op.fd), Pad: int32(op.gen)}
+	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, op.fd, &ev); err != nil {
+		p.mu.Lock()
+		delete(p.ops, int32(op.fd))
+		if op.index >= 0 {
+			heap.Remove(&p.deadlines, op.index)
+		}
+		p.mu.Unlock()
+		return fmt.Errorf("watch socket: %w", err)
+	}
+	return nil
+}
+
+// setWake makes the loop wake at p.sleep. Called with mu held, so that
+// the last wake-up time set is the one for the whole heap.
+func (p *poller) setWake() {
+	t := time.Time{}
+	if p.sleep != math.MaxInt64 {
+		t = p.t0.Add(time.Duration(p.sleep))
+	}
+	_ = p.file.SetReadDeadline(t) // fails only once closed
+}
+
+// close ends the probes in flight, with errPollerClosed, and the poller's
+// goroutine, and waits for them.
+func (p *poller) close() {
+	p.mu.Lock()
+	p.closing = true
+	p.sleep = 0
+	p.setWake()
+	p.mu.Unlock()
+	<-p.exited
+	p.file.Close()
+}
+
+// readyOp is a probe with the events epoll_wait reported for it.
+type readyOp struct {
+	op     *pollOp
+	events uint32
+}
+
+// ended is a probe the loop ends, with its result.
+type ended struct {
+	op  *pollOp
+	err error
+}
+
+// loop waits for events and deadlines, and ends probes, until close.
+func (p *poller) loop() {
+	defer close(p.exited)
+	events := make([]unix.EpollEvent, 256)
+	var ready []readyOp
+	var done []ended
+	var n int
+	var werr error
+	wait := func(uintptr) bool {
+		n, werr = unix.EpollWait(p.epfd, events, 0)
+		return n != 0 || (werr != nil && werr != unix.EINTR)
+	}
+	for {
+		err := p.raw.Read(wait)
+		switch {
+		case err == nil && werr == nil:
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// A deadline already past returns before polling: poll,
+			// so that a run of timeouts does not hold events back.
+			if n, werr = unix.EpollWait(p.epfd, events, 0); werr != nil {
+				n = 0
+			}
+		default:
+			// Only a bad descriptor or buffer fails epoll_wait, not
+			// something waiting fixes: end everything rather than
+			// spin, and let the probes run elsewhere.
+			n = 0
+			p.failed.Store(true)
+			p.mu.Lock()
+			p.closing = true
+			p.mu.Unlock()
+		}
+		ready = ready[:0]
+		p.mu.Lock()
+		for _, ev := range events[:n] {
+			if op := p.ops[ev.Fd]; op != nil && op.gen == uint32(ev.Pad) {
+				ready = append(ready, readyOp{op, ev.Events})
+			}
+		}
+		p.mu.Unlock()
+		done = done[:0]
+		for _, r := range ready {
+			if end, err := r.op.handler.event(r.op, r.events); end {
+				done = append(done, ended{r.op, err})
+			}
+		}
+		now := p.now()
+		p.mu.Lock()
+		for _, d := range done {
+			p.remove(d.op)
+		}
+		for len(p.deadlines) > 0 && p.deadlines[0].deadline <= now {
+			op := p.deadlines[0]
+			p.remove(op)
+			done = append(done, ended{op, op.handler.timeout(op)})
+		}
+		closing := p.closing
+		if closing {
+			for _, op := range p.ops {
+				p.remove(op)
+				done = append(done, ended{op, errPollerClosed})
+			}
+		}
+		p.plan()
+		p.mu.Unlock()
+		for _, d := range done {
+			rawClose(d.op.fd)
+			d.op.done(d.err)
+		}
+		if closing {
+			return
+		}
+	}
+}
+
+// remove takes op off the poller's table and heap. Called with mu held.
+func (p *poller) remove(op *pollOp) {
+	delete(p.ops, int32(op.fd))
+	if op.index >= 0 {
+		heap.Remove(&p.deadlines, op.index)
+	}
+}
+
+// plan makes the loop wake on its own at the first deadline. Called with
+// mu held.
+func (p *poller) plan() {
+	p.sleep = math.MaxInt64
+	if len(p.deadlines) > 0 {
+		p.sleep = p.deadlines[0].deadline
+	}
+	p.setWake()
+}
+
+// opHeap orders ops by deadline.
+type opHeap []*pollOp
+
+func (h opHeap) Len() int           { return len(h) }
+func (h opHeap) Less(i, j int) bool { return h[i].deadline < h[j].deadline }
+func (h opHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+
+func (h *opHeap) Push(x any) {
+	op := x.(*pollOp)
+	op.index = len(*h)
+	*h = append(*h, op)
+}
+
+func (h *opHeap) Pop() any {
+	old := *h
+	op := old[len(old)-1]
+	old[len(old)-1] = nil
+	op.index = -1
+	*h = old[:len(old)-1]
+	return op
+}

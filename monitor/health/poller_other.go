@@ -1,0 +1,27 @@
+//go:build !linux
+
+package health
+
+import "errors"
+
+// errPollerClosed ends the probes in flight when a poller closes.
+var errPollerClosed = errors.New("health checks stopped")
+
+// poller runs probes on non-blocking sockets; only Linux has one, and
+// elsewhere every probe runs through Prober.Probe.
+type poller struct{}
+
+// newPoller fails outside Linux.
+func newPoller() (*poller, error) { return nil, errors.New("probes on a poller need Linux") }
+
+// usable reports false: there is no poller.
+func (p *poller) usable() bool { return false }
+
+// close does nothing.
+func (p *poller) close() {}
+
+// pollRequest returns nil: no http check runs on a poller.
+func (c *HTTPCheck) pollRequest() []byte { return nil }
+
+// socketAddr is a socket address for the poller, which only Linux has.
+type socketAddr = struct{}
