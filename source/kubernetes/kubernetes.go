@@ -850,12 +850,24 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		snap.Services = append(snap.Services, vss...)
 	}
 	slices.SortFunc(snap.Services, func(a, b lb.VirtualService) int { return strings.Compare(a.Name, b.Name) })
-	var notLeading error
+	// The data plane first: the addresses are held, and programming them
+	// need not wait for the API server to take thousands of status
+	// writes at a start.
+	var conflicts []source.Conflict
+	if c.published == nil || !reflect.DeepEqual(*c.published, snap) || len(c.conflicts) > 0 {
+		conflicts, err = c.sink.Publish(ctx, snap)
+		c.spare = nil
+		if err != nil {
+			return true, fmt.Errorf("publish: %w", err)
+		}
+		c.published = &snap
+		c.noteConflicts(present, conflicts)
+	}
 	for i, err := range c.writeStatuses(writes) {
 		w := writes[i]
 		switch {
 		case errors.Is(err, errNotLeading):
-			notLeading = err
+			return false, err
 		case err != nil:
 			c.s.log.Warn("kubernetes: writing status failed", "service", keyOf(w.svc), "err", err)
 			again = true
@@ -864,20 +876,6 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 			c.event(w.svc, corev1.EventTypeNormal, "AddressAssigned", "assigned "+joinAddrs(w.addrs))
 		}
 	}
-	if notLeading != nil {
-		return false, notLeading
-	}
-
-	if c.published != nil && reflect.DeepEqual(*c.published, snap) && len(c.conflicts) == 0 {
-		return again, nil
-	}
-	conflicts, err := c.sink.Publish(ctx, snap)
-	c.spare = nil
-	if err != nil {
-		return true, fmt.Errorf("publish: %w", err)
-	}
-	c.published = &snap
-	c.noteConflicts(present, conflicts)
 	// The sink takes a refused service at a later Publish, once its owner
 	// lets go of it: ask again.
 	return again || len(conflicts) > 0, nil
