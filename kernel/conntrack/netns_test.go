@@ -25,6 +25,7 @@ func TestTrackKernel(t *testing.T) {
 		{Proto: lb.UDP, Client: netip.MustParseAddrPort("[2001:db8::2]:40001"), Virtual: netip.MustParseAddrPort("[2001:db8:100::10]:53"),
 			Backend: netip.MustParseAddrPort("[2001:db8:1::3]:5353"), Source: netip.MustParseAddr("2001:db8:1::99"), Timeout: time.Minute},
 	}
+	forget(t, flows)
 	r, err := Tracker{}.Track(flows)
 	if err != nil || r != (Result{Created: 2}) {
 		t.Fatalf("Track: %+v, %v", r, err)
@@ -110,6 +111,7 @@ func TestTrackTraffic(t *testing.T) {
 	defer bconn.Close()
 	f := Flow{Proto: lb.UDP, Client: netip.MustParseAddrPort("192.0.2.2:40000"), Virtual: netip.MustParseAddrPort("198.51.100.10:53"),
 		Backend: netip.MustParseAddrPort("203.0.113.3:8080"), Source: netip.MustParseAddr("203.0.113.99"), Timeout: time.Minute}
+	forget(t, []Flow{f})
 	if r, err := (Tracker{}).Track([]Flow{f}); err != nil || r.Created != 1 {
 		t.Fatalf("Track: %+v, %v", r, err)
 	}
@@ -132,4 +134,25 @@ func TestTrackTraffic(t *testing.T) {
 			t.Fatalf("the client never got the backend's answer to %s: %v", f.Source, err)
 		}
 	}
+}
+
+// forget deletes the entries of flows when the test ends, so that a run
+// of the tests again (-count) in the same namespace starts from none.
+func forget(t *testing.T, flows []Flow) {
+	t.Cleanup(func() {
+		for _, f := range flows {
+			family := netlink.InetFamily(unix.AF_INET)
+			if f.Client.Addr().Is6() {
+				family = unix.AF_INET6
+			}
+			filter := &netlink.ConntrackFilter{}
+			if err := filter.AddIP(netlink.ConntrackOrigSrcIP, f.Client.Addr().AsSlice()); err != nil {
+				t.Error(err)
+				continue
+			}
+			if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family, filter); err != nil {
+				t.Errorf("delete the entries of %s: %v", f.Client, err)
+			}
+		}
+	})
 }
