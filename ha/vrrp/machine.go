@@ -45,6 +45,10 @@ type Transition struct {
 	Master netip.Addr
 	// Priority is the router's own priority at the transition.
 	Priority uint8
+	// Late is how long after its deadline the master down timer that
+	// caused the transition was handled (zero for other causes): a busy
+	// node's takeover is late by that much.
+	Late time.Duration
 }
 
 // Cause is why a transition happened, in one word.
@@ -244,7 +248,10 @@ func (m *Machine) Start(now time.Time) Step {
 func (m *Machine) Expire(now time.Time) Step {
 	switch {
 	case m.role == Backup && !now.Before(m.downAt):
-		return m.becomeMaster(now, m.downCause, m.downReason)
+		late := now.Sub(m.downAt)
+		st := m.becomeMaster(now, m.downCause, m.downReason)
+		st.Transition.Late = late
+		return st
 	case m.role == Master && !now.Before(m.advertAt):
 		m.advertAt = now.Add(centis(m.cfg.Interval))
 		return Step{Send: true, SendPriority: m.cfg.Priority}

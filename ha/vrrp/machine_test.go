@@ -496,3 +496,25 @@ func TestCauses(t *testing.T) {
 		t.Errorf("causes %v, want %v", got, want)
 	}
 }
+
+// TestLateTimer checks that a takeover says how late its master down
+// timer was handled, and that other transitions say nothing.
+func TestLateTimer(t *testing.T) {
+	m, _ := NewMachine(MachineConfig{Self: netip.MustParseAddr("10.0.0.1"), Priority: 100, Interval: 10})
+	if st := m.Start(t0); st.Transition == nil || st.Transition.Late != 0 {
+		t.Fatalf("start: %+v", st.Transition)
+	}
+	due := m.Deadline()
+	st := m.Expire(due.Add(42 * time.Millisecond))
+	if st.Transition == nil || st.Transition.To != Master {
+		t.Fatalf("no takeover: %+v", st)
+	}
+	if st.Transition.Late != 42*time.Millisecond {
+		t.Errorf("late %v, want 42ms", st.Transition.Late)
+	}
+	m2, _ := NewMachine(MachineConfig{Self: netip.MustParseAddr("10.0.0.1"), Priority: 100, Interval: 10})
+	m2.Start(t0)
+	if st := m2.Expire(m2.Deadline()); st.Transition == nil || st.Transition.Late != 0 {
+		t.Errorf("on time: %+v", st.Transition)
+	}
+}

@@ -455,7 +455,11 @@ func (r *Router) apply(st Step) {
 	r.status.Master, r.status.MasterPriority = r.m.MasterAddr()
 	r.mu.Unlock()
 	if t := st.Transition; t != nil {
-		r.log.Info("vrrp transition", "from", t.From, "to", t.To, "reason", t.Reason, "master", t.Master, "priority", t.Priority)
+		args := []any{"from", t.From, "to", t.To, "reason", t.Reason, "master", t.Master, "priority", t.Priority}
+		if t.Late > 0 {
+			args = append(args, "timer_late", t.Late)
+		}
+		r.log.Info("vrrp transition", args...)
 		if r.opts.OnTransition != nil {
 			r.opts.OnTransition(*t)
 		}

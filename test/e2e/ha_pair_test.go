@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -395,8 +396,10 @@ type failoverResult struct {
 	// links are cut; a killed master's kernel still forwards).
 	Moved, Answered time.Duration
 	// Master is the time from the failure to the backup's change of
-	// role, from its log (vipd only; zero for keepalived).
-	Master time.Duration
+	// role, from its log (vipd only; zero for keepalived): after its
+	// announcements. Elected is the time to its VRRP transition, before
+	// them, and TimerLate how late its master down timer was handled.
+	Master, Elected, TimerLate time.Duration
 	// Failed short requests, sent during the failover (before the
 	// master came back) and during its return (FailedBack), and Broken
 	// long-lived connections over both.
@@ -482,9 +485,22 @@ func (p *pair) failover(how string) (failoverResult, error) {
 				break
 			}
 		}
+		for _, m := range electedLine.FindAllStringSubmatch(backup.vipd.logSince(), -1) {
+			when, err := time.Parse(time.RFC3339Nano, m[1])
+			if err != nil || !when.After(at) {
+				continue
+			}
+			r.Elected = when.Sub(at)
+			r.TimerLate, _ = time.ParseDuration(m[2])
+			break
+		}
 	}
 	return r, nil
 }
+
+// electedLine is a vipd's VRRP transition to master, with its time and,
+// when a timer caused it, how late the timer was handled.
+var electedLine = regexp.MustCompile(`time=(\S+) level=INFO msg="vrrp transition" from=\w+ to=master .*?timer_late=(\S+)`)
 
 // within polls cond every 10 ms for up to d, and reports whether it held.
 func within(d time.Duration, cond func() bool) bool {
