@@ -500,7 +500,7 @@ func (p *pair) failover(how string) (failoverResult, error) {
 
 // electedLine is a vipd's VRRP transition to master, with its time and,
 // when a timer caused it, how late the timer was handled.
-var electedLine = regexp.MustCompile(`time=(\S+) level=INFO msg="vrrp transition" from=\w+ to=master .*?timer_late=(\S+)`)
+var electedLine = regexp.MustCompile(`time=(\S+) level=INFO msg="vrrp transition" .*?from=backup to=master .*?timer_late=(\S+)`)
 
 // within polls cond every 10 ms for up to d, and reports whether it held.
 func within(d time.Duration, cond func() bool) bool {
