@@ -46,9 +46,21 @@ func (g *roleGate) Announce(a netip.Addr) error {
 	defer g.mu.Unlock()
 	g.wanted[a] = struct{}{}
 	if !g.master {
+		// Stand ready: the takeover then sends at once, with no
+		// socket to open. An uplink that cannot be opened now is
+		// tried again, and reported, by the takeover's Announce.
+		if r, ok := g.inner.(readier); ok {
+			_ = r.Ready(a)
+		}
 		return nil
 	}
 	return g.inner.Announce(a)
+}
+
+// readier is an announcer that can open what announcing an address needs
+// ahead of time (arp.Announcer.Ready).
+type readier interface {
+	Ready(netip.Addr) error
 }
 
 // Withdraw implements lb.Announcer.

@@ -31,6 +31,11 @@ func (w *wireAnnouncer) Withdraw(a netip.Addr) error {
 	return nil
 }
 
+func (w *wireAnnouncer) Ready(a netip.Addr) error {
+	w.calls = append(w.calls, "ready "+a.String())
+	return nil
+}
+
 func (w *wireAnnouncer) take() string {
 	s := strings.Join(w.calls, ", ")
 	w.calls = nil
@@ -50,7 +55,7 @@ func TestRoleGate(t *testing.T) {
 	// A backup passes nothing on, and tells the reconciler what it asked.
 	g.Announce(a)
 	g.Announce(b)
-	check("backup announces", w.take(), "")
+	check("backup announces", w.take(), "ready 192.0.2.1, ready 192.0.2.2")
 	check("announced", fmt.Sprint(g.Announced()), "[192.0.2.1 192.0.2.2]")
 	if n, err := g.reassert(); n != 0 || err != nil || w.take() != "" {
 		t.Errorf("a backup reasserted: %d %v", n, err)
@@ -64,10 +69,10 @@ func TestRoleGate(t *testing.T) {
 	n, err = g.reassert()
 	check("reassert", fmt.Sprint(n, err, " ", w.take()), "2 <nil> withdraw 192.0.2.1, announce 192.0.2.1, withdraw 192.0.2.2, announce 192.0.2.2")
 	// Backup again: everything off the wire; a late announcement of a
-	// pass planned while master stays off it.
+	// pass planned while master stays off it (it only stands ready).
 	n, err = g.setRole(false)
 	check("handover", fmt.Sprint(n, err, " ", w.take()), "2 <nil> withdraw 192.0.2.1, withdraw 192.0.2.2")
 	g.Announce(netip.MustParseAddr("192.0.2.3"))
-	check("late announcement", w.take(), "")
+	check("late announcement", w.take(), "ready 192.0.2.3")
 	check("announced", fmt.Sprint(g.Announced(), len(w.on)), "[192.0.2.1 192.0.2.2 192.0.2.3] 0")
 }

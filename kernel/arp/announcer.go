@@ -209,6 +209,33 @@ func (a *Announcer) Announce(addr netip.Addr) error {
 	return nil
 }
 
+// Ready opens, on every uplink, the connection that announcing addr
+// needs, without answering for addr or announcing it: a node that stands
+// by (a high-availability backup) is then one packet away from taking
+// addr over, with no socket to open at the takeover. It returns an error
+// naming each uplink it could not open; Announce tries them again.
+func (a *Announcer) Ready(addr netip.Addr) error {
+	if !addr.IsValid() {
+		return errors.New("ready: invalid address")
+	}
+	fam := lb.FamilyOf(addr.Unmap())
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return fmt.Errorf("ready %s: %w", addr, errClosed)
+	}
+	var errs []error
+	for _, name := range a.opts.Uplinks {
+		if _, err := a.link(name, fam); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("ready %s: %w", addr, err)
+	}
+	return nil
+}
+
 // Withdraw implements lb.Announcer. It stops answering for addr and ends
 // its burst and refresh. Withdrawing an address not announced is no error.
 func (a *Announcer) Withdraw(addr netip.Addr) error {

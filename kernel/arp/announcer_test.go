@@ -392,3 +392,41 @@ func TestMappedAddress(t *testing.T) {
 		t.Error("mapped address not announced by ARP")
 	}
 }
+
+// TestReady checks that Ready opens the uplinks' connections without
+// answering or announcing, and that Announce then uses them.
+func TestReady(t *testing.T) {
+	links := newFakeLinks("eth0", "eth1")
+	a := newTest(t, links, Options{Count: 1})
+	if err := a.Ready(vip4); err != nil {
+		t.Fatal(err)
+	}
+	if links.opened != 2 {
+		t.Fatalf("opened %d connections, want 2", links.opened)
+	}
+	if got := a.Announced(); len(got) != 0 {
+		t.Errorf("announced %v", got)
+	}
+	c := links.arp(t, "eth0")
+	c.in <- inARP{request(t, peer4, peerM, vip4), ethernet.Broadcast}
+	time.Sleep(20 * time.Millisecond)
+	if n := c.count(); n != 0 {
+		t.Fatalf("a ready address was answered or announced: %d packets", n)
+	}
+	if err := a.Ready(vip4b); err != nil || links.opened != 2 {
+		t.Errorf("second address: %v, %d opened", err, links.opened)
+	}
+	if err := a.Announce(vip4); err != nil {
+		t.Fatal(err)
+	}
+	if links.opened != 2 {
+		t.Errorf("Announce opened again: %d", links.opened)
+	}
+	if n := c.count(); n == 0 {
+		t.Errorf("no announcement on eth0")
+	}
+	links.remove("eth1")
+	if err := a.Ready(vip6); err == nil || !strings.Contains(err.Error(), "eth1") {
+		t.Errorf("missing uplink: %v", err)
+	}
+}
