@@ -248,7 +248,7 @@ func TestTermEndDropsWrites(t *testing.T) {
 	_, stop := startSource(t, kubernetes.Options{
 		Pools: pools("192.0.2.0/28"), Logger: recordLogs(in),
 		LeaderElection: ptr.To(true), Identity: "a",
-		LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 200 * time.Millisecond,
+		LeaseDuration: testLease, RenewDeadline: testRenew, RetryPeriod: testRetry,
 	}, g, &fakeSink{})
 	t.Cleanup(stop)
 	in.waitLog(t, msgLeading, 1)
