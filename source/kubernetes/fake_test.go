@@ -3,6 +3,7 @@ package kubernetes_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 )
@@ -26,11 +28,22 @@ func runFake(t *testing.T, opts kubernetes.Options, sink *fakeSink, objs ...runt
 }
 
 // runSource runs a source of opts, serving Services of no class and
-// electing no leader, against cs until the test ends.
-func runSource(t *testing.T, opts kubernetes.Options, cs *fake.Clientset, sink *fakeSink) *kubernetes.Source {
+// electing no leader unless opts say so, against cs until the test ends.
+func runSource(t *testing.T, opts kubernetes.Options, cs clientset.Interface, sink *fakeSink) *kubernetes.Source {
+	t.Helper()
+	src, stop := startSource(t, opts, cs, sink)
+	t.Cleanup(stop)
+	return src
+}
+
+// startSource starts a source as runSource does, and returns it with the
+// function that stops it and waits for Run to return.
+func startSource(t *testing.T, opts kubernetes.Options, cs clientset.Interface, sink *fakeSink) (*kubernetes.Source, func()) {
 	t.Helper()
 	opts.DefaultClass = true
-	opts.LeaderElection = ptr.To(false)
+	if opts.LeaderElection == nil {
+		opts.LeaderElection = ptr.To(false)
+	}
 	opts.Kubeconfig = "unused"
 	src, err := kubernetes.New(opts)
 	if err != nil {
@@ -40,13 +53,15 @@ func runSource(t *testing.T, opts kubernetes.Options, cs *fake.Clientset, sink *
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- src.Run(ctx, sink) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return src
+	var once sync.Once
+	return src, func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
 }
 
 // waitFakeEvent waits for a warning Event with reason on the Service whose

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
@@ -24,6 +25,13 @@ import (
 // miss what changes between an informer's list and its watch.
 func runWatched(t *testing.T, cs *fake.Clientset, sink *fakeSink) *kubernetes.Source {
 	t.Helper()
+	return runWatchedAs(t, cs, cs, kubernetes.Options{Pools: pools("192.0.2.0/28")}, sink)
+}
+
+// runWatchedAs is runWatched with options, and with client: cs, or a
+// client that wraps it.
+func runWatchedAs(t *testing.T, cs *fake.Clientset, client clientset.Interface, opts kubernetes.Options, sink *fakeSink) *kubernetes.Source {
+	t.Helper()
 	watching := make(chan struct{}, 1)
 	cs.PrependWatchReactor("endpointslices", func(k8stesting.Action) (bool, watch.Interface, error) {
 		select {
@@ -32,7 +40,7 @@ func runWatched(t *testing.T, cs *fake.Clientset, sink *fakeSink) *kubernetes.So
 		}
 		return false, nil, nil
 	})
-	src := runSource(t, kubernetes.Options{Pools: pools("192.0.2.0/28")}, cs, sink)
+	src := runSource(t, opts, client, sink)
 	select {
 	case <-watching:
 		time.Sleep(50 * time.Millisecond) // the reactor runs just before the watch starts

@@ -29,6 +29,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -445,6 +446,8 @@ type controller struct {
 	// restored says that the leader took the addresses back from the
 	// statuses in this term.
 	restored bool
+	// status writes the statuses of the leader's term in the background.
+	status *statusWriter
 	// events holds the message of the last warning Event of each Service
 	// (by "KEY address" and "KEY settings"), so that a lasting problem
 	// makes one Event, not one per sync.
@@ -590,6 +593,11 @@ func (c *controller) loop(ctx context.Context, elected <-chan context.Context) e
 	probe := time.NewTicker(probeEvery)
 	defer probe.Stop()
 	c.sink.Report(nil)
+	c.status = newStatusWriter(c.writeStatus)
+	defer c.status.stop()
+	if c.lead != nil {
+		c.status.begin(ctx, c.lead)
+	}
 	var lost error
 	for {
 		// full says that this round syncs everything: only a change of
@@ -605,6 +613,7 @@ func (c *controller) loop(ctx context.Context, elected <-chan context.Context) e
 		case term := <-elected:
 			c.s.log.Info("kubernetes: leading: allocating addresses and writing status", "identity", c.s.opts.Identity)
 			c.lead = term
+			c.status.begin(ctx, term)
 			// Take the addresses back from the statuses, as at a start,
 			// and say again what is wrong.
 			c.restored = false
@@ -616,8 +625,17 @@ func (c *controller) loop(ctx context.Context, elected <-chan context.Context) e
 			}
 			c.s.log.Warn("kubernetes: lost the lease: following, from the statuses", "identity", c.s.opts.Identity)
 			c.lead = nil
+			// The writes of the term are dropped: the next leader takes
+			// its addresses from the statuses, and so does this
+			// instance should it lead again.
+			c.status.end()
 		case <-c.dirty:
 			full = false
+		case <-c.status.ready:
+			if c.statusResults() {
+				timer.Reset(retry)
+			}
+			continue
 		case <-timer.C:
 		case err := <-c.watchErr:
 			c.lose(fmt.Errorf("kubernetes: watch: %w", err), &lost)
@@ -652,10 +670,6 @@ func (c *controller) loop(ctx context.Context, elected <-chan context.Context) e
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
-			}
-			if errors.Is(err, errNotLeading) {
-				// The term ended during the sync: follow.
-				continue
 			}
 			c.s.log.Warn("kubernetes: sync failed; retrying", "err", err)
 			again = true
@@ -708,8 +722,10 @@ func statusAddrs(svc *corev1.Service) []netip.Addr {
 }
 
 // sync brings allocation, status and the published snapshot in line with
-// the caches. It returns true when something should be tried again
-// later: a status write or a publish that failed, a refused service.
+// the caches, and queues the status writes of the leader (statusWriter).
+// It returns true when something should be tried again later: a publish
+// that failed, a refused service. A status write that fails asks for
+// its retry when its result comes back (statusResults).
 func (c *controller) sync(ctx context.Context) (bool, error) {
 	c.s.fullSyncs.Add(1)
 	all, err := c.services.List(labels.Everything())
@@ -732,8 +748,6 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 			served = append(served, svc)
 		}
 	}
-	again := false
-
 	leading := c.leading()
 	if !leading || !c.restored {
 		if err := c.restore(served, leading); err != nil {
@@ -770,21 +784,23 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 			// Deleted, or out of the selector: get it to be sure.
 			got, err := c.cs.CoreV1().Services(strings.SplitN(key, "/", 2)[0]).Get(ctx, strings.SplitN(key, "/", 2)[1], metav1.GetOptions{})
 			if err != nil {
+				c.status.forget(key)
 				delete(c.written, key)
 				continue
 			}
 			svc = got
 		}
-		if len(svc.Status.LoadBalancer.Ingress) > 0 {
-			if err := c.writeStatus(svc, nil); errors.Is(err, errNotLeading) {
-				return false, err
-			} else if err != nil {
-				c.s.log.Warn("kubernetes: clearing status failed", "service", key, "err", err)
-				again = true
-				continue
-			}
-			c.s.log.Info("kubernetes: released", "service", key)
+		// The status is cleared through the status writer, as it is
+		// written: one writer per Service keeps its writes in order, and
+		// releasing thousands of Services (a change of class) does not
+		// hold the loop up either. The Service stays written until the
+		// clear lands (statusResults), or until no write of it, in
+		// flight or not yet echoed, can still put an address there.
+		if len(svc.Status.LoadBalancer.Ingress) > 0 || c.status.unsettled(key, svc) {
+			c.status.want(key, svc, nil)
+			continue
 		}
+		c.status.forget(key)
 		delete(c.written, key)
 	}
 	// Addresses in the status of Services vipd does not serve (another
@@ -807,7 +823,6 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	}
 
 	snap := source.Snapshot{}
-	var writes []statusWrite
 	idx := c.indexSlices()
 	nodes, err := c.nodes.List(labels.Everything())
 	if err != nil {
@@ -826,8 +841,10 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		if len(held) == 0 {
 			continue
 		}
-		if leading && !sameAddrs(statusAddrs(svc), held) {
-			writes = append(writes, statusWrite{svc: svc, addrs: held})
+		if leading {
+			// Queued unless the status, or a write queued or made,
+			// says so already.
+			c.status.want(key, svc, held)
 		}
 		c.written[key] = true
 		st, serr := c.settingsOf(svc)
@@ -850,9 +867,9 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		snap.Services = append(snap.Services, vss...)
 	}
 	slices.SortFunc(snap.Services, func(a, b lb.VirtualService) int { return strings.Compare(a.Name, b.Name) })
-	// The data plane first: the addresses are held, and programming them
-	// need not wait for the API server to take thousands of status
-	// writes at a start.
+	// The statuses are written in the background (statusWriter): the
+	// data plane need not wait for the API server to take thousands of
+	// status writes at a start, nor an EndpointSlice change after it.
 	var conflicts []source.Conflict
 	if c.published == nil || !reflect.DeepEqual(*c.published, snap) || len(c.conflicts) > 0 {
 		conflicts, err = c.sink.Publish(ctx, snap)
@@ -863,22 +880,9 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		c.published = &snap
 		c.noteConflicts(present, conflicts)
 	}
-	for i, err := range c.writeStatuses(writes) {
-		w := writes[i]
-		switch {
-		case errors.Is(err, errNotLeading):
-			return false, err
-		case err != nil:
-			c.s.log.Warn("kubernetes: writing status failed", "service", keyOf(w.svc), "err", err)
-			again = true
-		default:
-			c.s.log.Info("kubernetes: assigned", "service", keyOf(w.svc), "addresses", joinAddrs(w.addrs))
-			c.event(w.svc, corev1.EventTypeNormal, "AddressAssigned", "assigned "+joinAddrs(w.addrs))
-		}
-	}
 	// The sink takes a refused service at a later Publish, once its owner
 	// lets go of it: ask again.
-	return again || len(conflicts) > 0, nil
+	return len(conflicts) > 0, nil
 }
 
 // syncSlices brings the published snapshot in line with the
@@ -1166,15 +1170,14 @@ func (c *controller) noteConflicts(present map[string]*corev1.Service, conflicts
 }
 
 // writeStatus sets svc's status.loadBalancer.ingress to addrs (none to
-// clear it) through the status subresource, in the leader's term: it
-// returns errNotLeading when this instance does not lead. The write
-// carries the resourceVersion vipd saw, so that it fails should another
-// instance have written since.
-func (c *controller) writeStatus(svc *corev1.Service, addrs []netip.Addr) error {
-	if !c.leading() {
+// clear it) through the status subresource, in the leader's term ctx: it
+// returns errNotLeading when the term has ended. The write carries the
+// resourceVersion vipd saw, so that it fails should another instance have
+// written since. The status writer's workers call it.
+func (c *controller) writeStatus(ctx context.Context, svc *corev1.Service, addrs []netip.Addr) error {
+	if ctx == nil || ctx.Err() != nil {
 		return errNotLeading
 	}
-	ctx := c.lead
 	up := svc.DeepCopy()
 	up.Status.LoadBalancer.Ingress = nil
 	for _, a := range addrs {
@@ -1188,33 +1191,43 @@ func (c *controller) writeStatus(svc *corev1.Service, addrs []netip.Addr) error 
 	return err
 }
 
-// statusWrite is a status that sync writes: svc's addresses become addrs.
-type statusWrite struct {
-	svc   *corev1.Service
-	addrs []netip.Addr
-}
-
-// writeStatuses makes the writes, statusWorkers at a time (the client's
-// rate limit paces them), and returns the error of each.
-func (c *controller) writeStatuses(writes []statusWrite) []error {
-	errs := make([]error, len(writes))
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range min(statusWorkers, len(writes)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				errs[i] = c.writeStatus(writes[i].svc, writes[i].addrs)
+// statusResults handles the writes the status writer made since the last
+// call: it logs each, records the Event of an address assigned, and
+// forgets a Service whose status it cleared. It reports whether a full
+// sync must come to retry a failure: the full sync reads the Service
+// again from the informer's cache, so that a write that failed on a
+// conflict (another writer changed the Service) is made again from the
+// newer object once the cache holds it, never from the stale one.
+func (c *controller) statusResults() (again bool) {
+	for _, r := range c.status.take() {
+		switch {
+		case r.err == nil && len(r.addrs) == 0:
+			c.s.log.Info("kubernetes: released", "service", r.key)
+			if len(c.alloc.Held(r.key)) == 0 {
+				delete(c.written, r.key)
 			}
-		}()
+		case r.err == nil:
+			c.s.log.Info("kubernetes: assigned", "service", r.key, "addresses", joinAddrs(r.addrs))
+			c.event(r.svc, corev1.EventTypeNormal, "AddressAssigned", "assigned "+joinAddrs(r.addrs))
+			if r.current && !sameAddrs(c.alloc.Held(r.key), r.addrs) {
+				// The Service changed while its write was in flight:
+				// write what is held now.
+				c.pokeAll()
+			}
+		case !r.current || errors.Is(r.err, errNotLeading):
+			// The term ended: the next leader takes the statuses as they
+			// are.
+		case apierrors.IsNotFound(r.err):
+			// Deleted: its deletion makes a full sync of its own.
+		case len(r.addrs) == 0:
+			c.s.log.Warn("kubernetes: clearing status failed", "service", r.key, "err", r.err)
+			again = true
+		default:
+			c.s.log.Warn("kubernetes: writing status failed", "service", r.key, "err", r.err)
+			again = true
+		}
 	}
-	for i := range writes {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	return errs
+	return again
 }
 
 // restore takes the addresses of the served Services (oldest first) back
