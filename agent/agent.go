@@ -484,12 +484,17 @@ func logResult(log *slog.Logger, why string, res *lb.Result, took time.Duration)
 		log.Warn("operation skipped", "op", op.Kind.String(), "detail", op.String())
 	}
 	level := slog.LevelDebug
-	if len(res.Applied)+len(res.Failed) > 0 || why != "resync" && why != "drain" {
+	if len(res.Applied)+len(res.Failed) > 0 || why != "resync" && why != "drain" || took >= slowPass {
 		level = slog.LevelInfo
 	}
 	log.Log(context.Background(), level, "reconciled", "why", why, "applied", len(res.Applied),
 		"failed", len(res.Failed), "skipped", len(res.Skipped), "took", took.Round(time.Microsecond))
 }
+
+// slowPass is how long a resync or drain pass that changed nothing may
+// take before it is logged at info level rather than debug: the loop
+// applies nothing else meanwhile, so an operator should see it.
+const slowPass = time.Second
 
 // canRunChecks reports whether vipd can run cfg's exec checks as their
 // user: it never runs them as itself instead.

@@ -167,6 +167,7 @@ addresses = ["10.200.0.0/16"]
 		measure(t, cs, ipv, vips, samples, 2, vipd, &vres, max(time.Minute, limit()), deadline)
 	}
 	logRow(t, vres)
+	vipd.logTail(t, "msg=reconciled", 40)
 	vipd.stop(t)
 	sh(t, "ipvsadm -C; ip link del vipd0 2>/dev/null; true")
 
@@ -422,6 +423,23 @@ func startProc(t *testing.T, dir, name, bin string, args ...string) *proc {
 		}
 	})
 	return p
+}
+
+// logTail logs the last n lines of p's log that hold what: what p did
+// while it was measured.
+func (p *proc) logTail(t *testing.T, what string, n int) {
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		t.Logf("%s: %v", p.log, err)
+		return
+	}
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, what) {
+			lines = append(lines, l)
+		}
+	}
+	t.Logf("%s: the last %d of %d lines with %q:\n%s", p.log, min(n, len(lines)), len(lines), what, strings.Join(lines[max(0, len(lines)-n):], "\n"))
 }
 
 // alive fails the test when p has exited.
