@@ -314,6 +314,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			if a.ha != nil && a.last != nil {
 				a.track(a.last)
 			}
+			if a.ha != nil {
+				a.reannounce()
+			}
 		case <-a.healthChanged:
 			a.remember(a.reconcile(ctx, "health", a.effective(a.cfg)))
 		case <-roles:

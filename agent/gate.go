@@ -85,25 +85,46 @@ func (g *roleGate) setRole(master bool) (int, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.master = master
+	if master {
+		return g.announceMissing()
+	}
 	var errs []error
 	n := 0
-	if master {
-		on := map[netip.Addr]bool{}
-		for _, a := range g.inner.Announced() {
-			on[a] = true
-		}
-		for _, a := range slices.SortedFunc(maps.Keys(g.wanted), netip.Addr.Compare) {
-			if on[a] {
-				continue
-			}
-			n++
-			errs = append(errs, g.inner.Announce(a))
-		}
-		return n, errors.Join(errs...)
-	}
 	for _, a := range g.inner.Announced() {
 		n++
 		errs = append(errs, g.inner.Withdraw(a))
+	}
+	return n, errors.Join(errs...)
+}
+
+// retry announces, on a master, what is wanted and not announced on every
+// uplink: an uplink that was down or missing when the node took over
+// gets its announcements once it is back. It returns how many addresses
+// it announced, and their errors.
+func (g *roleGate) retry() (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.master {
+		return 0, nil
+	}
+	return g.announceMissing()
+}
+
+// announceMissing announces the wanted addresses the announcer does not
+// list as announced on every uplink. The caller holds g.mu.
+func (g *roleGate) announceMissing() (int, error) {
+	on := map[netip.Addr]bool{}
+	for _, a := range g.inner.Announced() {
+		on[a] = true
+	}
+	var errs []error
+	n := 0
+	for _, a := range slices.SortedFunc(maps.Keys(g.wanted), netip.Addr.Compare) {
+		if on[a] {
+			continue
+		}
+		n++
+		errs = append(errs, g.inner.Announce(a))
 	}
 	return n, errors.Join(errs...)
 }

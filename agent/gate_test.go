@@ -76,3 +76,30 @@ func TestRoleGate(t *testing.T) {
 	check("late announcement", w.take(), "ready 192.0.2.3")
 	check("announced", fmt.Sprint(g.Announced(), len(w.on)), "[192.0.2.1 192.0.2.2 192.0.2.3] 0")
 }
+
+// TestRoleGateRetry checks that a master announces again what is not
+// announced on every uplink, and that a backup does not.
+func TestRoleGateRetry(t *testing.T) {
+	w := &wireAnnouncer{on: map[netip.Addr]bool{}}
+	g := newRoleGate(w)
+	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
+	g.Announce(a)
+	g.Announce(b)
+	w.take()
+	if n, err := g.retry(); n != 0 || err != nil || w.take() != "" {
+		t.Errorf("a backup retried: %d %v", n, err)
+	}
+	g.setRole(true)
+	w.take()
+	if n, err := g.retry(); n != 0 || err != nil || w.take() != "" {
+		t.Errorf("nothing missing, retried %d: %v", n, err)
+	}
+	// b lost an uplink: the announcer no longer lists it.
+	delete(w.on, b)
+	if n, err := g.retry(); n != 1 || err != nil {
+		t.Errorf("retry: %d %v", n, err)
+	}
+	if got := w.take(); got != "announce 192.0.2.2" {
+		t.Errorf("retry sent %q", got)
+	}
+}

@@ -83,6 +83,8 @@ type ha struct {
 	// gate passes announcements to the kernel's announcer only while
 	// the node is master (nil without an announcer).
 	gate *roleGate
+	// retryErr is the last error of reannounce, logged once.
+	retryErr string
 	// last is the last change of role the loop took, at since.
 	last  RoleChange
 	since time.Time
@@ -403,6 +405,29 @@ func (a *Agent) roleChanged() {
 			// reconciler sees it missing from the announcer.
 			a.log.Error("high availability: announcements failed", "role", role, "err", r.err)
 		}
+	}
+}
+
+// reannounce retries, every second on a master, the announcements that
+// failed on an uplink (one that was down or missing when the node took
+// over): the neighbours on that uplink, such as NAT backends whose
+// gateway is a floating address, follow the node within a second of the
+// uplink coming back rather than at the next resync. It logs an outcome
+// once, not every second while an uplink stays down.
+func (a *Agent) reannounce() {
+	if a.ha.gate == nil {
+		return
+	}
+	n, err := a.ha.gate.retry()
+	switch {
+	case n == 0:
+		a.ha.retryErr = ""
+	case err == nil:
+		a.log.Info("high availability: VIPs announced on the uplinks that missed them", "announced", n)
+		a.ha.retryErr = ""
+	case err.Error() != a.ha.retryErr:
+		a.log.Warn("high availability: announcing VIPs on every uplink", "addresses", n, "err", err)
+		a.ha.retryErr = err.Error()
 	}
 }
 
