@@ -85,8 +85,8 @@ func TestHAFailoverBench(t *testing.T) {
 				if out.FirstError == "" && len(res.Errors) > 0 {
 					out.FirstError = res.Errors[0]
 				}
-				t.Logf("%s %s #%d: backup elected %v (timer %v late), master %v, moved %v, answered %v, %d failed, %d broken", r.o, r.how, i+1,
-					res.Elected.Round(time.Millisecond), res.TimerLate.Round(time.Millisecond), res.Master.Round(time.Millisecond), res.Moved.Round(time.Millisecond), res.Answered.Round(time.Millisecond), res.Failed+res.FailedBack, res.Broken)
+				t.Logf("%s %s #%d: failure made in %v, backup elected %v (timer %v late), master %v, moved %v, answered %v, %d failed, %d broken", r.o, r.how, i+1,
+					res.Failing.Round(time.Millisecond), res.Elected.Round(time.Millisecond), res.TimerLate.Round(time.Millisecond), res.Master.Round(time.Millisecond), res.Moved.Round(time.Millisecond), res.Answered.Round(time.Millisecond), res.Failed+res.FailedBack, res.Broken)
 			}
 			out.MovedP50, out.MovedP99, out.MovedMax = quantileMS(moved, 0.5), quantileMS(moved, 0.99), quantileMS(moved, 1)
 			out.AnswerP50, out.AnswerP99 = quantileMS(answered, 0.5), quantileMS(answered, 0.99)

@@ -400,6 +400,10 @@ type failoverResult struct {
 	// announcements. Elected is the time to its VRRP transition, before
 	// them, and TimerLate how late its master down timer was handled.
 	Master, Elected, TimerLate time.Duration
+	// Failing is how long the failure itself took to make (the commands
+	// that cut the links or kill the daemon): the failure happened
+	// somewhere in it, and the times above count from its start.
+	Failing time.Duration
 	// Failed short requests, sent during the failover (before the
 	// master came back) and during its return (FailedBack), and Broken
 	// long-lived connections over both.
@@ -436,6 +440,7 @@ func (p *pair) failover(how string) (failoverResult, error) {
 	default:
 		t.Fatalf("failover %q", how)
 	}
+	cutTook := time.Since(at)
 	// The failure happened between at and now: the times are counted
 	// from at (the longer), and an answer to a request sent from now on
 	// comes through the backup (when the master is cut off).
@@ -465,7 +470,7 @@ func (p *pair) failover(how string) (failoverResult, error) {
 	}
 	time.Sleep(time.Second)
 	l.end()
-	r := failoverResult{Moved: moved.Sub(at), Broken: len(l.longErrs), Short: l.shortOK, Long: l.longOK}
+	r := failoverResult{Moved: moved.Sub(at), Failing: cutTook, Broken: len(l.longErrs), Short: l.shortOK, Long: l.longOK}
 	for _, sent := range l.shortFailed {
 		if sent.Before(back) {
 			r.Failed++
