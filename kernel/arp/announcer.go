@@ -226,6 +226,12 @@ func (a *Announcer) Ready(addr netip.Addr) error {
 	}
 	var errs []error
 	for _, name := range a.opts.Uplinks {
+		if a.open[linkKey{name, fam}] != nil {
+			// Open already, for another address: no interface lookup
+			// per VIP (a backup holds thousands). Announce checks for
+			// an interface replaced since.
+			continue
+		}
 		if _, err := a.link(name, fam); err != nil {
 			errs = append(errs, err)
 		}
