@@ -665,11 +665,14 @@ func TestManagerLateness(t *testing.T) {
 }
 
 // TestManagerSlack checks that the scheduler does not wake again within
-// Options.Slack: a probe due 0.3ms after another starts with the
-// probes due by the end of the slack, 1ms after the first, and so counts
-// as 0.7ms late; with no slack it starts when due.
+// Options.Slack: with a slack of 1ms, a probe due 0.3ms after another
+// starts with the probes due by the end of the slack, 1ms after the
+// first, and so counts as 0.7ms late; with no slack it starts when due.
 func TestManagerSlack(t *testing.T) {
-	for _, slack := range []time.Duration{0, -1} {
+	if m := NewManager(Options{}); m.opts.Slack != DefaultSlack {
+		t.Errorf("zero slack is %v, want DefaultSlack", m.opts.Slack)
+	}
+	for _, slack := range []time.Duration{time.Millisecond, -1} {
 		clock := newFakeClock()
 		m := NewManager(Options{
 			Clock:       clock,
@@ -703,7 +706,7 @@ func TestManagerSlack(t *testing.T) {
 		if slack < 0 {
 			armedAt("the wake for b's second probe", t0.Add(b.Interval))
 		} else {
-			armedAt("the wake at the end of the slack", t0.Add(time.Second+DefaultSlack))
+			armedAt("the wake at the end of the slack", t0.Add(time.Second+slack))
 		}
 		clock.Advance(300 * time.Microsecond)
 		if slack < 0 {
