@@ -585,8 +585,8 @@ func (b *bench) floor() Peer {
 	t := b.t
 	cmd := exec.Command(os.Args[0])
 	// One thread runs the probes; one P keeps the runtime's other
-	// threads asleep.
-	cmd.Env = append(os.Environ(), roleEnv+"=floor", "GOMAXPROCS=1", fmt.Sprintf("%s=%d/%d", workloadEnv, b.w.TCP, b.w.HTTP))
+	// threads asleep, and no preemption signals interrupt its calls.
+	cmd.Env = append(os.Environ(), roleEnv+"=floor", "GOMAXPROCS=1", "GODEBUG=asyncpreemptoff=1", fmt.Sprintf("%s=%d/%d", workloadEnv, b.w.TCP, b.w.HTTP))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

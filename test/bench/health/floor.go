@@ -4,6 +4,7 @@ package healthbench
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"runtime"
@@ -14,68 +15,18 @@ import (
 
 // The floor is the least any checker does for a workload's checks, run
 // in the same place as the checkers so that their CPU can be read against
-// it: one thread that wakes every FloorTick, and for each check due makes
-// the system calls a probe cannot do without. A TCP probe is a blocking
-// socket closed with a reset (socket, SO_LINGER, connect, close); an HTTP
-// probe also writes the request and reads the response's head. No
-// scheduler, timer, poller, state machine, metric or log: what a checker
-// costs above it is what it adds to the kernel's work.
+// it. It is the design both vipd's and keepalived's checkers follow, with
+// nothing else: one thread that wakes every FloorTick, starts the probes
+// due, and waits in epoll_wait for the ones under way until the next
+// tick. A probe is a non-blocking socket closed with a reset (socket,
+// SO_LINGER, connect, and a second connect that finds a local handshake
+// done); an HTTP probe then writes the request and reads the response's
+// head. No scheduler, timer heap, state machine, metric or log: what a
+// checker costs above it is what it adds to the kernel's work.
 
 // floorRequest is the floor's HTTP request: the one vipd's check sends.
 func floorRequest(b Backend) []byte {
 	return fmt.Appendf(nil, "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: Go-http-client/1.1\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n", HealthPath, b.Addr)
-}
-
-// floorProbe probes b once, giving up after timeout, and returns nil if
-// it answers: a connect for TCP, a 200 for HTTP. req is b's request.
-func floorProbe(b Backend, req []byte, timeout time.Duration, buf []byte) error {
-	if !b.Addr.Addr().Is4() {
-		return fmt.Errorf("%s: the floor probes IPv4 backends only", b.Addr)
-	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("socket: %w", err)
-	}
-	defer unix.Close(fd)
-	if err := unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1}); err != nil {
-		return fmt.Errorf("linger: %w", err)
-	}
-	tv := unix.NsecToTimeval(timeout.Nanoseconds())
-	// A blocking connect gives up after the send timeout.
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
-		return fmt.Errorf("send timeout: %w", err)
-	}
-	if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: b.Addr.Addr().As4(), Port: int(b.Addr.Port())}); err != nil {
-		return fmt.Errorf("connect %s: %w", b.Addr, err)
-	}
-	if b.Kind == TCP {
-		return nil
-	}
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		return fmt.Errorf("receive timeout: %w", err)
-	}
-	if _, err := unix.Write(fd, req); err != nil {
-		return fmt.Errorf("write %s: %w", b.Addr, err)
-	}
-	n := 0
-	for !bytes.Contains(buf[:n], []byte("\r\n\r\n")) {
-		if n == len(buf) {
-			return fmt.Errorf("%s: response head over %d bytes", b.Addr, len(buf))
-		}
-		m, err := unix.Read(fd, buf[n:])
-		if err != nil {
-			return fmt.Errorf("read %s: %w", b.Addr, err)
-		}
-		if m == 0 {
-			return fmt.Errorf("%s: connection closed before the response's head", b.Addr)
-		}
-		n += m
-	}
-	status, _, _ := bytes.Cut(buf[:n], []byte("\r\n"))
-	if f := bytes.Fields(status); len(f) < 2 || !bytes.HasPrefix(f[0], []byte("HTTP/1.")) || string(f[1]) != "200" {
-		return fmt.Errorf("%s: answered %q", b.Addr, status)
-	}
-	return nil
 }
 
 // FloorCounts is what a floor run did.
@@ -83,6 +34,196 @@ type FloorCounts struct {
 	Probes, Failures int
 	// First is the first failure's error, if any.
 	First error
+}
+
+// floorOp is a probe under way.
+type floorOp struct {
+	b        Backend
+	req      []byte
+	deadline time.Time
+	// reading says the request is written: the probe waits for the
+	// response, of which n bytes are in buf.
+	reading bool
+	n       int
+	buf     []byte
+}
+
+// floorLoop runs probes on one epoll instance.
+type floorLoop struct {
+	epfd    int
+	ops     map[int32]*floorOp
+	timeout time.Duration
+	counts  FloorCounts
+	events  []unix.EpollEvent
+}
+
+func newFloorLoop(timeout time.Duration) (*floorLoop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("epoll: %w", err)
+	}
+	return &floorLoop{epfd: epfd, ops: map[int32]*floorOp{}, timeout: timeout, events: make([]unix.EpollEvent, 256)}, nil
+}
+
+// close ends the probes under way, uncounted, and the epoll instance.
+func (l *floorLoop) close() {
+	for fd := range l.ops {
+		unix.Close(int(fd))
+	}
+	unix.Close(l.epfd)
+}
+
+// end closes fd and counts its probe's result.
+func (l *floorLoop) end(fd int, err error) {
+	if _, ok := l.ops[int32(fd)]; ok {
+		delete(l.ops, int32(fd))
+		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil)
+	}
+	unix.Close(fd)
+	l.counts.Probes++
+	if err != nil {
+		l.counts.Failures++
+		if l.counts.First == nil {
+			l.counts.First = err
+		}
+	}
+}
+
+// start begins a probe of b.
+func (l *floorLoop) start(b Backend, req []byte, now time.Time) {
+	if !b.Addr.Addr().Is4() {
+		l.end(-1, fmt.Errorf("%s: the floor probes IPv4 backends only", b.Addr))
+		return
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		l.end(-1, fmt.Errorf("socket: %w", err))
+		return
+	}
+	if err := unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1}); err != nil {
+		l.end(fd, fmt.Errorf("linger: %w", err))
+		return
+	}
+	op := &floorOp{b: b, req: req, deadline: now.Add(l.timeout)}
+	sa := &unix.SockaddrInet4{Addr: b.Addr.Addr().As4(), Port: int(b.Addr.Port())}
+	err = unix.Connect(fd, sa)
+	if errors.Is(err, unix.EINPROGRESS) {
+		// A local handshake is done by now: the second connect says so.
+		err = unix.Connect(fd, sa)
+	}
+	switch {
+	case err == nil || errors.Is(err, unix.EISCONN):
+		l.connected(fd, op)
+	case errors.Is(err, unix.EALREADY) || errors.Is(err, unix.EINPROGRESS):
+		l.watch(fd, op, unix.EPOLLOUT)
+	default:
+		l.end(fd, fmt.Errorf("connect %s: %w", b.Addr, err))
+	}
+}
+
+// watch waits for events of fd, under way as op.
+func (l *floorLoop) watch(fd int, op *floorOp, events uint32) {
+	ctl := unix.EPOLL_CTL_ADD
+	if _, ok := l.ops[int32(fd)]; ok {
+		ctl = unix.EPOLL_CTL_MOD
+	}
+	if err := unix.EpollCtl(l.epfd, ctl, fd, &unix.EpollEvent{Events: events, Fd: int32(fd)}); err != nil {
+		l.end(fd, fmt.Errorf("epoll: %w", err))
+		return
+	}
+	l.ops[int32(fd)] = op
+}
+
+// connected goes on with a probe whose connect is done: a TCP probe
+// ends, an HTTP one writes its request and waits for the response.
+func (l *floorLoop) connected(fd int, op *floorOp) {
+	if op.b.Kind == TCP {
+		l.end(fd, nil)
+		return
+	}
+	if _, err := unix.Write(fd, op.req); err != nil {
+		l.end(fd, fmt.Errorf("write %s: %w", op.b.Addr, err))
+		return
+	}
+	op.reading, op.buf = true, make([]byte, 1024)
+	l.watch(fd, op, unix.EPOLLIN)
+}
+
+// event handles fd's readiness.
+func (l *floorLoop) event(fd int, events uint32) {
+	op := l.ops[int32(fd)]
+	if op == nil {
+		return
+	}
+	if !op.reading {
+		if events&(unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+			errno, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+			if err == nil {
+				err = unix.Errno(errno)
+			}
+			l.end(fd, fmt.Errorf("connect %s: %w", op.b.Addr, err))
+			return
+		}
+		l.connected(fd, op)
+		return
+	}
+	for {
+		if op.n == len(op.buf) {
+			l.end(fd, fmt.Errorf("%s: response head over %d bytes", op.b.Addr, len(op.buf)))
+			return
+		}
+		m, err := unix.Read(fd, op.buf[op.n:])
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			return
+		}
+		if err != nil {
+			l.end(fd, fmt.Errorf("read %s: %w", op.b.Addr, err))
+			return
+		}
+		if m == 0 {
+			l.end(fd, fmt.Errorf("%s: connection closed before the response's head", op.b.Addr))
+			return
+		}
+		op.n += m
+		if bytes.Contains(op.buf[:op.n], []byte("\r\n\r\n")) {
+			status, _, _ := bytes.Cut(op.buf[:op.n], []byte("\r\n"))
+			if f := bytes.Fields(status); len(f) < 2 || !bytes.HasPrefix(f[0], []byte("HTTP/1.")) || string(f[1]) != "200" {
+				l.end(fd, fmt.Errorf("%s: answered %q", op.b.Addr, status))
+				return
+			}
+			l.end(fd, nil)
+			return
+		}
+	}
+}
+
+// wait handles events until `until`, and ends the probes whose deadline
+// has passed.
+func (l *floorLoop) wait(until time.Time) {
+	for {
+		// Rounded up: a wait of 0 would spin until the tick.
+		ms := int((time.Until(until) + time.Millisecond - 1) / time.Millisecond)
+		if ms < 0 {
+			ms = 0
+		}
+		n, err := unix.EpollWait(l.epfd, l.events, ms)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			l.counts.First = cmp.Or(l.counts.First, fmt.Errorf("epoll_wait: %w", err))
+			return
+		}
+		for _, ev := range l.events[:max(n, 0)] {
+			l.event(int(ev.Fd), ev.Events)
+		}
+		now := time.Now()
+		for fd, op := range l.ops {
+			if now.After(op.deadline) {
+				l.end(int(fd), fmt.Errorf("%s: timed out", op.b.Addr))
+			}
+		}
+		if !now.Before(until) {
+			return
+		}
+	}
 }
 
 // floorKind is the schedule of one kind's checks: probe j (counting from
@@ -101,8 +242,8 @@ func (k *floorKind) due(j int) time.Duration {
 
 // RunFloor probes backends with w's intervals and timeout, from the
 // calling goroutine locked to its thread, until stop is closed, and
-// returns the counts. A probe that fails counts as one and the schedule
-// goes on.
+// returns the counts (the probes under way then are not counted). A
+// probe that fails counts as one and the schedule goes on.
 func RunFloor(w Workload, backends []Backend, stop <-chan struct{}) FloorCounts {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -119,39 +260,26 @@ func RunFloor(w Workload, backends []Backend, stop <-chan struct{}) FloorCounts 
 			kinds = append(kinds, k)
 		}
 	}
-	var c FloorCounts
-	buf := make([]byte, 4096)
-	var mono unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono); err != nil {
-		c.First = fmt.Errorf("clock: %w", err)
-		return c
+	l, err := newFloorLoop(w.Timeout)
+	if err != nil {
+		return FloorCounts{First: err}
 	}
-	base := mono.Nano()
+	defer l.close()
 	t0 := time.Now()
 	for tick := 1; ; tick++ {
 		select {
 		case <-stop:
-			return c
+			return l.counts
 		default:
 		}
-		now := time.Since(t0)
+		now := time.Now()
+		since := now.Sub(t0)
 		for _, k := range kinds {
-			for ; k.due(k.j) <= now; k.j++ {
+			for ; k.due(k.j) <= since; k.j++ {
 				i := k.j % len(k.backends)
-				c.Probes++
-				if err := floorProbe(k.backends[i], k.reqs[i], w.Timeout, buf); err != nil {
-					c.Failures++
-					if c.First == nil {
-						c.First = err
-					}
-				}
+				l.start(k.backends[i], k.reqs[i], now)
 			}
 		}
-		// Sleep on the thread itself until the next tick: no runtime
-		// timer, no hand-off.
-		ts := unix.NsecToTimespec(base + int64(tick)*int64(FloorTick))
-		if err := unix.ClockNanosleep(unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME, &ts, nil); err != nil && !errors.Is(err, unix.EINTR) {
-			time.Sleep(FloorTick)
-		}
+		l.wait(t0.Add(time.Duration(tick) * FloorTick))
 	}
 }

@@ -8,6 +8,24 @@ import (
 	"time"
 )
 
+// floorOnce runs one probe of b on a floor loop and returns its result.
+func floorOnce(t *testing.T, b Backend, timeout time.Duration) error {
+	t.Helper()
+	l, err := newFloorLoop(timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.close()
+	l.start(b, floorRequest(b), time.Now())
+	for end := time.Now().Add(timeout + 5*time.Second); l.counts.Probes == 0 && time.Now().Before(end); {
+		l.wait(time.Now().Add(10 * time.Millisecond))
+	}
+	if l.counts.Probes != 1 || len(l.ops) != 0 {
+		t.Fatalf("%s %s: %d probes ended, %d under way", b.Kind, b.Addr, l.counts.Probes, len(l.ops))
+	}
+	return l.counts.First
+}
+
 func TestFloorProbe(t *testing.T) {
 	tcp := Backend{TCP, freeAddr(t)}
 	httpb := Backend{HTTP, freeAddr(t)}
@@ -16,22 +34,20 @@ func TestFloorProbe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.CloseAll()
-	buf := make([]byte, 4096)
 	for _, b := range []Backend{tcp, httpb} {
-		if err := floorProbe(b, floorRequest(b), time.Second, buf); err != nil {
+		if err := floorOnce(t, b, time.Second); err != nil {
 			t.Errorf("%s %s: %v", b.Kind, b.Addr, err)
 		}
 	}
 	// An HTTP probe of a TCP listener, which answers nothing, times out.
-	wrong := Backend{HTTP, tcp.Addr}
-	if err := floorProbe(wrong, floorRequest(wrong), 100*time.Millisecond, buf); err == nil || !strings.Contains(err.Error(), "read") {
+	if err := floorOnce(t, Backend{HTTP, tcp.Addr}, 100*time.Millisecond); err == nil || !strings.Contains(err.Error(), "timed out") {
 		t.Errorf("http probe of a silent listener: %v", err)
 	}
 	// A closed listener refuses.
 	if err := l.Close(tcp.Addr); err != nil {
 		t.Fatal(err)
 	}
-	if err := floorProbe(tcp, nil, time.Second, buf); err == nil || !strings.Contains(err.Error(), "connection refused") {
+	if err := floorOnce(t, tcp, time.Second); err == nil || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("probe of a closed listener: %v", err)
 	}
 }
