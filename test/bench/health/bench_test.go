@@ -647,10 +647,12 @@ func (b *bench) measure(p *Peer, pids []int) {
 		}
 		now := time.Now()
 		p.CPU = append(p.CPU, 100*(u.CPU-prev.CPU).Seconds()/now.Sub(prevT).Seconds())
+		p.Sys = append(p.Sys, 100*(u.Sys-prev.Sys).Seconds()/now.Sub(prevT).Seconds())
 		p.RSS = append(p.RSS, float64(u.RSS)/(1<<20))
 		prev, prevT = u, now
 	}
 	p.CPUMean = 100 * (prev.CPU - u0.CPU).Seconds() / prevT.Sub(t0).Seconds()
+	p.SysMean = 100 * (prev.Sys - u0.Sys).Seconds() / prevT.Sub(t0).Seconds()
 	l1, err := ReadProc(b.listeners.cmd.Process.Pid)
 	if err != nil {
 		t.Fatalf("listener process: %v", err)

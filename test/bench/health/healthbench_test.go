@@ -219,11 +219,11 @@ func freeAddr(t *testing.T) netip.AddrPort {
 
 func TestParseStat(t *testing.T) {
 	line := "1234 (a (weird) name) S 1 1234 1234 0 -1 4194560 7070 0 0 0 250 37 0 0 20 0 12 0 3327 1290240000 9000 18446744073709551615\n"
-	got, err := parseStat(line)
-	if err != nil || got != 2870*time.Millisecond {
-		t.Fatalf("parseStat: %v, %v; want 2.87s", got, err)
+	user, sys, err := parseStat(line)
+	if err != nil || user != 2500*time.Millisecond || sys != 370*time.Millisecond {
+		t.Fatalf("parseStat: %v, %v, %v; want 2.5s and 0.37s", user, sys, err)
 	}
-	if _, err := parseStat("1 (x) S 1 2"); err == nil {
+	if _, _, err := parseStat("1 (x) S 1 2"); err == nil {
 		t.Error("a short line parsed")
 	}
 	rss, err := parseRSS("Name:\tvipd\nVmRSS:\t  123456 kB\nThreads: 9\n")
@@ -234,7 +234,7 @@ func TestParseStat(t *testing.T) {
 		t.Error("no VmRSS parsed")
 	}
 	u, err := ReadProc(os.Getpid())
-	if err != nil || u.RSS == 0 {
+	if err != nil || u.RSS == 0 || u.Sys > u.CPU {
 		t.Fatalf("ReadProc(self): %+v, %v", u, err)
 	}
 }
@@ -311,7 +311,7 @@ func TestReport(t *testing.T) {
 	w := DefaultWorkload.Scaled(1000, 200)
 	lat := []Bucket{{0.001, 90}, {0.01, 100}, {math.Inf(1), 100}}
 	r := &Result{Where: "guest", Workload: w, Window: 20, Detection: "weight 0 in the kernel's table", Peers: []Peer{
-		{Name: "vipd", CPU: []float64{10, 12, 11}, CPUMean: 11, RSS: []float64{30, 31}, Lateness: lat, Probes: 1100, InFlight: 12, ListenersCPU: 30, DetectTCP: []float64{2100, 2500}, DetectHTTP: []float64{4000}},
+		{Name: "vipd", CPU: []float64{10, 12, 11}, CPUMean: 11, Sys: []float64{8, 9, 8.5}, SysMean: 8.8, RSS: []float64{30, 31}, Lateness: lat, Probes: 1100, InFlight: 12, ListenersCPU: 30, DetectTCP: []float64{2100, 2500}, DetectHTTP: []float64{4000}},
 		{Name: "keepalived", CPU: []float64{40, 44}, CPUMean: 42, RSS: []float64{20}, Failures: 2, DetectTCP: []float64{2300}, DetectHTTP: []float64{4100}},
 		{Name: "floor", CPU: []float64{5, 6}, CPUMean: 5.5, RSS: []float64{4}, Probes: 1099},
 	}}
@@ -335,6 +335,9 @@ func TestReport(t *testing.T) {
 		"keepalived  rss MiB (per s)            1     20.0  20.0  max 20.0",
 		"cpu keepalived/vipd (means): 3.8x (target >= 3x: met)",
 		"cpu vipd/floor (means): 2.00x",
+		"vipd        of which in the kernel %       3     8.5   9.0   mean 8.8",
+		"vipd: 80% of its CPU in the kernel",
+		"keepalived: 0% of its CPU in the kernel",
 		"cpu keepalived/floor (means): 7.64x",
 		"floor       probes                     -     -     -     1099 probes/s",
 		"floor: 0 probes failed in its run",

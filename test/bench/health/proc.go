@@ -12,11 +12,11 @@ import (
 // Linux architecture Go runs on).
 const clockTick = 10 * time.Millisecond
 
-// ProcUsage is a process's CPU time (user and system) and resident set
-// size.
+// ProcUsage is a process's CPU time (user and system), the part of it
+// spent in the kernel (system), and its resident set size.
 type ProcUsage struct {
-	CPU time.Duration
-	RSS uint64
+	CPU, Sys time.Duration
+	RSS      uint64
 }
 
 // ReadProc reads the CPU time and resident set size of process pid.
@@ -25,7 +25,7 @@ func ReadProc(pid int) (ProcUsage, error) {
 	if err != nil {
 		return ProcUsage{}, err
 	}
-	cpu, err := parseStat(string(stat))
+	user, sys, err := parseStat(string(stat))
 	if err != nil {
 		return ProcUsage{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 	}
@@ -37,7 +37,7 @@ func ReadProc(pid int) (ProcUsage, error) {
 	if err != nil {
 		return ProcUsage{}, fmt.Errorf("/proc/%d/status: %w", pid, err)
 	}
-	return ProcUsage{CPU: cpu, RSS: rss}, nil
+	return ProcUsage{CPU: user + sys, Sys: sys, RSS: rss}, nil
 }
 
 // ReadProcs sums ReadProc over pids.
@@ -49,33 +49,34 @@ func ReadProcs(pids []int) (ProcUsage, error) {
 			return ProcUsage{}, err
 		}
 		sum.CPU += u.CPU
+		sum.Sys += u.Sys
 		sum.RSS += u.RSS
 	}
 	return sum, nil
 }
 
-// parseStat returns utime+stime of a /proc/PID/stat line. The command
-// name, in parentheses, may hold spaces and parentheses: the fields
-// that follow are counted from the last ')'.
-func parseStat(s string) (time.Duration, error) {
+// parseStat returns utime and stime of a /proc/PID/stat line. The
+// command name, in parentheses, may hold spaces and parentheses: the
+// fields that follow are counted from the last ')'.
+func parseStat(s string) (user, sys time.Duration, err error) {
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("no command name in %q", s)
+		return 0, 0, fmt.Errorf("no command name in %q", s)
 	}
 	// After ") ": state is field 3, utime field 14 and stime field 15.
 	f := strings.Fields(s[i+1:])
 	if len(f) < 13 {
-		return 0, fmt.Errorf("%d fields after the command name, want at least 13", len(f))
+		return 0, 0, fmt.Errorf("%d fields after the command name, want at least 13", len(f))
 	}
-	var ticks uint64
-	for _, v := range f[11:13] {
+	var ticks [2]uint64
+	for x, v := range f[11:13] {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("cpu time %q: %w", v, err)
+			return 0, 0, fmt.Errorf("cpu time %q: %w", v, err)
 		}
-		ticks += n
+		ticks[x] = n
 	}
-	return time.Duration(ticks) * clockTick, nil
+	return time.Duration(ticks[0]) * clockTick, time.Duration(ticks[1]) * clockTick, nil
 }
 
 // parseRSS returns the VmRSS of a /proc/PID/status file, in bytes.

@@ -28,6 +28,11 @@ type Peer struct {
 	// the window; CPUMean over the whole window.
 	CPU     []float64
 	CPUMean float64
+	// Sys and SysMean are the part of CPU spent in the kernel (the
+	// process's system time): on a loopback, both ends of every
+	// handshake.
+	Sys     []float64
+	SysMean float64
 	// RSS is the checker's resident set size in MiB, sampled each second
 	// of the window.
 	RSS []float64
@@ -151,6 +156,7 @@ func (r *Result) WriteTable(w io.Writer) error {
 	}
 	for _, p := range r.Peers {
 		fmt.Fprintf(tw, "%s\tcpu %% of one core (per s)\t%d\t%s\t%s\tmean %s\t\n", p.Name, len(p.CPU), f(Percentile(p.CPU, 50), 1), f(Percentile(p.CPU, 99), 1), f(p.CPUMean, 1))
+		fmt.Fprintf(tw, "%s\tof which in the kernel %%\t%d\t%s\t%s\tmean %s\t\n", p.Name, len(p.Sys), f(Percentile(p.Sys, 50), 1), f(Percentile(p.Sys, 99), 1), f(p.SysMean, 1))
 		fmt.Fprintf(tw, "%s\trss MiB (per s)\t%d\t%s\t%s\tmax %s\t\n", p.Name, len(p.RSS), f(Percentile(p.RSS, 50), 1), f(Percentile(p.RSS, 99), 1), f(Percentile(p.RSS, 100), 1))
 		if p.Lateness != nil {
 			n := p.Lateness[len(p.Lateness)-1].Count
@@ -195,6 +201,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 			what = "probes failed in its run"
 		}
 		notes = append(notes, fmt.Sprintf("%s: %.0f %s (every backend listening); the listener process used %.1f%% of one core in its window", p.Name, p.Failures, what, p.ListenersCPU))
+		if p.CPUMean > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %.0f%% of its CPU in the kernel", p.Name, 100*p.SysMean/p.CPUMean))
+		}
 		if p.Name == "vipd" {
 			notes = append(notes, fmt.Sprintf("vipd: %.0f probes in flight at the window's end", p.InFlight))
 		}
