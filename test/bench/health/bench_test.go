@@ -57,8 +57,6 @@ func TestMain(m *testing.M) {
 		os.Exit(runListener())
 	case "daemon":
 		os.Exit(runDaemon())
-	case "floor":
-		os.Exit(runFloor())
 	}
 	os.Exit(m.Run())
 }
@@ -85,28 +83,6 @@ func runListener() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	return 0
-}
-
-// runFloor is the floor process (see RunFloor): it says "ready", probes
-// until its standard input ends, then says "probes N failures M".
-func runFloor() int {
-	w, err := parseSize(os.Getenv(workloadEnv))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	fmt.Println("ready")
-	stop := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		close(stop)
-	}()
-	c := RunFloor(w, w.Backends(), stop)
-	if c.First != nil {
-		fmt.Fprintln(os.Stderr, "floor: first failure:", c.First)
-	}
-	fmt.Printf("probes %d failures %d\n", c.Probes, c.Failures)
 	return 0
 }
 
@@ -221,9 +197,9 @@ func inGuest() bool { return os.Getenv("VIPD_VM") == "1" }
 // TestHealthBench measures vipd's checker (and keepalived's, in the
 // guest) under each workload, and prints and writes the tables.
 func TestHealthBench(t *testing.T) {
-	sizes, peers := "10000/0,10000/2000", "floor,vipd"
+	sizes, peers := "10000/0,10000/2000", "vipd"
 	if inGuest() {
-		sizes, peers = "200/40", "floor,vipd,keepalived"
+		sizes, peers = "200/40", "vipd,keepalived"
 	} else if os.Getenv("VIPD_HEALTHBENCH_NETNS") != "1" {
 		t.Fatal("on the host, run in a private network namespace (test/vm/bench-health.sh runs it under unshare -n) with VIPD_HEALTHBENCH_NETNS=1")
 	}
@@ -259,8 +235,6 @@ func TestHealthBench(t *testing.T) {
 				r.Peers = append(r.Peers, b.vipd())
 			case "keepalived":
 				r.Peers = append(r.Peers, b.keepalived())
-			case "floor":
-				r.Peers = append(r.Peers, b.floor())
 			default:
 				t.Fatalf("unknown peer %q", peer)
 			}
@@ -576,52 +550,6 @@ func (b *bench) keepalived() Peer {
 	p.DetectTCP, p.DetectHTTP = b.detect(b.pollZero, func(addr netip.AddrPort) string {
 		return b.kernelWeight(addr) + "; log: " + tail(logf.Name(), 5)
 	})
-	return p
-}
-
-// floor runs the floor process (see RunFloor) under b's workload and
-// measures its CPU and RSS as a checker's.
-func (b *bench) floor() Peer {
-	t := b.t
-	cmd := exec.Command(os.Args[0])
-	// One thread runs the probes; one P keeps the runtime's other
-	// threads asleep, and no preemption signals interrupt its calls.
-	cmd.Env = append(os.Environ(), roleEnv+"=floor", "GOMAXPROCS=1", "GODEBUG=asyncpreemptoff=1", fmt.Sprintf("%s=%d/%d", workloadEnv, b.w.TCP, b.w.HTTP))
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	outp, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		in.Close()
-		_ = cmd.Wait()
-	}()
-	out := bufio.NewScanner(outp)
-	if !out.Scan() || out.Text() != "ready" {
-		t.Fatalf("floor: %q, %v", out.Text(), out.Err())
-	}
-	t0 := time.Now()
-	// As for the checkers: its probes' phases settle in an interval.
-	time.Sleep(b.w.HTTPInterval + time.Second)
-	p := Peer{Name: "floor"}
-	b.measure(&p, []int{cmd.Process.Pid})
-	in.Close()
-	if !out.Scan() {
-		t.Fatalf("floor: no counts: %v", out.Err())
-	}
-	var probes, failures int
-	if _, err := fmt.Sscanf(out.Text(), "probes %d failures %d", &probes, &failures); err != nil {
-		t.Fatalf("floor: %q: %v", out.Text(), err)
-	}
-	p.Probes = float64(probes) / time.Since(t0).Seconds()
-	p.Failures = float64(failures)
 	return p
 }
 

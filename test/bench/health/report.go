@@ -22,7 +22,7 @@ const (
 
 // Peer is what was measured of one checker under one workload.
 type Peer struct {
-	// Name is "vipd", "keepalived" or "floor" (see RunFloor).
+	// Name is "vipd" or "keepalived".
 	Name string
 	// CPU is the checker's CPU, in % of one core, over each second of
 	// the window; CPUMean over the whole window.
@@ -44,8 +44,7 @@ type Peer struct {
 	// say.
 	Probes float64
 	// Failures is, for vipd, the probes that failed in the window; for
-	// keepalived, the backends at weight 0 at its end; for the floor,
-	// the probes that failed in its run. Every backend
+	// keepalived, the backends at weight 0 at its end. Every backend
 	// listens then: any is a failure of the checker (a timeout, say).
 	Failures float64
 	// InFlight is, for vipd, its probes in flight (running or waiting
@@ -86,14 +85,6 @@ func (r *Result) Check(peers ...string) error {
 		if len(p.CPU) == 0 || len(p.RSS) == 0 {
 			errs = append(errs, fmt.Errorf("%s: no CPU or RSS samples", name))
 		}
-		if name == "floor" {
-			// It probes, and that is all: no weights to detect, no
-			// lateness to export.
-			if p.Probes <= 0 {
-				errs = append(errs, fmt.Errorf("%s: no probe counted", name))
-			}
-			continue
-		}
 		if r.Workload.TCP > 0 && len(p.DetectTCP) == 0 {
 			errs = append(errs, fmt.Errorf("%s: no tcp detection sample", name))
 		}
@@ -130,16 +121,12 @@ func (r *Result) peer(name string) *Peer {
 
 // CPURatio returns keepalived's mean CPU over vipd's, and false unless
 // both were measured.
-func (r *Result) CPURatio() (float64, bool) { return r.cpuRatio("keepalived", "vipd") }
-
-// cpuRatio returns a's mean CPU over b's, and false unless both were
-// measured.
-func (r *Result) cpuRatio(a, b string) (float64, bool) {
-	pa, pb := r.peer(a), r.peer(b)
-	if pa == nil || pb == nil || pb.CPUMean <= 0 {
+func (r *Result) CPURatio() (float64, bool) {
+	v, k := r.peer("vipd"), r.peer("keepalived")
+	if v == nil || k == nil || v.CPUMean <= 0 {
 		return 0, false
 	}
-	return pa.CPUMean / pb.CPUMean, true
+	return k.CPUMean / v.CPUMean, true
 }
 
 // WriteTable writes r as the report's table: one row per figure and
@@ -161,8 +148,6 @@ func (r *Result) WriteTable(w io.Writer) error {
 		if p.Lateness != nil {
 			n := p.Lateness[len(p.Lateness)-1].Count
 			fmt.Fprintf(tw, "%s\tcheck lateness ms\t%.0f\t%s\t%s\t%s probes/s\t\n", p.Name, n, f(1000*Quantile(p.Lateness, 0.5), 2), f(1000*Quantile(p.Lateness, 0.99), 2), f(p.Probes, 0))
-		} else if p.Name == "floor" {
-			fmt.Fprintf(tw, "%s\tprobes\t-\t-\t-\t%s probes/s\t\n", p.Name, f(p.Probes, 0))
 		} else {
 			fmt.Fprintf(tw, "%s\tcheck lateness ms\t-\t-\t-\tnot exported\t\n", p.Name)
 		}
@@ -184,21 +169,13 @@ func (r *Result) WriteTable(w io.Writer) error {
 	if ratio, ok := r.CPURatio(); ok {
 		notes = append(notes, fmt.Sprintf("cpu keepalived/vipd (means): %.1fx (target >= %.0fx: %s)", ratio, TargetRatio, verdict(ratio >= TargetRatio)))
 	}
-	for _, name := range []string{"vipd", "keepalived"} {
-		if ratio, ok := r.cpuRatio(name, "floor"); ok {
-			notes = append(notes, fmt.Sprintf("cpu %s/floor (means): %.2fx (the floor: one thread making only the probes' system calls, woken every %s)", name, ratio, FloorTick))
-		}
-	}
 	if v := r.peer("vipd"); v != nil && strings.HasPrefix(r.Where, "host") && r.Workload.HTTP == 0 && r.Workload.TCP >= 10000 {
 		notes = append(notes, fmt.Sprintf("vipd cpu, mean: %.1f%% of one core (target <= %.0f%%: %s)", v.CPUMean, TargetHostCPU, verdict(v.CPUMean <= TargetHostCPU)))
 	}
 	for _, p := range r.Peers {
 		what := "probes failed in the window"
-		switch p.Name {
-		case "keepalived":
+		if p.Name == "keepalived" {
 			what = "backends at weight 0 after the window"
-		case "floor":
-			what = "probes failed in its run"
 		}
 		notes = append(notes, fmt.Sprintf("%s: %.0f %s (every backend listening); the listener process used %.1f%% of one core in its window", p.Name, p.Failures, what, p.ListenersCPU))
 		if p.CPUMean > 0 {

@@ -41,10 +41,6 @@ type Workload struct {
 	PerService int
 }
 
-// FloorTick is how often the floor (see RunFloor) wakes. vipd's
-// scheduler wakes at most once per health.DefaultSlack, the same.
-const FloorTick = 10 * time.Millisecond
-
 // DefaultWorkload is the size the issue asks for: 10,000 TCP checks every
 // second and 2,000 HTTP checks every 2 seconds, fall 3, 10 backends a
 // service.
