@@ -14,7 +14,14 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 # golang.org/x/net/trace, whose html/template defeats the linker's dead
 # method elimination: 40 MB instead of 70.
 TAGS      ?= grpcnotrace
-FUZZTIME  ?= 20s
+# Fuzz budgets are counts of executions, not durations: Go before 1.27
+# can fail a -fuzztime duration at its deadline with "context deadline
+# exceeded" and no crasher (go.dev/issue/75804), as FuzzIpvsadm did. The
+# minimization of each new input is bounded too: by default it may run a
+# minute, during which the fuzzer makes no progress. Sized for 5-15 s each
+# on 2 cores; FUZZN scales them (FUZZN=10 for a longer run).
+FUZZN     ?= 1
+FUZZMIN   ?= 100x
 # Packages whose root-only tests need the real kernel (ip_vs, dummy): their
 # test binaries also run inside the qemu guest.
 GUEST_PKGS ?= ./kernel/ipvs ./kernel/link ./kernel/sysctl ./kernel/iptables ./kernel/arp
@@ -49,9 +56,9 @@ unit: deps k8s-rig
 ## fuzz: short, bounded runs of the parsers' fuzz targets (the config
 ## file, and vipd import's keepalived.conf and ipvsadm -Sn readers).
 fuzz:
-	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./config
-	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzKeepalived$$' -fuzztime $(FUZZTIME) ./migrate
-	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzIpvsadm$$' -fuzztime $(FUZZTIME) ./migrate
+	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $$((100000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./config
+	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzKeepalived$$' -fuzztime $$((100000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./migrate
+	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzIpvsadm$$' -fuzztime $$((40000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./migrate
 
 ## e2e: the end-to-end suite in a qemu guest with Debian's kernel.
 e2e: deps
