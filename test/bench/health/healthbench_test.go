@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,6 +150,23 @@ func TestListeners(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.CloseAll()
+	// The listeners are plain TCP, not Go's default MPTCP.
+	for _, b := range []Backend{tcp, httpb} {
+		rc, err := l.lns[b.Addr].(*net.TCPListener).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var proto int
+		var perr error
+		if err := rc.Control(func(fd uintptr) {
+			proto, perr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_PROTOCOL)
+		}); err != nil || perr != nil {
+			t.Fatal(err, perr)
+		}
+		if proto != syscall.IPPROTO_TCP {
+			t.Errorf("%s listens with protocol %d, want TCP (%d)", b.Addr, proto, syscall.IPPROTO_TCP)
+		}
+	}
 	c, err := net.Dial("tcp", tcp.Addr.String())
 	if err != nil {
 		t.Fatal(err)

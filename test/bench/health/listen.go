@@ -50,6 +50,10 @@ func (l *Listeners) Open(addr netip.AddrPort) error {
 		return nil
 	}
 	lc := net.ListenConfig{Control: reuseAddr}
+	// Plain TCP, as a backend's server: Go listens with MPTCP where the
+	// kernel has it, whose handshake costs the kernel more, on a loopback
+	// in the checker's process.
+	lc.SetMultipathTCP(false)
 	ln, err := lc.Listen(context.Background(), "tcp4", addr.String())
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
