@@ -60,7 +60,8 @@ key=$(
 	{
 		echo "$SUITE ${PACKAGES[*]} ${MASK[*]} $KVER"
 		cat "$modlist" "${BASH_SOURCE[0]}"
-		for f in "$VM_DIR"/systemd-guest/*; do echo "== $f"; cat "$f"; done
+		# Names, not paths: a clone elsewhere hits the same image.
+		for f in "$VM_DIR"/systemd-guest/*; do echo "== ${f##*/}"; cat "$f"; done
 	} | sha256sum | cut -c1-16
 )
 outdir=$VIPD_VM_CACHE/systemd
