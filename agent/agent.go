@@ -311,10 +311,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			if a.r.Draining() > 0 {
 				a.drainPass(ctx)
 			}
-			if a.ha != nil && a.last != nil {
-				a.track(a.last)
-			}
 			if a.ha != nil {
+				if a.last != nil {
+					a.track(a.last)
+				}
 				a.reannounce()
 			}
 		case <-a.healthChanged:
