@@ -196,13 +196,16 @@ func (p *pass) ipvs(run, rest []Op) {
 func (p *pass) batch(todo []Op) {
 	errs := p.r.opts.Kernel.IPVS.Apply(todo)
 	for x := range todo {
-		err := errors.New("the ipvs adapter returned no result")
+		err := errNoResult
 		if x < len(errs) {
 			err = errs[x]
 		}
 		p.finish(&todo[x], err)
 	}
 }
+
+// errNoResult fails the operations an IPVS adapter returned no result for.
+var errNoResult = errors.New("the ipvs adapter returned no result")
 
 // skip reports whether op depends on an addition that failed.
 func (p *pass) skip(op Op) bool {

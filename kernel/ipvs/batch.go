@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -19,7 +20,11 @@ import (
 // and the usual cause of its errno; the others apply.
 func (i *IPVS) Apply(ops []lb.Op) []error {
 	errs := make([]error, len(ops))
-	var b batch
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	b := &i.scratch
+	b.reset()
+	defer b.trim()
 	for x, op := range ops {
 		if err := b.add(i.family, x, op); err != nil {
 			errs[x] = opError(op, err)
@@ -28,19 +33,19 @@ func (i *IPVS) Apply(ops []lb.Op) []error {
 	if len(b.reqs) == 0 {
 		return errs
 	}
-	i.mu.Lock()
-	defer i.mu.Unlock()
 	if i.conns == nil {
 		for _, r := range b.reqs {
 			errs[r.op] = opError(ops[r.op], errClosed)
 		}
 		return errs
 	}
-	for n, err := range exchange(i.conns[0], b.buf, b.reqs, max(i.chunk, 1)) {
+	i.res = slices.Grow(i.res[:0], len(b.reqs))[:len(b.reqs)]
+	for n, err := range exchange(i.conns[0], b.buf, b.reqs, max(i.chunk, 1), i.res) {
 		if err != nil {
 			errs[b.reqs[n].op] = opError(ops[b.reqs[n].op], err)
 		}
 	}
+	clear(i.res)
 	return errs
 }
 
@@ -65,6 +70,28 @@ type batch struct {
 	buf  []byte
 	reqs []request
 }
+
+// reset empties b, keeping its memory.
+func (b *batch) reset() { b.buf, b.reqs = b.buf[:0], b.reqs[:0] }
+
+// trim lets go of memory beyond what a usual batch needs (the
+// reconciler's batches of a thousand backends take about 110 KiB), so
+// that one large batch is not held for the daemon's life.
+func (b *batch) trim() {
+	if cap(b.buf) > maxKeptBuf {
+		b.buf = nil
+	}
+	if cap(b.reqs) > maxKeptReqs {
+		b.reqs = nil
+	}
+}
+
+// maxKeptBuf and maxKeptReqs bound the batch an adapter keeps between
+// calls.
+const (
+	maxKeptBuf  = 1 << 20
+	maxKeptReqs = 4096
+)
 
 // request is one encoded operation in a batch's buffer.
 type request struct {
@@ -155,19 +182,23 @@ func opError(op lb.Op, err error) error {
 }
 
 // exchange sends the requests of buf, chunk to a datagram, reads their
-// acknowledgements and returns each request's result, in order. Requests
-// must lie back to back in buf. A request whose acknowledgement never
-// comes (the socket failed, or its receive buffer overflowed) fails with
-// an error saying so: the kernel may or may not have applied it.
-func exchange(t transport, buf []byte, reqs []request, chunk int) []error {
-	res := make([]error, len(reqs))
+// acknowledgements and sets each request's result in res, which must be
+// as long as reqs, and returns res. Requests must lie back to back in
+// buf. A request whose acknowledgement never comes (the socket failed, or
+// its receive buffer overflowed) fails with an error saying so: the
+// kernel may or may not have applied it.
+func exchange(t transport, buf []byte, reqs []request, chunk int, res []error) []error {
+	clear(res)
+	// One chunk's state, which the handler of its acknowledgements
+	// shares: allocated once per call, not per datagram.
+	c := &chunkAcks{res: res}
+	handle := c.handle
 	for lo := 0; lo < len(reqs); lo += chunk {
 		hi := min(lo+chunk, len(reqs))
-		var first uint32
 		for x := lo; x < hi; x++ {
 			seq := t.nextSeq()
 			if x == lo {
-				first = seq
+				c.first = seq
 			}
 			binary.NativeEndian.PutUint32(buf[reqs[x].start+8:], seq)
 		}
@@ -177,31 +208,16 @@ func exchange(t transport, buf []byte, reqs []request, chunk int) []error {
 			}
 			continue
 		}
-		n := uint32(hi - lo)
-		acked := make([]bool, n)
-		pending := n
-		for pending > 0 {
-			err := t.recv(false, func(m message) error {
-				idx := m.seq - first
-				if m.typ != unix.NLMSG_ERROR || idx >= n || acked[idx] {
-					return nil // not an answer to this chunk
-				}
-				ok, err := ackError(m.data)
-				if !ok {
-					err = errors.New("short acknowledgement from the kernel")
-				}
-				res[lo+int(idx)] = err
-				acked[idx] = true
-				pending--
-				return nil
-			})
+		c.start(lo, hi-lo)
+		for c.pending > 0 {
+			err := t.recv(false, handle)
 			if err != nil {
 				if errors.Is(err, unix.ENOBUFS) {
 					err = fmt.Errorf("acknowledgement lost (netlink receive buffer overrun; the kernel may have applied it): %w", err)
 				} else {
 					err = fmt.Errorf("no acknowledgement from the kernel: %w", err)
 				}
-				for idx, ok := range acked {
+				for idx, ok := range c.acked {
 					if !ok {
 						res[lo+idx] = err
 					}
@@ -211,4 +227,43 @@ func exchange(t transport, buf []byte, reqs []request, chunk int) []error {
 		}
 	}
 	return res
+}
+
+// chunkAcks matches the acknowledgements of one datagram's requests,
+// numbered from first, to their results in res from lo.
+type chunkAcks struct {
+	res     []error
+	lo      int
+	first   uint32
+	acked   []bool
+	pending int
+	buf     [maxChunk]bool
+}
+
+// start begins a chunk of n requests whose results start at res[lo].
+func (c *chunkAcks) start(lo, n int) {
+	c.lo, c.pending = lo, n
+	if n <= len(c.buf) {
+		c.acked = c.buf[:n]
+		clear(c.acked)
+	} else {
+		c.acked = make([]bool, n)
+	}
+}
+
+// handle records the result an acknowledgement of the chunk carries, and
+// ignores any other message.
+func (c *chunkAcks) handle(m message) error {
+	idx := m.seq - c.first
+	if m.typ != unix.NLMSG_ERROR || idx >= uint32(len(c.acked)) || c.acked[idx] {
+		return nil // not an answer to this chunk
+	}
+	ok, err := ackError(m.data)
+	if !ok {
+		err = errors.New("short acknowledgement from the kernel")
+	}
+	c.res[c.lo+int(idx)] = err
+	c.acked[idx] = true
+	c.pending--
+	return nil
 }

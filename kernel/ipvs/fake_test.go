@@ -115,7 +115,10 @@ func (c *fakeConn) ack(seq uint32, errno unix.Errno, req []byte) {
 // send handles each request of the datagram in turn, as netlink_rcv_skb
 // does.
 func (c *fakeConn) send(b []byte) error {
-	c.sends = append(c.sends, slices.Clone(b))
+	// The kernel copies a datagram: the table keeps no reference to the
+	// sender's buffer, which the adapter reuses.
+	b = slices.Clone(b)
+	c.sends = append(c.sends, b)
 	for len(b) >= unix.NLMSG_HDRLEN {
 		l := int(binary.NativeEndian.Uint32(b[0:4]))
 		if l < unix.NLMSG_HDRLEN || l > len(b) {

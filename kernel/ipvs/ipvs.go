@@ -48,6 +48,12 @@ type IPVS struct {
 	conns []transport
 	// chunk is how many requests of a batch go in one datagram.
 	chunk int
+	// scratch is the batch Apply encodes into and res its requests'
+	// results, kept from one call to the next so that a cold start's
+	// hundred batches do not each allocate their buffers, which would
+	// keep the garbage collector running over the plan.
+	scratch batch
+	res     []error
 }
 
 var _ lb.IPVS = (*IPVS)(nil)

@@ -140,7 +140,7 @@ func (i *IPVS) daemonRequest(cmd uint8, attr []byte) error {
 		return errClosed
 	}
 	buf := appendRequest(nil, i.family, unix.NLM_F_ACK, 0, cmd, rawAttr(attr))
-	return exchange(i.conns[0], buf, []request{{start: 0, end: len(buf)}}, 1)[0]
+	return exchange(i.conns[0], buf, []request{{start: 0, end: len(buf)}}, 1, make([]error, 1))[0]
 }
 
 // appendDaemonAttr appends d as the IPVS_CMD_ATTR_DAEMON attribute.
