@@ -61,8 +61,8 @@ func (r *Reconciler) ownedAfter(desired, observed *State, res *Result) map[Servi
 	}
 	owned := cloneMap(desired.Owned)
 	deleted := map[ServiceKey]bool{}
-	for _, op := range res.Applied {
-		if op.Kind == OpDeleteService {
+	for i := range res.Applied {
+		if op := &res.Applied[i]; op.Kind == OpDeleteService {
 			deleted[op.Service.Key] = true
 		}
 	}

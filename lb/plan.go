@@ -76,18 +76,35 @@ type Op struct {
 	// Addr is the VIP of bind, unbind, announce and withdraw.
 	Addr netip.Addr
 
-	// Sysctl and Value describe a sysctl change.
-	Sysctl, Value string
-
-	// Entry is the set member of entry operations.
-	Entry SetEntry
-	// Policy is the chain policy of chain operations.
-	Policy RulePolicy
+	// Host is what a sysctl, set-entry or chain operation changes; nil
+	// for the others. It is a pointer so that the operations on services
+	// and backends, which a cold start plans by the hundred thousand, do
+	// not each carry its room.
+	Host *HostChange
 
 	// Was holds the observed values an update, drain, sysctl or chain
 	// operation replaces, so that a plan can be printed and undone. It is
 	// nil for additions and deletions.
 	Was *Was
+}
+
+// HostChange is the host setting a sysctl, set-entry or chain operation
+// changes.
+type HostChange struct {
+	// Sysctl and Value describe a sysctl change.
+	Sysctl, Value string
+	// Entry is the set member of entry operations.
+	Entry SetEntry
+	// Policy is the chain policy of chain operations.
+	Policy RulePolicy
+}
+
+// host returns op.Host or an empty one.
+func (op *Op) host() HostChange {
+	if op.Host == nil {
+		return HostChange{}
+	}
+	return *op.Host
 }
 
 // Was is what an operation replaces.
@@ -122,9 +139,10 @@ type OpKey struct {
 // Key returns the operation's key.
 func (op Op) Key() OpKey {
 	d := op.Dest
-	d.ActiveConns, d.InactiveConns, d.Stats = 0, 0, Stats{}
-	return OpKey{Kind: op.Kind, Service: op.Service, Dest: d, Addr: op.Addr, Sysctl: op.Sysctl, Value: op.Value,
-		Entry: op.Entry, Policy: op.Policy}
+	d.ActiveConns, d.InactiveConns, d.Stats = 0, 0, nil
+	h := op.host()
+	return OpKey{Kind: op.Kind, Service: op.Service, Dest: d, Addr: op.Addr, Sysctl: h.Sysctl, Value: h.Value,
+		Entry: h.Entry, Policy: h.Policy}
 }
 
 func (op Op) String() string {
@@ -135,15 +153,15 @@ func (op Op) String() string {
 		if old == "" {
 			old = "unset"
 		}
-		return fmt.Sprintf("set sysctl %s=%s (was %s)", op.Sysctl, op.Value, old)
+		return fmt.Sprintf("set sysctl %s=%s (was %s)", op.host().Sysctl, op.host().Value, old)
 	case OpSyncChains:
-		return fmt.Sprintf("sync chains %s (was %s)", op.Policy, op.was().Policy)
+		return fmt.Sprintf("sync chains %s (was %s)", op.host().Policy, op.was().Policy)
 	case OpRemoveChains:
 		return "remove chains"
 	case OpAddEntry:
-		return fmt.Sprintf("add set entry %s", op.Entry)
+		return fmt.Sprintf("add set entry %s", op.host().Entry)
 	case OpDelEntry:
-		return fmt.Sprintf("delete set entry %s", op.Entry)
+		return fmt.Sprintf("delete set entry %s", op.host().Entry)
 	case OpBindVIP:
 		return fmt.Sprintf("bind vip %s", op.Addr)
 	case OpUnbindVIP:
@@ -267,24 +285,24 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 	for _, key := range sortedKeys(desired.Sysctls, cmp.Compare[string]) {
 		want := desired.Sysctls[key]
 		if have := observed.Sysctls[key]; have != want {
-			b[OpSetSysctl] = append(b[OpSetSysctl], Op{Kind: OpSetSysctl, Sysctl: key, Value: want, Was: &Was{Value: have}})
+			b[OpSetSysctl] = append(b[OpSetSysctl], Op{Kind: OpSetSysctl, Host: &HostChange{Sysctl: key, Value: want}, Was: &Was{Value: have}})
 		}
 	}
 
 	switch dp, op := desired.Rules.Policy, observed.Rules.Policy; {
 	case dp.Enabled && dp != op:
-		b[OpSyncChains] = append(b[OpSyncChains], Op{Kind: OpSyncChains, Policy: dp, Was: &Was{Policy: op}})
+		b[OpSyncChains] = append(b[OpSyncChains], Op{Kind: OpSyncChains, Host: &HostChange{Policy: dp}, Was: &Was{Policy: op}})
 	case !dp.Enabled && op.Enabled:
 		b[OpRemoveChains] = append(b[OpRemoveChains], Op{Kind: OpRemoveChains, Was: &Was{Policy: op}})
 	}
 	for e := range desired.Rules.Entries {
 		if _, ok := observed.Rules.Entries[e]; !ok {
-			b[OpAddEntry] = append(b[OpAddEntry], Op{Kind: OpAddEntry, Entry: e})
+			b[OpAddEntry] = append(b[OpAddEntry], Op{Kind: OpAddEntry, Host: &HostChange{Entry: e}})
 		}
 	}
 	for e := range observed.Rules.Entries {
 		if _, ok := desired.Rules.Entries[e]; !ok {
-			b[OpDelEntry] = append(b[OpDelEntry], Op{Kind: OpDelEntry, Entry: e})
+			b[OpDelEntry] = append(b[OpDelEntry], Op{Kind: OpDelEntry, Host: &HostChange{Entry: e}})
 		}
 	}
 
@@ -447,7 +465,7 @@ func assembleBig(b *[numOpKinds][]Op, big []Op, front int) ([]Op, bool) {
 	if need > front {
 		return nil, false
 	}
-	if !slices.IsSortedFunc(adds, func(a, b Op) int { return compareOps(&a, &b) }) {
+	if !opsSorted(adds) {
 		slices.SortFunc(adds, func(a, b Op) int { return compareOps(&a, &b) })
 	}
 	start := front - need
@@ -465,7 +483,7 @@ func assembleBig(b *[numOpKinds][]Op, big []Op, front int) ([]Op, bool) {
 }
 
 func appendSorted(dst, ops []Op, idx *[]int32) []Op {
-	if len(ops) < 2 || slices.IsSortedFunc(ops, func(a, b Op) int { return compareOps(&a, &b) }) {
+	if opsSorted(ops) {
 		return append(dst, ops...)
 	}
 	ix := (*idx)[:0]
@@ -478,6 +496,17 @@ func appendSorted(dst, ops []Op, idx *[]int32) []Op {
 	}
 	*idx = ix
 	return dst
+}
+
+// opsSorted reports whether ops, of one kind, are in order. It compares
+// them in place: slices.IsSortedFunc would copy two operations a step.
+func opsSorted(ops []Op) bool {
+	for i := 1; i < len(ops); i++ {
+		if compareOps(&ops[i-1], &ops[i]) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // sortedAddrs appends the keys of dests to dst in order.
@@ -493,9 +522,9 @@ func sortedAddrs(dst []netip.AddrPort, dests map[netip.AddrPort]Destination) []n
 func compareOps(a, b *Op) int {
 	switch a.Kind {
 	case OpSetSysctl:
-		return cmp.Compare(a.Sysctl, b.Sysctl)
+		return cmp.Compare(a.host().Sysctl, b.host().Sysctl)
 	case OpAddEntry, OpDelEntry:
-		return a.Entry.compare(b.Entry)
+		return a.host().Entry.compare(b.host().Entry)
 	case OpBindVIP, OpUnbindVIP, OpAnnounce, OpWithdraw:
 		return a.Addr.Compare(b.Addr)
 	}

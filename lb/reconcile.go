@@ -610,7 +610,7 @@ func (r *Reconciler) remember(op Op, err error) {
 			r.sysctls = nil
 			return
 		}
-		r.sysctls[op.Sysctl] = op.Value
+		r.sysctls[op.host().Sysctl] = op.host().Value
 	case OpSyncChains, OpRemoveChains, OpAddEntry, OpDelEntry:
 		if err != nil || r.rules == nil {
 			r.rules = nil
@@ -618,14 +618,14 @@ func (r *Reconciler) remember(op Op, err error) {
 		}
 		switch op.Kind {
 		case OpSyncChains:
-			r.rules.Policy = op.Policy
+			r.rules.Policy = op.host().Policy
 		case OpRemoveChains:
 			r.rules.Policy = RulePolicy{}
 			clear(r.rules.Entries)
 		case OpAddEntry:
-			r.rules.Entries[op.Entry] = struct{}{}
+			r.rules.Entries[op.host().Entry] = struct{}{}
 		case OpDelEntry:
-			delete(r.rules.Entries, op.Entry)
+			delete(r.rules.Entries, op.host().Entry)
 		}
 	}
 }
@@ -650,15 +650,15 @@ func (r *Reconciler) do(op Op) error {
 	k := r.opts.Kernel
 	switch op.Kind {
 	case OpSetSysctl:
-		return k.Sysctls.Set(op.Sysctl, op.Value)
+		return k.Sysctls.Set(op.host().Sysctl, op.host().Value)
 	case OpSyncChains:
-		return k.Rules.SyncChains(op.Policy)
+		return k.Rules.SyncChains(op.host().Policy)
 	case OpRemoveChains:
 		return k.Rules.RemoveChains()
 	case OpAddEntry:
-		return k.Rules.AddEntry(op.Entry)
+		return k.Rules.AddEntry(op.host().Entry)
 	case OpDelEntry:
-		return k.Rules.DelEntry(op.Entry)
+		return k.Rules.DelEntry(op.host().Entry)
 	case OpBindVIP:
 		return k.VIPs.Bind(op.Addr)
 	case OpUnbindVIP:

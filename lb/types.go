@@ -281,8 +281,11 @@ type Destination struct {
 
 	ActiveConns   uint32
 	InactiveConns uint32
-	// Stats are the kernel's counters, filled in by observation.
-	Stats Stats
+	// Stats are the kernel's counters, filled in by observation, nil
+	// otherwise. They are behind a pointer, which nobody writes through,
+	// so that desired backends and the plan's operations, by the hundred
+	// thousand in a cold start, do not carry their room.
+	Stats *Stats
 }
 
 // Stats are IPVS traffic counters and rates of a service or destination.
@@ -295,8 +298,7 @@ type Stats struct {
 // Settings returns d without the fields the kernel fills in, for
 // comparison of configuration.
 func (d Destination) Settings() Destination {
-	d.ActiveConns, d.InactiveConns = 0, 0
-	d.Stats = Stats{}
+	d.ActiveConns, d.InactiveConns, d.Stats = 0, 0, nil
 	if d.Forward != Tunnel {
 		d.Tunnel, d.TunnelPort, d.TunnelCsum = 0, 0, 0
 	}

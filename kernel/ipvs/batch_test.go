@@ -206,7 +206,7 @@ func TestBatchApplies(t *testing.T) {
 			t.Errorf("%s: stats %+v, want %+v", k, st.Stats, wantStats)
 		}
 		for _, d := range st.Dests {
-			if d.Stats != wantStats {
+			if d.Stats == nil || *d.Stats != wantStats {
 				t.Errorf("%s -> %s: stats %+v, want %+v", k, d.Addr, d.Stats, wantStats)
 			}
 		}

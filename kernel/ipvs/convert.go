@@ -396,7 +396,7 @@ func toKernelDest(d lb.Destination) (kernelDest, error) {
 // methods lb has no name for (local node, bypass) read as the zero Forward,
 // so that a planner compares them unequal to anything vipd writes. Tunnel
 // fields are kept only for tunnel forwarding, as lb.Destination.Settings
-// does.
+// does. The counters are the caller's to place (Stats is nil).
 func fromKernelDest(kd kernelDest) lb.Destination {
 	d := lb.Destination{
 		Addr:          netip.AddrPortFrom(kd.addr.Unmap(), kd.port),
@@ -405,7 +405,6 @@ func fromKernelDest(kd kernelDest) lb.Destination {
 		Lower:         kd.lower,
 		ActiveConns:   kd.active,
 		InactiveConns: kd.inactive,
-		Stats:         kd.stats,
 	}
 	switch kd.fwd & fwdMask {
 	case fwdMasq:

@@ -156,12 +156,19 @@ func readServiceDests(t transport, family uint16, k kernelKey, req []byte, st *l
 // destsInto returns a dump's message reader that puts each destination
 // of a service of family fam into st.Dests.
 func destsInto(st *lb.ServiceState, fam uint16) func(data []byte) error {
+	// The destinations' counters, allocated a few together.
+	var stats []lb.Stats
 	return func(data []byte) error {
 		kd, err := parseDestMsg(data, fam)
 		if err != nil {
 			return fmt.Errorf("parse destination: %w", err)
 		}
 		d := fromKernelDest(kd)
+		if len(stats) == cap(stats) {
+			stats = make([]lb.Stats, 0, 8)
+		}
+		stats = append(stats, kd.stats)
+		d.Stats = &stats[len(stats)-1]
 		st.Dests[d.Addr] = d
 		return nil
 	}

@@ -877,6 +877,9 @@ func TestConnectionCounts(t *testing.T) {
 			t.Fatalf("no service %s", s.Key)
 		}
 		ss, ds := got[s.Key].Stats, got[s.Key].Dests[d.Addr].Stats
+		if ds == nil {
+			t.Fatalf("backend %s has no counters", d.Addr)
+		}
 		if ss.Conns == 1 && ds.Conns == 1 && ss.InPkts >= 2 && ds.InPkts == ss.InPkts && ss.InBytes > 0 && ss.OutPkts >= 1 {
 			break
 		}

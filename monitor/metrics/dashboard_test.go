@@ -31,7 +31,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 	m.HealthTransition(health.Transition{Service: "web", Backend: ap("10.0.0.1:80"), State: health.Down})
 	m.Watch(true)
 	// Drift: vipd sets a sysctl back to what it set before.
-	set := lb.Op{Kind: lb.OpSetSysctl, Sysctl: lb.SysctlVSConntrack, Value: "1"}
+	set := lb.Op{Kind: lb.OpSetSysctl, Host: &lb.HostChange{Sysctl: lb.SysctlVSConntrack, Value: "1"}}
 	m.Pass("start", &lb.Result{Applied: []lb.Op{set}}, time.Millisecond)
 	m.Pass("resync", &lb.Result{Applied: []lb.Op{set}}, time.Millisecond)
 	families, err := m.Registry().Gather()

@@ -421,8 +421,8 @@ func (m *Metrics) Pass(why string, res *lb.Result, took time.Duration) {
 		}
 		return c
 	}
-	for _, op := range res.Applied {
-		get(op.Kind).applied++
+	for i := range res.Applied {
+		get(res.Applied[i].Kind).applied++
 	}
 	for _, f := range res.Failed {
 		get(f.Op.Kind).failed++
@@ -445,16 +445,16 @@ func (m *Metrics) Pass(why string, res *lb.Result, took time.Duration) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, op := range res.Applied {
-		if op.Kind != lb.OpSetSysctl {
+	for i := range res.Applied {
+		h := res.Applied[i].Host
+		if res.Applied[i].Kind != lb.OpSetSysctl || h == nil {
 			continue
 		}
-		name := sysctlName(op.Sysctl)
-		c := m.drift.WithLabelValues(name)
-		if last, ok := m.set[op.Sysctl]; ok && last == op.Value {
+		c := m.drift.WithLabelValues(sysctlName(h.Sysctl))
+		if last, ok := m.set[h.Sysctl]; ok && last == h.Value {
 			c.Inc()
 		}
-		m.set[op.Sysctl] = op.Value
+		m.set[h.Sysctl] = h.Value
 	}
 }
 

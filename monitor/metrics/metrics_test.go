@@ -40,7 +40,7 @@ func key(s string, proto lb.Proto) lb.ServiceKey {
 func dest(addr string, weight int, active uint32, n uint64) lb.Destination {
 	return lb.Destination{
 		Addr: ap(addr), Weight: weight, Forward: lb.Masq, ActiveConns: active, InactiveConns: 2 * active,
-		Stats: lb.Stats{Conns: 100 * n, InPkts: 1000 * n, OutPkts: 2000 * n, InBytes: 150_000 * n, OutBytes: 2_400_000 * n},
+		Stats: &lb.Stats{Conns: 100 * n, InPkts: 1000 * n, OutPkts: 2000 * n, InBytes: 150_000 * n, OutBytes: 2_400_000 * n},
 	}
 }
 
@@ -91,12 +91,12 @@ func fakeStatus() *status.Snapshot {
 	d := dest("[2001:db8:1::1]:443", 1, 4, 4)
 	d.Forward = lb.DirectRoute
 	obs.Services[api] = &lb.ServiceState{Service: spec.Services[1].Service,
-		Dests: map[netip.AddrPort]lb.Destination{d.Addr: d}, Stats: d.Stats}
+		Dests: map[netip.AddrPort]lb.Destination{d.Addr: d}, Stats: *d.Stats}
 	for _, a := range []string{"198.51.100.2:30080", "203.0.113.2:30080"} {
 		k := key(a, lb.TCP)
 		d := dest("10.0.3.1:80", 1, 0, 1)
 		obs.Services[k] = &lb.ServiceState{Service: lb.Service{Key: k, Scheduler: "rr"},
-			Dests: map[netip.AddrPort]lb.Destination{d.Addr: d}, Stats: d.Stats}
+			Dests: map[netip.AddrPort]lb.Destination{d.Addr: d}, Stats: *d.Stats}
 		obs.Owned[k] = struct{}{}
 	}
 	foreign := key("198.51.100.1:25", lb.TCP)
@@ -301,7 +301,7 @@ func TestLint(t *testing.T) {
 		Now:       func() time.Time { return now },
 	})
 	// Give every vector a child, so that each family is linted.
-	m.Pass("start", &lb.Result{Applied: []lb.Op{{Kind: lb.OpSetSysctl, Sysctl: lb.SysctlVSConntrack, Value: "1"}}}, time.Millisecond)
+	m.Pass("start", &lb.Result{Applied: []lb.Op{{Kind: lb.OpSetSysctl, Host: &lb.HostChange{Sysctl: lb.SysctlVSConntrack, Value: "1"}}}}, time.Millisecond)
 	m.HealthTransition(health.Transition{Service: "web", Backend: ap("10.0.0.2:8080"), State: health.Down})
 	m.ConfigLoaded(1, &lb.Spec{})
 	m.ReloadFailed(ReloadGuard)
@@ -402,7 +402,7 @@ func desc(c prometheus.Collector) string {
 func TestSysctlDrift(t *testing.T) {
 	m := newTest()
 	set := func(path, value string) *lb.Result {
-		return &lb.Result{Applied: []lb.Op{{Kind: lb.OpSetSysctl, Sysctl: path, Value: value}}}
+		return &lb.Result{Applied: []lb.Op{{Kind: lb.OpSetSysctl, Host: &lb.HostChange{Sysctl: path, Value: value}}}}
 	}
 	drift := func(name string) float64 { return testutil.ToFloat64(m.drift.WithLabelValues(name)) }
 
@@ -419,7 +419,7 @@ func TestSysctlDrift(t *testing.T) {
 	// A sysctl that becomes wanted on a reload is set for the first time.
 	m.Pass("reload", set(lb.SysctlVSConntrack, "1"), 0)
 	// A failed set is no repair.
-	m.Pass("resync", &lb.Result{Failed: []*lb.OpError{{Op: lb.Op{Kind: lb.OpSetSysctl, Sysctl: lb.SysctlVSConntrack, Value: "1"}}}}, 0)
+	m.Pass("resync", &lb.Result{Failed: []*lb.OpError{{Op: lb.Op{Kind: lb.OpSetSysctl, Host: &lb.HostChange{Sysctl: lb.SysctlVSConntrack, Value: "1"}}}}}, 0)
 	// A new wanted value is no drift either.
 	m.Pass("reload", set(lb.SysctlConnReuseMode, "0"), 0)
 	m.Pass("reload", set(lb.SysctlConnReuseMode, "1"), 0)

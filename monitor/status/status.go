@@ -303,6 +303,14 @@ func statsOf(s lb.Stats) Stats {
 	}
 }
 
+// destStats converts a backend's counters, zero when the kernel gave none.
+func destStats(s *lb.Stats) Stats {
+	if s == nil {
+		return Stats{}
+	}
+	return statsOf(*s)
+}
+
 // Build joins opts into a Snapshot.
 func Build(opts Options) *Snapshot {
 	spec := opts.Spec
@@ -506,7 +514,7 @@ func configured(service string, d lb.Destination, kd *lb.Destination, opts *Opti
 		b.InKernel = true
 		b.Weight = kd.Weight
 		b.ActiveConns, b.InactiveConns = kd.ActiveConns, kd.InactiveConns
-		b.Stats = statsOf(kd.Stats)
+		b.Stats = destStats(kd.Stats)
 		b.Drift = destDrift(*kd, d)
 	}
 	if b.InKernel && b.Weight == d.Weight {
@@ -546,7 +554,7 @@ func kernelOnly(service string, d lb.Destination, opts *Options) Backend {
 		AdminDrained:  drained(opts.Drained, service, d.Addr),
 		ActiveConns:   d.ActiveConns,
 		InactiveConns: d.InactiveConns,
-		Stats:         statsOf(d.Stats),
+		Stats:         destStats(d.Stats),
 	}
 	switch {
 	case opts.Sorry[service] == d.Addr:

@@ -66,9 +66,10 @@ func observed(spec *lb.Spec) *lb.State {
 		ss := &lb.ServiceState{Service: vs.Service, Dests: map[netip.AddrPort]lb.Destination{}}
 		for i, d := range vs.Backends {
 			d.ActiveConns, d.InactiveConns = uint32(10*(i+1)), uint32(100*(i+1))
-			d.Stats = traffic(uint64(i + 1))
+			dst := traffic(uint64(i + 1))
+			d.Stats = &dst
 			ss.Dests[d.Addr] = d
-			ss.Stats = add(ss.Stats, d.Stats)
+			ss.Stats = add(ss.Stats, dst)
 		}
 		st.Services[k] = ss
 		st.Owned[k] = struct{}{}
@@ -185,7 +186,8 @@ func scenarios() map[string]Options {
 	spec = &lb.Spec{Services: []lb.VirtualService{web()}}
 	obs = observed(spec)
 	gone := dest("10.0.0.9:8080", 0, lb.Masq)
-	gone.ActiveConns, gone.InactiveConns, gone.Stats = 5, 1, traffic(1)
+	goneStats := traffic(1)
+	gone.ActiveConns, gone.InactiveConns, gone.Stats = 5, 1, &goneStats
 	obs.Services[key("192.0.2.10:80", lb.TCP)].Dests[gone.Addr] = gone
 	out["draining"] = Options{Spec: spec, Observed: obs, Now: now}
 
@@ -257,7 +259,8 @@ func scenarios() map[string]Options {
 	for _, a := range []string{"203.0.113.2:30080", "198.51.100.2:30080", "198.51.100.2:30081"} {
 		k := key(a, lb.TCP)
 		b := dest("10.0.3.1:80", 1, lb.Masq)
-		b.Stats = traffic(2)
+		bs := traffic(2)
+		b.Stats = &bs
 		obs.Services[k] = &lb.ServiceState{Service: lb.Service{Key: k, Scheduler: "rr"},
 			Dests: map[netip.AddrPort]lb.Destination{b.Addr: b}, Stats: traffic(2)}
 		if k.Port == 30080 {
