@@ -38,7 +38,7 @@ import (
 // checks that every key of the raw structures takes the fast path.
 
 // decodeFast decodes one block with go-toml into generic values. It
-// declines a block with too many keys (see tooManyKeys).
+// declines a block that would cost go-toml too much (see tooManyKeys).
 func decodeFast(data []byte) (map[string]any, bool) {
 	if tooManyKeys(data) {
 		return nil, false
@@ -51,22 +51,25 @@ func decodeFast(data []byte) (map[string]any, bool) {
 }
 
 // decodeRaw decodes one block into out, a pointer to a raw structure:
-// with go-toml when fill takes what it decodes, else with BurntSushi. It
-// reports false for a block with too many keys (see tooManyKeys), when
-// BurntSushi fails or leaves keys undecoded, and for a key at the top
-// level other than those of top, spelt exactly so: the decoder also
-// matches keys such as "Service" to fields, which the whole file could
-// spell both ways.
+// with go-toml when fill takes what it decodes, else, for a block that is
+// not large (see largeBlock), with BurntSushi. It reports false for a
+// block go-toml declines or cannot fill that is large, when BurntSushi
+// fails or leaves keys undecoded, and for a key at the top level other
+// than those of top, spelt exactly so: the decoder also matches keys such
+// as "Service" to fields, which the whole file could spell both ways.
 func decodeRaw(data []byte, out any, top ...string) bool {
-	if tooManyKeys(data) {
-		return false
-	}
 	if m, ok := decodeFast(data); ok {
 		rv := reflect.ValueOf(out).Elem()
 		if onlyKeys(m, top) && fill(rv, m) {
 			return true
 		}
 		rv.SetZero()
+	}
+	if largeBlock(data) {
+		// BurntSushi is linear but costs so much memory per key that
+		// decoding a large block and then, when it fails, the whole file
+		// would cost twice what the whole-file parse costs once.
+		return false
 	}
 	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(out)
 	if err != nil || len(md.Undecoded()) > 0 {
@@ -85,22 +88,32 @@ func onlyKeys(m map[string]any, keys []string) bool {
 	return true
 }
 
-// tooManyKeys reports whether a block may hold more than blockMaxKeys
-// keys, tables and arrays, counting each "=", "[" and "{". go-toml finds
-// each key among those seen before in its block by a linear search, which
-// makes a block of n keys cost n²; and BurntSushi, the other decoder, is
-// linear but costs so much memory per key that decoding such a block and
-// then, when it fails, the whole file, would cost twice that. The block
-// parser leaves such a block to the whole-file parse, which decodes it
-// once, with BurntSushi.
-func tooManyKeys(data []byte) bool {
+// largeBlock reports whether a block may hold more than blockMaxKeys keys,
+// tables and arrays, counting each "=", "[" and "{": a cheap bound, true
+// of every block whose decoding could cost more than its size.
+func largeBlock(data []byte) bool {
 	return bytes.Count(data, []byte("="))+bytes.Count(data, []byte("["))+bytes.Count(data, []byte("{")) > blockMaxKeys
 }
 
-// blockMaxKeys bounds what tooManyKeys lets through: a service with 300
-// backends written as inline tables counts about 900 (an "=" for each key,
-// a "{" for each backend).
-const blockMaxKeys = 1024
+// tooManyKeys reports whether go-toml's key tracker could cost more than
+// blockMaxCost on a block (see trackerCost): a block of many keys in one
+// table, many table headers or an inline table of many keys. A service of
+// a thousand backends written as inline tables passes; the block parser
+// leaves the others to the whole-file parse, which decodes them once,
+// with BurntSushi.
+func tooManyKeys(data []byte) bool {
+	return largeBlock(data) && trackerCost(data) > blockMaxCost
+}
+
+// blockMaxKeys is the size of a block below which go-toml's cost is never
+// in question: a service with 300 backends written as inline tables
+// counts about 900 (an "=" for each key, a "{" for each backend).
+// blockMaxCost bounds go-toml's key tracker on larger blocks, about what
+// it costs on a block of blockMaxKeys keys in one table.
+const (
+	blockMaxKeys = 1024
+	blockMaxCost = 2 * blockMaxKeys * blockMaxKeys
+)
 
 var unmarshalerType = reflect.TypeFor[toml.Unmarshaler]()
 

@@ -283,3 +283,77 @@ func everyKeyValue(t reflect.Type) string {
 	}
 	panic("unknown type " + t.String())
 }
+
+// TestTooManyKeys: the block parser hands go-toml a large block only when
+// its key tracker's cost stays near that of a small block: a service of
+// thousands of backends written as inline tables goes (and decodes as
+// BurntSushi decodes it); many keys in one table, many table headers or
+// an inline table of many keys do not.
+func TestTooManyKeys(t *testing.T) {
+	var backends strings.Builder
+	backends.WriteString("[[service]]\nname = \"big\"\nvip = \"192.0.2.1\"\nport = 80\nbackend = [\n")
+	for i := range 5000 {
+		fmt.Fprintf(&backends, "  { address = \"10.0.%d.%d\", port = 8080, weight = %d },\n", i>>8, i&255, i%7+1)
+	}
+	backends.WriteString("]\n")
+	flat := func(n int) string {
+		var b strings.Builder
+		b.WriteString("[[service]]\n")
+		for i := range n {
+			fmt.Fprintf(&b, "k%d = 1\n", i)
+		}
+		return b.String()
+	}
+	headers := func(n int) string {
+		var b strings.Builder
+		b.WriteString("[[service]]\n")
+		for i := range n {
+			fmt.Fprintf(&b, "[service.t%d]\n", i)
+		}
+		return b.String()
+	}
+	inline := func(n int) string {
+		var b strings.Builder
+		b.WriteString("[[service]]\nx = {")
+		for i := range n {
+			fmt.Fprintf(&b, " k%d = 1,", i)
+		}
+		b.WriteString(" z = 1 }\n")
+		return b.String()
+	}
+	for _, c := range []struct {
+		name string
+		data string
+		want bool
+	}{
+		{"a service of 5,000 inline backends", backends.String(), false},
+		{"1,000 keys in one table", flat(1000), false},
+		{"1,500 keys in one table", flat(1500), true},
+		{"1,500 table headers", headers(1500), true},
+		{"an inline table of 1,500 keys", inline(1500), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := tooManyKeys([]byte(c.data)); got != c.want {
+				t.Errorf("tooManyKeys = %v, want %v (tracker cost %d)", got, c.want, trackerCost([]byte(c.data)))
+			}
+			checkDecoders(t, []byte(c.data))
+		})
+	}
+	// The large service takes the fast path into the same configuration
+	// the whole-file parse gives.
+	var raw rawConfig
+	if !decodeRaw([]byte(backends.String()), &raw, "service") || len(raw.Service) != 1 || len(raw.Service[0].Backend) != 5000 {
+		t.Fatalf("the block of 5,000 backends did not decode on the block path")
+	}
+	cfg, err := Parse("big.toml", []byte(backends.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := parseWhole(Text{File: "big.toml", Data: []byte(backends.String())}, func(*Config) ([]includedText, error) { return nil, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(cfg.Spec, whole.Spec) {
+		t.Error("the block parser and the whole-file parse differ on a service of 5,000 backends")
+	}
+}

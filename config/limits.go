@@ -84,6 +84,12 @@ type limitScan struct {
 	// max is the shape not to exceed; got is the largest seen so far.
 	max, got shape
 
+	// What go-toml's key tracker costs on the text (see trackerCost), in
+	// key parts: all of them and the headers' (entries, headers), the
+	// most under one table header outside inline tables (section, the
+	// current one), and the most in one inline table.
+	entries, headers, section, maxSection, maxInline int
+
 	err             string
 	errLine, errCol int
 }
@@ -171,13 +177,16 @@ func (s *limitScan) document() {
 			}
 			s.blanks()
 			table = s.key(start, name{}, "table header")
+			s.headers += table.parts
+			s.section = 0
 			s.blanks()
 			for s.i < len(s.data) && s.data[s.i] == ']' {
 				s.i++
 			}
 		default:
 			at := s.i
-			s.keyValue(table, 0)
+			s.section += s.keyValue(table, 0)
+			s.maxSection = max(s.maxSection, s.section)
 			if s.i == at {
 				s.i++ // not a key: an error of the decoders; move on
 			}
@@ -230,6 +239,7 @@ func (s *limitScan) key(start int, base name, what string) name {
 	if own.parts > 1 {
 		own.bytes += own.parts - 1 // the dots
 	}
+	s.entries += own.parts
 	full := name{base.parts + own.parts, base.bytes + own.bytes}
 	if base.parts > 0 && own.parts > 0 {
 		full.bytes++ // the dot between them
@@ -261,16 +271,18 @@ func bareKeyByte(c byte) bool {
 }
 
 // keyValue scans "key = value" at s.i, in a table or inline table whose
-// full name is base, depth arrays and inline tables deep.
-func (s *limitScan) keyValue(base name, depth int) {
+// full name is base, depth arrays and inline tables deep, and returns the
+// number of parts of its key.
+func (s *limitScan) keyValue(base name, depth int) int {
 	n := s.key(s.i, base, "key")
 	s.blanks()
 	if s.eof() || s.data[s.i] != '=' {
-		return
+		return n.parts - base.parts
 	}
 	s.i++
 	s.blanks()
 	s.value(n, depth)
+	return n.parts - base.parts
 }
 
 // value scans a value at s.i, the value of a key whose full name is n,
@@ -302,11 +314,30 @@ func (s *limitScan) value(n name, depth int) {
 }
 
 func (s *limitScan) array(n name, depth int) {
+	s.entries++
 	s.container(']', "array has more than %d elements", depth, func() { s.value(n, depth) })
 }
 
 func (s *limitScan) inlineTable(n name, depth int) {
-	s.container('}', "inline table has more than %d keys", depth, func() { s.keyValue(n, depth) })
+	s.entries++
+	parts := 0
+	s.container('}', "inline table has more than %d keys", depth, func() { parts += s.keyValue(n, depth) })
+	s.maxInline = max(s.maxInline, parts)
+}
+
+// trackerCost bounds the work of go-toml's key tracker on data, in key
+// parts compared. The tracker finds each key, and each table header,
+// among the entries seen before it in the document by a linear search
+// from its table's entry to the last one (and clears an array of
+// tables' element in one pass over them): each search is bounded by all
+// the entries, and a table or inline table's searches by its own key
+// parts. A block of n keys in one table costs n²; a service of many
+// backends written as inline tables costs about as many times its
+// entries as a backend and the service have keys.
+func trackerCost(data []byte) int {
+	s := limitScan{data: data, line: 1, max: limits}
+	s.document()
+	return (s.maxSection + s.headers + s.maxInline) * s.entries
 }
 
 // container scans an array or inline table that opens at s.i, depth deep
