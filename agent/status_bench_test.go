@@ -29,42 +29,9 @@ import (
 // state. The status is encoded as the control socket answers it (JSON)
 // and rendered as `vipd status` prints it (table).
 func BenchmarkStatus(b *testing.B) {
-	f, err := bench.New(bench.Spec{Services: 10000, Backends: 10})
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir := b.TempDir()
-	path := filepath.Join(dir, "vipd.toml")
-	out, err := os.Create(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := f.WriteTOML(out, bench.Daemon{StateDir: dir}); err != nil {
-		b.Fatal(err)
-	}
-	out.Close()
 	k := lbtest.New()
-	n := &readyNotifier{ready: make(chan struct{})}
-	a := New(Options{
-		Path:          path,
-		Logger:        slog.New(slog.DiscardHandler),
-		Notifier:      n,
-		KernelRelease: "6.1.0",
-		OpenKernel: func(*config.Config, *slog.Logger) (lb.Kernel, func(), error) {
-			return k.Interface(), func() {}, nil
-		},
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	select {
-	case <-n.ready:
-	case err := <-done:
-		b.Fatal(err)
-	case <-time.After(5 * time.Minute):
-		b.Fatal("the agent was not ready after 5 minutes")
-	}
+	a, ctx, stop := benchAgent(b, benchConfig(b, 10000, 10), k.Interface())
+	defer stop()
 	snap, err := a.Status(ctx)
 	if err != nil {
 		b.Fatal(err)
@@ -136,4 +103,55 @@ type countingWriter struct {
 func (w *countingWriter) Write(p []byte) (int, error) {
 	w.n += len(p)
 	return len(p), nil
+}
+
+// benchConfig writes the benchmark fixture of n services of m backends as
+// a daemon's configuration in a temporary directory, which also holds the
+// daemon's state, and returns the file's path.
+func benchConfig(b *testing.B, n, m int) string {
+	b.Helper()
+	f, err := bench.New(bench.Spec{Services: n, Backends: m})
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	path := filepath.Join(dir, "vipd.toml")
+	out, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer out.Close()
+	if err := f.WriteTOML(out, bench.Daemon{StateDir: dir}); err != nil {
+		b.Fatal(err)
+	}
+	return path
+}
+
+// benchAgent runs the daemon on path and kernel k until it is ready, and
+// returns it with its context and a function that stops it.
+func benchAgent(b *testing.B, path string, k lb.Kernel) (*Agent, context.Context, func()) {
+	b.Helper()
+	n := &readyNotifier{ready: make(chan struct{})}
+	a := New(Options{
+		Path:          path,
+		Logger:        slog.New(slog.DiscardHandler),
+		Notifier:      n,
+		KernelRelease: "6.1.0",
+		OpenKernel: func(*config.Config, *slog.Logger) (lb.Kernel, func(), error) {
+			return k, func() {}, nil
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	stop := func() { cancel(); <-done }
+	select {
+	case <-n.ready:
+	case err := <-done:
+		b.Fatal(err)
+	case <-time.After(5 * time.Minute):
+		stop()
+		b.Fatal("the agent was not ready after 5 minutes")
+	}
+	return a, ctx, stop
 }

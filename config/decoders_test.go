@@ -296,31 +296,19 @@ func TestTooManyKeys(t *testing.T) {
 		fmt.Fprintf(&backends, "  { address = \"10.0.%d.%d\", port = 8080, weight = %d },\n", i>>8, i&255, i%7+1)
 	}
 	backends.WriteString("]\n")
-	flat := func(n int) string {
+	// gen writes head, then each formatted with 0..n-1, then tail.
+	gen := func(head, each, tail string, n int) string {
 		var b strings.Builder
-		b.WriteString("[[service]]\n")
+		b.WriteString(head)
 		for i := range n {
-			fmt.Fprintf(&b, "k%d = 1\n", i)
+			fmt.Fprintf(&b, each, i)
 		}
+		b.WriteString(tail)
 		return b.String()
 	}
-	headers := func(n int) string {
-		var b strings.Builder
-		b.WriteString("[[service]]\n")
-		for i := range n {
-			fmt.Fprintf(&b, "[service.t%d]\n", i)
-		}
-		return b.String()
-	}
-	inline := func(n int) string {
-		var b strings.Builder
-		b.WriteString("[[service]]\nx = {")
-		for i := range n {
-			fmt.Fprintf(&b, " k%d = 1,", i)
-		}
-		b.WriteString(" z = 1 }\n")
-		return b.String()
-	}
+	flat := func(n int) string { return gen("[[service]]\n", "k%d = 1\n", "", n) }
+	headers := func(n int) string { return gen("[[service]]\n", "[service.t%d]\n", "", n) }
+	inline := func(n int) string { return gen("[[service]]\nx = {", " k%d = 1,", " z = 1 }\n", n) }
 	for _, c := range []struct {
 		name string
 		data string
