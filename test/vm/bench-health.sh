@@ -21,6 +21,8 @@
 #   VIPD_HEALTHBENCH_WINDOW       CPU window, s (default 20)
 #   VIPD_HEALTHBENCH_SAMPLES      detection samples per workload (default 20 TCP, 10 HTTP)
 #   VIPD_HEALTHBENCH_WHERE        host, guest or both (default both)
+#   VIPD_HEALTHBENCH_CPUPROFILE   host part: the daemon writes a CPU profile of its run to
+#                                 this file (go tool pprof)
 #   VIPD_BENCH_OUT                result path prefix (default bin/bench/bench-health-DATE);
 #                                 tables in PREFIX-host.txt and PREFIX-guest.txt
 #

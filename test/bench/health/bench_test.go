@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,6 +44,8 @@ import (
 //	                          namespace (bench-health.sh runs it under
 //	                          unshare -n), where it may route 10.77.0.0/16
 //	                          to lo
+//	VIPD_HEALTHBENCH_CPUPROFILE  file the host's vipd writes a CPU profile
+//	                          of its whole run to (go tool pprof)
 //
 // Roles of the test binary's child processes.
 const (
@@ -113,6 +116,19 @@ func runDaemon() int {
 	})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if path := os.Getenv("VIPD_HEALTHBENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := a.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
