@@ -6,9 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 )
 
 // RenderJSON writes snap as indented JSON, for scripts. The JSON decodes
@@ -29,10 +30,10 @@ func RenderJSON(w io.Writer, snap *Snapshot) error {
 // are humanised with SI prefixes, rates are per second, and health
 // durations count back from the snapshot's time.
 func RenderTable(w io.Writer, snap *Snapshot) error {
-	var buf bytes.Buffer
-	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "vipd status at %s\n", snap.Time.Format(time.RFC3339))
-	fmt.Fprintln(tw, summary(snap))
+	out := bufio.NewWriterSize(w, 64<<10)
+	var head bytes.Buffer
+	fmt.Fprintf(&head, "vipd status at %s\n", snap.Time.Format(time.RFC3339))
+	fmt.Fprintln(&head, summary(snap))
 	if h := snap.HA; h != nil {
 		drained := ""
 		if h.Drained {
@@ -46,36 +47,44 @@ func RenderTable(w io.Writer, snap *Snapshot) error {
 		if h.Master != "" && h.Role != "master" {
 			master = ", master " + h.Master
 		}
-		fmt.Fprintf(tw, "ha: %s of vrid %d%s, priority %d (configured %d)%s%s\n", h.Role, h.VRID, since, h.Priority, h.Configured, master, drained)
+		fmt.Fprintf(&head, "ha: %s of vrid %d%s, priority %d (configured %d)%s%s\n", h.Role, h.VRID, since, h.Priority, h.Configured, master, drained)
 	}
 	if b := snap.BGP; b != nil {
-		renderBGP(tw, snap.Time, b)
+		renderBGP(&head, snap.Time, b)
 	}
 	for _, src := range snap.Sources {
 		state := "in step"
 		if src.Error != "" {
 			state = "out of step, its last services keep serving: " + src.Error
 		}
-		fmt.Fprintf(tw, "source %s: %d services, %s\n", src.Name, src.Services, state)
+		fmt.Fprintf(&head, "source %s: %d services, %s\n", src.Name, src.Services, state)
 	}
-	if len(snap.Services)+len(snap.Removed) > 0 {
-		fmt.Fprintln(tw)
-		fmt.Fprintln(tw, "SERVICE / BACKEND\tSTATE\tWEIGHT\tCONF\tACTIVE\tINACT\tCONNS\tIN\tOUT\tCONN/S\tIN/S\tOUT/S\tDETAIL")
-	}
-	for i := range snap.Services {
-		s := &snap.Services[i]
-		serviceRows(tw, snap.Time, s, s.Name+" "+s.Key)
-	}
-	for i := range snap.Removed {
-		s := &snap.Removed[i]
-		serviceRows(tw, snap.Time, s, s.Key)
-	}
-	tw.Flush() // cannot fail: it writes to a buffer
-	// Padding before an empty last cell leaves trailing blanks.
-	out := bufio.NewWriterSize(w, 64<<10)
-	for line := range bytes.Lines(buf.Bytes()) {
+	for line := range bytes.Lines(head.Bytes()) {
 		out.Write(bytes.TrimRight(line, " \n"))
 		out.WriteByte('\n')
+	}
+	if len(snap.Services)+len(snap.Removed) > 0 {
+		n := 1
+		for i := range snap.Services {
+			n += 1 + len(snap.Services[i].Backends)
+		}
+		for i := range snap.Removed {
+			n += 1 + len(snap.Removed[i].Backends)
+		}
+		g := newGrid(13, n)
+		for _, h := range []string{"SERVICE / BACKEND", "STATE", "WEIGHT", "CONF", "ACTIVE", "INACT", "CONNS", "IN", "OUT", "CONN/S", "IN/S", "OUT/S", "DETAIL"} {
+			g.add(h)
+		}
+		for i := range snap.Services {
+			s := &snap.Services[i]
+			serviceRows(g, snap.Time, s, s.Name, " ", s.Key)
+		}
+		for i := range snap.Removed {
+			s := &snap.Removed[i]
+			serviceRows(g, snap.Time, s, s.Key)
+		}
+		out.WriteByte('\n')
+		g.write(out)
 	}
 	if err := out.Flush(); err != nil {
 		return fmt.Errorf("render status table: %w", err)
@@ -83,67 +92,140 @@ func RenderTable(w io.Writer, snap *Snapshot) error {
 	return nil
 }
 
-// serviceRows writes the row of a service, labelled label, and those of
-// its backends.
-func serviceRows(w io.Writer, now time.Time, s *Service, label string) {
-	row(w, label, string(s.State), "", "", serviceCounts(s), serviceDetail(s))
+// grid lays out rows of cells in columns, as text/tabwriter does with a
+// padding of two blanks: every cell but a row's last is padded to the
+// width of its column's widest cell (in runes) and two blanks. Its lines
+// end without blanks. Tabs and line breaks in a cell become blanks.
+type grid struct {
+	cols  int
+	text  []byte // the cells' text, one after the other
+	ends  []int  // where each cell's text ends in text
+	width []int  // the widest cell of each column, in runes
+}
+
+func newGrid(cols, rows int) *grid {
+	return &grid{cols: cols, text: make([]byte, 0, rows*cols*6), ends: make([]int, 0, rows*cols), width: make([]int, cols)}
+}
+
+// add appends a cell of the text of the given strings, one after the
+// other.
+func (g *grid) add(parts ...string) {
+	start := len(g.text)
+	for _, p := range parts {
+		for i := 0; i < len(p); i++ {
+			c := p[i]
+			if c == '\t' || c == '\n' || c == '\r' {
+				c = ' '
+			}
+			g.text = append(g.text, c)
+		}
+	}
+	g.end(start)
+}
+
+// addSI appends a cell of v with an SI prefix (appendSI).
+func (g *grid) addSI(v uint64, unit string) {
+	start := len(g.text)
+	g.text = appendSI(g.text, v, unit)
+	g.end(start)
+}
+
+// addInt appends a cell of v in decimal.
+func (g *grid) addInt(v int) {
+	start := len(g.text)
+	g.text = strconv.AppendInt(g.text, int64(v), 10)
+	g.end(start)
+}
+
+func (g *grid) end(start int) {
+	col := len(g.ends) % g.cols
+	g.ends = append(g.ends, len(g.text))
+	g.width[col] = max(g.width[col], utf8.RuneCount(g.text[start:]))
+}
+
+// write writes the grid's rows.
+func (g *grid) write(w *bufio.Writer) {
+	const pad = "                                                                "
+	var line []byte
+	start := 0
+	for i, end := range g.ends {
+		col := i % g.cols
+		cell := g.text[start:end]
+		start = end
+		line = append(line, cell...)
+		if col < g.cols-1 {
+			for n := g.width[col] + 2 - utf8.RuneCount(cell); n > 0; {
+				k := min(n, len(pad))
+				line = append(line, pad[:k]...)
+				n -= k
+			}
+			continue
+		}
+		w.Write(bytes.TrimRight(line, " "))
+		w.WriteByte('\n')
+		line = line[:0]
+	}
+}
+
+// serviceRows adds the row of a service, labelled with the text of label,
+// and those of its backends.
+func serviceRows(g *grid, now time.Time, s *Service, label ...string) {
+	g.add(label...)
+	g.add(string(s.State))
+	g.add()
+	g.add()
+	if s.State == Missing {
+		dashes(g)
+	} else {
+		counts(g, s.ActiveConns, s.InactiveConns, &s.Stats)
+	}
+	g.add(serviceDetail(s))
+	var addr []byte
 	for j := range s.Backends {
 		b := &s.Backends[j]
-		weight, conf := "-", "-"
+		addr = b.Address.AppendTo(append(addr[:0], "  -> "...))
+		g.add(string(addr))
+		if b.Health != nil {
+			g.add(b.Health.State, " ", ago(now.Sub(b.Health.Since)))
+		} else {
+			g.add("-")
+		}
 		if b.InKernel {
-			weight = fmt.Sprint(b.Weight)
+			g.addInt(b.Weight)
+		} else {
+			g.add("-")
 		}
 		if b.Configured {
-			conf = fmt.Sprint(b.ConfiguredWeight)
+			g.addInt(b.ConfiguredWeight)
+		} else {
+			g.add("-")
 		}
-		state := "-"
-		if b.Health != nil {
-			state = b.Health.State + " " + ago(now.Sub(b.Health.Since))
+		if b.InKernel {
+			counts(g, uint64(b.ActiveConns), uint64(b.InactiveConns), &b.Stats)
+		} else {
+			dashes(g)
 		}
-		row(w, "  -> "+b.Address.String(), state, weight, conf, backendCounts(b), backendDetail(s, b))
+		g.add(backendDetail(s, b))
 	}
 }
 
-// row writes one table row; counts are the eight counter and rate cells.
-func row(w io.Writer, name, state, weight, conf string, counts [8]string, detail string) {
-	cells := append([]string{name, state, weight, conf}, counts[:]...)
-	cells = append(cells, detail)
-	for i, c := range cells {
-		// A tab or newline (in a health error, say) would break the grid.
-		cells[i] = strings.Map(func(r rune) rune {
-			if r == '\t' || r == '\n' || r == '\r' {
-				return ' '
-			}
-			return r
-		}, c)
-	}
-	fmt.Fprintln(w, strings.Join(cells, "\t"))
+// counts adds the eight counter and rate cells.
+func counts(g *grid, active, inactive uint64, st *Stats) {
+	g.addSI(active, "")
+	g.addSI(inactive, "")
+	g.addSI(st.Conns, "")
+	g.addSI(st.InBytes, "B")
+	g.addSI(st.OutBytes, "B")
+	g.addSI(st.ConnRate, "")
+	g.addSI(st.InByteRate, "B")
+	g.addSI(st.OutByteRate, "B")
 }
 
-func serviceCounts(s *Service) [8]string {
-	if s.State == Missing {
-		return dashes()
+// dashes adds eight cells of "-": no counters.
+func dashes(g *grid) {
+	for range 8 {
+		g.add("-")
 	}
-	return counts(s.ActiveConns, s.InactiveConns, s.Stats)
-}
-
-func backendCounts(b *Backend) [8]string {
-	if !b.InKernel {
-		return dashes()
-	}
-	return counts(uint64(b.ActiveConns), uint64(b.InactiveConns), b.Stats)
-}
-
-func counts(active, inactive uint64, st Stats) [8]string {
-	return [8]string{
-		si(active, ""), si(inactive, ""),
-		si(st.Conns, ""), si(st.InBytes, "B"), si(st.OutBytes, "B"),
-		si(st.ConnRate, ""), si(st.InByteRate, "B"), si(st.OutByteRate, "B"),
-	}
-}
-
-func dashes() [8]string {
-	return [8]string{"-", "-", "-", "-", "-", "-", "-", "-"}
 }
 
 // summary is the line that sums up a snapshot.
@@ -258,11 +340,11 @@ func backendDetail(s *Service, b *Backend) string {
 	return strings.Join(parts, "; ")
 }
 
-// si formats v with an SI prefix and three significant digits: 999, 1.23k,
-// 45.6M; unit follows the prefix.
-func si(v uint64, unit string) string {
+// appendSI appends v to b with an SI prefix and three significant digits:
+// 999, 1.23k, 45.6M; unit follows the prefix.
+func appendSI(b []byte, v uint64, unit string) []byte {
 	if v < 1000 {
-		return fmt.Sprintf("%d%s", v, unit)
+		return append(strconv.AppendUint(b, v, 10), unit...)
 	}
 	const prefixes = "kMGTPE"
 	f := float64(v)
@@ -271,16 +353,15 @@ func si(v uint64, unit string) string {
 		f /= 1000
 		i++
 	}
-	var s string
+	prec := 0
 	switch {
 	case f < 9.995:
-		s = fmt.Sprintf("%.2f", f)
+		prec = 2
 	case f < 99.95:
-		s = fmt.Sprintf("%.1f", f)
-	default:
-		s = fmt.Sprintf("%.0f", f)
+		prec = 1
 	}
-	return s + prefixes[i:i+1] + unit
+	b = strconv.AppendFloat(b, f, 'f', prec, 64)
+	return append(append(b, prefixes[i]), unit...)
 }
 
 // ago formats a duration coarsely, to two units: 42s, 5m12s, 3h04m, 2d03h.
