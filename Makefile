@@ -98,7 +98,7 @@ check: lint build
 ## Services of a real API server in another (test/vm/bench-k8s.sh;
 ## VIPD_BENCH_K8S_SIZES). Not part of make test.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config ./agent ./monitor/metrics ./monitor/status
+	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config ./agent ./monitor/metrics ./monitor/status ./cmd/vipd
 	test/vm/bench.sh
 	test/vm/bench-ha.sh
 	test/vm/bench-health.sh

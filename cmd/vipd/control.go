@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -86,6 +88,13 @@ func serveControl(a *agent.Agent, path string, lim serverLimits, log *slog.Logge
 		}
 		if err != nil {
 			answer(w, reply{Error: err.Error()})
+			return
+		}
+		if r.URL.Query().Get("format") == "table" {
+			// vipd status's table, rendered here: at 10,000 services
+			// the JSON costs the daemon and the command far more.
+			w.Header().Set("Content-Type", tableType)
+			status.RenderTable(w, snap) // fails only when the client is gone
 			return
 		}
 		answer(w, reply{Status: snap})
@@ -229,26 +238,45 @@ func controlClient(socket string) *http.Client {
 	}
 }
 
+// tableType is the content type of the status table the control socket
+// renders (GET /v1/status?format=table).
+const tableType = "text/plain; charset=utf-8"
+
 // callControl sends one request and decodes the reply.
 func callControl(socket, method, path string) (reply, error) {
 	var rep reply
+	_, err := callControlTo(socket, method, path, nil, &rep)
+	return rep, err
+}
+
+// callControlTo sends one request. A text answer (the status table) is
+// copied to text, if not nil, and copied reports it; a JSON answer is
+// decoded into into: an error, or the answer of a daemon that renders no
+// table.
+func callControlTo(socket, method, path string, text io.Writer, into any) (copied bool, err error) {
 	req, err := http.NewRequest(method, "http://vipd"+path, nil)
 	if err != nil {
-		return rep, err
+		return false, err
 	}
 	resp, err := controlClient(socket).Do(req)
 	if err != nil {
-		return rep, fmt.Errorf("is vipd running? %w", err)
+		return false, fmt.Errorf("is vipd running? %w", err)
 	}
 	defer resp.Body.Close()
+	if text != nil && resp.StatusCode == http.StatusOK && resp.Header.Get("Content-Type") == tableType {
+		if _, err := io.Copy(text, resp.Body); err != nil {
+			return false, fmt.Errorf("read reply: %w", err)
+		}
+		return true, nil
+	}
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return rep, fmt.Errorf("read reply: %w", err)
+		return false, fmt.Errorf("read reply: %w", err)
 	}
-	if err := json.Unmarshal(body, &rep); err != nil {
-		return rep, fmt.Errorf("bad reply from vipd (%s): %w", resp.Status, err)
+	if err := json.Unmarshal(body, into); err != nil {
+		return false, fmt.Errorf("bad reply from vipd (%s): %w", resp.Status, err)
 	}
-	return rep, nil
+	return false, nil
 }
 
 func newReloadCmd() *cobra.Command {
@@ -318,20 +346,51 @@ once per stats_interval (and again after a change it made), however many
 ask; the metrics show the same. -o json prints the same for scripts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rep, err := callControl(socket, http.MethodGet, "/v1/status")
-			if err != nil {
-				return err
-			}
-			if rep.Error != "" || rep.Status == nil {
-				return printReply(cmd, reply{Error: "status: " + rep.Error})
-			}
+			out := bufio.NewWriterSize(cmd.OutOrStdout(), 64<<10)
 			switch output {
 			case "json":
-				return status.RenderJSON(cmd.OutOrStdout(), rep.Status)
+				// The daemon's JSON, indented as it comes: decoding it
+				// and encoding it again costs seconds at 10,000
+				// services.
+				var rep struct {
+					Status json.RawMessage `json:"status"`
+					Error  string          `json:"error"`
+				}
+				if _, err := callControlTo(socket, http.MethodGet, "/v1/status", nil, &rep); err != nil {
+					return err
+				}
+				if rep.Error != "" || len(rep.Status) == 0 {
+					return printReply(cmd, reply{Error: "status: " + rep.Error})
+				}
+				var b bytes.Buffer
+				if err := json.Indent(&b, rep.Status, "", "  "); err != nil {
+					return fmt.Errorf("status: bad reply from vipd: %w", err)
+				}
+				b.WriteByte('\n')
+				out.Write(b.Bytes())
 			case "table", "":
-				return status.RenderTable(cmd.OutOrStdout(), rep.Status)
+				// The daemon renders the table; an older one answers
+				// JSON, rendered here.
+				var rep reply
+				copied, err := callControlTo(socket, http.MethodGet, "/v1/status?format=table", out, &rep)
+				if err != nil {
+					return err
+				}
+				if !copied {
+					if rep.Error != "" || rep.Status == nil {
+						return printReply(cmd, reply{Error: "status: " + rep.Error})
+					}
+					if err := status.RenderTable(out, rep.Status); err != nil {
+						return err
+					}
+				}
+			default:
+				return fmt.Errorf("-o %q: want table or json", output)
 			}
-			return fmt.Errorf("-o %q: want table or json", output)
+			if err := out.Flush(); err != nil {
+				return fmt.Errorf("status: %w", err)
+			}
+			return nil
 		},
 	}
 	socketFlag(cmd, &socket)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,7 +46,7 @@ func (s *syncBuffer) String() string {
 }
 
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	path   string
 	socket string
@@ -89,7 +91,7 @@ func (h *harness) write(body string) {
 	}
 }
 
-func startDaemon(t *testing.T, daemonExtra, services string) *harness {
+func startDaemon(t testing.TB, daemonExtra, services string) *harness {
 	dir := t.TempDir()
 	h := newHarness(t, dir, lbtest.New())
 	h.write(h.header(daemonExtra) + services)
@@ -105,7 +107,7 @@ func startDaemonAt(t *testing.T, dir string, k *lbtest.Kernel) *harness {
 	return h
 }
 
-func newHarness(t *testing.T, dir string, k *lbtest.Kernel) *harness {
+func newHarness(t testing.TB, dir string, k *lbtest.Kernel) *harness {
 	return &harness{t: t, dir: dir, path: filepath.Join(dir, "vipd.toml"), socket: filepath.Join(dir, "vipd.sock"),
 		k: k, log: &syncBuffer{}, done: make(chan error, 1)}
 }
@@ -624,4 +626,69 @@ func TestDaemonInclude(t *testing.T) {
 	}
 	writeAt(t, more, "[[service]]\nname = \"more\"\nvip = \"192.0.2.20\"\nport = 82\nbackend = [{ address = \"10.0.0.8\" }]\n")
 	h.eventually("a change after the refusal", func() bool { return strings.Contains(h.k.Dump(), "192.0.2.20:82") })
+}
+
+// TestStatusCommand runs `vipd status` against a daemon: the daemon
+// renders the table, which is the table of the snapshot -o json prints;
+// and a daemon that answers the table's request with JSON (an older
+// vipd) gets its snapshot rendered by the command.
+func TestStatusCommand(t *testing.T) {
+	h := startDaemon(t, `stats_interval = "10m"`, twoServices)
+	h.eventually("programming", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443") })
+	statusCmd := func(socket string, args ...string) string {
+		t.Helper()
+		var out, errOut strings.Builder
+		root := newRoot(&out, &errOut)
+		root.SetArgs(append([]string{"status", "--socket", socket}, args...))
+		if err := root.Execute(); err != nil || errOut.Len() > 0 {
+			t.Fatalf("vipd status %v: %v %s", args, err, errOut.String())
+		}
+		return out.String()
+	}
+	// The snapshot stays cached for stats_interval: both see the same.
+	js := statusCmd(h.socket, "-o", "json")
+	table := statusCmd(h.socket)
+	var snap status.Snapshot
+	if err := json.Unmarshal([]byte(js), &snap); err != nil {
+		t.Fatalf("-o json: %v\n%s", err, js)
+	}
+	var want, wantJSON strings.Builder
+	if err := status.RenderTable(&want, &snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := status.RenderJSON(&wantJSON, &snap); err != nil {
+		t.Fatal(err)
+	}
+	if js != wantJSON.String() {
+		t.Errorf("-o json prints:\n%s\nwant RenderJSON's:\n%s", js, wantJSON.String())
+	}
+	if table != want.String() || !strings.Contains(table, "web 192.0.2.10:80/tcp") {
+		t.Errorf("the command's table:\n%s\nwant the table of -o json's snapshot:\n%s", table, want.String())
+	}
+	// The daemon rendered it.
+	var served strings.Builder
+	if copied, err := callControlTo(h.socket, "GET", "/v1/status?format=table", &served, new(reply)); err != nil || !copied || served.String() != want.String() {
+		t.Errorf("GET /v1/status?format=table: copied %v, %v:\n%s", copied, err, served.String())
+	}
+
+	// An older daemon answers JSON to ?format=table.
+	old := filepath.Join(t.TempDir(), "old.sock")
+	l, err := net.Listen("unix", old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked atomic.Value
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Store(r.URL.String())
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(reply{Status: &snap})
+	})}
+	go srv.Serve(l)
+	defer srv.Close()
+	if got := statusCmd(old); got != want.String() {
+		t.Errorf("an older daemon's JSON, rendered by the command:\n%s\nwant:\n%s", got, want.String())
+	}
+	if got, _ := asked.Load().(string); got != "/v1/status?format=table" {
+		t.Errorf("the command asked for %q, want /v1/status?format=table", got)
+	}
 }
