@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -26,8 +25,8 @@ import (
 // the daemon's state, nothing read; "taken" is the request that finds the
 // cache stale and takes a snapshot: the read of the table (here the fake
 // kernel's copy; in the kernel, one netlink dump) joined with the daemon's
-// state. The status is encoded as the control socket answers it (JSON)
-// and rendered as `vipd status` prints it (table).
+// state. The status is encoded as the control socket answers -o json
+// (JSON) and rendered as it answers `vipd status` (table).
 func BenchmarkStatus(b *testing.B) {
 	k := lbtest.New()
 	a, ctx, stop := benchAgent(b, benchConfig(b, 10000, 10), k.Interface())
@@ -40,16 +39,14 @@ func BenchmarkStatus(b *testing.B) {
 		b.Fatalf("status of %d services, want 10000", got)
 	}
 
-	// reply is the control socket's answer (cmd/vipd's reply).
-	type reply struct {
-		Status *status.Snapshot `json:"status,omitempty"`
-	}
+	// request is the control socket's answer to vipd status -o json
+	// (cmd/vipd): the snapshot as JSON, a service at a time.
 	request := func(b *testing.B) {
 		snap, err := a.Status(ctx)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := json.NewEncoder(io.Discard).Encode(reply{Status: snap}); err != nil {
+		if err := status.WriteJSON(io.Discard, snap); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -23,6 +23,62 @@ func RenderJSON(w io.Writer, snap *Snapshot) error {
 	return nil
 }
 
+// WriteJSON writes snap as compact JSON, as json.Marshal does, but a
+// service at a time: the JSON of 10,000 services of 10 backends is 30
+// MB, which json.Marshal holds whole (and grows by doubling).
+func WriteJSON(w io.Writer, snap *Snapshot) error {
+	head := *snap
+	head.Services, head.Removed = nil, nil
+	b, err := json.Marshal(&head)
+	if err != nil {
+		return fmt.Errorf("encode status: %w", err)
+	}
+	// The lists' place: the first such text, as the fields before them
+	// are a time, a bool and numbers (and a quote in a string is
+	// escaped).
+	const lists = `"services":null,"removed_services":null`
+	i := bytes.Index(b, []byte(lists))
+	if i < 0 {
+		return fmt.Errorf("encode status: no %s in %s", lists, b)
+	}
+	bw := bufio.NewWriterSize(w, 64<<10)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	list := func(l []Service) error {
+		if l == nil {
+			bw.WriteString("null")
+			return nil
+		}
+		bw.WriteByte('[')
+		for i := range l {
+			if i > 0 {
+				bw.WriteByte(',')
+			}
+			buf.Reset()
+			if err := enc.Encode(&l[i]); err != nil {
+				return fmt.Errorf("encode status: %w", err)
+			}
+			bw.Write(bytes.TrimSuffix(buf.Bytes(), []byte("\n")))
+		}
+		bw.WriteByte(']')
+		return nil
+	}
+	bw.Write(b[:i])
+	bw.WriteString(`"services":`)
+	if err := list(snap.Services); err != nil {
+		return err
+	}
+	bw.WriteString(`,"removed_services":`)
+	if err := list(snap.Removed); err != nil {
+		return err
+	}
+	bw.Write(b[i+len(lists):])
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("write status: %w", err)
+	}
+	return nil
+}
+
 // RenderTable writes snap as a table for people: a summary line, then a
 // row per service and one per backend below it, with the kernel's
 // counters (ipvsadm -Ln --stats) and rates (--rate) beside what vipd knows
@@ -64,27 +120,24 @@ func RenderTable(w io.Writer, snap *Snapshot) error {
 		out.WriteByte('\n')
 	}
 	if len(snap.Services)+len(snap.Removed) > 0 {
-		n := 1
-		for i := range snap.Services {
-			n += 1 + len(snap.Services[i].Backends)
-		}
-		for i := range snap.Removed {
-			n += 1 + len(snap.Removed[i].Backends)
-		}
-		g := newGrid(13, n)
-		for _, h := range []string{"SERVICE / BACKEND", "STATE", "WEIGHT", "CONF", "ACTIVE", "INACT", "CONNS", "IN", "OUT", "CONN/S", "IN/S", "OUT/S", "DETAIL"} {
-			g.add(h)
-		}
-		for i := range snap.Services {
-			s := &snap.Services[i]
-			serviceRows(g, snap.Time, s, s.Name, " ", s.Key)
-		}
-		for i := range snap.Removed {
-			s := &snap.Removed[i]
-			serviceRows(g, snap.Time, s, s.Key)
-		}
 		out.WriteByte('\n')
-		g.write(out)
+		// Two passes: the columns' widths, then the rows. Nothing of
+		// the table is held but a line: at 10,000 services it is 10 MiB.
+		g := &grid{cols: len(tableHeader), width: make([]int, len(tableHeader))}
+		for _, w := range []*bufio.Writer{nil, out} {
+			g.w = w
+			for _, h := range tableHeader {
+				g.add(h)
+			}
+			for i := range snap.Services {
+				s := &snap.Services[i]
+				serviceRows(g, snap.Time, s, s.Name, " ", s.Key)
+			}
+			for i := range snap.Removed {
+				s := &snap.Removed[i]
+				serviceRows(g, snap.Time, s, s.Key)
+			}
+		}
 	}
 	if err := out.Flush(); err != nil {
 		return fmt.Errorf("render status table: %w", err)
@@ -92,79 +145,71 @@ func RenderTable(w io.Writer, snap *Snapshot) error {
 	return nil
 }
 
+// tableHeader is the table's first row.
+var tableHeader = []string{"SERVICE / BACKEND", "STATE", "WEIGHT", "CONF", "ACTIVE", "INACT", "CONNS", "IN", "OUT", "CONN/S", "IN/S", "OUT/S", "DETAIL"}
+
 // grid lays out rows of cells in columns, as text/tabwriter does with a
 // padding of two blanks: every cell but a row's last is padded to the
 // width of its column's widest cell (in runes) and two blanks. Its lines
 // end without blanks. Tabs and line breaks in a cell become blanks.
+//
+// The rows are given twice: with no writer, to measure the columns, then
+// with w, to write them.
 type grid struct {
 	cols  int
-	text  []byte // the cells' text, one after the other
-	ends  []int  // where each cell's text ends in text
-	width []int  // the widest cell of each column, in runes
+	width []int // the widest cell of each column, in runes
+	w     *bufio.Writer
+	col   int    // the column of the next cell
+	cell  []byte // scratch for a cell's text
+	line  []byte // the row being written
 }
 
-func newGrid(cols, rows int) *grid {
-	return &grid{cols: cols, text: make([]byte, 0, rows*cols*6), ends: make([]int, 0, rows*cols), width: make([]int, cols)}
-}
-
-// add appends a cell of the text of the given strings, one after the
-// other.
+// add adds a cell of the text of the given strings, one after the other.
 func (g *grid) add(parts ...string) {
-	start := len(g.text)
+	g.cell = g.cell[:0]
 	for _, p := range parts {
 		for i := 0; i < len(p); i++ {
 			c := p[i]
 			if c == '\t' || c == '\n' || c == '\r' {
 				c = ' '
 			}
-			g.text = append(g.text, c)
+			g.cell = append(g.cell, c)
 		}
 	}
-	g.end(start)
+	g.end()
 }
 
-// addSI appends a cell of v with an SI prefix (appendSI).
+// addSI adds a cell of v with an SI prefix (appendSI).
 func (g *grid) addSI(v uint64, unit string) {
-	start := len(g.text)
-	g.text = appendSI(g.text, v, unit)
-	g.end(start)
+	g.cell = appendSI(g.cell[:0], v, unit)
+	g.end()
 }
 
-// addInt appends a cell of v in decimal.
+// addInt adds a cell of v in decimal.
 func (g *grid) addInt(v int) {
-	start := len(g.text)
-	g.text = strconv.AppendInt(g.text, int64(v), 10)
-	g.end(start)
+	g.cell = strconv.AppendInt(g.cell[:0], int64(v), 10)
+	g.end()
 }
 
-func (g *grid) end(start int) {
-	col := len(g.ends) % g.cols
-	g.ends = append(g.ends, len(g.text))
-	g.width[col] = max(g.width[col], utf8.RuneCount(g.text[start:]))
-}
-
-// write writes the grid's rows.
-func (g *grid) write(w *bufio.Writer) {
-	const pad = "                                                                "
-	var line []byte
-	start := 0
-	for i, end := range g.ends {
-		col := i % g.cols
-		cell := g.text[start:end]
-		start = end
-		line = append(line, cell...)
-		if col < g.cols-1 {
-			for n := g.width[col] + 2 - utf8.RuneCount(cell); n > 0; {
-				k := min(n, len(pad))
-				line = append(line, pad[:k]...)
-				n -= k
-			}
-			continue
-		}
-		w.Write(bytes.TrimRight(line, " "))
-		w.WriteByte('\n')
-		line = line[:0]
+// end measures or writes the cell in g.cell.
+func (g *grid) end() {
+	col := g.col
+	g.col = (g.col + 1) % g.cols
+	n := utf8.RuneCount(g.cell)
+	if g.w == nil {
+		g.width[col] = max(g.width[col], n)
+		return
 	}
+	g.line = append(g.line, g.cell...)
+	if col < g.cols-1 {
+		for range g.width[col] + 2 - n {
+			g.line = append(g.line, ' ')
+		}
+		return
+	}
+	g.w.Write(bytes.TrimRight(g.line, " "))
+	g.w.WriteByte('\n')
+	g.line = g.line[:0]
 }
 
 // serviceRows adds the row of a service, labelled with the text of label,

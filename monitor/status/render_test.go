@@ -2,6 +2,7 @@ package status
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -187,6 +188,41 @@ func TestTableMatchesTabwriter(t *testing.T) {
 		}
 		if want := tabwriterTable(snap); got.String() != want {
 			t.Fatalf("snapshot %d: the grid differs from tabwriter's\n--- got\n%s\n--- want\n%s", i, got.String(), want)
+		}
+	}
+}
+
+// TestWriteJSONMatchesMarshal checks WriteJSON against json.Marshal on
+// random snapshots, with and without services, HA, BGP and sources, and
+// with the text WriteJSON looks for in the strings of each.
+func TestWriteJSONMatchesMarshal(t *testing.T) {
+	const lists = `"services":null,"removed_services":null`
+	r := rand.New(rand.NewPCG(7, 8))
+	for i := range 300 {
+		snap := randomSnapshot(r, r.IntN(12))
+		switch i % 4 {
+		case 0:
+			snap.Services, snap.Removed = nil, nil
+		case 1:
+			snap.Services, snap.Removed = []Service{}, []Service{}
+		case 2:
+			snap.HA = &HA{Role: "backup", VRID: 7, Master: lists, Reason: lists}
+			snap.BGP = &BGP{ASN: 65001, RouterID: lists, Withheld: []BGPWithheld{{Route: "192.0.2.1/32", Reason: lists}}}
+			snap.Sources = []Source{{Name: lists, Services: 3, Error: lists}}
+		}
+		if len(snap.Services) > 0 {
+			snap.Services[0].Name = lists
+		}
+		want, err := json.Marshal(snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got bytes.Buffer
+		if err := WriteJSON(&got, snap); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes(), want) {
+			t.Fatalf("snapshot %d:\n%s\nwant json.Marshal's:\n%s", i, got.Bytes(), want)
 		}
 	}
 }
