@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -97,7 +98,13 @@ func serveControl(a *agent.Agent, path string, lim serverLimits, log *slog.Logge
 			status.RenderTable(w, snap) // fails only when the client is gone
 			return
 		}
-		answer(w, reply{Status: snap})
+		// reply{Status: snap} as answer would encode it, a service at a
+		// time rather than 30 MB at once at 10,000 services.
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"status":`)
+		if status.WriteJSON(w, snap) == nil {
+			io.WriteString(w, "}\n")
+		}
 	}))
 	for _, kind := range []string{"drain", "undrain"} {
 		do := a.Drain
@@ -245,38 +252,103 @@ const tableType = "text/plain; charset=utf-8"
 // callControl sends one request and decodes the reply.
 func callControl(socket, method, path string) (reply, error) {
 	var rep reply
-	_, err := callControlTo(socket, method, path, nil, &rep)
-	return rep, err
+	a, err := callControlRaw(socket, method, path)
+	if err != nil {
+		return rep, err
+	}
+	return rep, a.decode(&rep)
 }
 
-// callControlTo sends one request. A text answer (the status table) is
-// copied to text, if not nil, and copied reports it; a JSON answer is
-// decoded into into: an error, or the answer of a daemon that renders no
-// table.
-func callControlTo(socket, method, path string, text io.Writer, into any) (copied bool, err error) {
+// answer is a control socket's answer, read whole: in pieces of 256 KiB
+// rather than in a buffer that doubles (the status of 10,000 services is
+// 10 MiB as a table, 30 MiB as JSON), and before anything is printed, so
+// that a reader that stops reading (vipd status | less) holds none of
+// the daemon's few status requests.
+type answer struct {
+	status      string // the HTTP status line's text
+	ok          bool   // 200 OK
+	contentType string
+	pieces      [][]byte
+}
+
+// callControlRaw sends one request and reads the answer.
+func callControlRaw(socket, method, path string) (answer, error) {
 	req, err := http.NewRequest(method, "http://vipd"+path, nil)
 	if err != nil {
-		return false, err
+		return answer{}, err
 	}
 	resp, err := controlClient(socket).Do(req)
 	if err != nil {
-		return false, fmt.Errorf("is vipd running? %w", err)
+		return answer{}, fmt.Errorf("is vipd running? %w", err)
 	}
 	defer resp.Body.Close()
-	if text != nil && resp.StatusCode == http.StatusOK && resp.Header.Get("Content-Type") == tableType {
-		if _, err := io.Copy(text, resp.Body); err != nil {
-			return false, fmt.Errorf("read reply: %w", err)
+	a := answer{status: resp.Status, ok: resp.StatusCode == http.StatusOK, contentType: resp.Header.Get("Content-Type")}
+	for {
+		p := make([]byte, 256<<10)
+		n, err := io.ReadFull(resp.Body, p)
+		if n > 0 {
+			a.pieces = append(a.pieces, p[:n])
 		}
-		return true, nil
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return a, nil
+		}
+		if err != nil {
+			return answer{}, fmt.Errorf("read reply: %w", err)
+		}
 	}
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return false, fmt.Errorf("read reply: %w", err)
+}
+
+// decode decodes a JSON answer into rep.
+func (a answer) decode(rep any) error {
+	if err := json.Unmarshal(bytes.Join(a.pieces, nil), rep); err != nil {
+		return fmt.Errorf("bad reply from vipd (%s): %w", a.status, err)
 	}
-	if err := json.Unmarshal(body, into); err != nil {
-		return false, fmt.Errorf("bad reply from vipd (%s): %w", resp.Status, err)
+	return nil
+}
+
+// size is the answer's length in bytes.
+func (a answer) size() int {
+	n := 0
+	for _, p := range a.pieces {
+		n += len(p)
 	}
-	return false, nil
+	return n
+}
+
+// writeTo writes the answer's bytes from skip on, but the last trim, to w.
+func (a answer) writeTo(w io.Writer, skip, trim int) error {
+	end := a.size() - trim
+	at := 0
+	for _, p := range a.pieces {
+		lo, hi := max(skip-at, 0), min(end-at, len(p))
+		at += len(p)
+		if lo >= hi {
+			continue
+		}
+		if _, err := w.Write(p[lo:hi]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// statusJSON says whether a is a status reply as the daemon sends it,
+// {"status":SNAPSHOT} and a newline, and how long its head and tail are.
+func (a answer) statusJSON() (head, tail int, ok bool) {
+	const open, end = `{"status":`, "}\n"
+	// The head and the tail may straddle pieces.
+	var first, last []byte
+	for i := 0; i < len(a.pieces) && len(first) < len(open); i++ {
+		first = append(first, a.pieces[i][:min(len(a.pieces[i]), len(open)-len(first))]...)
+	}
+	for i := len(a.pieces) - 1; i >= 0 && len(last) < len(end); i-- {
+		p := a.pieces[i]
+		last = append(slices.Clone(p[max(len(p)-(len(end)-len(last)), 0):]), last...)
+	}
+	if !a.ok || a.size() < len(open)+len(end) || string(first) != open || string(last) != end {
+		return 0, 0, false
+	}
+	return len(open), len(end), true
 }
 
 func newReloadCmd() *cobra.Command {
@@ -347,45 +419,47 @@ ask; the metrics show the same. -o json prints the same for scripts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := bufio.NewWriterSize(cmd.OutOrStdout(), 64<<10)
+			path := "/v1/status"
 			switch output {
 			case "json":
-				// The daemon's JSON, indented as it comes: decoding it
-				// and encoding it again costs seconds at 10,000
-				// services.
-				var rep struct {
-					Status json.RawMessage `json:"status"`
-					Error  string          `json:"error"`
-				}
-				if _, err := callControlTo(socket, http.MethodGet, "/v1/status", nil, &rep); err != nil {
-					return err
-				}
-				if rep.Error != "" || len(rep.Status) == 0 {
-					return printReply(cmd, reply{Error: "status: " + rep.Error})
-				}
-				var b bytes.Buffer
-				if err := json.Indent(&b, rep.Status, "", "  "); err != nil {
-					return fmt.Errorf("status: bad reply from vipd: %w", err)
-				}
-				b.WriteByte('\n')
-				out.Write(b.Bytes())
 			case "table", "":
 				// The daemon renders the table; an older one answers
 				// JSON, rendered here.
-				var rep reply
-				copied, err := callControlTo(socket, http.MethodGet, "/v1/status?format=table", out, &rep)
-				if err != nil {
-					return err
-				}
-				if !copied {
-					if rep.Error != "" || rep.Status == nil {
-						return printReply(cmd, reply{Error: "status: " + rep.Error})
-					}
-					if err := status.RenderTable(out, rep.Status); err != nil {
-						return err
-					}
-				}
+				path += "?format=table"
 			default:
 				return fmt.Errorf("-o %q: want table or json", output)
+			}
+			a, err := callControlRaw(socket, http.MethodGet, path)
+			if err != nil {
+				return err
+			}
+			switch head, tail, ok := a.statusJSON(); {
+			case output != "json" && a.ok && a.contentType == tableType:
+				a.writeTo(out, 0, 0)
+			case output == "json" && ok:
+				// The daemon's snapshot, indented as it comes:
+				// decoding it and encoding it again took seconds at
+				// 10,000 services.
+				x := &indenter{w: out}
+				a.writeTo(x, head, tail)
+				if err := x.Close(); err != nil {
+					return fmt.Errorf("status: bad reply from vipd: %w", err)
+				}
+			default:
+				var rep reply
+				if err := a.decode(&rep); err != nil {
+					return err
+				}
+				if rep.Error != "" || rep.Status == nil {
+					return printReply(cmd, reply{Error: "status: " + rep.Error})
+				}
+				render := status.RenderTable
+				if output == "json" {
+					render = status.RenderJSON
+				}
+				if err := render(out, rep.Status); err != nil {
+					return err
+				}
 			}
 			if err := out.Flush(); err != nil {
 				return fmt.Errorf("status: %w", err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -666,9 +667,9 @@ func TestStatusCommand(t *testing.T) {
 		t.Errorf("the command's table:\n%s\nwant the table of -o json's snapshot:\n%s", table, want.String())
 	}
 	// The daemon rendered it.
-	var served strings.Builder
-	if copied, err := callControlTo(h.socket, "GET", "/v1/status?format=table", &served, new(reply)); err != nil || !copied || served.String() != want.String() {
-		t.Errorf("GET /v1/status?format=table: copied %v, %v:\n%s", copied, err, served.String())
+	a, err := callControlRaw(h.socket, "GET", "/v1/status?format=table")
+	if served := string(bytes.Join(a.pieces, nil)); err != nil || a.contentType != tableType || served != want.String() {
+		t.Errorf("GET /v1/status?format=table: %v, %q:\n%s", err, a.contentType, served)
 	}
 
 	// An older daemon answers JSON to ?format=table.
@@ -678,10 +679,15 @@ func TestStatusCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	var asked atomic.Value
+	var pretty atomic.Bool
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		asked.Store(r.URL.String())
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(reply{Status: &snap})
+		enc := json.NewEncoder(w)
+		if pretty.Load() {
+			enc.SetIndent("", "\t")
+		}
+		enc.Encode(reply{Status: &snap})
 	})}
 	go srv.Serve(l)
 	defer srv.Close()
@@ -690,5 +696,43 @@ func TestStatusCommand(t *testing.T) {
 	}
 	if got, _ := asked.Load().(string); got != "/v1/status?format=table" {
 		t.Errorf("the command asked for %q, want /v1/status?format=table", got)
+	}
+	// -o json of an answer not in the daemon's compact shape: decoded
+	// and encoded again, the same text.
+	pretty.Store(true)
+	if got := statusCmd(old, "-o", "json"); got != wantJSON.String() {
+		t.Errorf("-o json of an indented answer:\n%s\nwant:\n%s", got, wantJSON.String())
+	}
+}
+
+// TestAnswerPieces checks the status answer's head and tail wherever the
+// pieces it was read in are cut.
+func TestAnswerPieces(t *testing.T) {
+	body := []byte(`{"status":{"a":[1,{}],"b":"}\n"}}` + "\n")
+	want := "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": \"}\\n\"\n}\n"
+	for i := 1; i < len(body); i++ {
+		for j := i; j < len(body); j++ {
+			a := answer{ok: true, pieces: [][]byte{body[:i], body[i:j], body[j:]}}
+			head, tail, ok := a.statusJSON()
+			if !ok {
+				t.Fatalf("cut at %d and %d: not a status answer", i, j)
+			}
+			var b strings.Builder
+			w := bufio.NewWriter(&b)
+			x := &indenter{w: w}
+			a.writeTo(x, head, tail)
+			if err := x.Close(); err != nil {
+				t.Fatalf("cut at %d and %d: %v", i, j, err)
+			}
+			w.Flush()
+			if b.String() != want {
+				t.Fatalf("cut at %d and %d:\n%s\nwant:\n%s", i, j, b.String(), want)
+			}
+		}
+	}
+	for _, body := range []string{`{"error":"no"}` + "\n", `{"status":{}}`, `{"status":`, ""} {
+		if _, _, ok := (answer{ok: true, pieces: [][]byte{[]byte(body)}}).statusJSON(); ok {
+			t.Errorf("%q taken for a status answer", body)
+		}
 	}
 }
