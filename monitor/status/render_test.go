@@ -15,43 +15,6 @@ import (
 // si is appendSI as a string.
 func si(v uint64, unit string) string { return string(appendSI(nil, v, unit)) }
 
-// TestAppendSIMatchesFmt checks appendSI against the fmt verbs it
-// replaced, across every magnitude.
-func TestAppendSIMatchesFmt(t *testing.T) {
-	want := func(v uint64, unit string) string {
-		if v < 1000 {
-			return fmt.Sprintf("%d%s", v, unit)
-		}
-		const prefixes = "kMGTPE"
-		f := float64(v)
-		i := -1
-		for f >= 999.5 && i < len(prefixes)-1 {
-			f /= 1000
-			i++
-		}
-		var s string
-		switch {
-		case f < 9.995:
-			s = fmt.Sprintf("%.2f", f)
-		case f < 99.95:
-			s = fmt.Sprintf("%.1f", f)
-		default:
-			s = fmt.Sprintf("%.0f", f)
-		}
-		return s + prefixes[i:i+1] + unit
-	}
-	r := rand.New(rand.NewPCG(1, 2))
-	for i := range 200000 {
-		v := r.Uint64() >> r.UintN(64)
-		if i < 100 {
-			v = uint64(i) * 997
-		}
-		if got, w := si(v, "B"), want(v, "B"); got != w {
-			t.Fatalf("si(%d) = %q, want %q", v, got, w)
-		}
-	}
-}
-
 // tabwriterTable is the table as RenderTable wrote it with text/tabwriter
 // (padding 2) before it laid out its own grid: the reference the grid
 // must match byte for byte.
