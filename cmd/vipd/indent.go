@@ -1,32 +1,48 @@
 package main
 
 import (
-	"bufio"
 	"errors"
+	"io"
 )
 
 // indenter writes compact JSON, given in pieces, indented as json.Indent
 // indents it with no prefix and two blanks: byte for byte the same for
 // valid JSON, without holding the whole text. It does not validate: what
 // it is given comes from vipd's own encoder. Close reports a text that
-// ended inside a string or a value.
+// ended inside a string or a value, and the first error of w.
 type indenter struct {
-	w                            *bufio.Writer
+	w                            io.Writer
+	buf                          []byte // what is indented, until 64 KiB of it go to w
+	err                          error
 	depth                        int
 	inString, escaped, needsLine bool
 }
 
 // Write indents p, which continues what came before.
 func (x *indenter) Write(p []byte) (int, error) {
-	for _, c := range p {
+	b := x.buf
+	for i := 0; i < len(p); i++ {
+		c := p[i]
 		if x.inString {
-			x.w.WriteByte(c)
-			switch {
-			case x.escaped:
+			if x.escaped { // the byte after a backslash
 				x.escaped = false
-			case c == '\\':
+				b = append(b, c)
+				continue
+			}
+			// The string's bytes up to its end or an escape, at once.
+			j := i
+			for j < len(p) && p[j] != '"' && p[j] != '\\' {
+				j++
+			}
+			b = append(b, p[i:j]...)
+			if j == len(p) {
+				break
+			}
+			c, i = p[j], j
+			b = append(b, c)
+			if c == '\\' {
 				x.escaped = true
-			case c == '"':
+			} else { // the closing quote
 				x.inString = false
 			}
 			continue
@@ -40,48 +56,60 @@ func (x *indenter) Write(p []byte) (int, error) {
 		if x.needsLine && c != '}' && c != ']' {
 			x.needsLine = false
 			x.depth++
-			x.newline()
+			b = x.newline(b)
 		}
 		switch c {
 		case '"':
 			x.inString = true
-			x.w.WriteByte(c)
+			b = append(b, c)
 		case '{', '[':
 			x.needsLine = true
-			x.w.WriteByte(c)
+			b = append(b, c)
 		case ',':
-			x.w.WriteByte(c)
-			x.newline()
+			b = x.newline(append(b, c))
 		case ':':
-			x.w.WriteString(": ")
+			b = append(b, ':', ' ')
 		case '}', ']':
 			if x.needsLine {
 				x.needsLine = false
 			} else {
 				x.depth--
-				x.newline()
+				b = x.newline(b)
 			}
-			x.w.WriteByte(c)
+			b = append(b, c)
 		default:
-			x.w.WriteByte(c)
+			b = append(b, c)
 		}
+	}
+	x.buf = b
+	if len(x.buf) >= 64<<10 {
+		x.flush()
 	}
 	return len(p), nil
 }
 
-func (x *indenter) newline() {
-	x.w.WriteByte('\n')
+func (x *indenter) newline(b []byte) []byte {
+	b = append(b, '\n')
 	for range x.depth {
-		x.w.WriteString("  ")
+		b = append(b, ' ', ' ')
 	}
+	return b
 }
 
-// Close ends the text with a newline, as json.Encoder does, and reports
-// a text cut short.
+func (x *indenter) flush() {
+	if x.err == nil {
+		_, x.err = x.w.Write(x.buf)
+	}
+	x.buf = x.buf[:0]
+}
+
+// Close ends the text with a newline, as json.Encoder does, and writes
+// what is left. It reports a text cut short, and w's first error.
 func (x *indenter) Close() error {
 	if x.inString || x.depth != 0 || x.needsLine {
 		return errors.New("the JSON text ends early")
 	}
-	x.w.WriteByte('\n')
-	return nil
+	x.buf = append(x.buf, '\n')
+	x.flush()
+	return x.err
 }
