@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -336,16 +335,15 @@ func (a answer) writeTo(w io.Writer, skip, trim int) error {
 // {"status":SNAPSHOT} and a newline, and how long its head and tail are.
 func (a answer) statusJSON() (head, tail int, ok bool) {
 	const open, end = `{"status":`, "}\n"
+	n := a.size()
+	if !a.ok || n < len(open)+len(end) {
+		return 0, 0, false
+	}
 	// The head and the tail may straddle pieces.
-	var first, last []byte
-	for i := 0; i < len(a.pieces) && len(first) < len(open); i++ {
-		first = append(first, a.pieces[i][:min(len(a.pieces[i]), len(open)-len(first))]...)
-	}
-	for i := len(a.pieces) - 1; i >= 0 && len(last) < len(end); i-- {
-		p := a.pieces[i]
-		last = append(slices.Clone(p[max(len(p)-(len(end)-len(last)), 0):]), last...)
-	}
-	if !a.ok || a.size() < len(open)+len(end) || string(first) != open || string(last) != end {
+	var first, last bytes.Buffer
+	a.writeTo(&first, 0, n-len(open))
+	a.writeTo(&last, n-len(end), 0)
+	if first.String() != open || last.String() != end {
 		return 0, 0, false
 	}
 	return len(open), len(end), true

@@ -225,11 +225,10 @@ func serviceRows(g *grid, now time.Time, s *Service, label ...string) {
 		counts(g, s.ActiveConns, s.InactiveConns, &s.Stats)
 	}
 	g.add(serviceDetail(s))
-	var addr []byte
 	for j := range s.Backends {
 		b := &s.Backends[j]
-		addr = b.Address.AppendTo(append(addr[:0], "  -> "...))
-		g.add(string(addr))
+		g.cell = b.Address.AppendTo(append(g.cell[:0], "  -> "...))
+		g.end()
 		if b.Health != nil {
 			g.add(b.Health.State, " ", ago(now.Sub(b.Health.Since)))
 		} else {
