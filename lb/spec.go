@@ -63,6 +63,12 @@ type VirtualService struct {
 	Announce bool
 	// SNAT masquerades traffic to the backends (full-NAT, one-arm).
 	SNAT bool
+	// Allow, when not empty, lists the only source prefixes that may
+	// open connections to the service (a file service's allow key, a
+	// Kubernetes Service's loadBalancerSourceRanges); new connections
+	// from any other source are dropped in the kernel. Empty allows
+	// every source.
+	Allow []netip.Prefix
 	// Backends are the real servers.
 	Backends []Destination
 }
