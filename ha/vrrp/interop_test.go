@@ -216,8 +216,9 @@ func TestNetnsKeepalivedPackets(t *testing.T) {
 		if r.src != src || r.dst != dst {
 			t.Errorf("from %v to %v, want %v to %v", r.src, r.dst, src, dst)
 		}
-		// keepalived 2.2.7 sends IPv6 unicast with hop limit 64.
-		if want := 255; r.ttl != want && !(unicast && f.v6) {
+		// keepalived 2.2.7 sends IPv6 unicast with hop limit 64
+		// unless its instance sets unicast_ttl (kaConfig does).
+		if want := 255; r.ttl != want {
 			t.Errorf("ttl %d, want %d", r.ttl, want)
 		}
 		p, err := Parse(r.b, r.src, r.dst)

@@ -132,7 +132,10 @@ func startKeepalived(t *testing.T, bin string, p *nstest.Peer, c kaConfig) *keep
 	fmt.Fprintf(&b, "global_defs {\n  router_id vrrp-test\n  vrrp_version 3\n  notify_fifo %s\n}\n", fifo)
 	fmt.Fprintf(&b, "vrrp_instance VI_19 {\n  state BACKUP\n  interface vp\n  virtual_router_id 19\n  priority %d\n  advert_int %.2f\n", c.priority, float64(c.interval)/100)
 	if c.src.IsValid() {
-		fmt.Fprintf(&b, "  unicast_src_ip %v\n  unicast_peer {\n    %v\n  }\n", c.src, c.peer)
+		// keepalived sends IPv6 unicast with hop limit 64 unless told;
+		// vipd requires 255 (RFC 5798 section 7.1), as keepalived does
+		// of what it receives when the peer sets min_ttl 255.
+		fmt.Fprintf(&b, "  unicast_src_ip %v\n  unicast_ttl 255\n  unicast_peer {\n    %v min_ttl 255\n  }\n", c.src, c.peer)
 	}
 	b.WriteString("  virtual_ipaddress {\n")
 	for _, a := range c.vips {

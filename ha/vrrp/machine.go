@@ -213,6 +213,25 @@ func (m *Machine) becomeMaster(now time.Time, cause Cause, reason string) Step {
 	return Step{Send: true, SendPriority: m.cfg.Priority, Transition: m.transition(Master, cause, reason)}
 }
 
+// MaxIntervalFactor bounds the Master_Adver_Interval a backup adopts
+// from an advertisement to this many times its own interval. RFC 5798
+// (section 6.4.2) has the backup adopt the master's interval whatever it
+// is: one advertisement of interval 4095 (40.95 s) would put its master
+// down timer about two and a half minutes out, during which nothing takes
+// over from a master that fell silent. Bounded, a master that advertises
+// up to 3 * MaxIntervalFactor times slower than the backup's own interval
+// still keeps it a backup (its timer runs three bounded intervals); a
+// shorter interval is adopted as advertised: it only makes the backup
+// take over sooner, which a peer on the link can cause anyway by
+// resigning.
+const MaxIntervalFactor = 2
+
+// AdoptedInterval is the Master_Adver_Interval a backup of own interval
+// adopts from an advertisement of interval advertised, in centiseconds.
+func AdoptedInterval(own, advertised uint16) uint16 {
+	return uint16(min(int(advertised), MaxIntervalFactor*int(own)))
+}
+
 func (m *Machine) armDown(now time.Time) {
 	m.downAt = now.Add(MasterDownInterval(m.cfg.Priority, m.masterInterval))
 	m.downReason, m.downCause = "master down timer expired", CauseMasterDown
@@ -262,7 +281,8 @@ func (m *Machine) Expire(now time.Time) Step {
 // Receive handles an advertisement for this virtual router from src,
 // which the runner has checked as RFC 5798 section 7.1 asks (TTL,
 // version, checksum, VRID). An advertisement with interval 0 is ignored:
-// it would make the master down interval zero.
+// it would make the master down interval zero; one with an interval
+// beyond MaxIntervalFactor times the router's own counts as that.
 func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 	if p.Interval == 0 {
 		return Step{}
@@ -293,7 +313,7 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 		} else {
 			m.preemptAt = time.Time{}
 		}
-		m.masterInterval = p.Interval
+		m.masterInterval = AdoptedInterval(m.cfg.Interval, p.Interval)
 		m.master, m.masterPriority = src, p.Priority
 		m.armDown(now)
 	case Master:
@@ -306,7 +326,7 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 			if p.Priority == m.cfg.Priority {
 				reason += " and a higher address"
 			}
-			m.masterInterval = p.Interval
+			m.masterInterval = AdoptedInterval(m.cfg.Interval, p.Interval)
 			t := m.transition(Backup, CauseHigherPriority, reason)
 			m.master, m.masterPriority = src, p.Priority
 			t.Master = src

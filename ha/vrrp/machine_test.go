@@ -467,6 +467,39 @@ func TestBackupLearnsMasterInterval(t *testing.T) {
 	}
 }
 
+// TestBackupBoundsMasterInterval: a backup adopts the master's interval
+// up to MaxIntervalFactor times its own, so that one advertisement of
+// interval 4095 cannot push its master down timer minutes out.
+func TestBackupBoundsMasterInterval(t *testing.T) {
+	self, peer := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	m, _ := NewMachine(MachineConfig{Self: self, Priority: 100, Interval: 100})
+	m.Start(t0)
+	for _, c := range []struct{ advertised, counted uint16 }{
+		{MaxInterval, 200}, {201, 200}, {200, 200}, {150, 150}, {100, 100}, {10, 10},
+	} {
+		m.Receive(t0, peer, Packet{Priority: 255, Interval: c.advertised})
+		if got, want := m.Deadline(), t0.Add(MasterDownInterval(100, c.counted)); got != want {
+			t.Errorf("advertised %d cs: master down in %v, want %v", c.advertised, got.Sub(t0), want.Sub(t0))
+		}
+	}
+	// A master that yields to one of higher priority, too.
+	m, _ = NewMachine(MachineConfig{Self: self, Priority: 100, Interval: 100})
+	m.Start(t0)
+	at := t0.Add(MasterDownInterval(100, 100))
+	if st := m.Expire(at); st.Transition == nil || st.Transition.To != Master {
+		t.Fatalf("no takeover: %+v", st)
+	}
+	if st := m.Receive(at, peer, Packet{Priority: 255, Interval: MaxInterval}); st.Transition == nil || st.Transition.To != Backup {
+		t.Fatalf("master stayed: %+v", st)
+	}
+	if got, want := m.Deadline(), at.Add(MasterDownInterval(100, 200)); got != want {
+		t.Errorf("master down in %v, want %v", got.Sub(at), want.Sub(at))
+	}
+	if got := MasterDownInterval(100, AdoptedInterval(100, MaxInterval)); got > 10*time.Second {
+		t.Errorf("bounded master down interval %v", got)
+	}
+}
+
 // TestCauses checks the one-word cause of each kind of transition.
 func TestCauses(t *testing.T) {
 	peer := netip.MustParseAddr("10.0.0.2")

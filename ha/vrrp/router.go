@@ -8,7 +8,8 @@
 // with the time of every event, and packets (Packet) that Parse checks as
 // the RFC's receive rules ask; the Router runs them over a raw socket for
 // IP protocol 112 on one interface, joined to 224.0.0.18 or ff02::12, or
-// sending to unicast peers, with TTL (hop limit) 255 sent and required.
+// sending to unicast peers, with TTL (hop limit) 255 sent and required
+// whatever the destination.
 package vrrp
 
 import (
@@ -47,9 +48,10 @@ type Options struct {
 	Addrs []netip.Addr
 	// Peers, when set, are sent advertisements by unicast instead of the
 	// multicast group, and are the only sources accepted. Unicast
-	// advertisements are sent with TTL (hop limit) 255 but accepted with
-	// any, as keepalived does (it sends IPv6 unicast with hop limit 64):
-	// the peer list, not the TTL, tells who may speak.
+	// advertisements, as multicast ones, are sent and must arrive with
+	// TTL (hop limit) 255: a peer's address alone can be spoofed from
+	// off the link. keepalived sends IPv6 unicast with hop limit 64
+	// unless its instance sets unicast_ttl 255.
 	Peers []netip.Addr
 	// Source is the primary address advertisements are sent from and ties
 	// are broken with; unset, the interface's first IPv4 address or its
@@ -116,8 +118,12 @@ type Router struct {
 	mu       sync.Mutex
 	ops      []op
 	status   Status
-	mismatch string
 	sendFail bool
+
+	// addrWarn and intervalWarn limit the warnings about advertisements
+	// with other addresses, and with too long an interval (Run's
+	// goroutine only).
+	addrWarn, intervalWarn warnLimiter
 
 	wake chan struct{}
 	done chan struct{}
@@ -390,8 +396,10 @@ func (r *Router) runOps() {
 
 // receive applies the receive rules of RFC 5798 section 7.1 that need
 // the IP header and the configuration, then hands the advertisement to
-// the machine. The TTL rule applies to the multicast group; unicast
-// advertisements must come from a configured peer instead.
+// the machine. Every advertisement must arrive with TTL (hop limit) 255,
+// whatever its destination: one sent from off the link, to the group or
+// to the node's own address, has lost at least one; in unicast mode it
+// must also come from a configured peer (keepalived's check_unicast_src).
 func (r *Router) receive(p received) {
 	drop := func(why string, args ...any) {
 		r.mu.Lock()
@@ -405,7 +413,7 @@ func (r *Router) receive(p received) {
 		return
 	case p.src == r.self:
 		return // our own, looped back
-	case p.ttl != ttl && p.dst.IsMulticast():
+	case p.ttl != ttl:
 		drop("ttl", "ttl", p.ttl)
 		return
 	case len(r.opts.Peers) > 0 && !slices.Contains(r.opts.Peers, p.src):
@@ -421,14 +429,18 @@ func (r *Router) receive(p received) {
 		return // another virtual router's
 	}
 	r.checkAddrs(p.src, pkt.Addrs)
+	r.checkInterval(p.src, pkt)
 	r.mu.Lock()
 	r.status.Received++
 	r.mu.Unlock()
 	r.apply(r.m.Receive(r.clock.Now(), p.src, pkt))
 }
 
-// checkAddrs logs, once per difference, an advertisement whose addresses
-// differ from the configured ones: RFC 5798 accepts it all the same.
+// checkAddrs logs an advertisement whose addresses differ from the
+// configured ones, when they differ from the source's previous ones too:
+// RFC 5798 accepts it all the same. A source that changes its addresses
+// again and again is logged at most once per warnEvery, with the count
+// of the changes not logged.
 func (r *Router) checkAddrs(src netip.Addr, addrs []netip.Addr) {
 	want := slices.Clone(r.opts.Addrs)
 	got := slices.Clone(addrs)
@@ -436,12 +448,33 @@ func (r *Router) checkAddrs(src netip.Addr, addrs []netip.Addr) {
 	slices.SortFunc(got, netip.Addr.Compare)
 	diff := ""
 	if !slices.Equal(want, got) {
-		diff = fmt.Sprint(src, got)
+		diff = fmt.Sprint(got)
 	}
-	if diff != r.mismatch && diff != "" {
-		r.log.Warn("vrrp advertisement with other addresses", "source", src, "addresses", got, "configured", want)
+	s := r.addrWarn.state(src)
+	changed := diff != s.last
+	s.last = diff
+	if diff == "" || !changed {
+		return
 	}
-	r.mismatch = diff
+	if ok, n := s.allow(r.clock.Now()); ok {
+		r.log.Warn("vrrp advertisement with other addresses", "source", src, "addresses", got, "configured", want, "suppressed", n)
+	}
+}
+
+// checkInterval logs, at most once per warnEvery and source, an
+// advertisement whose interval is beyond MaxIntervalFactor times the
+// router's own: the backup counts its master down timer from the bounded
+// interval instead (see MaxIntervalFactor), and may take over between
+// the advertisements of a master that really advertises that slowly.
+func (r *Router) checkInterval(src netip.Addr, p Packet) {
+	adopted := AdoptedInterval(r.opts.Interval, p.Interval)
+	if p.Priority == 0 || adopted == p.Interval {
+		return
+	}
+	if ok, n := r.intervalWarn.state(src).allow(r.clock.Now()); ok {
+		r.log.Warn("vrrp advertisement interval beyond twice the configured one", "source", src,
+			"interval", centis(p.Interval), "configured", centis(r.opts.Interval), "counted", centis(adopted), "suppressed", n)
+	}
 }
 
 // apply sends the step's advertisement, then reports its transition.

@@ -3,6 +3,7 @@ package vrrp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
@@ -134,7 +135,9 @@ func newRig(t *testing.T, opts Options) *routerRig {
 	}
 	opts.Clock = g.clock
 	opts.OnTransition = func(tr Transition) { g.trs <- tr }
-	opts.Logger = newTestLogger(t, "rig")
+	if opts.Logger == nil {
+		opts.Logger = newTestLogger(t, "rig")
+	}
 	if _, err := checkOptions(&opts); err != nil {
 		t.Fatal(err)
 	}
@@ -215,9 +218,8 @@ func TestRouterReceiveRules(t *testing.T) {
 	g.conn.in <- received{b: b, src: peer4, dst: Group4, ttl: 255}
 	g.deliver(peer4, Group4, 255, Packet{VRID: 19, Priority: 0})
 	g.sent(Group4, 100)
-	if st := g.r.Status(); st.Role != Master || st.Dropped != 3 || st.Received != 1 || st.Sent != 2 {
-		t.Fatalf("status %+v", st)
-	}
+	// The router counts an advertisement once Send has returned.
+	g.waitStatus(func(st Status) bool { return st.Role == Master && st.Dropped == 3 && st.Received == 1 && st.Sent == 2 })
 
 	// A master of higher priority (and other addresses, which RFC 5798
 	// accepts with a warning) makes it a backup.
@@ -273,8 +275,8 @@ func (g *routerRig) reclaim(priority uint8, interval uint16) time.Duration {
 	return at
 }
 
-// TestRouterUnicast sends to every peer and accepts only peers, with any
-// TTL.
+// TestRouterUnicast sends to every peer and accepts only peers, with TTL
+// 255.
 func TestRouterUnicast(t *testing.T) {
 	other := netip.MustParseAddr("10.19.0.3")
 	g := newRig(t, Options{Priority: 100, Interval: 100, StartAsMaster: true, Peers: []netip.Addr{peer4, other}})
@@ -282,12 +284,136 @@ func TestRouterUnicast(t *testing.T) {
 	g.sent(peer4, 100)
 	g.sent(other, 100)
 	g.transition(Master)
-	g.deliver(netip.MustParseAddr("10.19.0.4"), self4, 255, Packet{VRID: 19, Priority: 255}) // not a peer
-	g.deliver(other, self4, 64, Packet{VRID: 19, Priority: 0})                               // a peer resigns
+	g.deliver(netip.MustParseAddr("10.19.0.4"), self4, 255, Packet{VRID: 19, Priority: 255})  // not a peer
+	g.deliver(netip.MustParseAddr("10.19.0.4"), Group4, 255, Packet{VRID: 19, Priority: 255}) // not a peer, to the group
+	g.deliver(other, self4, 64, Packet{VRID: 19, Priority: 255})                              // a peer, off-link
+	g.deliver(other, self4, 255, Packet{VRID: 19, Priority: 0})                               // a peer resigns
 	g.sent(peer4, 100)
 	g.sent(other, 100)
-	if st := g.r.Status(); st.Role != Master || st.Dropped != 1 || st.Received != 1 {
+	if st := g.r.Status(); st.Role != Master || st.Dropped != 3 || st.Received != 1 {
 		t.Fatalf("status %+v", st)
+	}
+}
+
+// TestRouterOffLink is the reproduction: an advertisement of
+// priority 255 and interval 4095 sent with TTL 64 to the node's own
+// address, as a host anywhere routed to it can, moved a master to backup
+// for minutes. Every advertisement must arrive with TTL 255 (RFC 5798
+// section 7.1), whatever its destination and mode.
+func TestRouterOffLink(t *testing.T) {
+	for _, unicast := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unicast=%v", unicast), func(t *testing.T) {
+			opts := Options{Priority: 100, Interval: 100, StartAsMaster: true}
+			group := Group4
+			if unicast {
+				opts.Peers, group = []netip.Addr{peer4}, peer4
+			}
+			g := newRig(t, opts)
+			g.reclaim(100, 100)
+			g.sent(group, 100)
+			g.transition(Master)
+			for _, hops := range []int{64, 254, 1, 0} {
+				g.deliver(peer4, self4, hops, Packet{VRID: 19, Priority: 255, Interval: MaxInterval})
+				g.deliver(peer4, Group4, hops, Packet{VRID: 19, Priority: 255, Interval: MaxInterval})
+			}
+			// A peer that resigns on the link makes the master
+			// advertise at once: what came before was handled.
+			g.deliver(peer4, self4, 255, Packet{VRID: 19, Priority: 0})
+			g.sent(group, 100)
+			if st := g.r.Status(); st.Role != Master || st.Dropped != 8 || st.Received != 1 {
+				t.Fatalf("status %+v", st)
+			}
+			select {
+			case tr := <-g.trs:
+				t.Fatalf("transition %+v", tr)
+			default:
+			}
+		})
+	}
+}
+
+// TestRouterBoundsMasterInterval: one advertisement on the link with
+// interval 4095 (40.95 s) and priority 255 makes a master a backup, as
+// RFC 5798 asks, but its master down timer runs from at most twice its
+// own interval, not for minutes; the difference is logged.
+func TestRouterBoundsMasterInterval(t *testing.T) {
+	var logs captured
+	g := newRig(t, Options{Priority: 100, Interval: 100, StartAsMaster: true, Logger: logs.logger(t)})
+	at := g.reclaim(100, 100)
+	g.sent(Group4, 100)
+	g.transition(Master)
+	g.deliver(peer4, Group4, 255, Packet{VRID: 19, Priority: 255, Interval: MaxInterval})
+	g.transition(Backup)
+	g.clock.set(at + MasterDownInterval(100, 2*100))
+	g.sent(Group4, 100)
+	if tr := g.transition(Master); tr.Reason != "master down timer expired" {
+		t.Errorf("reason %q", tr.Reason)
+	}
+	w := logs.find("vrrp advertisement interval beyond twice the configured one")
+	if len(w) != 1 || w[0].attrs["interval"] != "40.95s" || w[0].attrs["counted"] != "2s" {
+		t.Errorf("warnings %+v", w)
+	}
+}
+
+// TestRouterAddrsWarningLimited: a warning per advertisement whose
+// addresses differ from the last one flooded the log when two masters
+// with other addresses spoke, or one alternated its addresses. It is
+// logged at most once a minute per source, with the count of those not
+// logged.
+func TestRouterAddrsWarningLimited(t *testing.T) {
+	var logs captured
+	g := newRig(t, Options{Priority: 100, Interval: 100, Logger: logs.logger(t)})
+	g.transition(Backup)
+	other := netip.MustParseAddr("10.19.0.3")
+	setA := []netip.Addr{netip.MustParseAddr("10.19.0.200")}
+	setB := []netip.Addr{netip.MustParseAddr("10.19.0.201"), vip4}
+	const n = 100
+	for i := range n {
+		// Two masters with other addresses, and one of them
+		// alternating between them and the configured ones.
+		g.deliver(peer4, Group4, 255, Packet{VRID: 19, Priority: 200, Addrs: setA})
+		addrs := setB
+		if i%2 == 1 {
+			addrs = []netip.Addr{vip4}
+		}
+		g.deliver(other, Group4, 255, Packet{VRID: 19, Priority: 200, Addrs: addrs})
+	}
+	g.waitReceived(2 * n)
+	const msg = "vrrp advertisement with other addresses"
+	if got := logs.count(msg); got != 2 {
+		t.Fatalf("%d warnings for %d advertisements, want one per source", got, 2*n)
+	}
+	// A minute later the next one is logged, with how many were not.
+	g.clock.set(time.Minute)
+	g.deliver(other, Group4, 255, Packet{VRID: 19, Priority: 200, Addrs: setB})
+	g.waitReceived(2*n + 1)
+	w := logs.find(msg)
+	if len(w) != 3 || w[2].attrs["source"] != other.String() || w[2].attrs["suppressed"] != "49" {
+		t.Errorf("warnings %+v", w)
+	}
+}
+
+// waitStatus waits until the router's status satisfies ok.
+func (g *routerRig) waitStatus(ok func(Status) bool) {
+	g.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok(g.r.Status()) {
+		if time.Now().After(deadline) {
+			g.t.Fatalf("status %+v", g.r.Status())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitReceived waits until the router has received n advertisements.
+func (g *routerRig) waitReceived(n uint64) {
+	g.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for g.r.Status().Received < n {
+		if time.Now().After(deadline) {
+			g.t.Fatalf("status %+v, want %d received", g.r.Status(), n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
