@@ -488,7 +488,13 @@ func (a *Agent) track(spec *lb.Spec) {
 // backup, and preempts a peer of lower priority that took over, with a
 // new announcement. Without this, a master whose link came back would
 // go on believing it served, and the clients would stay with the peer
-// that yielded to it.
+// that yielded to it. The elector watches the interface too (the VRRP
+// router checks it every second and on every advertisement that fails):
+// it stands back on its own while the interface is missing or cannot
+// send, and opens its socket again when the interface is created again
+// with a new index, which a poll that misses a quick ifdown/ifup cannot
+// see; the two stand-backs compose (the router takes part again only
+// when neither holds).
 func (a *Agent) watchInterface() {
 	if a.opts.LinkUp == nil {
 		return

@@ -64,6 +64,7 @@ const (
 	CausePreempt        Cause = "preempt"         // this router preempted a master of lower priority
 	CauseHigherPriority Cause = "higher_priority" // a master of higher priority (or address) spoke
 	CauseResign         Cause = "resign"          // this router resigned (Resign)
+	CauseFault          Cause = "fault"           // its interface is missing or down, or advertisements cannot be sent
 )
 
 // Step is what the machine asks its runner to do after an event: send an
@@ -367,11 +368,30 @@ func (m *Machine) SetPriority(now time.Time, p uint8) (Step, error) {
 // that a backup takes over after its skew time, and every role returns to
 // Initialize until the next Start.
 func (m *Machine) Resign(now time.Time, reason string) Step {
+	return m.stop(CauseResign, reason)
+}
+
+// Fault is Resign for a router that stands back because its interface
+// is missing or down, or advertisements cannot be sent.
+func (m *Machine) Fault(now time.Time, reason string) Step {
+	return m.stop(CauseFault, reason)
+}
+
+func (m *Machine) stop(cause Cause, reason string) Step {
 	switch m.role {
 	case Master:
-		return Step{Send: true, SendPriority: 0, Transition: m.transition(Init, CauseResign, reason)}
+		return Step{Send: true, SendPriority: 0, Transition: m.transition(Init, cause, reason)}
 	case Backup:
-		return Step{Transition: m.transition(Init, CauseResign, reason)}
+		return Step{Transition: m.transition(Init, cause, reason)}
 	}
 	return Step{}
+}
+
+// SetSelf changes the router's primary address, in Initialize only (its
+// interface was created again with another one); elsewhere it does
+// nothing.
+func (m *Machine) SetSelf(a netip.Addr) {
+	if m.role == Init && a.IsValid() {
+		m.cfg.Self = a
+	}
 }

@@ -102,6 +102,9 @@ type Status struct {
 	// Received counts advertisements for this virtual router that passed
 	// the receive checks, Dropped the packets that failed them.
 	Sent, SendErrors, Received, Dropped uint64
+	// Fault, when set, says why the router stands back (in Init): its
+	// interface is missing or down, or advertisements cannot be sent.
+	Fault string
 }
 
 // Router is one VRRP virtual router on one interface. Its methods are
@@ -119,6 +122,25 @@ type Router struct {
 	ops      []op
 	status   Status
 	sendFail bool
+
+	// link, when set, watches the interface and opens the socket again
+	// on it (see checkLink); index is the interface's index the socket
+	// is bound to. Run's goroutine only, as the fields below.
+	link  linker
+	index int
+	// fault says the router stands back for its interface (Status.Fault
+	// says why); resigned that Resign asked it to, until Resume. The
+	// router takes part in the election when neither holds.
+	fault, resigned bool
+	// failedSends counts the advertisements in a row that went to no
+	// destination; recheck asks Run to look at the interface now;
+	// reopen to open the socket again even on the same index.
+	failedSends     int
+	recheck, reopen bool
+	// pkts and errc receive from the socket's reader, which stop ends.
+	pkts chan received
+	errc chan connErr
+	stop chan struct{}
 
 	// addrWarn and intervalWarn limit the warnings about advertisements
 	// with other addresses, and with too long an interval (Run's
@@ -155,20 +177,28 @@ func New(opts Options) (*Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vrrp: interface %q: %w", opts.Interface, err)
 	}
-	if !opts.Source.IsValid() {
+	configured := opts.Source.IsValid()
+	if !configured {
 		if opts.Source, err = primaryAddr(ifi, v6); err != nil {
 			return nil, fmt.Errorf("vrrp: %w", err)
 		}
 	}
+	link, err := newIfaceLink(opts.Interface, v6, !configured)
+	if err != nil {
+		return nil, fmt.Errorf("vrrp: %w", err)
+	}
 	c, err := listen(ifi, v6)
 	if err != nil {
+		link.Close()
 		return nil, fmt.Errorf("vrrp: %w", err)
 	}
 	r, err := newRouter(opts, c)
 	if err != nil {
 		c.Close()
+		link.Close()
 		return nil, err
 	}
+	r.link, r.index = link, ifi.Index
 	return r, nil
 }
 
@@ -244,7 +274,11 @@ func newRouter(opts Options, c conn) (*Router, error) {
 }
 
 // Source is the router's primary address.
-func (r *Router) Source() netip.Addr { return r.self }
+func (r *Router) Source() netip.Addr {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.self
+}
 
 // Status is the router's current view.
 func (r *Router) Status() Status {
@@ -301,55 +335,125 @@ type received struct {
 	ttl      int
 }
 
+// connErr is a socket's receive error.
+type connErr struct {
+	c   conn
+	err error
+}
+
+// linker watches a router's interface and opens its socket again
+// (ifaceLink).
+type linker interface {
+	// state returns the interface's index and whether it is up.
+	state() (index int, up bool, err error)
+	// open opens a socket on the interface as it is now, and returns
+	// its index and primary address (invalid when configured).
+	open() (c conn, index int, src netip.Addr, err error)
+	Close()
+}
+
+// linkCheckEvery is how often the router looks at its interface: a
+// master stands back within about this long of its interface going, and
+// a router whose interface came back takes part again as soon.
+const linkCheckEvery = time.Second
+
+// maxSendFailures is how many advertisements in a row may go to no
+// destination, the interface looking fine, before the router stands
+// back: a master that cannot advertise must not keep the VIPs while its
+// backup, hearing nothing, takes over.
+const maxSendFailures = 3
+
 // Run runs the router until ctx ends or receiving fails, and closes its
-// socket; a Router runs once. It starts the router (Startup) at once. When ctx ends, Run
-// returns nil without advertising anything and without a transition:
-// resign first to hand over at once. When receiving fails, the router
+// socket; a Router runs once. It starts the router (Startup) at once.
+// When ctx ends, Run returns nil without advertising anything and
+// without a transition: resign first to hand over at once.
+//
+// While its interface is missing or down, or advertisements cannot be
+// sent, the router stands back as Resign does (Status.Fault says why);
+// when the interface is back it opens its socket again on it (on its new
+// index when it was created again) and takes part in the election as on
+// start, unless resigned. When receiving fails otherwise, the router
 // resigns, reports Init and Run returns the error.
 func (r *Router) Run(ctx context.Context) error {
 	defer close(r.done)
-	stop := make(chan struct{})
-	pkts := make(chan received, 16)
-	errc := make(chan error, 1)
-	go r.read(pkts, errc, stop)
+	r.pkts = make(chan received, 16)
+	r.errc = make(chan connErr, 1)
+	r.startReader()
 	defer func() {
-		close(stop)
+		close(r.stop)
 		r.c.Close()
+		if r.link != nil {
+			r.link.Close()
+		}
 	}()
+	var checkAt time.Time
+	if r.link != nil {
+		checkAt = r.clock.Now().Add(linkCheckEvery)
+	}
 	r.apply(r.m.Start(r.clock.Now()))
 	for {
 		var timer <-chan time.Time
 		stopTimer := func() bool { return false }
-		if dl := r.m.Deadline(); !dl.IsZero() {
+		dl := r.m.Deadline()
+		if !checkAt.IsZero() && (dl.IsZero() || checkAt.Before(dl)) {
+			dl = checkAt
+		}
+		if !dl.IsZero() {
 			timer, stopTimer = r.clock.Timer(dl.Sub(r.clock.Now()))
 		}
 		select {
 		case <-ctx.Done():
 			stopTimer()
 			return nil
-		case err := <-errc:
+		case e := <-r.errc:
 			stopTimer()
-			r.apply(r.m.Resign(r.clock.Now(), "receive failed: "+err.Error()))
-			return fmt.Errorf("vrrp: receive on %s: %w", r.opts.Interface, err)
+			if e.c != r.c {
+				break // a socket closed for a new one
+			}
+			if r.link != nil {
+				// The interface may be gone: look, and open the
+				// socket again when it is back.
+				r.log.Warn("vrrp receive failed", "error", e.err)
+				r.reopen = true
+				r.checkLink(false)
+				break
+			}
+			r.apply(r.m.Resign(r.clock.Now(), "receive failed: "+e.err.Error()))
+			return fmt.Errorf("vrrp: receive on %s: %w", r.opts.Interface, e.err)
 		case <-timer:
+			now := r.clock.Now()
+			if !checkAt.IsZero() && !now.Before(checkAt) {
+				checkAt = now.Add(linkCheckEvery)
+				r.checkLink(true)
+			}
 			r.apply(r.m.Expire(r.clock.Now()))
-		case p := <-pkts:
+		case p := <-r.pkts:
 			stopTimer()
 			r.receive(p)
 		case <-r.wake:
 			stopTimer()
 			r.runOps()
 		}
+		if r.recheck {
+			r.recheck = false
+			r.checkLink(false)
+		}
 	}
 }
 
-func (r *Router) read(pkts chan<- received, errc chan<- error, stop <-chan struct{}) {
+// startReader starts a reader of the router's socket.
+func (r *Router) startReader() {
+	r.stop = make(chan struct{})
+	go r.read(r.c, r.pkts, r.errc, r.stop)
+}
+
+func (r *Router) read(c conn, pkts chan<- received, errc chan<- connErr, stop <-chan struct{}) {
 	for {
 		b := make([]byte, 1500)
-		n, src, dst, ttl, err := r.c.Recv(b)
+		n, src, dst, ttl, err := c.Recv(b)
 		if err != nil {
 			select {
-			case errc <- err:
+			case errc <- connErr{c, err}:
 			case <-stop:
 			}
 			return
@@ -360,6 +464,76 @@ func (r *Router) read(pkts chan<- received, errc chan<- error, stop <-chan struc
 			return
 		}
 	}
+}
+
+// checkLink looks at the router's interface: missing or down, the router
+// stands back; created again (a new index), it opens its socket again
+// there; when advertisements went nowhere maxSendFailures times in a
+// row, it stands back too. Back to normal, at a periodic check (not one
+// that a failed send asked for), it takes part in the election again, as
+// a backup (or master with priority 255).
+func (r *Router) checkLink(periodic bool) {
+	if r.link == nil {
+		return
+	}
+	index, up, err := r.link.state()
+	switch {
+	case err != nil:
+		r.standBack(fmt.Sprintf("interface %s missing", r.opts.Interface), "error", err)
+		return
+	case !up:
+		r.standBack(fmt.Sprintf("interface %s down", r.opts.Interface))
+		return
+	case index != r.index || r.reopen:
+		if index != r.index {
+			r.standBack(fmt.Sprintf("interface %s created again", r.opts.Interface), "index", index, "was", r.index)
+		}
+		c, index, src, err := r.link.open()
+		if err != nil {
+			r.standBack(fmt.Sprintf("interface %s cannot be opened", r.opts.Interface), "error", err)
+			return
+		}
+		close(r.stop)
+		r.c.Close()
+		r.c, r.index, r.reopen = c, index, false
+		r.startReader()
+		if src.IsValid() && src != r.self {
+			r.m.SetSelf(src)
+			r.mu.Lock()
+			r.self = src
+			r.mu.Unlock()
+		}
+		r.log.Info("vrrp socket opened again", "index", index, "source", r.self)
+	case r.failedSends >= maxSendFailures:
+		r.failedSends = 0
+		r.standBack("advertisements cannot be sent")
+		return
+	}
+	if !r.fault || !periodic {
+		return
+	}
+	r.fault, r.failedSends = false, 0
+	r.mu.Lock()
+	r.status.Fault = ""
+	r.mu.Unlock()
+	r.log.Info("vrrp interface usable again; taking part in the election", "resigned", r.resigned)
+	if !r.resigned {
+		r.apply(r.m.Start(r.clock.Now()))
+	}
+}
+
+// standBack takes the router out of the election, for reason, until
+// checkLink finds the interface usable.
+func (r *Router) standBack(reason string, args ...any) {
+	if r.fault {
+		return
+	}
+	r.fault = true
+	r.mu.Lock()
+	r.status.Fault = reason
+	r.mu.Unlock()
+	r.log.Warn("vrrp standing back", append([]any{"reason", reason}, args...)...)
+	r.apply(r.m.Fault(r.clock.Now(), reason))
 }
 
 func (r *Router) runOps() {
@@ -386,10 +560,14 @@ func (r *Router) runOps() {
 			if reason == "" {
 				reason = "resigned"
 			}
+			r.resigned = true
 			r.apply(r.m.Resign(now, reason))
 			close(o.done)
 		case opResume:
-			r.apply(r.m.Start(now))
+			r.resigned = false
+			if !r.fault {
+				r.apply(r.m.Start(now))
+			}
 		}
 	}
 }
@@ -523,6 +701,13 @@ func (r *Router) send(prio uint8) {
 	was := r.sendFail
 	r.sendFail = len(errs) > 0
 	r.mu.Unlock()
+	if len(errs) == len(r.dsts) {
+		// Nothing went out: is the interface still there?
+		r.failedSends++
+		r.recheck = true
+	} else {
+		r.failedSends = 0
+	}
 	switch {
 	case len(errs) > 0 && !was:
 		r.log.Warn("vrrp advertisement not sent", "error", errors.Join(errs...))

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -75,6 +76,8 @@ type fakeConn struct {
 	out    chan sent
 	closed chan struct{}
 	once   sync.Once
+	// fail makes every Send fail.
+	fail atomic.Bool
 }
 
 type sent struct {
@@ -96,6 +99,9 @@ func (c *fakeConn) Recv(b []byte) (int, netip.Addr, netip.Addr, int, error) {
 }
 
 func (c *fakeConn) Send(b []byte, src, dst netip.Addr) error {
+	if c.fail.Load() {
+		return errors.New("no buffer space available")
+	}
 	p, err := Parse(b, src, dst)
 	if err != nil {
 		return err
@@ -128,6 +134,13 @@ var (
 
 func newRig(t *testing.T, opts Options) *routerRig {
 	t.Helper()
+	return newRigWith(t, opts, nil)
+}
+
+// newRigWith is newRig with a function that sets up the Router before
+// it runs.
+func newRigWith(t *testing.T, opts Options, setup func(*Router)) *routerRig {
+	t.Helper()
 	g := &routerRig{t: t, conn: newFakeConn(), clock: &fakeClock{now: t0}, trs: make(chan Transition, 16), done: make(chan error, 1)}
 	opts.Interface, opts.VRID, opts.Source = "eth0", 19, self4
 	if opts.Addrs == nil {
@@ -146,6 +159,9 @@ func newRig(t *testing.T, opts Options) *routerRig {
 		t.Fatal(err)
 	}
 	g.r = r
+	if setup != nil {
+		setup(r)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g.cancel = cancel
 	go func() { g.done <- r.Run(ctx) }()
@@ -448,4 +464,58 @@ func TestOptionsRejects(t *testing.T) {
 	if _, err := New(Options{Interface: "no-such-interface0", VRID: 1, Priority: 100, Interval: 100, Addrs: []netip.Addr{vip4}}); err == nil {
 		t.Error("missing interface accepted")
 	}
+}
+
+// fakeLink is an interface that is always there and up.
+type fakeLink struct{}
+
+func (fakeLink) state() (int, bool, error) { return 1, true, nil }
+
+func (fakeLink) open() (conn, int, netip.Addr, error) {
+	return nil, 0, netip.Addr{}, errors.New("not reopened in this test")
+}
+
+func (fakeLink) Close() {}
+
+// TestRouterStandsBackWhenSendsFail: a master whose advertisements go
+// nowhere, its interface looking fine, stands back after maxSendFailures
+// of them (its backup, hearing nothing, takes over), and takes part again
+// at the next check of the interface, unless resigned meanwhile.
+func TestRouterStandsBackWhenSendsFail(t *testing.T) {
+	g := newRigWith(t, Options{Priority: 100, Interval: 100, StartAsMaster: true}, func(r *Router) { r.link, r.index = fakeLink{}, 1 })
+	at := g.reclaim(100, 100)
+	g.sent(Group4, 100)
+	g.transition(Master)
+	g.conn.fail.Store(true)
+	for i := range maxSendFailures - 1 {
+		g.clock.set(at + time.Duration(i+1)*time.Second)
+		g.waitStatus(func(st Status) bool { return st.SendErrors == uint64(i+1) })
+		if st := g.r.Status(); st.Role != Master || st.Fault != "" {
+			t.Fatalf("after %d failed advertisements: %+v", i+1, st)
+		}
+	}
+	g.clock.set(at + maxSendFailures*time.Second)
+	if tr := g.transition(Init); tr.Cause != CauseFault || tr.Reason != "advertisements cannot be sent" {
+		t.Errorf("stood back: %+v", tr)
+	}
+	if st := g.r.Status(); st.Fault != "advertisements cannot be sent" {
+		t.Errorf("status %+v", st)
+	}
+	// Resigned meanwhile, it stays out when it could come back.
+	if err := g.r.Resign(context.Background(), "drain"); err != nil {
+		t.Fatal(err)
+	}
+	g.conn.fail.Store(false)
+	g.clock.set(at + (maxSendFailures+1)*time.Second)
+	g.waitStatus(func(st Status) bool { return st.Fault == "" })
+	select {
+	case tr := <-g.trs:
+		t.Fatalf("transition %+v while resigned", tr)
+	case <-time.After(50 * time.Millisecond):
+	}
+	g.r.Resume()
+	g.transition(Backup)
+	g.clock.set(at + (maxSendFailures+1)*time.Second + MasterDownInterval(100, 100))
+	g.sent(Group4, 100)
+	g.transition(Master)
 }
