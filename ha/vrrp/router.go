@@ -369,11 +369,12 @@ const maxSendFailures = 3
 // without a transition: resign first to hand over at once.
 //
 // While its interface is missing or down, or advertisements cannot be
-// sent, the router stands back as Resign does (Status.Fault says why);
-// when the interface is back it opens its socket again on it (on its new
-// index when it was created again) and takes part in the election as on
-// start, unless resigned. When receiving fails otherwise, the router
-// resigns, reports Init and Run returns the error.
+// sent, or receiving failed, the router stands back as Resign does
+// (Status.Fault says why); when the interface is back it opens its
+// socket again on it (on its new index when it was created again) and
+// takes part in the election as on start, unless resigned. A Router
+// made without New (no interface to watch) resigns, reports Init and
+// returns the error when receiving fails.
 func (r *Router) Run(ctx context.Context) error {
 	defer close(r.done)
 	r.pkts = make(chan received, 16)
@@ -411,11 +412,11 @@ func (r *Router) Run(ctx context.Context) error {
 				break // a socket closed for a new one
 			}
 			if r.link != nil {
-				// The interface may be gone: look, and open the
-				// socket again when it is back.
-				r.log.Warn("vrrp receive failed", "error", e.err)
+				// Deaf, the router stands back; the next check of
+				// the interface opens the socket again (at most
+				// once per linkCheckEvery) and takes it back.
 				r.reopen = true
-				r.checkLink(false)
+				r.standBack("receive failed", "error", e.err)
 				break
 			}
 			r.apply(r.m.Resign(r.clock.Now(), "receive failed: "+e.err.Error()))

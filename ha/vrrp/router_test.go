@@ -466,16 +466,49 @@ func TestOptionsRejects(t *testing.T) {
 	}
 }
 
-// fakeLink is an interface that is always there and up.
-type fakeLink struct{}
+// fakeLink is an interface that is always there and up; open hands out
+// the conns in next.
+type fakeLink struct {
+	next chan *fakeConn
+}
 
 func (fakeLink) state() (int, bool, error) { return 1, true, nil }
 
-func (fakeLink) open() (conn, int, netip.Addr, error) {
-	return nil, 0, netip.Addr{}, errors.New("not reopened in this test")
+func (l fakeLink) open() (conn, int, netip.Addr, error) {
+	select {
+	case c := <-l.next:
+		return c, 1, netip.Addr{}, nil
+	default:
+		return nil, 0, netip.Addr{}, errors.New("no conn to open")
+	}
 }
 
 func (fakeLink) Close() {}
+
+// TestRouterReceiveFails: a router whose socket fails to receive (it is
+// deaf, and would take over from a master it cannot hear) stands back,
+// opens its socket again at the next check of the interface, and takes
+// part again; Run goes on.
+func TestRouterReceiveFails(t *testing.T) {
+	link := fakeLink{next: make(chan *fakeConn, 1)}
+	g := newRigWith(t, Options{Priority: 100, Interval: 100}, func(r *Router) { r.link, r.index = link, 1 })
+	g.transition(Backup)
+	old := g.conn
+	g.conn = newFakeConn()
+	link.next <- g.conn
+	old.Close()
+	if tr := g.transition(Init); tr.Cause != CauseFault || tr.Reason != "receive failed" {
+		t.Errorf("stood back: %+v", tr)
+	}
+	g.clock.set(linkCheckEvery)
+	if tr := g.transition(Backup); tr.Reason != "started" {
+		t.Errorf("back: %+v", tr)
+	}
+	// The new socket is the one it reads: a master of higher priority
+	// is heard on it.
+	g.deliver(peer4, Group4, 255, Packet{VRID: 19, Priority: 200})
+	g.waitStatus(func(st Status) bool { return st.Role == Backup && st.Master == peer4 && st.Fault == "" })
+}
 
 // TestRouterStandsBackWhenSendsFail: a master whose advertisements go
 // nowhere, its interface looking fine, stands back after maxSendFailures
