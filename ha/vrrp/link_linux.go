@@ -8,6 +8,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // ifaceLink finds a router's interface and opens its socket there again,
@@ -31,7 +32,10 @@ func newIfaceLink(name string, v6, source bool) (*ifaceLink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("network namespace: %w", err)
 	}
-	h, err := netlink.NewHandleAt(ns)
+	// Only rtnetlink: without families the handle opens one socket per
+	// family netlink knows (XFRM, netfilter…), which a kernel without
+	// them refuses.
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		ns.Close()
 		return nil, fmt.Errorf("netlink: %w", err)
