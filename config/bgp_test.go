@@ -20,7 +20,7 @@ func TestBGPDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := BGP{Enabled: true, ASN: 65001, RouterID: netip.MustParseAddr("192.0.2.1"),
-		Peers:        []BGPPeer{{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000, Port: 179, HoldTime: 90 * time.Second, Keepalive: 30 * time.Second,
+		Peers: []BGPPeer{{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000, Port: 179, HoldTime: 90 * time.Second, Keepalive: 30 * time.Second,
 			MaxPrefixes: 1000}},
 		WithdrawWait: 2 * time.Second, GracefulShutdownWait: 5 * time.Second, Sloppy: true}
 	if !cfg.BGP.Equal(want) || !cfg.Spec.Sloppy {
