@@ -492,6 +492,9 @@ func TestBGPTwoRouters(t *testing.T) {
 			t.Errorf("router %s learned %d routes from lb1, want only %s: %.300q", r.name, len(got), vip, got)
 		}
 	}
+	if t.Failed() {
+		t.FailNow()
+	}
 	t.Logf("A sent 999 routes, B 10: each learned from lb1 only %s", vip)
 
 	// A sends 1,001: past max_prefixes, lb1 cuts the session.
