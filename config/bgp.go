@@ -67,7 +67,7 @@ type BGPPeer struct {
 	// keeps what a peer sent, before its import policy, for as long as
 	// the session lasts: the limit bounds that memory. A peer that sends
 	// more is sent a Cease (Maximum Number of Prefixes Reached, RFC 4486)
-	// and its session stays down for a while (see ha/bgp).
+	// and its session stays down for a minute (see ha/bgp).
 	MaxPrefixes uint32
 }
 
