@@ -62,6 +62,13 @@ type BGPPeer struct {
 	HoldTime, Keepalive time.Duration
 	// Passive waits for the peer to connect.
 	Passive bool
+	// MaxPrefixes is the most routes of one address family the peer may
+	// send. vipd imports none of them (it needs no routes), but GoBGP
+	// keeps what a peer sent, before its import policy, for as long as
+	// the session lasts: the limit bounds that memory. A peer that sends
+	// more is sent a Cease (Maximum Number of Prefixes Reached, RFC 4486)
+	// and its session stays down for a minute (see ha/bgp).
+	MaxPrefixes uint32
 }
 
 // BGPAttrs are the attributes of an announcement.
@@ -92,6 +99,13 @@ const (
 	DefaultBGPHoldTime             = 90 * time.Second
 	DefaultBGPWithdrawWait         = 2 * time.Second
 	DefaultBGPGracefulShutdownWait = 5 * time.Second
+	// DefaultBGPMaxPrefixes is a peer's max_prefixes: vipd needs no
+	// route from its routers, and a router that sends a default route
+	// and its fabric's aggregates stays far below it.
+	DefaultBGPMaxPrefixes = 1000
+	// MaxBGPMaxPrefixes is the largest max_prefixes, about a full
+	// Internet table of one family: vipd has no use for more.
+	MaxBGPMaxPrefixes = 1_000_000
 )
 
 // Attrs returns the attributes of the announcements of service name.
@@ -157,6 +171,8 @@ type rawBGPPeer struct {
 	HoldTime  *duration `toml:"hold_time"`
 	Keepalive *duration `toml:"keepalive"`
 	Passive   *bool     `toml:"passive"`
+	// MaxPrefixes is max_prefixes.
+	MaxPrefixes *int64 `toml:"max_prefixes"`
 }
 
 type rawBGPAttrs struct {
@@ -275,7 +291,7 @@ func (v *validator) asn(n int64, path, ctx, name string) uint32 {
 
 // bgpPeer validates one [[bgp.peer]].
 func (v *validator) bgpPeer(p *rawBGPPeer, path, ctx string) (BGPPeer, bool) {
-	out := BGPPeer{Port: DefaultBGPPort, HoldTime: DefaultBGPHoldTime}
+	out := BGPPeer{Port: DefaultBGPPort, HoldTime: DefaultBGPHoldTime, MaxPrefixes: DefaultBGPMaxPrefixes}
 	ok := true
 	if p.Address == nil {
 		v.errorf(path, ctx, "address is required")
@@ -318,6 +334,14 @@ func (v *validator) bgpPeer(p *rawBGPPeer, path, ctx string) (BGPPeer, bool) {
 			v.errorf(path+".multihop", ctx, "multihop %d is outside 1..255 (the TTL of the session's packets)", *p.Multihop)
 		} else {
 			out.Multihop = uint8(*p.Multihop)
+		}
+	}
+	if p.MaxPrefixes != nil {
+		if *p.MaxPrefixes < 1 || *p.MaxPrefixes > MaxBGPMaxPrefixes {
+			v.errorf(path+".max_prefixes", ctx, "max_prefixes %d is outside 1..%d (vipd imports no route; the limit bounds what a peer may "+
+				"make it hold, and no limit is not offered)", *p.MaxPrefixes, MaxBGPMaxPrefixes)
+		} else {
+			out.MaxPrefixes = uint32(*p.MaxPrefixes)
 		}
 	}
 	out.HoldTime = v.duration(p.HoldTime, out.HoldTime, path+".hold_time", ctx, "hold_time")

@@ -20,7 +20,8 @@ func TestBGPDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := BGP{Enabled: true, ASN: 65001, RouterID: netip.MustParseAddr("192.0.2.1"),
-		Peers:        []BGPPeer{{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000, Port: 179, HoldTime: 90 * time.Second, Keepalive: 30 * time.Second}},
+		Peers: []BGPPeer{{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000, Port: 179, HoldTime: 90 * time.Second, Keepalive: 30 * time.Second,
+			MaxPrefixes: 1000}},
 		WithdrawWait: 2 * time.Second, GracefulShutdownWait: 5 * time.Second, Sloppy: true}
 	if !cfg.BGP.Equal(want) || !cfg.Spec.Sloppy {
 		t.Errorf("defaults %+v, want %+v", cfg.BGP, want)
@@ -52,6 +53,7 @@ multihop = 2
 hold_time = "9s"
 keepalive = "3s"
 source = "192.0.2.1"
+max_prefixes = 5
 
 [[bgp.peer]]
 address = "2001:db8::fe"
@@ -74,8 +76,9 @@ med = 20
 	want := BGP{Enabled: true, ASN: 4200000001, RouterID: netip.MustParseAddr("192.0.2.1"), ListenPort: 1179,
 		Peers: []BGPPeer{
 			{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000, Port: 179, Source: netip.MustParseAddr("192.0.2.1"),
-				Password: "s3cret", Multihop: 2, HoldTime: 9 * time.Second, Keepalive: 3 * time.Second},
-			{Address: netip.MustParseAddr("2001:db8::fe"), ASN: 65000, Port: 1790, HoldTime: 90 * time.Second, Keepalive: 30 * time.Second, Passive: true},
+				Password: "s3cret", Multihop: 2, HoldTime: 9 * time.Second, Keepalive: 3 * time.Second, MaxPrefixes: 5},
+			{Address: netip.MustParseAddr("2001:db8::fe"), ASN: 65000, Port: 1790, HoldTime: 90 * time.Second, Keepalive: 30 * time.Second, Passive: true,
+				MaxPrefixes: 1000},
 		},
 		Default: def, Services: map[string]BGPAttrs{"web": web},
 		GracefulShutdown: true, GracefulShutdownWait: 10 * time.Second, WithdrawWait: 3 * time.Second}
@@ -100,6 +103,10 @@ med = 20
 	cfg3, _, err := ParseFrom(cfg, "t.toml", []byte(strings.Replace(in, "hold_time = \"9s\"", "hold_time = \"12s\"", 1)))
 	if err != nil || cfg3.BGP.SessionsEqual(cfg.BGP) {
 		t.Errorf("edit of a peer's hold_time: %+v %v", cfg3.BGP, err)
+	}
+	cfg4, _, err := ParseFrom(cfg, "t.toml", []byte(strings.Replace(in, "max_prefixes = 5", "max_prefixes = 6", 1)))
+	if err != nil || cfg4.BGP.SessionsEqual(cfg.BGP) || cfg4.BGP.Peers[0].MaxPrefixes != 6 {
+		t.Errorf("edit of a peer's max_prefixes: %+v %v", cfg4.BGP, err)
 	}
 }
 
@@ -131,6 +138,9 @@ func TestBGPErrors(t *testing.T) {
 		{"keepalive", head + peer + "hold_time = \"9s\"\nkeepalive = \"9s\"\n", `t.toml:8: bgp.peer 1: keepalive 9s must be whole seconds, at least 1s and less than hold_time 9s`},
 		{"hold zero", head + peer + "hold_time = \"0s\"\n", `t.toml:7: bgp.peer 1: hold_time 0s must be whole seconds from 3s`},
 		{"keepalive fraction", head + peer + "keepalive = \"1500ms\"\n", `t.toml:7: bgp.peer 1: keepalive 1.5s must be whole seconds`},
+		{"max prefixes zero", head + peer + "max_prefixes = 0\n", `t.toml:7: bgp.peer 1: max_prefixes 0 is outside 1..1000000 (vipd imports no route`},
+		{"max prefixes big", head + peer + "max_prefixes = 1000001\n", `t.toml:7: bgp.peer 1: max_prefixes 1000001 is outside 1..1000000`},
+		{"max prefixes type", head + peer + "max_prefixes = \"100\"\n", `t.toml:7: `},
 		{"passive no listen", head + peer + "passive = true\n", `t.toml:7: bgp.peer 1: a passive peer needs listen_port`},
 		{"community", head + "communities = [\"65536:1\"]\n" + peer, `t.toml:4: bgp: communities: "65536:1" is not a community`},
 		{"community name", head + "communities = [\"no-such\"]\n" + peer, `t.toml:4: bgp: communities: "no-such" is not a community: "ASN:value" with each 0..65535, or one of blackhole, graceful-shutdown, no-advertise, no-export, no-export-subconf`},

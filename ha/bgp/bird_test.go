@@ -131,10 +131,7 @@ func newLink(t *testing.T) *nstest.Peer {
 // peers, importing everything into its tables.
 func startBird(t *testing.T, p *nstest.Peer, peers ...birdPeer) *bird {
 	t.Helper()
-	bin, birdc := needBird(t)
-	dir := t.TempDir()
 	var c strings.Builder
-	fmt.Fprintf(&c, "router id %s;\nlog stderr all;\nprotocol device {}\n", bird4)
 	for _, bp := range peers {
 		family := "ipv4"
 		if bp.remote.Is6() {
@@ -147,6 +144,18 @@ func startBird(t *testing.T, p *nstest.Peer, peers ...birdPeer) *bird {
 		}
 		fmt.Fprintf(&c, "  %s { import all; export none; gateway direct; };\n}\n", family)
 	}
+	return startBirdConf(t, p, bird4, c.String())
+}
+
+// startBirdConf runs bird in p's namespace with router id id and the
+// protocols of body.
+func startBirdConf(t *testing.T, p *nstest.Peer, id netip.Addr, body string) *bird {
+	t.Helper()
+	bin, birdc := needBird(t)
+	dir := t.TempDir()
+	var c strings.Builder
+	fmt.Fprintf(&c, "router id %s;\nlog stderr all;\nprotocol device {}\n", id)
+	c.WriteString(body)
 	conf := filepath.Join(dir, "bird.conf")
 	if err := os.WriteFile(conf, []byte(c.String()), 0o644); err != nil {
 		t.Fatal(err)
@@ -163,7 +172,7 @@ func startBird(t *testing.T, p *nstest.Peer, peers ...birdPeer) *bird {
 		b.cmd.Process.Kill()
 		<-b.done
 		if t.Failed() {
-			t.Logf("bird's config:\n%s\nbird's log:\n%s", c.String(), b.out.String())
+			t.Logf("bird %s's config:\n%s\nbird's log:\n%s", id, c.String(), b.out.String())
 		}
 	})
 	// The control socket answers once bird has read its config.

@@ -6,6 +6,18 @@
 //
 // Each IPv4 route goes to the IPv4 peers and each IPv6 route to the IPv6
 // peers, with the session's local address as the next hop.
+//
+// vipd is no router: it needs no route from its peers and passes none on.
+// Its import policy takes nothing a peer sends (the spirit of RFC 8212),
+// so its RIB holds its own host routes alone; its export policy sends
+// only the host routes it announces itself, so that a route of one peer
+// never reaches another, even between routers of different ASes. GoBGP
+// still keeps what each peer sent, before the import policy, for as long
+// as the session lasts (its adj-rib-in): each peer's max_prefixes bounds
+// that. A peer that sends more routes of a family is sent a Cease
+// (Maximum Number of Prefixes Reached, RFC 4486), what it sent is
+// dropped, a warning is logged, and the session stays down for
+// Options.MaxPrefixesHold before vipd connects again.
 package bgp
 
 import (
@@ -42,6 +54,10 @@ type Options struct {
 	// ConnectRetry is the wait between attempts to connect to a peer;
 	// zero means 5 seconds.
 	ConnectRetry time.Duration
+	// MaxPrefixesHold is how long a peer that sent more routes than its
+	// max_prefixes stays down before vipd connects again; zero means
+	// DefaultMaxPrefixesHold.
+	MaxPrefixesHold time.Duration
 }
 
 // Peer is the state of one session.
@@ -56,6 +72,9 @@ type Peer struct {
 	// Routes is the number of routes the speaker announces to the peer
 	// while the session is up.
 	Routes int
+	// Limited is when the peer last sent more routes than its
+	// max_prefixes and its session was cut; zero if it never did.
+	Limited time.Time
 }
 
 // Established reports whether the session is up.
@@ -78,10 +97,21 @@ type Speaker struct {
 	// not wait for a Retire or a Stop.
 	n4, n6 atomic.Int64
 
-	// pmu guards peers.
+	// pmu guards peers, limited and closing.
 	pmu   sync.Mutex
 	peers map[netip.Addr]*Peer
+	// limited are the peers held down for sending too many routes.
+	limited map[netip.Addr]bool
+	// closing says Stop began: no peer is held down any more. done is
+	// closed then, and holds waits for the hold-downs to end.
+	closing bool
+	done    chan struct{}
+	holds   sync.WaitGroup
 }
+
+// DefaultMaxPrefixesHold is how long a peer that sent more routes than
+// its max_prefixes stays down.
+const DefaultMaxPrefixesHold = time.Minute
 
 type route struct {
 	attrs config.BGPAttrs
@@ -99,12 +129,16 @@ func Start(ctx context.Context, opts Options) (*Speaker, error) {
 	if opts.ConnectRetry == 0 {
 		opts.ConnectRetry = 5 * time.Second
 	}
+	if opts.MaxPrefixesHold == 0 {
+		opts.MaxPrefixesHold = DefaultMaxPrefixesHold
+	}
 	b := opts.BGP
 	if !b.RouterID.Is4() {
 		return nil, fmt.Errorf("router id %s is not an IPv4 address", b.RouterID)
 	}
-	sp := &Speaker{opts: opts, log: opts.Logger, routes: map[netip.Prefix]route{}, peers: map[netip.Addr]*Peer{}}
-	sp.s = server.NewBgpServer(server.LoggerOption(&logger{l: opts.Logger}))
+	sp := &Speaker{opts: opts, log: opts.Logger, routes: map[netip.Prefix]route{}, peers: map[netip.Addr]*Peer{},
+		limited: map[netip.Addr]bool{}, done: make(chan struct{})}
+	sp.s = server.NewBgpServer(server.LoggerOption(&logger{l: opts.Logger, onLimit: sp.overLimit}))
 	go sp.s.Serve()
 	port := int32(b.ListenPort)
 	if port == 0 {
@@ -115,6 +149,12 @@ func Start(ctx context.Context, opts Options) (*Speaker, error) {
 	}}); err != nil {
 		sp.s.Stop()
 		return nil, fmt.Errorf("start bgp: %w", err)
+	}
+	// The policies are in place before any peer is added, so that no
+	// route is taken or passed on in between.
+	if err := sp.policies(ctx); err != nil {
+		sp.s.Stop()
+		return nil, err
 	}
 	for _, p := range b.Peers {
 		sp.peers[p.Address] = &Peer{Address: p.Address, ASN: p.ASN, State: "idle"}
@@ -135,6 +175,49 @@ func Start(ctx context.Context, opts Options) (*Speaker, error) {
 	return sp, nil
 }
 
+// The names of the policy vipd gives GoBGP and of its defined sets.
+const (
+	ownPolicy = "vipd-own-host-routes"
+	hostSet4  = "vipd-host-routes-v4"
+	hostSet6  = "vipd-host-routes-v6"
+)
+
+// policies installs the import and export policies: both accept the
+// host routes vipd announces itself (GoBGP puts those through the global
+// import policy too) and reject every other route.
+func (sp *Speaker) policies(ctx context.Context) error {
+	for _, ds := range []*api.DefinedSet{
+		{DefinedType: api.DefinedType_PREFIX, Name: hostSet4, Prefixes: []*api.Prefix{{IpPrefix: "0.0.0.0/0", MaskLengthMin: 32, MaskLengthMax: 32}}},
+		{DefinedType: api.DefinedType_PREFIX, Name: hostSet6, Prefixes: []*api.Prefix{{IpPrefix: "::/0", MaskLengthMin: 128, MaskLengthMax: 128}}},
+	} {
+		if err := sp.s.AddDefinedSet(ctx, &api.AddDefinedSetRequest{DefinedSet: ds}); err != nil {
+			return fmt.Errorf("bgp policy: defined set %s: %w", ds.Name, err)
+		}
+	}
+	var stmts []*api.Statement
+	for _, set := range []string{hostSet4, hostSet6} {
+		stmts = append(stmts, &api.Statement{
+			Name: ownPolicy + "-" + set[len(set)-2:],
+			Conditions: &api.Conditions{
+				RouteType: api.Conditions_ROUTE_TYPE_LOCAL,
+				PrefixSet: &api.MatchSet{Type: api.MatchSet_ANY, Name: set},
+			},
+			Actions: &api.Actions{RouteAction: api.RouteAction_ACCEPT},
+		})
+	}
+	if err := sp.s.AddPolicy(ctx, &api.AddPolicyRequest{Policy: &api.Policy{Name: ownPolicy, Statements: stmts}}); err != nil {
+		return fmt.Errorf("bgp policy %s: %w", ownPolicy, err)
+	}
+	for _, dir := range []api.PolicyDirection{api.PolicyDirection_IMPORT, api.PolicyDirection_EXPORT} {
+		if err := sp.s.AddPolicyAssignment(ctx, &api.AddPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
+			Name: "global", Direction: dir, Policies: []*api.Policy{{Name: ownPolicy}}, DefaultAction: api.RouteAction_REJECT,
+		}}); err != nil {
+			return fmt.Errorf("bgp policy: assign %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
 // apiPeer returns GoBGP's form of a configured peer.
 func apiPeer(p config.BGPPeer, retry time.Duration) *api.Peer {
 	family := &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
@@ -148,7 +231,10 @@ func apiPeer(p config.BGPPeer, retry time.Duration) *api.Peer {
 			ConnectRetry: uint64(max(retry/time.Second, 1)),
 		}},
 		Transport: &api.Transport{PassiveMode: p.Passive, RemotePort: uint32(p.Port)},
-		AfiSafis:  []*api.AfiSafi{{Config: &api.AfiSafiConfig{Family: family, Enabled: true}}},
+		AfiSafis: []*api.AfiSafi{{
+			Config:       &api.AfiSafiConfig{Family: family, Enabled: true},
+			PrefixLimits: &api.PrefixLimit{Family: family, MaxPrefixes: maxPrefixes(p), ShutdownThresholdPct: limitWarnPct},
+		}},
 	}
 	if p.Source.IsValid() {
 		out.Transport.LocalAddress = p.Source.String()
@@ -157,6 +243,82 @@ func apiPeer(p config.BGPPeer, retry time.Duration) *api.Peer {
 		out.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.Multihop)}
 	}
 	return out
+}
+
+// limitWarnPct is the share of max_prefixes past which GoBGP warns.
+const limitWarnPct = 80
+
+// maxPrefixes returns p's max_prefixes, the default if unset: never
+// GoBGP's 0, no limit.
+func maxPrefixes(p config.BGPPeer) uint32 {
+	if p.MaxPrefixes == 0 {
+		return config.DefaultBGPMaxPrefixes
+	}
+	return p.MaxPrefixes
+}
+
+// overLimit is called, from GoBGP's goroutine, when GoBGP logs that a
+// peer sent more routes of family than its limit allows (crossed) or
+// more than limitWarnPct of it. When crossed GoBGP has sent the Cease,
+// ends the session and keeps the peer down (its state "prefix count",
+// until the peer is enabled again); overLimit logs it and enables the
+// peer after MaxPrefixesHold.
+func (sp *Speaker) overLimit(key, family string, crossed bool) {
+	addr, err := netip.ParseAddr(key)
+	if err != nil {
+		return
+	}
+	addr = addr.Unmap()
+	var cfg config.BGPPeer
+	for _, p := range sp.opts.BGP.Peers {
+		if p.Address == addr {
+			cfg = p
+		}
+	}
+	if !cfg.Address.IsValid() {
+		return
+	}
+	if !crossed {
+		sp.log.Warn("bgp: peer sent more than "+strconv.Itoa(limitWarnPct)+"% of max_prefixes", "peer", addr, "asn", cfg.ASN,
+			"max_prefixes", maxPrefixes(cfg), "family", family)
+		return
+	}
+	sp.pmu.Lock()
+	defer sp.pmu.Unlock()
+	if sp.closing || sp.limited[addr] {
+		return
+	}
+	sp.limited[addr] = true
+	if p := sp.peers[addr]; p != nil {
+		p.Limited = time.Now()
+	}
+	sp.log.Warn("bgp: peer sent more routes than max_prefixes; session closed", "peer", addr, "asn", cfg.ASN,
+		"max_prefixes", maxPrefixes(cfg), "family", family, "hold", sp.opts.MaxPrefixesHold)
+	sp.holds.Add(1)
+	go sp.holdDown(addr)
+}
+
+// holdDown lets a peer that sent too many routes connect again after
+// MaxPrefixesHold (not after Stop): GoBGP keeps it down until then.
+func (sp *Speaker) holdDown(addr netip.Addr) {
+	defer sp.holds.Done()
+	defer func() {
+		sp.pmu.Lock()
+		delete(sp.limited, addr)
+		sp.pmu.Unlock()
+	}()
+	t := time.NewTimer(sp.opts.MaxPrefixesHold)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-sp.done:
+		return
+	}
+	if err := sp.s.EnablePeer(context.Background(), &api.EnablePeerRequest{Address: addr.String()}); err != nil {
+		sp.log.Warn("bgp: enable a peer after its max_prefixes hold-down", "peer", addr, "err", err)
+		return
+	}
+	sp.log.Info("bgp: peer's max_prefixes hold-down over; connecting again", "peer", addr)
 }
 
 // peerEvent records a change of a peer's state.
@@ -398,6 +560,11 @@ func (sp *Speaker) Stop(ctx context.Context) error {
 		sleep(ctx, sp.opts.BGP.WithdrawWait)
 	}
 	sp.stopped = true
+	sp.pmu.Lock()
+	sp.closing = true
+	close(sp.done)
+	sp.pmu.Unlock()
+	sp.holds.Wait()
 	sp.s.Stop()
 	sp.log.Info("bgp: stopped")
 	return err
@@ -422,10 +589,17 @@ type (
 )
 
 // logger hands GoBGP's log to slog, one level down: GoBGP logs a peer's
-// every reconnection attempt at info.
+// every reconnection attempt at info. GoBGP tells of a peer over its
+// prefix limit only in its log: logger hands that to onLimit.
 type logger struct {
-	l *slog.Logger
+	l       *slog.Logger
+	onLimit func(peer, family string, crossed bool)
 }
+
+// limitMsg is GoBGP's (v3) message for a peer over its prefix limit,
+// with the fields Key (the peer), Family and, below the limit but over
+// its warning threshold, Pct.
+const limitMsg = "prefix limit reached"
 
 func (g *logger) log(level slog.Level, msg string, fields map[string]any) {
 	if !g.l.Enabled(context.Background(), level) {
@@ -441,11 +615,18 @@ func (g *logger) log(level slog.Level, msg string, fields map[string]any) {
 func (g *logger) Panic(msg string, f gobgpFields) { g.log(slog.LevelError, msg, f); panic(msg) }
 func (g *logger) Fatal(msg string, f gobgpFields) { g.log(slog.LevelError, msg, f) }
 func (g *logger) Error(msg string, f gobgpFields) { g.log(slog.LevelWarn, msg, f) }
-func (g *logger) Warn(msg string, f gobgpFields)  { g.log(slog.LevelInfo, msg, f) }
-func (g *logger) Info(msg string, f gobgpFields)  { g.log(slog.LevelDebug, msg, f) }
-func (g *logger) Debug(string, gobgpFields)       {}
-func (g *logger) SetLevel(gobgpLevel)             {}
-func (g *logger) GetLevel() gobgpLevel            { return gobgplog.InfoLevel }
+
+func (g *logger) Warn(msg string, f gobgpFields) {
+	if msg == limitMsg && g.onLimit != nil {
+		_, pct := f["Pct"]
+		g.onLimit(fmt.Sprint(f["Key"]), fmt.Sprint(f["Family"]), !pct)
+	}
+	g.log(slog.LevelInfo, msg, f)
+}
+func (g *logger) Info(msg string, f gobgpFields) { g.log(slog.LevelDebug, msg, f) }
+func (g *logger) Debug(string, gobgpFields)      {}
+func (g *logger) SetLevel(gobgpLevel)            {}
+func (g *logger) GetLevel() gobgpLevel           { return gobgplog.InfoLevel }
 
 // String is for the log.
 func (p Peer) String() string {

@@ -105,13 +105,21 @@ func startRouter(t *testing.T, v6 bool) (birdc func(args ...string) string) {
 }
 `, i, 20+i)
 	}
-	conf := filepath.Join(dir, "bird.conf")
-	if err := os.WriteFile(conf, []byte(c.String()), 0o644); err != nil {
+	birdc, _ = runBird(t, bird, dir, c.String())
+	return birdc
+}
+
+// runBird runs bird with config conf in the router namespace, its files
+// in dir, and returns its birdc and its log.
+func runBird(t *testing.T, bird, dir, conf string) (birdc func(args ...string) string, log *lockedBuffer) {
+	t.Helper()
+	path := filepath.Join(dir, "bird.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "bird.ctl")
-	log := &lockedBuffer{}
-	cmd := exec.Command("ip", "netns", "exec", "rtr", bird, "-f", "-c", conf, "-s", sock)
+	log = &lockedBuffer{}
+	cmd := exec.Command("ip", "netns", "exec", "rtr", bird, "-f", "-c", path, "-s", sock)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -122,13 +130,13 @@ func startRouter(t *testing.T, v6 bool) (birdc func(args ...string) string) {
 		cmd.Process.Kill()
 		<-done
 		if t.Failed() {
-			t.Logf("bird's log:\n%s", log)
+			t.Logf("bird's (%s) log:\n%s", dir, log)
 		}
 	})
 	return func(args ...string) string {
 		r := Exec("birdc", append([]string{"-s", sock}, args...)...)
 		return r.Stdout + r.Stderr
-	}
+	}, log
 }
 
 // nextHops returns the next hops of the router's kernel route to vip.
@@ -402,4 +410,108 @@ func TestBGPIPv6(t *testing.T) {
 	// A graceful stop withdraws the IPv6 route too.
 	nodes[1].stop()
 	waitHops(t, tp.VIP6, 10*time.Second, "fd00:3::21")
+}
+
+// twoRouterConf is the config of one of TestBGPTwoRouters' routers: router
+// id and address addr, AS asn, a session with lb1 (bound to addr, so
+// that two birds share the router namespace), sending the n static
+// routes prefix(i) and taking what lb1 sends.
+func twoRouterConf(addr string, asn, n int, prefix func(int) string) string {
+	var c strings.Builder
+	fmt.Fprintf(&c, "router id %s;\nlog stderr all;\nprotocol device { scan time 1; }\nprotocol static own {\n  ipv4;\n", addr)
+	for i := range n {
+		fmt.Fprintf(&c, "  route %s blackhole;\n", prefix(i))
+	}
+	fmt.Fprintf(&c, `}
+protocol bgp lb1 {
+  local %s as %d;
+  neighbor 10.0.3.21 as 65001;
+  strict bind yes;
+  direct;
+  hold time 3;
+  keepalive time 1;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 2;
+  ipv4 { import all; export where proto = "own"; };
+}
+`, addr, asn)
+	return c.String()
+}
+
+// fromLB1 returns the prefixes a router has from lb1.
+func fromLB1(birdc func(...string) string) []string {
+	var ps []string
+	for _, l := range strings.Split(birdc("show", "route", "protocol", "lb1"), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && l[0] != ' ' && l[0] != '\t' && strings.Contains(f[0], "/") {
+			ps = append(ps, f[0])
+		}
+	}
+	slices.Sort(ps)
+	return ps
+}
+
+// TestBGPTwoRouters: one node between two eBGP routers of different ASes
+// (a top-of-rack pair), A (AS 65000) sending 999 routes, B (AS 65002)
+// 10. Each router learns the VIP from vipd and nothing of the other's
+// routes: vipd is no transit path. Then A sends 1,001, past the default
+// max_prefixes (1000): vipd cuts A's session with a Cease and logs it;
+// B keeps its session and the VIP.
+func TestBGPTwoRouters(t *testing.T) {
+	tp := NewTopo(t, "bgp 2")
+	bird, err := exec.LookPath("bird")
+	if err != nil {
+		t.Fatal("bird is not in the guest: install bird2 on the host (test/deps.sh, make deps); initramfs.sh copies it")
+	}
+	Run(t, "ip", "-n", "rtr", "addr", "add", "10.0.3.253/24", "dev", "eth0")
+	aPrefix := func(i int) string { return fmt.Sprintf("100.%d.%d.0/24", 64+i/256, i%256) }
+	aDir := t.TempDir()
+	birdA, logA := runBird(t, bird, aDir, twoRouterConf("10.0.3.254", 65000, 999, aPrefix))
+	birdB, logB := runBird(t, bird, t.TempDir(), twoRouterConf("10.0.3.253", 65002, 10, func(i int) string { return fmt.Sprintf("172.16.%d.0/24", i) }))
+	lb1 := startBGPNode(t, tp, 1, "", "[[bgp.peer]]\naddress = \"10.0.3.253\"\nasn = 65002\nhold_time = \"3s\"\nkeepalive = \"1s\"\n")
+	vip := tp.VIP + "/32"
+	for _, r := range []struct {
+		name  string
+		birdc func(...string) string
+	}{{"A", birdA}, {"B", birdB}} {
+		Eventually(t, 30*time.Second, 100*time.Millisecond, func() bool { return slices.Contains(fromLB1(r.birdc), vip) },
+			"router %s has no route to %s from lb1:\n%s", r.name, vip, r.birdc("show", "protocols", "all", "lb1"))
+	}
+	exported := regexp.MustCompile(`(\d+) exported`)
+	Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
+		m := exported.FindStringSubmatch(birdA("show", "protocols", "all", "lb1"))
+		return m != nil && m[1] == "999"
+	}, "router A did not send its 999 routes:\n%s", birdA("show", "protocols", "all", "lb1"))
+	// What lb1 would pass on has had the time to arrive.
+	time.Sleep(2 * time.Second)
+	for _, r := range []struct {
+		name  string
+		birdc func(...string) string
+	}{{"A", birdA}, {"B", birdB}} {
+		if got := fromLB1(r.birdc); !slices.Equal(got, []string{vip}) {
+			t.Errorf("router %s learned %d routes from lb1, want only %s: %.300q", r.name, len(got), vip, got)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Logf("A sent 999 routes, B 10: each learned from lb1 only %s", vip)
+
+	// A sends 1,001: past max_prefixes, lb1 cuts the session.
+	if err := os.WriteFile(filepath.Join(aDir, "bird.conf"), []byte(twoRouterConf("10.0.3.254", 65000, 1001, aPrefix)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, "birdc configure", birdA("configure"), "Reconfigured")
+	start := time.Now()
+	Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
+		return strings.Contains(logA.String(), "lb1: Received: Maximum number of prefixes reached")
+	}, "router A's session was not cut:\n%s", birdA("show", "protocols", "all", "lb1"))
+	lb1.waitLog(`msg="bgp: peer sent more routes than max_prefixes; session closed" peer=10.0.3.254 asn=65000 max_prefixes=1000`)
+	t.Logf("A sent 1001 routes: lb1 cut its session after %v", time.Since(start).Round(time.Millisecond))
+	if up := birdB("show", "protocols", "lb1"); !strings.Contains(up, "Established") || strings.Contains(logB.String(), "Received:") {
+		t.Errorf("router B's session suffered:\n%s\n%s", up, logB)
+	}
+	if got := fromLB1(birdB); !slices.Equal(got, []string{vip}) {
+		t.Errorf("router B has %q from lb1 after A's cut, want only %s", got, vip)
+	}
 }
