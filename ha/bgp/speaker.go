@@ -331,6 +331,12 @@ func (sp *Speaker) peerEvent(r *api.WatchEventResponse) {
 	if err != nil {
 		return
 	}
+	if ev.Peer.State.AdminState == api.PeerState_PFX_CT {
+		// The peer's state says it crossed its limit, whether or not
+		// GoBGP's log line (overLimit's usual caller) said so first:
+		// the hold-down must not hang on a log message's wording.
+		sp.overLimit(addr.Unmap().String(), "", true)
+	}
 	state := sessionState(ev.Peer.State.SessionState)
 	sp.pmu.Lock()
 	p, ok := sp.peers[addr.Unmap()]
