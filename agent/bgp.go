@@ -47,6 +47,9 @@ type BGPPeer struct {
 	Since time.Time
 	// Routes is the number of routes announced to the peer.
 	Routes int
+	// Limited is when the peer last sent more routes than its
+	// max_prefixes allows and was cut; zero if never.
+	Limited time.Time
 }
 
 // AnnouncerOptions are what the agent gives OpenAnnouncer.
@@ -268,7 +271,7 @@ func (a *Agent) bgpStatus() *status.BGP {
 	}
 	out := &status.BGP{ASN: b.cfg.ASN, RouterID: b.cfg.RouterID.String(), Drained: b.drained, Announced: []string{}}
 	for _, p := range b.an.Peers() {
-		out.Peers = append(out.Peers, status.BGPPeer{Address: p.Address.String(), ASN: p.ASN, State: p.State, Since: p.Since, Routes: p.Routes})
+		out.Peers = append(out.Peers, status.BGPPeer{Address: p.Address.String(), ASN: p.ASN, State: p.State, Since: p.Since, Routes: p.Routes, Limited: p.Limited})
 	}
 	for _, p := range slices.SortedFunc(maps.Keys(b.routes), netip.Prefix.Compare) {
 		out.Announced = append(out.Announced, p.String())

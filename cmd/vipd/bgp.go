@@ -37,5 +37,5 @@ func (s speaker) Peers() []agent.BGPPeer {
 }
 
 func agentPeer(p bgp.Peer) agent.BGPPeer {
-	return agent.BGPPeer{Address: p.Address, ASN: p.ASN, State: p.State, Established: p.Established(), Since: p.Since, Routes: p.Routes}
+	return agent.BGPPeer{Address: p.Address, ASN: p.ASN, State: p.State, Established: p.Established(), Since: p.Since, Routes: p.Routes, Limited: p.Limited}
 }

@@ -436,7 +436,11 @@ func renderBGP(w io.Writer, now time.Time, b *BGP) {
 		if !p.Since.IsZero() {
 			since = " for " + ago(now.Sub(p.Since))
 		}
-		fmt.Fprintf(w, "bgp peer %s AS%d: %s%s, %d routes\n", p.Address, p.ASN, p.State, since, p.Routes)
+		limited := ""
+		if !p.Limited.IsZero() {
+			limited = ", cut " + ago(now.Sub(p.Limited)) + " ago for sending more than max_prefixes"
+		}
+		fmt.Fprintf(w, "bgp peer %s AS%d: %s%s, %d routes%s\n", p.Address, p.ASN, p.State, since, p.Routes, limited)
 	}
 	for _, h := range b.Withheld {
 		fmt.Fprintf(w, "bgp withheld %s: %s\n", h.Route, h.Reason)

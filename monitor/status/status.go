@@ -136,6 +136,9 @@ type BGPPeer struct {
 	Since time.Time `json:"since,omitzero"`
 	// Routes is the number of routes announced to the peer.
 	Routes int `json:"routes"`
+	// Limited is when the peer last sent more routes than its
+	// max_prefixes allows, and vipd cut the session; zero if never.
+	Limited time.Time `json:"max_prefixes_exceeded,omitzero"`
 }
 
 // BGPWithheld is a VIP the node does not announce.

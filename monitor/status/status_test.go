@@ -448,6 +448,7 @@ func TestRenderBGP(t *testing.T) {
 		Peers: []BGPPeer{
 			{Address: "10.0.0.254", ASN: 65000, State: "established", Since: now.Add(-5*time.Minute - 2*time.Second), Routes: 1},
 			{Address: "fd00::fe", ASN: 65000, State: "active"},
+			{Address: "10.0.0.253", ASN: 65002, State: "idle", Limited: now.Add(-30 * time.Second)},
 		},
 		Withheld: []BGPWithheld{{Route: "192.0.2.11/32", Reason: "no backend serves"}}}
 	var b strings.Builder
@@ -458,6 +459,7 @@ func TestRenderBGP(t *testing.T) {
 		"bgp: AS65001 router id 10.0.0.1, 1 VIPs announced, 1 withheld\n",
 		"bgp peer 10.0.0.254 AS65000: established for 5m02s, 1 routes\n",
 		"bgp peer fd00::fe AS65000: active, 0 routes\n",
+		"bgp peer 10.0.0.253 AS65002: idle, 0 routes, cut 30s ago for sending more than max_prefixes\n",
 		"bgp withheld 192.0.2.11/32: no backend serves\n",
 	} {
 		if !strings.Contains(b.String(), want) {
@@ -468,7 +470,7 @@ func TestRenderBGP(t *testing.T) {
 	if err := RenderJSON(&j, snap); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"bgp": {`, `"router_id": "10.0.0.1"`, `"state": "established"`, `"reason": "no backend serves"`} {
+	for _, want := range []string{`"bgp": {`, `"router_id": "10.0.0.1"`, `"state": "established"`, `"reason": "no backend serves"`, `"max_prefixes_exceeded": "2026-12-03T11:59:30Z"`} {
 		if !strings.Contains(j.String(), want) {
 			t.Errorf("json without %s:\n%s", want, j.String())
 		}
