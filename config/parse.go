@@ -102,13 +102,16 @@ func (sp *Spare) take(base *Config) []lb.VirtualService {
 }
 
 // resolved returns what completes the result of a parse from base: the
-// exec checks' user, or an error.
+// exec checks' user and the https checks' CA files, or an error.
 func resolved(base *Config) func(*Config, Delta, error) (*Config, Delta, error) {
 	return func(cfg *Config, d Delta, err error) (*Config, Delta, error) {
 		if err != nil || cfg == base {
 			return cfg, d, err
 		}
 		if err := cfg.resolveExec(base, d); err != nil {
+			return nil, Delta{Full: true}, err
+		}
+		if err := cfg.resolveCAFiles(d); err != nil {
 			return nil, Delta{Full: true}, err
 		}
 		return cfg, d, nil
