@@ -290,21 +290,25 @@ func (e *Error) Error() string {
 	}
 	b.WriteString(": ")
 	if e.Ctx != "" {
-		b.WriteString(e.Ctx)
+		b.WriteString(capText(e.Ctx, MaxMessageLen))
 		b.WriteString(": ")
 	}
-	b.WriteString(e.Msg)
+	b.WriteString(capText(e.Msg, MaxMessageLen))
 	return b.String()
 }
 
 // Errors are all the problems found in a configuration: file by file, the
-// main file first, each file's in line order.
+// main file first, each file's in line order. Error prints the first
+// MaxErrors of them and a count of the others.
 type Errors []*Error
 
 func (es Errors) Error() string {
-	s := make([]string, len(es))
-	for i, e := range es {
-		s[i] = e.Error()
+	s := make([]string, 0, min(len(es), MaxErrors)+1)
+	for _, e := range es[:min(len(es), MaxErrors)] {
+		s = append(s, e.Error())
+	}
+	if len(es) > MaxErrors {
+		s = append(s, fmt.Sprintf("... and %d more errors", len(es)-MaxErrors))
 	}
 	return strings.Join(s, "\n")
 }
@@ -494,7 +498,8 @@ func (c *Config) rankOf(file string) int { return includeRank(c.File, c.Include,
 func decodeError(file string, err error) *Error {
 	var pe toml.ParseError
 	if errors.As(err, &pe) {
-		msg := pe.Message
+		// The message may quote the file, which need not be vipd's.
+		msg := redactValues(pe.Message, pe.LastKey)
 		if pe.LastKey != "" && !strings.Contains(msg, pe.LastKey) {
 			msg = fmt.Sprintf("%s: %s", pe.LastKey, msg)
 		}
@@ -503,9 +508,9 @@ func decodeError(file string, err error) *Error {
 	msg := err.Error()
 	if m := decodeLineRE.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
-		return &Error{File: file, Line: line, Msg: fmt.Sprintf("%s: %s", m[2], m[3])}
+		return &Error{File: file, Line: line, Msg: fmt.Sprintf("%s: %s", m[2], redactValues(m[3], m[2]))}
 	}
-	return &Error{File: file, Msg: strings.TrimPrefix(msg, "toml: ")}
+	return &Error{File: file, Msg: redactValues(strings.TrimPrefix(msg, "toml: "), "")}
 }
 
 // decodeLineRE matches the decoder's type errors, which carry their line

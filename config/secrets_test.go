@@ -1,0 +1,94 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestErrorsQuoteNoSecret includes, through a symlink in services.d, a
+// file that is not vipd's (a credentials file): the errors name the file,
+// the line and the key, never the values the file holds.
+func TestErrorsQuoteNoSecret(t *testing.T) {
+	const secret = "s3cr3t"
+	cases := []struct{ text, want string }{
+		{`password = "s3cr3t-value"`, `:1: unknown key "password"`},
+		{"# db\npassword = trues3cr3t-value", `:2: password: `},
+		{"password = falses3cr3t", `:1: password: `},
+		{"pin = 0s3cr3t", `:1: `},
+		{"pin = 00123456", `:1: pin: `},
+		{"pin = 1_s3cr3t", `:1: pin: `},
+		{"token = 1.s3cr3t", `:1: token: `},
+		{"token = 0xs3cr3t", `:1: token: `},
+		{"token = 99999999999999999999999", `:1: token: `},
+		{"token = 1e99999", `:1: token: `},
+		{"when = 1979-05-27T99:99:99", `:1: when: `},
+		{"s3cr3t-value", `:1: `},
+		{"aws_secret_access_key: s3cr3t", `:1: `},
+		{"export TOKEN=s3cr3t", `:1: `},
+		{"[client]\nuser = \"admin\"\npassword = 's3cr3t\n", `:3: `},
+		{"password = \"\\q s3cr3t\"", `:1: password: `},
+		{"password = \"\\uZZZZs3cr3t\"", `:1: password: `},
+	}
+	for i, c := range cases {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			dir := t.TempDir()
+			creds := filepath.Join(dir, "credentials")
+			writeFile(t, creds, c.text+"\n")
+			link := filepath.Join(dir, "services.d", "db.toml")
+			if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(creds, link); err != nil {
+				t.Fatal(err)
+			}
+			main := filepath.Join(dir, "vipd.toml")
+			writeFile(t, main, "include = [\"services.d/*.toml\"]\n")
+			_, err := Load(main)
+			if err == nil {
+				t.Fatal("loaded")
+			}
+			msg := err.Error()
+			if strings.Contains(msg, secret) || strings.Contains(msg, "123456") || strings.Contains(msg, "99999") {
+				t.Errorf("%q: the error quotes the file's content: %s", c.text, msg)
+			}
+			if !strings.Contains(msg, link+c.want) {
+				t.Errorf("%q: error %q does not contain %q", c.text, msg, link+c.want)
+			}
+		})
+	}
+}
+
+// TestErrorsBounded gives a file with a huge value and one with a great
+// many errors: each message, and all of them together, stay small.
+func TestErrorsBounded(t *testing.T) {
+	dir := t.TempDir()
+	main := filepath.Join(dir, "vipd.toml")
+	writeFile(t, main, "x = 0"+strings.Repeat("7", 1<<20)+"\n")
+	_, err := Load(main)
+	if err == nil {
+		t.Fatal("loaded")
+	}
+	if n := len(err.Error()); n > 1024 {
+		t.Errorf("one error of a huge line is %d bytes: %.200s...", n, err)
+	}
+
+	var b strings.Builder
+	for i := range 100000 {
+		fmt.Fprintf(&b, "k%d = 1\n", i)
+	}
+	writeFile(t, main, b.String())
+	_, err = Load(main)
+	if err == nil {
+		t.Fatal("loaded")
+	}
+	msg := err.Error()
+	if n := strings.Count(msg, "\n") + 1; n > MaxErrors+1 {
+		t.Errorf("%d lines of errors, want at most %d and a count", n, MaxErrors+1)
+	}
+	if !strings.Contains(msg, fmt.Sprintf("and %d more errors", 100000-MaxErrors)) {
+		t.Errorf("no count of the errors left out: ...%s", msg[max(0, len(msg)-200):])
+	}
+}
