@@ -303,11 +303,15 @@ func (e *Error) Error() string {
 type Errors []*Error
 
 func (es Errors) Error() string {
-	s := make([]string, 0, min(len(es), MaxErrors)+1)
-	for _, e := range es[:min(len(es), MaxErrors)] {
+	n := len(es)
+	if n > MaxErrors+1 {
+		n = MaxErrors
+	}
+	s := make([]string, 0, n+1)
+	for _, e := range es[:n] {
 		s = append(s, e.Error())
 	}
-	if len(es) > MaxErrors {
+	if n < len(es) {
 		s = append(s, fmt.Sprintf("... and %d more errors", len(es)-MaxErrors))
 	}
 	return strings.Join(s, "\n")
@@ -424,10 +428,18 @@ func readIncluded(mainFile string, patterns []string) ([]includedText, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkIncluded(len(out), 0); err != nil {
+		return nil, err
+	}
 	var errs []error
+	var size int64
 	for i := range out {
 		if out[i].Data, err = readFile(out[i].File); err != nil {
 			errs = append(errs, fmt.Errorf("read included file: %w", err))
+		}
+		size += int64(len(out[i].Data))
+		if err := checkIncluded(len(out), size); err != nil {
+			return nil, err
 		}
 	}
 	if len(errs) > 0 {

@@ -124,6 +124,11 @@ func parseFrom(base *Config, file string, data []byte, sp *Spare) (*Config, Delt
 	}
 	file = filepath.Clean(file)
 	pi := base.partOf(file)
+	if pi != 0 {
+		if err := base.checkIncludedWith(pi, data); err != nil {
+			return nil, Delta{Full: true}, Errors{{File: file, Msg: err.Error()}}
+		}
+	}
 	switch {
 	case pi == 0:
 		return parseMain(base, file, data, sp)

@@ -88,7 +88,27 @@ func TestErrorsBounded(t *testing.T) {
 	if n := strings.Count(msg, "\n") + 1; n > MaxErrors+1 {
 		t.Errorf("%d lines of errors, want at most %d and a count", n, MaxErrors+1)
 	}
-	if !strings.Contains(msg, fmt.Sprintf("and %d more errors", 100000-MaxErrors)) {
+	if !strings.Contains(msg, fmt.Sprintf("and up to %d more unknown keys", 100000-MaxErrors)) {
 		t.Errorf("no count of the errors left out: ...%s", msg[max(0, len(msg)-200):])
+	}
+	// The errors kept are bounded too, not only those printed.
+	if errs, ok := err.(Errors); !ok || len(errs) > MaxErrors+1 {
+		t.Errorf("%d errors kept, want at most %d", len(errs), MaxErrors+1)
+	}
+
+	// Many errors that are not unknown keys: the first MaxErrors and a
+	// count.
+	b.Reset()
+	for i := range 1000 {
+		fmt.Fprintf(&b, "[[service]]\nname = \"s%d\"\nvip = \"192.0.2.1\"\nport = %d\nbackend = [{ address = \"10.0.0.1\" }]\nscheduler = \"nope\"\n", i, i+1)
+	}
+	writeFile(t, main, b.String())
+	_, err = Load(main)
+	if err == nil {
+		t.Fatal("loaded")
+	}
+	msg = err.Error()
+	if n := strings.Count(msg, "\n") + 1; n != MaxErrors+1 || !strings.Contains(msg, "... and ") {
+		t.Errorf("%d lines of errors, want %d with a count: ...%s", n, MaxErrors+1, msg[max(0, len(msg)-200):])
 	}
 }
