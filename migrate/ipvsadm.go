@@ -225,7 +225,7 @@ func fromTable(kind, source, file string, entries []*entry, issues []Issue) Resu
 		svcs = append(svcs, s)
 	}
 	toml, svcs, issues := settle(header(kind, source), haPart{}, svcs, issues)
-	return Result{TOML: toml, Issues: tidy(issues, []string{file}), Services: len(svcs)}
+	return capIssues(Result{TOML: toml, Issues: tidy(issues, []string{file}), Services: len(svcs)})
 }
 
 func forwardName(f lb.Forward) string {
