@@ -109,3 +109,32 @@ func TestKeepalivedIssuesBounded(t *testing.T) {
 		t.Errorf("%d bytes allocated for a file of %d bytes, more than %d", alloc, b.Len(), limit)
 	}
 }
+
+// endless is a reader that never ends: "y\n" forever, as yes(1) writes.
+type endless struct{}
+
+func (endless) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = "y\n"[i%2]
+	}
+	return len(p), nil
+}
+
+// TestIpvsadmBounded imports an input that never ends: the import stops
+// at vipd's file limit, with bounded issues.
+func TestIpvsadmBounded(t *testing.T) {
+	done := make(chan Result, 1)
+	go func() { done <- Ipvsadm("stdin", endless{}) }()
+	var r Result
+	select {
+	case r = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Ipvsadm of an endless input ran for 20 s")
+	}
+	if len(r.Issues) > MaxIssues || r.MoreIssues == 0 {
+		t.Errorf("%d issues kept, %d counted; want at most %d kept and the rest counted", len(r.Issues), r.MoreIssues, MaxIssues)
+	}
+	if want := "more than 16777216 bytes (16 MiB)"; !strings.Contains(issues(r), want) {
+		t.Errorf("no issue %q in: ...%s", want, issues(r)[max(0, len(issues(r))-300):])
+	}
+}
