@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -138,5 +139,25 @@ func TestCAFileRefused(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCAFileOffline reads no ca_file offline, and says so.
+func TestCAFileOffline(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo.pem")
+	mkfifo(t, fifo)
+	main := filepath.Join(dir, "vipd.toml")
+	writeFile(t, main, httpsService("web", fifo))
+	cfg, err := LoadWith(main, LoadOptions{Offline: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`ca_file "` + fifo + `" of service "web" is a readable file of PEM certificates`}
+	if got := cfg.Unchecked(); !slices.Equal(got, want) {
+		t.Errorf("Unchecked() = %q, want %q", got, want)
+	}
+	if _, err := LoadWith(main, LoadOptions{}); err == nil {
+		t.Error("LoadWith online read the FIFO as a CA file")
 	}
 }

@@ -52,6 +52,9 @@ type Config struct {
 	execN       int
 	execCounted bool
 	execUser    *health.User
+	// unchecked lists the host lookups an offline load skipped (see
+	// LoadOptions).
+	unchecked []string
 }
 
 // Backends returns the number of backends of all services.
