@@ -389,11 +389,17 @@ func parseIncludedWhole(mainFile string, t Text, cfg *Config, x *cross) Errors {
 		return Errors{decodeError(t.File, err)}
 	}
 	v := &validator{file: t.File, src: t.Data}
-	v.unknownKeys(md.Undecoded())
+	var misplaced []string
 	for _, k := range []string{"daemon", "include"} {
 		if md.IsDefined(k) {
-			v.errorf(k, "", "%s belongs in the main file %s: an included file holds [[service]] tables only", k, mainFile)
+			misplaced = append(misplaced, k)
 		}
+	}
+	// The decoder's metadata is not needed past this point: it may be
+	// freed before the positions of the errors are indexed.
+	v.unknownKeys(md.Undecoded())
+	for _, k := range misplaced {
+		v.errorf(k, "", "%s belongs in the main file %s: an included file holds [[service]] tables only", k, mainFile)
 	}
 	v.services(raw.Service, cfg, x)
 	v.sort()

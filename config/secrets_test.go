@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -110,5 +111,38 @@ func TestErrorsBounded(t *testing.T) {
 	msg = err.Error()
 	if n := strings.Count(msg, "\n") + 1; n != MaxErrors+1 || !strings.Contains(msg, "... and ") {
 		t.Errorf("%d lines of errors, want %d with a count: ...%s", n, MaxErrors+1, msg[max(0, len(msg)-200):])
+	}
+}
+
+// TestErrorsMemory reads an included file of 4 MiB of unknown keys: what
+// the parse allocates stays a bounded multiple of the file's size (the
+// decoder's own cost), not that and an error for each key.
+func TestErrorsMemory(t *testing.T) {
+	dir := t.TempDir()
+	main := filepath.Join(dir, "vipd.toml")
+	writeFile(t, main, "include = [\"services.d/*.toml\"]\n")
+	var b strings.Builder
+	for i := 0; b.Len() < 4<<20; i++ {
+		fmt.Fprintf(&b, "k%d = 1\n", i)
+	}
+	writeFile(t, filepath.Join(dir, "services.d", "x.toml"), b.String())
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := Load(main)
+	runtime.ReadMemStats(&after)
+	if err == nil {
+		t.Fatal("loaded")
+	}
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("%d bytes read, %d allocated, %d lines of errors", b.Len(), alloc, strings.Count(err.Error(), "\n")+1)
+	// Before the errors were bounded: 117 times the file, and 358,785
+	// lines; now about 90 times (the decoder's and the position index's
+	// cost), and 101 lines.
+	if limit := uint64(100 * b.Len()); alloc > limit {
+		t.Errorf("%d bytes allocated for %d bytes of file, more than %d", alloc, b.Len(), limit)
+	}
+	if n := strings.Count(err.Error(), "\n") + 1; n > MaxErrors+1 {
+		t.Errorf("%d lines of errors, want at most %d", n, MaxErrors+1)
 	}
 }

@@ -159,9 +159,13 @@ func (v *validator) sort() {
 // more error, which costs nothing per key.
 func (v *validator) unknownKeys(keys []toml.Key) {
 	if len(keys) > MaxErrors {
-		v.unknownKeys(keys[:MaxErrors])
+		// Only the first keys are kept, so that the others can be
+		// freed while the positions of these are indexed.
+		n := len(keys)
+		keys = slices.Clone(keys[:MaxErrors])
+		v.unknownKeys(keys)
 		v.errs = append(v.errs, &Error{File: v.file, Line: v.errs[len(v.errs)-1].Line,
-			Msg: fmt.Sprintf("and up to %d more unknown keys, not listed", len(keys)-MaxErrors)})
+			Msg: fmt.Sprintf("and up to %d more unknown keys, not listed", n-MaxErrors)})
 		return
 	}
 	// The keys reported, as a tree of their parts.
