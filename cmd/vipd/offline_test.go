@@ -44,3 +44,21 @@ func TestCheckOffline(t *testing.T) {
 		t.Errorf("vipd check: exit %d, %q; want 1 and the unknown user", code, stderr)
 	}
 }
+
+// TestCheckCAFile: vipd check refuses a ca_file that is a FIFO at once,
+// naming the file, the line and the key.
+func TestCheckCAFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "ca.pem")
+	mkfifo(t, fifo)
+	path := filepath.Join(dir, "vipd.toml")
+	conf := "[[service]]\nname = \"api\"\nvip = \"192.0.2.11\"\nport = 443\nbackend = [{ address = \"10.0.0.2\" }]\n" +
+		"[service.check]\ntype = \"https\"\nca_file = \"" + fifo + "\"\n"
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runVipd(t, "check", path)
+	if want := path + `:8: service "api": check: ca_file: ` + fifo + ": not a regular file (a FIFO)"; code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("vipd check: exit %d, %q; want 1 and %q", code, stderr, want)
+	}
+}
