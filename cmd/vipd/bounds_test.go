@@ -86,3 +86,34 @@ func mkfifo(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 }
+
+// TestCheckErrorsCapped: vipd check of included files full of errors
+// prints the first errors and a count, not a line for each.
+func TestCheckErrorsCapped(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "vipd.toml")
+	if err := os.WriteFile(path, []byte("include = [\"services.d/*.toml\"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "services.d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for f := range 3 {
+		var b strings.Builder
+		for i := range 50000 {
+			fmt.Fprintf(&b, "k%d = %d\n", i, i)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "services.d", fmt.Sprintf("%d.toml", f)), []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	code, stdout, stderr := runVipd(t, "check", "--offline", path)
+	t.Logf("%s, %d bytes of output", time.Since(start), len(stdout)+len(stderr))
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if n := strings.Count(stderr, "\n"); n > 102 || !strings.Contains(stderr, "... and ") {
+		t.Errorf("%d lines on standard error, want at most 102 with a count: ...%s", n, stderr[max(0, len(stderr)-300):])
+	}
+}
