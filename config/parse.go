@@ -61,7 +61,8 @@ type Delta struct {
 //
 // The configuration keeps data (see Texts): the caller must not modify it
 // afterwards. When the configuration has exec checks, check_user is looked
-// up (see Config.resolveExec).
+// up (see Config.resolveExec); the ca_file of the https checks of the
+// services that changed is read (see Config.resolveCAFiles).
 func ParseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
 	return resolved(base)(parseFrom(base, file, data, nil))
 }
