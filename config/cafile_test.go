@@ -162,3 +162,38 @@ func TestCAFileOffline(t *testing.T) {
 		t.Error("LoadWith online read the FIFO as a CA file")
 	}
 }
+
+// TestCAFileReload reads the ca_file of a service an edit adds, refuses
+// a bad one at its line, and keeps what the other services read.
+func TestCAFileReload(t *testing.T) {
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	writeFile(t, ca, string(testCAPEM(t)))
+	fifo := filepath.Join(dir, "fifo.pem")
+	mkfifo(t, fifo)
+	main := filepath.Join(dir, "vipd.toml")
+	writeFile(t, main, "include = [\"services.d/*.toml\"]\n"+httpsService("web", ca))
+	incl := filepath.Join(dir, "services.d", "api.toml")
+	writeFile(t, incl, "")
+	base, err := loadWithin(t, main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := strings.ReplaceAll(httpsService("api", fifo), "192.0.2.10", "192.0.2.11")
+	if _, _, err := ParseFrom(base, incl, []byte(api)); err == nil || !strings.Contains(err.Error(), incl+":7: ") || !strings.Contains(err.Error(), "a FIFO") {
+		t.Errorf("ParseFrom with a FIFO ca_file: %v, want it refused at %s:7", err, incl)
+	}
+	api = strings.ReplaceAll(httpsService("api", ca), "192.0.2.10", "192.0.2.11")
+	cfg, d, err := ParseFrom(base, incl, []byte(api))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Full {
+		t.Errorf("delta %+v, want a partial one", d)
+	}
+	for name, be := range map[string]string{"web": "10.0.0.1:443", "api": "10.0.0.1:443"} {
+		if spec := cfg.Health[name].Checks[netip.MustParseAddrPort(be)]; spec.HTTP.CA == nil {
+			t.Errorf("service %s: no CA bundle", name)
+		}
+	}
+}
