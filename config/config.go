@@ -52,6 +52,9 @@ type Config struct {
 	execN       int
 	execCounted bool
 	execUser    *health.User
+	// unchecked lists the host lookups an offline load skipped (see
+	// LoadOptions).
+	unchecked []string
 }
 
 // Backends returns the number of backends of all services.
@@ -290,21 +293,29 @@ func (e *Error) Error() string {
 	}
 	b.WriteString(": ")
 	if e.Ctx != "" {
-		b.WriteString(e.Ctx)
+		b.WriteString(capText(e.Ctx, MaxMessageLen))
 		b.WriteString(": ")
 	}
-	b.WriteString(e.Msg)
+	b.WriteString(capText(e.Msg, MaxMessageLen))
 	return b.String()
 }
 
 // Errors are all the problems found in a configuration: file by file, the
-// main file first, each file's in line order.
+// main file first, each file's in line order. Error prints the first
+// MaxErrors of them and a count of the others.
 type Errors []*Error
 
 func (es Errors) Error() string {
-	s := make([]string, len(es))
-	for i, e := range es {
-		s[i] = e.Error()
+	n := len(es)
+	if n > MaxErrors+1 {
+		n = MaxErrors
+	}
+	s := make([]string, 0, n+1)
+	for _, e := range es[:n] {
+		s = append(s, e.Error())
+	}
+	if n < len(es) {
+		s = append(s, fmt.Sprintf("... and %d more errors", len(es)-MaxErrors))
 	}
 	return strings.Join(s, "\n")
 }
@@ -378,11 +389,17 @@ func parseIncludedWhole(mainFile string, t Text, cfg *Config, x *cross) Errors {
 		return Errors{decodeError(t.File, err)}
 	}
 	v := &validator{file: t.File, src: t.Data}
-	v.unknownKeys(md.Undecoded())
+	var misplaced []string
 	for _, k := range []string{"daemon", "include"} {
 		if md.IsDefined(k) {
-			v.errorf(k, "", "%s belongs in the main file %s: an included file holds [[service]] tables only", k, mainFile)
+			misplaced = append(misplaced, k)
 		}
+	}
+	// The decoder's metadata is not needed past this point: it may be
+	// freed before the positions of the errors are indexed.
+	v.unknownKeys(md.Undecoded())
+	for _, k := range misplaced {
+		v.errorf(k, "", "%s belongs in the main file %s: an included file holds [[service]] tables only", k, mainFile)
 	}
 	v.services(raw.Service, cfg, x)
 	v.sort()
@@ -420,10 +437,18 @@ func readIncluded(mainFile string, patterns []string) ([]includedText, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkIncluded(len(out), 0); err != nil {
+		return nil, err
+	}
 	var errs []error
+	var size int64
 	for i := range out {
 		if out[i].Data, err = readFile(out[i].File); err != nil {
 			errs = append(errs, fmt.Errorf("read included file: %w", err))
+		}
+		size += int64(len(out[i].Data))
+		if err := checkIncluded(len(out), size); err != nil {
+			return nil, err
 		}
 	}
 	if len(errs) > 0 {
@@ -494,7 +519,8 @@ func (c *Config) rankOf(file string) int { return includeRank(c.File, c.Include,
 func decodeError(file string, err error) *Error {
 	var pe toml.ParseError
 	if errors.As(err, &pe) {
-		msg := pe.Message
+		// The message may quote the file, which need not be vipd's.
+		msg := redactValues(pe.Message, pe.LastKey)
 		if pe.LastKey != "" && !strings.Contains(msg, pe.LastKey) {
 			msg = fmt.Sprintf("%s: %s", pe.LastKey, msg)
 		}
@@ -503,9 +529,9 @@ func decodeError(file string, err error) *Error {
 	msg := err.Error()
 	if m := decodeLineRE.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
-		return &Error{File: file, Line: line, Msg: fmt.Sprintf("%s: %s", m[2], m[3])}
+		return &Error{File: file, Line: line, Msg: fmt.Sprintf("%s: %s", m[2], redactValues(m[3], m[2]))}
 	}
-	return &Error{File: file, Msg: strings.TrimPrefix(msg, "toml: ")}
+	return &Error{File: file, Msg: redactValues(strings.TrimPrefix(msg, "toml: "), "")}
 }
 
 // decodeLineRE matches the decoder's type errors, which carry their line

@@ -118,3 +118,49 @@ func sizeString(n int64) string {
 	}
 	return fmt.Sprintf("%d bytes", n)
 }
+
+// Limits on the included files together: MaxFileSize bounds each, these
+// bound how many an include pattern may match and what they may hold
+// together, so that a pattern matching a directory of large files (or a
+// great many small ones) is refused before it exhausts the daemon or
+// vipd check.
+const (
+	// MaxIncludedFiles is the most files the include patterns may
+	// match.
+	MaxIncludedFiles = 4096
+	// MaxIncludedSize is the most bytes the included files may hold
+	// together: 64 MiB, four times the largest file.
+	MaxIncludedSize = 64 << 20
+)
+
+// ErrTooMany says that the included files are too many or too large
+// together.
+var ErrTooMany = errors.New("too many included files")
+
+// checkIncluded returns an error unless n included files of size bytes
+// together are within MaxIncludedFiles and MaxIncludedSize.
+func checkIncluded(n int, size int64) error {
+	switch {
+	case n > MaxIncludedFiles:
+		return fmt.Errorf("%w: %d files match the include patterns, the limit is %d", ErrTooMany, n, MaxIncludedFiles)
+	case size > MaxIncludedSize:
+		return fmt.Errorf("%w: the included files hold more than %s together", ErrTooMany, sizeString(MaxIncludedSize))
+	}
+	return nil
+}
+
+// checkIncludedWith checks the included files of c with data in place of
+// part pi's text (added, when pi < 0) against the limits of
+// checkIncluded.
+func (c *Config) checkIncludedWith(pi int, data []byte) error {
+	n, size := len(c.parts)-1, int64(len(data))
+	if pi < 0 {
+		n++
+	}
+	for i := 1; i < len(c.parts); i++ {
+		if i != pi {
+			size += int64(len(c.parts[i].src))
+		}
+	}
+	return checkIncluded(n, size)
+}

@@ -61,7 +61,8 @@ type Delta struct {
 //
 // The configuration keeps data (see Texts): the caller must not modify it
 // afterwards. When the configuration has exec checks, check_user is looked
-// up (see Config.resolveExec).
+// up (see Config.resolveExec); the ca_file of the https checks of the
+// services that changed is read (see Config.resolveCAFiles).
 func ParseFrom(base *Config, file string, data []byte) (*Config, Delta, error) {
 	return resolved(base)(parseFrom(base, file, data, nil))
 }
@@ -102,13 +103,16 @@ func (sp *Spare) take(base *Config) []lb.VirtualService {
 }
 
 // resolved returns what completes the result of a parse from base: the
-// exec checks' user, or an error.
+// exec checks' user and the https checks' CA files, or an error.
 func resolved(base *Config) func(*Config, Delta, error) (*Config, Delta, error) {
 	return func(cfg *Config, d Delta, err error) (*Config, Delta, error) {
 		if err != nil || cfg == base {
 			return cfg, d, err
 		}
 		if err := cfg.resolveExec(base, d); err != nil {
+			return nil, Delta{Full: true}, err
+		}
+		if err := cfg.resolveCAFiles(d); err != nil {
 			return nil, Delta{Full: true}, err
 		}
 		return cfg, d, nil
@@ -121,6 +125,11 @@ func parseFrom(base *Config, file string, data []byte, sp *Spare) (*Config, Delt
 	}
 	file = filepath.Clean(file)
 	pi := base.partOf(file)
+	if pi != 0 {
+		if err := base.checkIncludedWith(pi, data); err != nil {
+			return nil, Delta{Full: true}, Errors{{File: file, Msg: err.Error()}}
+		}
+	}
 	switch {
 	case pi == 0:
 		return parseMain(base, file, data, sp)

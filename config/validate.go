@@ -155,8 +155,19 @@ func (v *validator) sort() {
 // unknownKeys reports the keys the decoder found no place for: each once,
 // at every line it is defined on, and none inside one already reported
 // (the keys of an unknown table), so that the errors take no more than
-// the file's size.
+// the file's size. After MaxErrors of them, the others are counted in one
+// more error, which costs nothing per key.
 func (v *validator) unknownKeys(keys []toml.Key) {
+	if len(keys) > MaxErrors {
+		// Only the first keys are kept, so that the others can be
+		// freed while the positions of these are indexed.
+		n := len(keys)
+		keys = slices.Clone(keys[:MaxErrors])
+		v.unknownKeys(keys)
+		v.errs = append(v.errs, &Error{File: v.file, Line: v.errs[len(v.errs)-1].Line,
+			Msg: fmt.Sprintf("and up to %d more unknown keys, not listed", n-MaxErrors)})
+		return
+	}
 	// The keys reported, as a tree of their parts.
 	type edge struct {
 		parent int

@@ -40,6 +40,23 @@ type Result struct {
 	Issues []Issue
 	// Services is the number of [[service]] tables in TOML.
 	Services int
+	// MoreIssues counts the issues past the first MaxIssues, which
+	// Issues does not list.
+	MoreIssues int
+}
+
+// MaxIssues is the most issues a Result lists, so that a huge or hostile
+// configuration cannot make an import keep (and print) an issue for each
+// of its lines; the others are counted in Result.MoreIssues.
+const MaxIssues = 1000
+
+// capIssues returns r with at most MaxIssues issues, the others counted.
+func capIssues(r Result) Result {
+	if n := len(r.Issues); n > MaxIssues {
+		r.MoreIssues += n - MaxIssues
+		r.Issues = r.Issues[:MaxIssues:MaxIssues]
+	}
+	return r
 }
 
 // service is one vipd service being built.

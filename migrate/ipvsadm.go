@@ -30,12 +30,20 @@ const maxLine = 64 << 10
 // -A/-a commands in that form) read from r, naming it file in issues.
 func Ipvsadm(file string, r io.Reader) Result {
 	var issues []Issue
+	more := 0
 	add := func(line int, what, why string) {
+		if len(issues) >= MaxIssues {
+			more++
+			return
+		}
 		issues = append(issues, Issue{File: file, Line: line, What: what, Why: why})
 	}
 	byKey := map[lb.ServiceKey]*entry{}
 	var keys []lb.ServiceKey
-	sc := bufio.NewScanner(r)
+	// The input is bounded as a keepalived configuration is: it may be
+	// a pipe that never ends.
+	lr := &io.LimitedReader{R: r, N: DefaultLimits.Bytes + 1}
+	sc := bufio.NewScanner(lr)
 	sc.Buffer(make([]byte, 0, 4096), maxLine)
 	n := 0
 	for sc.Scan() {
@@ -79,14 +87,28 @@ func Ipvsadm(file string, r io.Reader) Result {
 			e.order = append(e.order, c.dest.Addr)
 		}
 	}
-	if err := sc.Err(); err != nil {
-		add(n+1, "read", err.Error()+": the rest is not imported")
+	var stop *Issue
+	switch err := sc.Err(); {
+	case lr.N <= 0:
+		stop = &Issue{File: file, Line: n + 1, What: "read", Why: fmt.Sprintf("the input is more than %d bytes (%d MiB): the rest is not imported", DefaultLimits.Bytes, DefaultLimits.Bytes>>20)}
+	case err != nil:
+		stop = &Issue{File: file, Line: n + 1, What: "read", Why: err.Error() + ": the rest is not imported"}
 	}
 	entries := make([]*entry, len(keys))
 	for i, k := range keys {
 		entries[i] = byKey[k]
 	}
-	return fromTable("ipvsadm", file, file, entries, issues)
+	res := fromTable("ipvsadm", file, file, entries, issues)
+	res.MoreIssues += more
+	if stop != nil {
+		// Listed whatever else is left out.
+		if len(res.Issues) >= MaxIssues {
+			res.Issues = res.Issues[:MaxIssues-1]
+			res.MoreIssues++
+		}
+		res.Issues = append(res.Issues, *stop)
+	}
+	return res
 }
 
 // Table imports an IPVS table read from the kernel, naming it source.
@@ -225,7 +247,7 @@ func fromTable(kind, source, file string, entries []*entry, issues []Issue) Resu
 		svcs = append(svcs, s)
 	}
 	toml, svcs, issues := settle(header(kind, source), haPart{}, svcs, issues)
-	return Result{TOML: toml, Issues: tidy(issues, []string{file}), Services: len(svcs)}
+	return capIssues(Result{TOML: toml, Issues: tidy(issues, []string{file}), Services: len(svcs)})
 }
 
 func forwardName(f lb.Forward) string {

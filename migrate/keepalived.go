@@ -31,9 +31,9 @@ func Keepalived(file string, opts KeepalivedOptions) Result {
 		lim = DefaultLimits
 	}
 	r := &reader{fsys: opts.FS, limits: lim}
-	r.file(filepath.Clean(file), nil)
+	r.file(filepath.Clean(file), nil, 0)
 	nodes := r.parse()
-	m := &kmapper{files: r.order, issues: r.issues, groups: map[string]*node{}, limits: lim, keys: map[string]string{}, vips: map[netip.Addr]bool{}}
+	m := &kmapper{files: r.order, issues: r.issues, more: r.more, groups: map[string]*node{}, limits: lim, keys: map[string]string{}, vips: map[netip.Addr]bool{}}
 	m.top(nodes)
 	return m.result(file)
 }
@@ -43,6 +43,8 @@ type kmapper struct {
 	// files are the files read, in order.
 	files  []string
 	issues []Issue
+	// more counts the issues past MaxIssues, not kept.
+	more   int
 	limits Limits
 	groups map[string]*node
 	svcs   []*service
@@ -57,6 +59,10 @@ type kmapper struct {
 }
 
 func (m *kmapper) issue(n *node, what, why string) {
+	if len(m.issues) >= MaxIssues {
+		m.more++
+		return
+	}
 	m.issues = append(m.issues, Issue{File: n.file, Line: n.line, What: what, Why: why})
 }
 
@@ -1024,7 +1030,7 @@ func badBackend(a netip.Addr) string {
 // result renders the services and the [ha] section.
 func (m *kmapper) result(file string) Result {
 	toml, svcs, issues := settle(header("keepalived", file), m.ha, m.svcs, m.issues)
-	return Result{TOML: toml, Issues: tidy(issues, m.files), Services: len(svcs)}
+	return capIssues(Result{TOML: toml, Issues: tidy(issues, m.files), Services: len(svcs), MoreIssues: m.more})
 }
 
 // finish refuses backends on the VIP of any service (vipd binds its VIPs

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 )
 
 // Limits bound what a keepalived configuration may cost to read, so that a
@@ -31,8 +32,9 @@ type Limits struct {
 	Words int
 }
 
-// DefaultLimits are generous for any real configuration.
-var DefaultLimits = Limits{Bytes: 64 << 20, Files: 1024, IncludeDepth: 16, Depth: 32, Services: 100000, Words: 8 << 20}
+// DefaultLimits are generous for any real configuration. Bytes is vipd's
+// own limit on a configuration file (16 MiB).
+var DefaultLimits = Limits{Bytes: 16 << 20, Files: 1024, IncludeDepth: 16, Depth: 32, Services: 100000, Words: 4 << 20}
 
 // node is one statement of a keepalived configuration: a keyword, its
 // arguments, and the statements of its block, if it has one.
@@ -63,7 +65,9 @@ type reader struct {
 	bytes  int64
 	files  int
 	issues []Issue
-	toks   []token
+	// more counts the issues past MaxIssues, not kept.
+	more int
+	toks []token
 	// order lists the files read, in order.
 	order []string
 	// stopped is set when a limit was hit: reading stops.
@@ -71,31 +75,99 @@ type reader struct {
 }
 
 func (r *reader) issue(file string, line int, what, why string) {
+	if len(r.issues) >= MaxIssues {
+		r.more++
+		return
+	}
 	r.issues = append(r.issues, Issue{File: file, Line: line, What: what, Why: why})
 }
 
+// errNotRegular says that a file to read is not a regular file: a FIFO, a
+// device, a socket or a directory, which may block a read forever or
+// never end.
+var errNotRegular = errors.New("not a regular file")
+
+// errTooLarge says that the files read exceed Limits.Bytes.
+var errTooLarge = errors.New("too large")
+
+// readFile reads the file name: a regular file (it never blocks on a
+// FIFO: the path is checked, opened without blocking, and checked again
+// once open), within what is left of Limits.Bytes, which it checks
+// against the file's size before reading.
 func (r *reader) readFile(name string) ([]byte, error) {
-	var f io.ReadCloser
+	var f fs.File
 	var err error
 	if r.fsys != nil {
 		f, err = r.fsys.Open(filepath.ToSlash(strings.TrimPrefix(name, "/")))
 	} else {
-		f, err = os.Open(name)
+		var fi fs.FileInfo
+		if fi, err = os.Stat(name); err != nil {
+			return nil, err
+		}
+		if err := r.checkFile(fi); err != nil {
+			return nil, err
+		}
+		f, err = os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	}
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if err := r.checkFile(fi); err != nil {
+		return nil, err
+	}
 	left := r.limits.Bytes - r.bytes
 	data, err := io.ReadAll(io.LimitReader(f, left+1))
 	if err != nil {
 		return nil, err
 	}
 	if int64(len(data)) > left {
-		return nil, fmt.Errorf("the configuration and its includes exceed %d bytes", r.limits.Bytes)
+		return nil, r.tooLarge()
 	}
 	r.bytes += int64(len(data))
 	return data, nil
+}
+
+// checkFile returns an error unless fi is a regular file that fits in
+// what is left of Limits.Bytes.
+func (r *reader) checkFile(fi fs.FileInfo) error {
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%w (%s)", errNotRegular, fileKind(fi.Mode()))
+	}
+	if fi.Size() > r.limits.Bytes-r.bytes {
+		return r.tooLarge()
+	}
+	return nil
+}
+
+func (r *reader) tooLarge() error {
+	n := r.limits.Bytes
+	size := fmt.Sprintf("%d bytes", n)
+	if n >= 1<<20 && n%(1<<20) == 0 {
+		size += fmt.Sprintf(" (%d MiB)", n>>20)
+	}
+	return fmt.Errorf("%w: the configuration and its includes exceed %s", errTooLarge, size)
+}
+
+// fileKind names the type of a file that is not a regular one.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a block device"
+	}
+	return "file mode " + m.String()
 }
 
 func (r *reader) glob(pattern string) ([]string, error) {
@@ -111,8 +183,9 @@ func (r *reader) glob(pattern string) ([]string, error) {
 	return filepath.Glob(pattern)
 }
 
-// file tokenizes one file; chain holds the files including it.
-func (r *reader) file(name string, chain []string) {
+// file tokenizes one file; chain holds the files including it, the last
+// one at line.
+func (r *reader) file(name string, chain []string, line int) {
 	if r.stopped {
 		return
 	}
@@ -124,12 +197,12 @@ func (r *reader) file(name string, chain []string) {
 	}
 	data, err := r.readFile(name)
 	if err != nil {
-		file, line := name, 0
+		file := name
 		if len(chain) > 0 {
 			file = chain[len(chain)-1]
 		}
 		r.issue(file, line, "read "+name, err.Error())
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) || errors.Is(err, errNotRegular) {
 			return
 		}
 		r.stopped = true
@@ -220,7 +293,7 @@ func (r *reader) include(file string, n int, pattern string, chain []string) {
 			r.issue(file, n, "include "+m, "include loop: the file includes itself, not read again")
 			continue
 		}
-		r.file(m, chain)
+		r.file(m, chain, n)
 	}
 }
 

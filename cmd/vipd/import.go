@@ -11,6 +11,10 @@ import (
 	"github.com/vipd/vipd/migrate"
 )
 
+// maxPrinted is the most issues vipd import prints: the first ones, then
+// a count of the others.
+const maxPrinted = 100
+
 func newImportCmd() *cobra.Command {
 	var allowPartial bool
 	cmd := &cobra.Command{
@@ -25,11 +29,20 @@ either way, with a comment naming where each service came from.`,
 	cmd.PersistentFlags().BoolVar(&allowPartial, "allow-partial", false, "exit 0 even when some constructs could not be imported")
 	finish := func(cmd *cobra.Command, r migrate.Result) error {
 		cmd.OutOrStdout().Write(r.TOML)
-		for _, i := range r.Issues {
+		printed := min(len(r.Issues), maxPrinted)
+		for _, i := range r.Issues[:printed] {
 			fmt.Fprintln(cmd.ErrOrStderr(), i)
 		}
-		if len(r.Issues) > 0 {
-			fmt.Fprintf(cmd.ErrOrStderr(), "vipd: %d services imported; %d constructs not imported as they are (listed above)\n", r.Services, len(r.Issues))
+		all := len(r.Issues) + r.MoreIssues
+		if all > printed {
+			fmt.Fprintf(cmd.ErrOrStderr(), "... and %d more issues\n", all-printed)
+		}
+		if all > 0 {
+			listed := "listed above"
+			if all > printed {
+				listed = fmt.Sprintf("the first %d listed above", printed)
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "vipd: %d services imported; %d constructs not imported as they are (%s)\n", r.Services, all, listed)
 			if !allowPartial {
 				return exitError(1)
 			}

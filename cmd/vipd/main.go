@@ -59,20 +59,26 @@ func newCheckCmd() *cobra.Command {
 		Short: "Validate a configuration file",
 		Long: `Check reads FILE, and the files it includes, and reports every
 problem in them, each with the file, line and key. Unless --offline, it
-also refuses a VIP that is an address of another interface of this host.
-It exits 0 when the configuration is valid.`,
+also looks up the exec checks' user (check_user), reads the https checks'
+ca_file and refuses a VIP that is an address of another interface of this
+host; with --offline it looks nothing up on this host and prints a line
+for each kind of lookup it skipped. It exits 0 when the configuration is
+valid.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := config.Load(args[0])
+			cfg, err := config.LoadWith(args[0], config.LoadOptions{Offline: offline})
 			if err != nil {
 				fmt.Fprintln(cmd.ErrOrStderr(), err)
 				return exitError(1)
 			}
-			if !offline {
-				if err := checkHostVIPs(cfg); err != nil {
-					fmt.Fprintln(cmd.ErrOrStderr(), err)
-					return exitError(1)
+			if offline {
+				for _, s := range cfg.Unchecked() {
+					fmt.Fprintf(cmd.OutOrStdout(), "offline: not checked: %s\n", s)
 				}
+				fmt.Fprintln(cmd.OutOrStdout(), "offline: not checked: no VIP is an address of another interface of this host")
+			} else if err := checkHostVIPs(cfg); err != nil {
+				fmt.Fprintln(cmd.ErrOrStderr(), err)
+				return exitError(1)
 			}
 			if n := len(cfg.Texts()); n > 1 {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok, %d services in %d files\n", cfg.File, len(cfg.Spec.Services), n)
@@ -82,7 +88,7 @@ It exits 0 when the configuration is valid.`,
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&offline, "offline", false, "check the files alone, not against this host's addresses")
+	cmd.Flags().BoolVar(&offline, "offline", false, "check the files alone: no lookups on this host (users, ca_file, addresses)")
 	return cmd
 }
 

@@ -3,7 +3,6 @@ package health
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -46,8 +44,12 @@ type HTTPOptions struct {
 	// InsecureSkipVerify accepts any server certificate.
 	InsecureSkipVerify bool
 	// CAFile is a PEM file of the certificate authorities that verify the
-	// server; empty means the system's.
+	// server; empty means the system's. The check never reads it: CA
+	// holds its content, read with the configuration.
 	CAFile string
+	// CA holds CAFile's certificates; a check with CAFile and no CA
+	// fails to build.
+	CA *CABundle
 	// FollowRedirects follows up to 10 redirects that stay on the checked
 	// backend (a relative location, or one naming the probed address or
 	// Host with the same scheme); a redirect elsewhere is judged as the
@@ -193,7 +195,7 @@ type HTTPCheck struct {
 }
 
 // NewHTTPCheck returns a check of addr over HTTP, or HTTPS when useTLS is
-// set. It reads opts.CAFile.
+// set. It reads no file: the certificates of opts.CAFile are opts.CA.
 func NewHTTPCheck(addr netip.AddrPort, useTLS bool, opts HTTPOptions, dial DialOptions) (*HTTPCheck, error) {
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
@@ -236,16 +238,11 @@ func NewHTTPCheck(addr netip.AddrPort, useTLS bool, opts HTTPOptions, dial DialO
 		case opts.Host != "":
 			cfg.ServerName = hostOnly(opts.Host)
 		}
-		if opts.CAFile != "" {
-			pem, err := os.ReadFile(opts.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("read https ca file: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("https ca file %s holds no PEM certificate", opts.CAFile)
-			}
-			cfg.RootCAs = pool
+		switch {
+		case opts.CA != nil:
+			cfg.RootCAs = opts.CA.pool
+		case opts.CAFile != "":
+			return nil, fmt.Errorf("https ca file %s was not read with the configuration", opts.CAFile)
 		}
 		tr.TLSClientConfig = cfg
 	}

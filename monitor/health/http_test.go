@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -172,7 +171,8 @@ func TestHTTPSCheck(t *testing.T) {
 	// example.com.
 	ca := filepath.Join(t.TempDir(), "ca.pem")
 	pemCert := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
-	if err := os.WriteFile(ca, pemCert, 0o600); err != nil {
+	bundle, err := NewCABundle(ca, pemCert)
+	if err != nil {
 		t.Fatal(err)
 	}
 
@@ -183,11 +183,11 @@ func TestHTTPSCheck(t *testing.T) {
 	}{
 		{"verify fails on self-signed", HTTPOptions{Path: "/ok"}, "certificate"},
 		{"verify off", HTTPOptions{Path: "/ok", InsecureSkipVerify: true}, ""},
-		{"verify with ca file", HTTPOptions{Path: "/ok", CAFile: ca}, ""},
-		{"sni from host", HTTPOptions{Path: "/sni", Host: "example.com", CAFile: ca}, ""},
-		{"explicit sni", HTTPOptions{Path: "/sni", SNI: "example.com", CAFile: ca}, ""},
-		{"no sni", HTTPOptions{Path: "/sni", CAFile: ca}, "status 421"},
-		{"sni not in certificate", HTTPOptions{Path: "/ok", SNI: "other.example", CAFile: ca}, "certificate"},
+		{"verify with ca file", HTTPOptions{Path: "/ok", CAFile: ca, CA: bundle}, ""},
+		{"sni from host", HTTPOptions{Path: "/sni", Host: "example.com", CAFile: ca, CA: bundle}, ""},
+		{"explicit sni", HTTPOptions{Path: "/sni", SNI: "example.com", CAFile: ca, CA: bundle}, ""},
+		{"no sni", HTTPOptions{Path: "/sni", CAFile: ca, CA: bundle}, "status 421"},
+		{"sni not in certificate", HTTPOptions{Path: "/ok", SNI: "other.example", CAFile: ca, CA: bundle}, "certificate"},
 		{"sni not in certificate, verify off", HTTPOptions{Path: "/ok", SNI: "other.example", InsecureSkipVerify: true}, ""},
 	}
 	for _, tt := range tests {
@@ -208,14 +208,10 @@ func TestHTTPSCheck(t *testing.T) {
 		})
 	}
 
-	if _, err := NewHTTPCheck(addr, true, HTTPOptions{CAFile: filepath.Join(t.TempDir(), "missing.pem")}, DialOptions{}); err == nil {
-		t.Error("missing CA file accepted")
+	if _, err := NewHTTPCheck(addr, true, HTTPOptions{CAFile: ca}, DialOptions{}); err == nil {
+		t.Error("CA file not read with the configuration accepted")
 	}
-	empty := filepath.Join(t.TempDir(), "empty.pem")
-	if err := os.WriteFile(empty, []byte("not pem"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := NewHTTPCheck(addr, true, HTTPOptions{CAFile: empty}, DialOptions{}); err == nil {
+	if _, err := NewCABundle("empty.pem", []byte("not pem")); err == nil {
 		t.Error("CA file without certificates accepted")
 	}
 }

@@ -164,7 +164,7 @@ func TestCheckKeyParts(t *testing.T) {
 		"Dial.Mark": "target", "Dial.Device": "target", "Dial.Source": "target",
 		"Interval": "timing", "Timeout": "timing", "Rise": "timing", "Fall": "timing", "Initial": "timing", "Jitter": "timing",
 	}
-	for _, f := range []string{"Method", "Path", "Host", "SNI", "Header", "Status", "Body", "BodyRegexp", "InsecureSkipVerify", "CAFile", "FollowRedirects"} {
+	for _, f := range []string{"Method", "Path", "Host", "SNI", "Header", "Status", "Body", "BodyRegexp", "InsecureSkipVerify", "CAFile", "CA", "FollowRedirects"} {
 		part["HTTP."+f] = "question"
 	}
 	for _, f := range []string{"UDP.Payload", "UDP.Expect", "DNS.Name", "DNS.Type", "DNS.TCP", "DNS.ExpectAnswer", "DNS.NoRecursion", "Exec.Command", "Exec.Args", "Exec.Env", "Exec.User"} {
@@ -240,6 +240,8 @@ func setNonDefault(t *testing.T, name string, v reflect.Value) {
 		v.Set(reflect.ValueOf([]byte("x")))
 	case *User:
 		v.Set(reflect.ValueOf(&User{Name: "x", UID: 7, GID: 7}))
+	case *CABundle:
+		v.Set(reflect.ValueOf(&CABundle{File: "x", Sum: [32]byte{7}}))
 	case string:
 		v.SetString("X")
 	case bool:
