@@ -1085,6 +1085,8 @@ func (m *kmapper) vrrp(n *node) {
 		version3, preempt = false, true
 		interval          = 1.0
 		peers, tracks     []string
+		v6Peers           bool
+		unicastTTL        *node
 	)
 	kvs := [][2]string{}
 	for _, k := range n.kids {
@@ -1129,7 +1131,10 @@ func (m *kmapper) vrrp(n *node) {
 					m.issue(p, p.String(), "vipd takes the peer's address only: the rest is ignored")
 				}
 				peers = append(peers, quote(a.Unmap().String()))
+				v6Peers = v6Peers || !a.Unmap().Is4()
 			}
+		case "unicast_ttl":
+			unicastTTL = k
 		case "unicast_src_ip", "mcast_src_ip":
 			if a, err := netip.ParseAddr(firstArg(k)); err == nil {
 				kvs = append(kvs, [2]string{"source", quote(a.Unmap().String())})
@@ -1166,6 +1171,12 @@ func (m *kmapper) vrrp(n *node) {
 	}
 	if !version3 {
 		m.issue(n, n.String(), "vipd speaks VRRPv3 only, keepalived v2 by default: set vrrp_version 3 on the keepalived peers for the switch-over")
+	}
+	switch {
+	case unicastTTL != nil && firstArg(unicastTTL) != "255":
+		m.issue(unicastTTL, unicastTTL.String(), "vipd accepts advertisements only with TTL (hop limit) 255: set unicast_ttl 255 on the keepalived peers for the switch-over")
+	case unicastTTL == nil && v6Peers:
+		m.issue(n, n.String(), "keepalived sends IPv6 unicast advertisements with hop limit 64, and vipd accepts only 255: set unicast_ttl 255 on the keepalived peers for the switch-over")
 	}
 	if iface == "" || vrid == "" {
 		m.issue(n, n.String(), "no interface or virtual_router_id: [ha] not written")

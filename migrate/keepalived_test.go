@@ -383,3 +383,30 @@ func TestKeepalivedRefused(t *testing.T) {
 		t.Errorf("want only tcp-192.0.2.2-80 and no [ha]:\n%s", r.TOML)
 	}
 }
+
+// TestKeepalivedUnicastTTL: vipd takes advertisements only with TTL
+// (hop limit) 255, which keepalived sends to IPv6 unicast peers only
+// with unicast_ttl 255; the import says so when a switch-over would
+// otherwise leave vipd deaf to its keepalived peer.
+func TestKeepalivedUnicastTTL(t *testing.T) {
+	const head = "vrrp_instance v {\n interface eth0\n virtual_router_id 1\n version 3\n"
+	for _, c := range []struct {
+		name, conf, want string
+	}{
+		{"ipv6 peers", head + " unicast_peer {\n  fd00::2\n }\n}\n", `k.conf:1: vrrp_instance v: keepalived sends IPv6 unicast advertisements with hop limit 64`},
+		{"low ttl", head + " unicast_ttl 64\n unicast_peer {\n  10.0.0.2\n }\n}\n", `k.conf:5: unicast_ttl 64: vipd accepts advertisements only with TTL (hop limit) 255`},
+		{"ipv6 with 255", head + " unicast_ttl 255\n unicast_peer {\n  fd00::2\n }\n}\n", ""},
+		{"ipv4 peers", head + " unicast_peer {\n  10.0.0.2\n }\n}\n", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := Keepalived("k.conf", KeepalivedOptions{FS: fstest.MapFS{"k.conf": {Data: []byte(c.conf)}}})
+			got := issues(r)
+			if c.want != "" && !strings.Contains(got, c.want) {
+				t.Errorf("no issue %q in:\n%s", c.want, got)
+			}
+			if c.want == "" && (strings.Contains(got, "unicast_ttl") || strings.Contains(got, "hop limit")) {
+				t.Errorf("an issue about the TTL in:\n%s", got)
+			}
+		})
+	}
+}
