@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest/nstest"
 )
@@ -33,10 +35,22 @@ func TestAllowTraffic(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, s := range []string{"198.51.100.10/32", "2001:db8:100::10/128"} {
+	// VIPs of their own, removed at the end: the namespace's other
+	// tests put theirs on lo too.
+	for _, s := range []string{"198.51.100.30/32", "2001:db8:100::30/128"} {
 		if err := nstest.AddAddr("lo", s); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() {
+			lo, err := netlink.LinkByName("lo")
+			if err == nil {
+				a, _ := netlink.ParseAddr(s)
+				err = netlink.AddrDel(lo, a)
+			}
+			if err != nil {
+				t.Errorf("remove %s from lo: %v", s, err)
+			}
+		})
 	}
 	peerSetup := func(link, v4, gw4, v6, gw6 string) func() error {
 		return func() error {
@@ -57,7 +71,7 @@ func TestAllowTraffic(t *testing.T) {
 		a: {netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8:a::/64")},
 		b: {netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("2001:db8:b::/64")},
 	}
-	vips := []netip.Addr{netip.MustParseAddr("198.51.100.10"), netip.MustParseAddr("2001:db8:100::10")}
+	vips := []netip.Addr{netip.MustParseAddr("198.51.100.30"), netip.MustParseAddr("2001:db8:100::30")}
 	const restricted, open = 8080, 8082
 	for _, v := range vips {
 		echoAll(t, netip.AddrPortFrom(v, restricted))
