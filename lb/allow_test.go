@@ -253,3 +253,21 @@ func TestHoldOwnedKeepsRestriction(t *testing.T) {
 		t.Fatalf("held: calls %v; kernel:\n%s", calls, k.Dump())
 	}
 }
+
+// TestAllowChangeIsNoDelta: a change of an allow list changes set
+// entries, which a delta pass leaves alone, so it declines and a full
+// pass applies the change.
+func TestAllowChangeIsNoDelta(t *testing.T) {
+	k := lbtest.New()
+	r := lb.NewReconciler(lb.Options{Kernel: k.Interface(), Dummy: "vipd0"})
+	src := "[[service]]\nname = \"web\"\nvip = \"192.0.2.10\"\nport = 80\n%s\nbackend = [{ address = \"10.0.0.1\" }]\n"
+	old := mustParse(t, strings.Replace(src, "%s", `allow = ["10.0.0.0/8"]`, 1))
+	cur := mustParse(t, strings.Replace(src, "%s", `allow = ["172.16.0.0/12"]`, 1))
+	if _, err := r.Reconcile(context.Background(), &old.Spec); err != nil {
+		t.Fatal(err)
+	}
+	_, ok, err := r.ReconcileDelta(context.Background(), &cur.Spec, lb.Delta{Old: old.Spec.Services, New: cur.Spec.Services})
+	if ok || err != nil {
+		t.Errorf("ReconcileDelta of an allow change: ok %t, err %v; want it declined", ok, err)
+	}
+}
