@@ -82,7 +82,7 @@ func TestVipdAllow(t *testing.T) {
 		for _, u := range urls {
 			if h := hitFrom(t, ns, u, 2, refused); h.OK != 0 || h.Errors != 2 {
 				t.Errorf("%s: %s (%s) to %s: %+v, want refused", stage, name, ns, u, h)
-			} else if !strings.Contains(strings.Join(h.ErrorSamples, " "), "timeout") {
+			} else if e := strings.ToLower(strings.Join(h.ErrorSamples, " ")); !strings.Contains(e, "timeout") || strings.Contains(e, "refused") || strings.Contains(e, "reset") {
 				t.Errorf("%s: %s to %s failed otherwise than by a drop: %v", stage, name, u, h.ErrorSamples)
 			}
 		}
