@@ -118,11 +118,12 @@ func newPass(ctx context.Context, r *Reconciler, desired *State, res *Result, n 
 	each := n <= LogEachMax
 	return &pass{
 		ctx: ctx, r: r, desired: desired, res: res,
-		failedSvc:   map[ServiceKey]bool{},
-		failedBind:  map[netip.Addr]bool{},
-		failedAllow: map[SetEntry]bool{}, failedUnrestrict: map[SetEntry]bool{},
-		found: found{adds: map[ServiceKey][]*OpError{}, read: map[ServiceKey]bool{}, replanned: map[ServiceKey]bool{}},
-		log:   opLog{log: r.log, each: each, debug: !each && r.log.Enabled(ctx, slog.LevelDebug)},
+		failedSvc:        map[ServiceKey]bool{},
+		failedBind:       map[netip.Addr]bool{},
+		failedAllow:      map[SetEntry]bool{},
+		failedUnrestrict: map[SetEntry]bool{},
+		found:            found{adds: map[ServiceKey][]*OpError{}, read: map[ServiceKey]bool{}, replanned: map[ServiceKey]bool{}},
+		log:              opLog{log: r.log, each: each, debug: !each && r.log.Enabled(ctx, slog.LevelDebug)},
 	}
 }
 
