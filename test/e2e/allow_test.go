@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // extraClient makes a client namespace ns on a link of its own to the LB
@@ -131,4 +134,105 @@ func TestVipdAllow(t *testing.T) {
 	mustNotContain(t, "ipset vipd-restricted-4", Run(t, "ipset", "list", "vipd-restricted-4"), tp.VIP)
 
 	l.finish(t, "a, through every reload")
+}
+
+// TestKubernetesSourceRanges: a LoadBalancer Service's
+// loadBalancerSourceRanges, and the annotation cloud providers read when
+// the field is empty, enforced with real traffic in both backend modes,
+// against a real kube-apiserver: the listed client is admitted, another
+// client namespace refused; an edit of the ranges admits the other one;
+// the annotation then replaces the field's list.
+func TestKubernetesSourceRanges(t *testing.T) {
+	c := startCluster(t)
+	tp := NewTopo(t, "k8s 2 2")
+	b4, _ := extraClient(t, "vipd-cb", "lb-cb", 5)
+	c.node("node1", "10.0.2.11")
+	c.node("node2", "10.0.2.12")
+	d := newDaemon(t)
+	d.write(d.header(tp.LBIf, "") + fmt.Sprintf(`
+[kubernetes]
+kubeconfig = %q
+default_class = true
+backends = "nodeport"
+lease_namespace = "default"
+identity = "lb1"
+
+[[kubernetes.pool]]
+name = "test"
+addresses = ["%s-10.0.0.11"]
+`, c.srv.Kubeconfig, tp.VIP))
+	d.start()
+
+	api := c.cs.CoreV1().Services("default")
+	edit := func(name string, f func(*corev1.Service)) {
+		t.Helper()
+		s, err := api.Get(c.ctx(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(s)
+		if _, err := api.Update(c.ctx(), s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ranges := func(vip string, want ...string) {
+		t.Helper()
+		Eventually(t, 60*time.Second, 100*time.Millisecond, func() bool {
+			out := Run(t, "ipset", "list", "vipd-allowed-4")
+			n := 0
+			for _, w := range want {
+				// ipset prints a host's /32 as the address alone.
+				if strings.Contains(out, vip+",tcp:80,"+strings.TrimSuffix(w, "/32")+"\n") {
+					n++
+				}
+			}
+			return n == len(want) && strings.Count(out, vip+",tcp:80,") == len(want)
+		}, "vipd-allowed-4 for %s, want %v:\n%s", vip, want, Exec("ipset", "list", "vipd-allowed-4").Stdout)
+	}
+	admitted := func(stage, ns, url string) {
+		t.Helper()
+		if h := hitFrom(t, ns, url, 4, 3*time.Second); h.OK != 4 {
+			t.Errorf("%s: %s to %s: %+v, want admitted", stage, ns, url, h)
+		}
+	}
+	denied := func(stage, ns, url string) {
+		t.Helper()
+		if h := hitFrom(t, ns, url, 2, 700*time.Millisecond); h.OK != 0 {
+			t.Errorf("%s: %s to %s: %+v, want refused", stage, ns, url, h)
+		}
+	}
+
+	// Pods (endpoints mode) and nodes (nodeport mode), both for the
+	// client's network alone.
+	pods := c.service("pods", map[string]string{"vipd.io/backends": "endpoints"}, 0)
+	c.slice("pods", 8080, endpoint{"10.0.2.101", "", "ready"}, endpoint{"10.0.2.102", "", "ready"})
+	nodes := c.service("nodes", nil, 30080)
+	for _, name := range []string{"pods", "nodes"} {
+		edit(name, func(s *corev1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"10.0.1.0/24"} })
+	}
+	ranges(pods, "10.0.1.0/24")
+	ranges(nodes, "10.0.1.0/24")
+	waitDests(t, pods, "10.0.2.101:8080/1", "10.0.2.102:8080/1")
+	for _, vip := range []string{pods, nodes} {
+		u := HTTPURL(vip, 80, "/")
+		admitted("client's network", tp.ClientNS, u)
+		denied("client's network", "vipd-cb", u)
+	}
+
+	// The field widened to the other client, with the first one's
+	// requests flowing: none fails.
+	l := startLoadWith(t, tp, loadOptions{Port: 80, Short: 2, ShortEvery: 50 * time.Millisecond})
+	edit("pods", func(s *corev1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"10.0.1.0/24", b4 + "/32"} })
+	ranges(pods, "10.0.1.0/24", b4+"/32")
+	admitted("widened", "vipd-cb", HTTPURL(pods, 80, "/"))
+	l.finish(t, "client while the ranges widen")
+
+	// The field emptied, the annotation lists the other client alone.
+	edit("pods", func(s *corev1.Service) {
+		s.Spec.LoadBalancerSourceRanges = nil
+		s.Annotations["service.beta.kubernetes.io/load-balancer-source-ranges"] = b4 + "/32"
+	})
+	ranges(pods, b4+"/32")
+	denied("annotation", tp.ClientNS, HTTPURL(pods, 80, "/"))
+	admitted("annotation", "vipd-cb", HTTPURL(pods, 80, "/"))
 }
