@@ -257,6 +257,11 @@ const (
 	DefaultCheckUser = "vipd-check"
 )
 
+// MaxAllow is the largest number of entries of a service's allow list.
+// Every entry is one member of an ipset, per address of a nodeport
+// service, and the kernel's sets hold 65536 members by default.
+const MaxAllow = 256
+
 // DefaultDrainGrace is drain_grace's default. A handshake in flight when a
 // backend leaves completes within one round trip, or after the backend
 // retransmits its SYN-ACK when the first one was lost: Linux retransmits

@@ -79,6 +79,7 @@ type rawService struct {
 	PersistenceNetmask *int64       `toml:"persistence_netmask"`
 	OnePacket          bool         `toml:"one_packet"`
 	SNAT               *bool        `toml:"snat"`
+	Allow              []string     `toml:"allow"`
 	Announce           *bool        `toml:"announce"`
 	Check              *rawCheck    `toml:"check"`
 	OnFailure          string       `toml:"on_failure"`
@@ -585,6 +586,74 @@ func parseCsum(s string) (lb.TunnelCsum, bool) {
 	return 0, false
 }
 
+// allow validates a service's allow list for its key k (whose family the
+// prefixes must have); allPorts says the service is an all-ports one and
+// rules that vipd manages its iptables rules, which enforce the list. A
+// plain address stands for itself alone (/32 or /128).
+func (v *validator) allow(path, ctx string, list []string, k lb.ServiceKey, allPorts, rules bool) []netip.Prefix {
+	switch {
+	case len(list) == 0:
+		v.errorf(path, ctx, "allow is empty, which would admit no source; leave it out to admit every source")
+		return nil
+	case len(list) > MaxAllow:
+		v.errorf(path, ctx, "allow has %d entries, more than %d", len(list), MaxAllow)
+		return nil
+	case k.FWMark != 0:
+		v.errorf(path, ctx, "allow is not supported for fwmark services; restrict sources in the rules that set the mark")
+		return nil
+	case allPorts:
+		v.errorf(path, ctx, "allow is not supported for all-ports (port 0) services")
+		return nil
+	case !rules:
+		v.errorf(path, ctx, "allow needs daemon.manage_iptables = true: vipd's rules enforce it")
+		return nil
+	}
+	out := make([]netip.Prefix, 0, len(list))
+	seen := make(map[netip.Prefix]int, len(list))
+	for i, s := range list {
+		p, err := parseAllow(s)
+		switch {
+		case err != nil:
+			v.errorf(path, ctx, "allow[%d]: %v", i, err)
+			continue
+		case lb.FamilyOf(p.Addr()) != k.Family:
+			v.errorf(path, ctx, "allow[%d]: %s is %s, the service is %s", i, p, lb.FamilyOf(p.Addr()), k.Family)
+			continue
+		}
+		if j, dup := seen[p]; dup {
+			v.errorf(path, ctx, "allow[%d]: %s is listed already (allow[%d])", i, p, j)
+			continue
+		}
+		seen[p] = i
+		out = append(out, p)
+	}
+	return out
+}
+
+// parseAllow parses an entry of an allow list: a prefix without host
+// bits, or an address, which stands for itself alone.
+func parseAllow(s string) (netip.Prefix, error) {
+	shown := s
+	if len(shown) > 64 {
+		shown = shown[:64] + "..."
+	}
+	if !strings.Contains(s, "/") {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" || a.Is4In6() {
+			return netip.Prefix{}, fmt.Errorf("%q is not a prefix (like \"192.0.2.0/24\") or an address", shown)
+		}
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil || p.Addr().Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("%q is not a prefix (like \"192.0.2.0/24\") or an address", shown)
+	}
+	if m := p.Masked(); m != p {
+		return netip.Prefix{}, fmt.Errorf("%s has host bits set (the prefix is %s)", p, m)
+	}
+	return p, nil
+}
+
 func parseVIP(s string) (netip.Addr, error) {
 	a, err := netip.ParseAddr(s)
 	if err != nil {
@@ -865,6 +934,9 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 	}
 	if vs.SNAT && !cfg.Daemon.ManageIPTables {
 		v.errorf(path+".snat", ctx, "snat needs daemon.manage_iptables = true")
+	}
+	if r.Allow != nil {
+		vs.Allow = v.allow(path+".allow", ctx, r.Allow, svc.Key, portOK && port == 0, cfg.Daemon.ManageIPTables)
 	}
 
 	if len(r.Backend) == 0 {

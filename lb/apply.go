@@ -98,8 +98,15 @@ type pass struct {
 	// failed: their backends and announcements are skipped.
 	failedSvc  map[ServiceKey]bool
 	failedBind map[netip.Addr]bool
-	found      found
-	log        opLog
+	// failedAllow holds the restrictions (SetRestricted entries) one of
+	// whose admitted sources failed to be added, and failedUnrestrict
+	// those that failed to be deleted: the restriction is not added,
+	// and its sources are not deleted, which would drop admitted
+	// sources.
+	failedAllow      map[SetEntry]bool
+	failedUnrestrict map[SetEntry]bool
+	found            found
+	log              opLog
 	// binds are VIP binds running in the background, or nil.
 	binds *binds
 }
@@ -111,10 +118,12 @@ func newPass(ctx context.Context, r *Reconciler, desired *State, res *Result, n 
 	each := n <= LogEachMax
 	return &pass{
 		ctx: ctx, r: r, desired: desired, res: res,
-		failedSvc:  map[ServiceKey]bool{},
-		failedBind: map[netip.Addr]bool{},
-		found:      found{adds: map[ServiceKey][]*OpError{}, read: map[ServiceKey]bool{}, replanned: map[ServiceKey]bool{}},
-		log:        opLog{log: r.log, each: each, debug: !each && r.log.Enabled(ctx, slog.LevelDebug)},
+		failedSvc:        map[ServiceKey]bool{},
+		failedBind:       map[netip.Addr]bool{},
+		failedAllow:      map[SetEntry]bool{},
+		failedUnrestrict: map[SetEntry]bool{},
+		found:            found{adds: map[ServiceKey][]*OpError{}, read: map[ServiceKey]bool{}, replanned: map[ServiceKey]bool{}},
+		log:              opLog{log: r.log, each: each, debug: !each && r.log.Enabled(ctx, slog.LevelDebug)},
 	}
 }
 
@@ -209,8 +218,11 @@ var errNoResult = errors.New("the ipvs adapter returned no result")
 
 // skip reports whether op depends on an addition that failed.
 func (p *pass) skip(op Op) bool {
+	e := op.host().Entry
 	return (op.Kind == OpAddDest || op.Kind == OpUpdateDest) && p.failedSvc[op.Service.Key] ||
-		op.Kind == OpAnnounce && p.failedBind[op.Addr]
+		op.Kind == OpAnnounce && p.failedBind[op.Addr] ||
+		op.Kind == OpAddEntry && e.Set == SetRestricted && p.failedAllow[e] ||
+		op.Kind == OpDelEntry && e.Set == SetAllowed && p.failedUnrestrict[e.restriction()]
 }
 
 // superseded reports whether op belongs to a service planned anew.
@@ -233,6 +245,14 @@ func (p *pass) finish(op *Op, err error) {
 			p.failedSvc[op.Service.Key] = true
 		case OpBindVIP:
 			p.failedBind[op.Addr] = true
+		case OpAddEntry:
+			if e := op.host().Entry; e.Set == SetAllowed {
+				p.failedAllow[e.restriction()] = true
+			}
+		case OpDelEntry:
+			if e := op.host().Entry; e.Set == SetRestricted {
+				p.failedUnrestrict[e] = true
+			}
 		}
 	default:
 		p.r.track(*op)

@@ -523,8 +523,19 @@ func compareOps(a, b *Op) int {
 	switch a.Kind {
 	case OpSetSysctl:
 		return cmp.Compare(a.host().Sysctl, b.host().Sysctl)
-	case OpAddEntry, OpDelEntry:
+	case OpAddEntry:
 		return a.host().Entry.compare(b.host().Entry)
+	case OpDelEntry:
+		// A restriction goes before the sources it admits (see
+		// SetRestricted): additions put them in the other order.
+		ea, eb := a.host().Entry, b.host().Entry
+		if ra, rb := ea.Set == SetRestricted, eb.Set == SetRestricted; ra != rb {
+			if ra {
+				return -1
+			}
+			return 1
+		}
+		return ea.compare(eb)
 	case OpBindVIP, OpUnbindVIP, OpAnnounce, OpWithdraw:
 		return a.Addr.Compare(b.Addr)
 	}

@@ -492,8 +492,13 @@ func hold(desired, observed *State) {
 			held[key.Addr] = true
 		}
 		for e := range observed.Rules.Entries {
-			if e.Set == SetServed && e.Addr == key.Addr && e.Proto == key.Proto && e.Port == key.Port {
-				desired.Rules.Entries[e] = struct{}{}
+			// The restriction and its admitted sources stay too: a
+			// held service never opens to every source.
+			switch e.Set {
+			case SetServed, SetRestricted, SetAllowed:
+				if e.Addr == key.Addr && e.Proto == key.Proto && e.Port == key.Port {
+					desired.Rules.Entries[e] = struct{}{}
+				}
 			}
 		}
 	}

@@ -130,6 +130,26 @@ fwmark = 5
 backend = [{ address = "10.0.0.2" }]
 `
 
+// allowed is a VIP service and a nodeport service with allow keys
+// web and np.
+func allowed(web, np string) string {
+	return `
+[[service]]
+name = "web"
+vip = "192.0.2.10"
+port = 80
+` + web + `
+backend = [{ address = "10.0.0.1" }]
+
+[[service]]
+name = "np"
+nodeport = true
+port = 30080
+` + np + `
+backend = [{ address = "10.0.0.1", port = 8080 }]
+`
+}
+
 const base = `
 [daemon]
 uplinks = ["eth0"]
@@ -296,6 +316,19 @@ func TestScenarios(t *testing.T) {
 					}
 				})
 			}},
+		}},
+		{"allow", lb.Options{}, []step{
+			{"an open service and a nodeport service", allowed(``, ``), func(k *lbtest.Kernel) {
+				k.SetHostAddrs("eth0", netip.MustParseAddr("198.51.100.1"))
+			}},
+			{"restrict both: sources first, then the restriction", allowed(`allow = ["10.0.0.0/8"]`, `allow = ["10.0.0.0/8"]`), nil},
+			{"widen", allowed(`allow = ["10.0.0.0/8", "172.16.0.0/12"]`, `allow = ["10.0.0.0/8"]`), nil},
+			{"narrow", allowed(`allow = ["172.16.0.0/12"]`, `allow = ["10.0.0.0/8"]`), nil},
+			{"replace", allowed(`allow = ["192.168.1.7"]`, `allow = ["10.0.0.0/8"]`), nil},
+			{"the host gains an address: the nodeport service is restricted there too", allowed(`allow = ["192.168.1.7"]`, `allow = ["10.0.0.0/8"]`), func(k *lbtest.Kernel) {
+				k.SetHostAddrs("eth1", netip.MustParseAddr("203.0.113.1"))
+			}},
+			{"lift both: the restriction first, then the sources", allowed(``, ``), nil},
 		}},
 		{"nodeport-and-fwmark", lb.Options{}, []step{
 			{"nodeport and fwmark services", nodePortAndMark, func(k *lbtest.Kernel) {

@@ -67,7 +67,13 @@ type VirtualService struct {
 	// open connections to the service (a file service's allow key, a
 	// Kubernetes Service's loadBalancerSourceRanges); new connections
 	// from any other source are dropped in the kernel. Empty allows
-	// every source.
+	// every source. Prefixes of the other family than the service's,
+	// and invalid ones, admit nothing: a list of only those admits no
+	// source at all. A prefix of length 0 of the service's family
+	// admits every source. A service with an Allow list that the kernel
+	// cannot enforce (vipd's rules disabled, a firewall-mark or an
+	// all-ports service) is left out of the desired state rather than
+	// served to every source.
 	Allow []netip.Prefix
 	// Backends are the real servers.
 	Backends []Destination
@@ -177,6 +183,9 @@ func desired(spec *Spec, host Host, anyServices bool) *State {
 	}
 	for i := range spec.Services {
 		vs := &spec.Services[i]
+		if len(vs.Allow) > 0 && !vs.restrictable(spec.Rules) {
+			continue
+		}
 		keys := vs.keys(host)
 		for _, k := range keys {
 			svc := vs.Service
@@ -197,6 +206,7 @@ func desired(spec *Spec, host Host, anyServices bool) *State {
 			if !spec.Rules.Enabled || k.FWMark != 0 {
 				continue
 			}
+			vs.restrict(k, s.Rules.Entries)
 			if vs.SNAT {
 				anySNAT = true
 				s.Rules.Entries[SetEntry{Set: SetSNAT, Addr: k.Addr, Proto: k.Proto, Port: k.Port}] = struct{}{}
@@ -295,6 +305,53 @@ func kernelVersion(release string) (int, int, bool) {
 	}
 	minor, err2 := strconv.Atoi(minorStr)
 	return major, minor, err1 == nil && err2 == nil
+}
+
+// restrictable reports whether the kernel can enforce vs's Allow list
+// with policy p: vipd's rules are enabled and vs has a protocol and a
+// port, which the sets match.
+func (vs *VirtualService) restrictable(p RulePolicy) bool {
+	k := vs.Service.Key
+	return p.Enabled && k.FWMark == 0 && k.Proto != 0 && k.Port != 0
+}
+
+// restrict adds to entries the set entries that restrict the service key
+// k of vs to the sources its Allow list admits: one SetAllowed entry per
+// prefix of k's family and the SetRestricted entry. It adds none when the
+// list is empty or admits every source of the family.
+func (vs *VirtualService) restrict(k ServiceKey, entries map[SetEntry]struct{}) {
+	if len(vs.Allow) == 0 {
+		return
+	}
+	var nets []netip.Prefix
+	for _, p := range vs.Allow {
+		if !p.IsValid() || prefixFamily(p) != k.Family {
+			continue
+		}
+		if p.Bits() == 0 {
+			return
+		}
+		nets = append(nets, p.Masked())
+	}
+	r := SetEntry{Set: SetRestricted, Addr: k.Addr, Proto: k.Proto, Port: k.Port}
+	entries[r] = struct{}{}
+	for _, n := range nets {
+		e := r
+		e.Set, e.Net = SetAllowed, n
+		entries[e] = struct{}{}
+	}
+}
+
+// prefixFamily returns the family of p's address, or zero for an
+// IPv4-mapped IPv6 prefix, which matches neither family's packets.
+func prefixFamily(p netip.Prefix) Family {
+	switch a := p.Addr(); {
+	case a.Is4():
+		return IPv4
+	case a.Is6() && !a.Is4In6():
+		return IPv6
+	}
+	return 0
 }
 
 // keys returns the IPVS service keys of vs on host.

@@ -74,6 +74,16 @@ const (
 	// SetSNAT holds address,proto:port of services whose traffic is
 	// source-NATed (full-NAT, one-arm and NodePort services).
 	SetSNAT
+	// SetAllowed holds address,proto:port,source-net: the source
+	// prefixes each restricted service admits (VirtualService.Allow).
+	SetAllowed
+	// SetRestricted holds address,proto:port of the services that admit
+	// only the sources SetAllowed lists for them; new connections to
+	// them from any other source are dropped. A plan adds a service's
+	// SetAllowed entries before its SetRestricted entry, and deletes the
+	// SetRestricted entry first, so that an admitted source is never
+	// dropped in between.
+	SetRestricted
 )
 
 // String returns the set's base name.
@@ -85,26 +95,40 @@ func (k SetKind) String() string {
 		return "served"
 	case SetSNAT:
 		return "snat"
+	case SetAllowed:
+		return "allowed"
+	case SetRestricted:
+		return "restricted"
 	}
 	return fmt.Sprintf("set(%d)", uint8(k))
 }
 
 // SetEntry is one member of one of vipd's sets. Port and Proto are zero in
-// address-only sets.
+// address-only sets; Net, the source prefix, is valid in SetAllowed only.
 type SetEntry struct {
 	Set   SetKind
 	Addr  netip.Addr
 	Proto Proto
 	Port  uint16
+	Net   netip.Prefix
 }
 
-// String formats the entry as "set addr[,proto:port]".
+// String formats the entry as "set addr[,proto:port[,net]]".
 func (e SetEntry) String() string {
 	s := fmt.Sprintf("%s/%s %s", e.Set, FamilyOf(e.Addr), e.Addr)
 	if e.Proto != 0 {
 		s += fmt.Sprintf(",%s:%d", e.Proto, e.Port)
 	}
+	if e.Net.IsValid() {
+		s += "," + e.Net.String()
+	}
 	return s
+}
+
+// restriction returns the SetRestricted entry of the service an entry of
+// SetAllowed or SetRestricted belongs to.
+func (e SetEntry) restriction() SetEntry {
+	return SetEntry{Set: SetRestricted, Addr: e.Addr, Proto: e.Proto, Port: e.Port}
 }
 
 func (e SetEntry) compare(o SetEntry) int {
@@ -117,7 +141,13 @@ func (e SetEntry) compare(o SetEntry) int {
 	if e.Proto != o.Proto {
 		return cmp.Compare(e.Proto, o.Proto)
 	}
-	return cmp.Compare(e.Port, o.Port)
+	if e.Port != o.Port {
+		return cmp.Compare(e.Port, o.Port)
+	}
+	if c := e.Net.Addr().Compare(o.Net.Addr()); c != 0 {
+		return c
+	}
+	return cmp.Compare(e.Net.Bits(), o.Net.Bits())
 }
 
 // RulePolicy is the fixed part of vipd's packet-filter rules: which chains

@@ -14,7 +14,7 @@ import (
 	"github.com/vipd/vipd/lb"
 )
 
-var setKinds = []lb.SetKind{lb.SetVIPs, lb.SetServed, lb.SetSNAT}
+var setKinds = []lb.SetKind{lb.SetVIPs, lb.SetServed, lb.SetSNAT, lb.SetAllowed, lb.SetRestricted}
 
 // setName names the ipset of one kind and family, such as "vipd-vips-4".
 func setName(k lb.SetKind, f lb.Family) string {
@@ -22,13 +22,20 @@ func setName(k lb.SetKind, f lb.Family) string {
 }
 
 // setType returns the ipset type of a kind: addresses for the VIP set,
+// address,protocol:port,source-net for the allowed set, and
 // address,protocol:port for the others.
 func setType(k lb.SetKind) string {
-	if k == lb.SetVIPs {
+	switch k {
+	case lb.SetVIPs:
 		return "hash:ip"
+	case lb.SetAllowed:
+		return "hash:ip,port,net"
 	}
 	return "hash:ip,port"
 }
+
+// maxAllowed is the capacity of the allowed sets.
+const maxAllowed = 1 << 20
 
 var protoNumbers = map[lb.Proto]uint8{
 	lb.TCP:  unix.IPPROTO_TCP,
@@ -54,7 +61,7 @@ func toNetlink(e lb.SetEntry) (string, *netlink.IPSetEntry, error) {
 		if e.Proto != 0 || e.Port != 0 {
 			return "", nil, fmt.Errorf("set entry %s: the vips set holds addresses only", e)
 		}
-	case lb.SetServed, lb.SetSNAT:
+	case lb.SetServed, lb.SetSNAT, lb.SetRestricted, lb.SetAllowed:
 		proto, ok := protoNumbers[e.Proto]
 		if !ok {
 			return "", nil, fmt.Errorf("set entry %s: no protocol", e)
@@ -63,6 +70,17 @@ func toNetlink(e lb.SetEntry) (string, *netlink.IPSetEntry, error) {
 		ne.Protocol, ne.Port = &proto, &port
 	default:
 		return "", nil, fmt.Errorf("set entry %s: unknown set", e)
+	}
+	if e.Set == lb.SetAllowed {
+		// The kernel takes no /0 in a net of a hash set; Desired never
+		// asks for one (such a list restricts nothing).
+		n := e.Net.Masked()
+		if !n.IsValid() || n.Bits() == 0 || n.Addr().Is4In6() || lb.FamilyOf(n.Addr()) != fam {
+			return "", nil, fmt.Errorf("set entry %s: want a source prefix of %s longer than /0", e, fam)
+		}
+		ne.IP2, ne.CIDR2 = net.IP(n.Addr().AsSlice()), uint8(n.Bits())
+	} else if e.Net.IsValid() {
+		return "", nil, fmt.Errorf("set entry %s: only the allowed set holds source prefixes", e)
 	}
 	return setName(e.Set, fam), ne, nil
 }
@@ -89,6 +107,18 @@ func fromNetlink(k lb.SetKind, ne netlink.IPSetEntry) (lb.SetEntry, error) {
 		return lb.SetEntry{}, fmt.Errorf("set %s: member %s with protocol %d vipd does not use", k, addr, *ne.Protocol)
 	}
 	e.Port = *ne.Port
+	if k == lb.SetAllowed {
+		src, ok := netip.AddrFromSlice(ne.IP2)
+		bits := int(ne.CIDR2)
+		if !ok || bits == 0 {
+			return lb.SetEntry{}, fmt.Errorf("set %s: member %s without a source prefix", k, addr)
+		}
+		n, err := src.Unmap().Prefix(bits)
+		if err != nil {
+			return lb.SetEntry{}, fmt.Errorf("set %s: member %s with bad source prefix %s/%d", k, addr, src, bits)
+		}
+		e.Net = n
+	}
 	return e, nil
 }
 
@@ -109,7 +139,14 @@ func (t *Tables) createSet(k lb.SetKind, f lb.Family) error {
 		af = unix.AF_INET6
 	}
 	name := setName(k, f)
-	err := t.nl.IpsetCreate(name, setType(k), netlink.IpsetCreateOptions{Family: af})
+	opts := netlink.IpsetCreateOptions{Family: af}
+	if k == lb.SetAllowed {
+		// Each service's allow list is a member per prefix (and per
+		// host address of a nodeport service): room beyond the
+		// default 65536, which costs nothing until used.
+		opts.MaxElements = maxAllowed
+	}
+	err := t.nl.IpsetCreate(name, setType(k), opts)
 	if err != nil && !isExist(err) {
 		return fmt.Errorf("create ipset %s: %w", name, err)
 	}

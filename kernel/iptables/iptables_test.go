@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"fmt"
 	"maps"
 	"net/netip"
 	"os"
@@ -130,6 +131,7 @@ const goldenFilter4 = `*filter
 :OUTPUT ACCEPT [0:0]
 :VIPD-FILTER - [0:0]
 -A INPUT -m comment --comment "vipd filter traffic to vips" -j VIPD-FILTER
+-A VIPD-FILTER -m conntrack --ctstate NEW -m set --match-set vipd-restricted-4 dst,dst -m set ! --match-set vipd-allowed-4 dst,dst,src -m comment --comment "vipd drop sources a service does not allow" -j DROP
 -A VIPD-FILTER -m set ! --match-set vipd-vips-4 dst -j RETURN
 -A VIPD-FILTER -m set --match-set vipd-served-4 dst,dst -j RETURN
 -A VIPD-FILTER -p icmp -j RETURN
@@ -143,12 +145,27 @@ const goldenFilter6 = `*filter
 :OUTPUT ACCEPT [0:0]
 :VIPD-FILTER - [0:0]
 -A INPUT -m comment --comment "vipd filter traffic to vips" -j VIPD-FILTER
+-A VIPD-FILTER -m conntrack --ctstate NEW -m set --match-set vipd-restricted-6 dst,dst -m set ! --match-set vipd-allowed-6 dst,dst,src -m comment --comment "vipd drop sources a service does not allow" -j DROP
 -A VIPD-FILTER -m set ! --match-set vipd-vips-6 dst -j RETURN
 -A VIPD-FILTER -m set --match-set vipd-served-6 dst,dst -j RETURN
 -A VIPD-FILTER -p ipv6-icmp -j RETURN
 -A VIPD-FILTER -m conntrack --ctstate NEW -m comment --comment "vipd drop vip ports no service serves" -j DROP
 COMMIT
 `
+
+// allowFilter is the filter table of a policy without the VIP filter or
+// a floating SNAT source: the allow lists' rule alone.
+func allowFilter(f lb.Family) string {
+	return fmt.Sprintf(`*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:VIPD-FILTER - [0:0]
+-A INPUT -m comment --comment "vipd filter traffic to vips" -j VIPD-FILTER
+-A VIPD-FILTER -m conntrack --ctstate NEW -m set --match-set vipd-restricted-%[1]d dst,dst -m set ! --match-set vipd-allowed-%[1]d dst,dst,src -m comment --comment "vipd drop sources a service does not allow" -j DROP
+COMMIT
+`, f)
+}
 
 const emptyFilter = `*filter
 :INPUT ACCEPT [0:0]
@@ -192,14 +209,14 @@ func TestSyncChainsGolden(t *testing.T) {
 			t.Errorf("second sync changed the tables:\nbefore:\n%s\nafter:\n%s", before, after)
 		}
 
-		// Turning the filter off removes its chain and jump.
+		// Turning the filter off leaves the allow lists' rule alone.
 		off := testPolicy
 		off.FilterVIPs = false
 		if err := tb.SyncChains(off); err != nil {
 			t.Fatal(err)
 		}
-		checkSaved(t, b, lb.IPv4, "filter", emptyFilter)
-		checkSaved(t, b, lb.IPv6, "filter", emptyFilter)
+		checkSaved(t, b, lb.IPv4, "filter", allowFilter(lb.IPv4))
+		checkSaved(t, b, lb.IPv6, "filter", allowFilter(lb.IPv6))
 		checkSaved(t, b, lb.IPv4, "nat", strings.ReplaceAll(goldenNAT4, "filter-vips=true", "filter-vips=false"))
 
 		if err := tb.RemoveChains(); err != nil {
@@ -376,6 +393,9 @@ func TestObserveDrift(t *testing.T) {
 			{"deleted masquerade rule", lb.IPv4, []string{"-t", "nat", "-D", "VIPD-POSTROUTING", "3"}},
 			{"deleted v6 mark rule", lb.IPv6, []string{"-t", "nat", "-D", "VIPD-MARK-SNAT", "1"}},
 			{"deleted filter jump", lb.IPv4, []string{"-t", "filter", "-D", "INPUT", "1"}},
+			// What a vipd before allow lists left: its filter chain
+			// without their rule, which comes first.
+			{"an older vipd's filter chain", lb.IPv6, []string{"-t", "filter", "-D", "VIPD-FILTER", "1"}},
 			{"deleted v6 OUTPUT jump", lb.IPv6, []string{"-t", "nat", "-D", "OUTPUT", "1"}},
 			{"extra rule in vipd chain", lb.IPv4, []string{"-t", "filter", "-A", "VIPD-FILTER", "-j", "ACCEPT"}},
 			{"duplicate jump", lb.IPv4, []string{"-t", "nat", "-A", "PREROUTING", "-m", "comment", "--comment", "vipd mark traffic to snat services", "-j", "VIPD-MARK-SNAT"}},
@@ -396,15 +416,16 @@ func TestObserveDrift(t *testing.T) {
 				t.Errorf("%s: Observe after repair = %s, want %s", d.name, got, testPolicy)
 			}
 		}
-		// A leftover filter chain makes a no-filter policy differ.
+		// A leftover rule of the VIP filter makes a no-filter policy
+		// differ.
 		off := testPolicy
 		off.FilterVIPs = false
 		if err := tb.SyncChains(off); err != nil {
 			t.Fatal(err)
 		}
-		ipt(t, b, lb.IPv4, "-t", "filter", "-N", "VIPD-FILTER")
+		ipt(t, b, lb.IPv4, "-t", "filter", "-A", "VIPD-FILTER", "-p", "icmp", "-j", "RETURN")
 		if got := observe(); got != (lb.RulePolicy{}) {
-			t.Errorf("leftover filter chain: Observe = %s, want none", got)
+			t.Errorf("leftover filter rule: Observe = %s, want none", got)
 		}
 		if err := tb.SyncChains(off); err != nil {
 			t.Fatal(err)
@@ -412,7 +433,7 @@ func TestObserveDrift(t *testing.T) {
 		if got := observe(); got != off {
 			t.Errorf("after repair: Observe = %s, want %s", got, off)
 		}
-		checkSaved(t, b, lb.IPv4, "filter", emptyFilter)
+		checkSaved(t, b, lb.IPv4, "filter", allowFilter(lb.IPv4))
 	})
 }
 
@@ -426,6 +447,11 @@ func TestSetEntries(t *testing.T) {
 			{Set: lb.SetServed, Addr: netip.MustParseAddr("2001:db8::10"), Proto: lb.SCTP, Port: 9},
 			{Set: lb.SetSNAT, Addr: netip.MustParseAddr("192.0.2.11"), Proto: lb.TCP, Port: 443},
 			{Set: lb.SetSNAT, Addr: netip.MustParseAddr("2001:db8::11"), Proto: lb.UDP, Port: 0},
+			{Set: lb.SetRestricted, Addr: netip.MustParseAddr("192.0.2.12"), Proto: lb.TCP, Port: 443},
+			{Set: lb.SetAllowed, Addr: netip.MustParseAddr("192.0.2.12"), Proto: lb.TCP, Port: 443, Net: netip.MustParsePrefix("10.0.0.0/8")},
+			{Set: lb.SetAllowed, Addr: netip.MustParseAddr("192.0.2.12"), Proto: lb.TCP, Port: 443, Net: netip.MustParsePrefix("198.51.100.7/32")},
+			{Set: lb.SetRestricted, Addr: netip.MustParseAddr("2001:db8::12"), Proto: lb.UDP, Port: 53},
+			{Set: lb.SetAllowed, Addr: netip.MustParseAddr("2001:db8::12"), Proto: lb.UDP, Port: 53, Net: netip.MustParsePrefix("2001:db8:1::/48")},
 		}
 		want := map[lb.SetEntry]struct{}{}
 		observe := func(stage string) {
@@ -458,6 +484,21 @@ func TestSetEntries(t *testing.T) {
 			want[e] = struct{}{}
 		}
 		observe("all added")
+		if out := sh(t, "ipset", "list", "vipd-allowed-4"); !strings.Contains(out, "192.0.2.12,tcp:443,10.0.0.0/8") || !strings.Contains(out, "Type: hash:ip,port,net") {
+			t.Errorf("ipset list vipd-allowed-4:\n%s", out)
+		}
+		// Entries that cannot be: a source prefix outside the allowed
+		// set, none or /0 in it, another family's.
+		for _, e := range []lb.SetEntry{
+			{Set: lb.SetRestricted, Addr: netip.MustParseAddr("192.0.2.12"), Proto: lb.TCP, Port: 443, Net: netip.MustParsePrefix("10.0.0.0/8")},
+			{Set: lb.SetAllowed, Addr: netip.MustParseAddr("192.0.2.12"), Proto: lb.TCP, Port: 443},
+			{Set: lb.SetAllowed, Addr: netip.MustParseAddr("192.0.2.12"), Proto: lb.TCP, Port: 443, Net: netip.MustParsePrefix("0.0.0.0/0")},
+			{Set: lb.SetAllowed, Addr: netip.MustParseAddr("192.0.2.12"), Proto: lb.TCP, Port: 443, Net: netip.MustParsePrefix("2001:db8::/32")},
+		} {
+			if err := tb.AddEntry(e); err == nil {
+				t.Errorf("AddEntry(%s) succeeded", e)
+			}
+		}
 		if out := sh(t, "ipset", "list", "vipd-served-4"); !strings.Contains(out, "192.0.2.10,tcp:80") || !strings.Contains(out, "192.0.2.10,udp:53") {
 			t.Errorf("ipset list vipd-served-4:\n%s", out)
 		}

@@ -22,7 +22,8 @@ const (
 	// to it).
 	chainMasq = "VIPD-POSTROUTING"
 	// chainFilter drops new connections to VIP ports no service serves
-	// (filter INPUT jumps to it).
+	// and from sources a service does not allow (filter INPUT jumps to
+	// it).
 	chainFilter = "VIPD-FILTER"
 )
 
@@ -46,8 +47,9 @@ type renderOptions struct {
 }
 
 // render returns the tables that implement policy p for family fam: the
-// nat table always, the filter table with no chains unless p.FilterVIPs or
-// p has a floating SNAT source.
+// nat table and the filter table, whose chain always drops the sources
+// services do not allow, and with p.FilterVIPs or a floating SNAT source
+// does more.
 // A disabled policy renders empty tables.
 func render(fam lb.Family, p lb.RulePolicy, o renderOptions) []table {
 	nat := table{name: "nat"}
@@ -73,32 +75,37 @@ func render(fam lb.Family, p lb.RulePolicy, o renderOptions) []table {
 		jump("POSTROUTING", chainMasq, "vipd masquerade marked ipvs traffic"),
 	}
 	src := p.SNATSource(fam)
-	if p.FilterVIPs || src.IsValid() {
-		icmp := "icmp"
-		if fam == lb.IPv6 {
-			icmp = "ipv6-icmp"
-		}
-		filter.chains = []string{chainFilter}
-		if src.IsValid() {
-			// What reaches the floating SNAT source itself was not
-			// translated back: a backend's packet for a connection this
-			// node does not track (yet), such as the answer to a
-			// handshake begun on the peer before a takeover. Dropped, it
-			// is sent again and finds the connection tracked; answered
-			// with a reset, it would end the connection.
-			filter.rules = append(filter.rules, fmt.Sprintf("-A %s -d %s ! -p %s -m comment --comment %s -j DROP",
-				chainFilter, netip.PrefixFrom(src, src.BitLen()), icmp, quote("vipd drop unsolicited traffic to the floating snat source")))
-		}
-		if p.FilterVIPs {
-			filter.rules = append(filter.rules,
-				fmt.Sprintf("-A %s -m set ! --match-set %s dst -j RETURN", chainFilter, setName(lb.SetVIPs, fam)),
-				fmt.Sprintf("-A %s -m set --match-set %s dst,dst -j RETURN", chainFilter, setName(lb.SetServed, fam)),
-				fmt.Sprintf("-A %s -p %s -j RETURN", chainFilter, icmp),
-				fmt.Sprintf("-A %s -m conntrack --ctstate NEW -m comment --comment %s -j DROP", chainFilter, quote("vipd drop vip ports no service serves")),
-			)
-		}
-		filter.jumps = []string{jump("INPUT", chainFilter, "vipd filter traffic to vips")}
+	icmp := "icmp"
+	if fam == lb.IPv6 {
+		icmp = "ipv6-icmp"
 	}
+	filter.chains = []string{chainFilter}
+	if src.IsValid() {
+		// What reaches the floating SNAT source itself was not
+		// translated back: a backend's packet for a connection this
+		// node does not track (yet), such as the answer to a
+		// handshake begun on the peer before a takeover. Dropped, it
+		// is sent again and finds the connection tracked; answered
+		// with a reset, it would end the connection.
+		filter.rules = append(filter.rules, fmt.Sprintf("-A %s -d %s ! -p %s -m comment --comment %s -j DROP",
+			chainFilter, netip.PrefixFrom(src, src.BitLen()), icmp, quote("vipd drop unsolicited traffic to the floating snat source")))
+	}
+	// One rule for every service's allow list: a new connection to
+	// a restricted address,protocol:port from a source its allowed
+	// entries do not admit is dropped. Filter INPUT runs before
+	// IPVS, which takes its packets in LOCAL_IN at a later
+	// priority.
+	filter.rules = append(filter.rules, fmt.Sprintf("-A %s -m conntrack --ctstate NEW -m set --match-set %s dst,dst -m set ! --match-set %s dst,dst,src -m comment --comment %s -j DROP",
+		chainFilter, setName(lb.SetRestricted, fam), setName(lb.SetAllowed, fam), quote("vipd drop sources a service does not allow")))
+	if p.FilterVIPs {
+		filter.rules = append(filter.rules,
+			fmt.Sprintf("-A %s -m set ! --match-set %s dst -j RETURN", chainFilter, setName(lb.SetVIPs, fam)),
+			fmt.Sprintf("-A %s -m set --match-set %s dst,dst -j RETURN", chainFilter, setName(lb.SetServed, fam)),
+			fmt.Sprintf("-A %s -p %s -j RETURN", chainFilter, icmp),
+			fmt.Sprintf("-A %s -m conntrack --ctstate NEW -m comment --comment %s -j DROP", chainFilter, quote("vipd drop vip ports no service serves")),
+		)
+	}
+	filter.jumps = []string{jump("INPUT", chainFilter, "vipd filter traffic to vips")}
 	return []table{nat, filter}
 }
 

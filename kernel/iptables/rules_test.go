@@ -49,6 +49,7 @@ func TestRestoreScriptFresh(t *testing.T) {
 COMMIT
 *filter
 :VIPD-FILTER - [0:0]
+-A VIPD-FILTER -m conntrack --ctstate NEW -m set --match-set vipd-restricted-4 dst,dst -m set ! --match-set vipd-allowed-4 dst,dst,src -m comment --comment "vipd drop sources a service does not allow" -j DROP
 -A VIPD-FILTER -m set ! --match-set vipd-vips-4 dst -j RETURN
 -A VIPD-FILTER -m set --match-set vipd-served-4 dst,dst -j RETURN
 -A VIPD-FILTER -p icmp -j RETURN
@@ -81,13 +82,14 @@ func TestRestoreScriptRemovesStale(t *testing.T) {
 	off.FilterVIPs = false
 	got := restoreScript(renderTest(off), live)
 	_, filter, _ := strings.Cut(got, "*filter\n")
-	want := `-D INPUT -m comment --comment "vipd filter traffic to vips" -j VIPD-FILTER
+	// The filter chain stays for the allow lists' rule; the duplicate
+	// jump and the stale chain go.
+	want := `:VIPD-FILTER - [0:0]
 -D INPUT -m comment --comment "vipd filter traffic to vips" -j VIPD-FILTER
 -D FORWARD -j VIPD-OLD
-:VIPD-FILTER - [0:0]
 :VIPD-OLD - [0:0]
--X VIPD-FILTER
 -X VIPD-OLD
+-A VIPD-FILTER -m conntrack --ctstate NEW -m set --match-set vipd-restricted-4 dst,dst -m set ! --match-set vipd-allowed-4 dst,dst,src -m comment --comment "vipd drop sources a service does not allow" -j DROP
 COMMIT
 `
 	if filter != want {
@@ -188,8 +190,8 @@ func TestRenderSNATSource(t *testing.T) {
 	if got := strings.Join(f4.rules, "\n"); !strings.HasPrefix(got, "-A VIPD-FILTER -d 10.0.3.99/32 ! -p icmp ") || strings.Contains(got, "RETURN") || len(f4.jumps) != 1 {
 		t.Errorf("IPv4 filter with a floating source and no VIP filter:\n%s\n%v", got, f4.jumps)
 	}
-	if f6 := render(lb.IPv6, p, renderOptions{})[1]; len(f6.chains)+len(f6.rules)+len(f6.jumps) != 0 {
-		t.Errorf("IPv6 filter without a floating source or the VIP filter: %+v", f6)
+	if f6 := render(lb.IPv6, p, renderOptions{})[1]; len(f6.rules) != 1 || !strings.Contains(f6.rules[0], "vipd-restricted-6") {
+		t.Errorf("IPv6 filter without a floating source or the VIP filter, want the allow lists' rule alone: %+v", f6)
 	}
 	if !strings.Contains(v6, "-j MASQUERADE --random-fully") || strings.Contains(v6, "SNAT --to-source") {
 		t.Errorf("IPv6 rules without a floating source:\n%s", v6)
@@ -247,5 +249,47 @@ func TestEntryConversion(t *testing.T) {
 	// An IPv4-mapped address goes to the IPv4 set.
 	if name, _, _ := toNetlink(lb.SetEntry{Set: lb.SetVIPs, Addr: netip.MustParseAddr("::ffff:192.0.2.1")}); name != "vipd-vips-4" {
 		t.Errorf("mapped address in set %s", name)
+	}
+}
+
+// olderFilter4 is the IPv4 filter table a vipd before allow lists wrote
+// for testPolicy.
+const olderFilter4 = `*filter
+:INPUT ACCEPT [0:0]
+:VIPD-FILTER - [0:0]
+-A INPUT -m comment --comment "vipd filter traffic to vips" -j VIPD-FILTER
+-A VIPD-FILTER -m set ! --match-set vipd-vips-4 dst -j RETURN
+-A VIPD-FILTER -m set --match-set vipd-served-4 dst,dst -j RETURN
+-A VIPD-FILTER -p icmp -j RETURN
+-A VIPD-FILTER -m conntrack --ctstate NEW -m comment --comment "vipd drop vip ports no service serves" -j DROP
+COMMIT
+`
+
+// TestUpgradeFromOlderChains: the chains of a vipd before allow lists
+// still name their policy, differ from what it renders now (so a pass
+// rewrites them), and the rewrite refills vipd's filter chain in place
+// with the allow lists' rule first, leaving the jump to it alone.
+func TestUpgradeFromOlderChains(t *testing.T) {
+	want := renderTest(testPolicy)
+	olderNAT := saveOf(want[:1], nil)
+	live := parseSave(olderNAT + olderFilter4)
+	p, ok := parsePolicy(live["nat"])
+	if !ok || p != testPolicy {
+		t.Fatalf("older chains: policy %s, %t; want %s", p, ok, testPolicy)
+	}
+	if equal(&want[1], live["filter"]) {
+		t.Fatal("older filter chain equals the new one: Observe would not report it for rewriting")
+	}
+	if !equal(&want[0], live["nat"]) {
+		t.Error("the nat table changed: an upgrade would rewrite it for nothing")
+	}
+	got := restoreScript(want, live)
+	_, filter, _ := strings.Cut(got, "*filter\n")
+	if strings.Contains(filter, "-D ") || strings.Contains(filter, "-I ") || strings.Contains(filter, "-X ") {
+		t.Errorf("upgrade script touches jumps or chains:\n%s", filter)
+	}
+	rules := strings.Split(strings.TrimSpace(filter), "\n")
+	if len(rules) < 3 || !strings.Contains(rules[1], "vipd-restricted-4") || !strings.HasPrefix(rules[0], ":VIPD-FILTER") {
+		t.Errorf("upgrade script does not refill the filter chain with the allow rule first:\n%s", filter)
 	}
 }

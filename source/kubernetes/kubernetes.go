@@ -1307,6 +1307,11 @@ func ServiceName(svc *corev1.Service, p corev1.ServicePort, fam lb.Family) strin
 // and address.
 func virtualServices(svc *corev1.Service, addrs []netip.Addr, st settings, nodes []*corev1.Node, eps []*discoveryv1.EndpointSlice) []lb.VirtualService {
 	var out []lb.VirtualService
+	// The Service's source ranges restrict every port of every VIP;
+	// lb.Desired keeps the ranges of each VIP's family, and a VIP with
+	// none of its family admits no source. A bad annotation admits none
+	// at all (its error is for the caller's Event).
+	allow, _ := sourceRanges(svc)
 	for _, vip := range addrs {
 		fam := lb.FamilyOf(vip)
 		for _, p := range svc.Spec.Ports {
@@ -1323,6 +1328,7 @@ func virtualServices(svc *corev1.Service, addrs []netip.Addr, st settings, nodes
 				},
 				VIP:      vip,
 				Announce: true,
+				Allow:    allow,
 			}
 			if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 				timeout := corev1.DefaultClientIPServiceAffinitySeconds
@@ -1344,6 +1350,44 @@ func virtualServices(svc *corev1.Service, addrs []netip.Addr, st settings, nodes
 		}
 	}
 	return out
+}
+
+// sourceRanges returns the source prefixes svc admits:
+// spec.loadBalancerSourceRanges, or when that is empty the
+// service.beta.kubernetes.io/load-balancer-source-ranges annotation
+// (comma separated, as cloud providers read it); nil admits every source. The API
+// server validates the field; an annotation with a range that does not
+// parse, or either with more ranges than config.MaxAllow, admits no
+// source (a list whose one prefix is invalid, see lb.VirtualService.Allow)
+// and the error says why, as cloud providers refuse such a Service.
+func sourceRanges(svc *corev1.Service) ([]netip.Prefix, error) {
+	const annotation = "service.beta.kubernetes.io/load-balancer-source-ranges"
+	// As many as the file's allow key takes.
+	const maxSourceRanges = config.MaxAllow
+	ranges, from := svc.Spec.LoadBalancerSourceRanges, "spec.loadBalancerSourceRanges"
+	if len(ranges) == 0 {
+		v := strings.TrimSpace(svc.Annotations[annotation])
+		if v == "" {
+			return nil, nil
+		}
+		ranges, from = strings.Split(v, ","), annotation
+	}
+	none := []netip.Prefix{{}}
+	if len(ranges) > maxSourceRanges {
+		return none, allocErrorf(ReasonBadAnnotation, "%s has %d ranges, more than %d: no source is admitted", from, len(ranges), maxSourceRanges)
+	}
+	out := make([]netip.Prefix, 0, len(ranges))
+	for _, r := range ranges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		if err != nil {
+			if len(r) > 64 {
+				r = r[:64] + "..."
+			}
+			return none, allocErrorf(ReasonBadAnnotation, "%s: %q is not a CIDR range: no source is admitted", from, r)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // nodeReady reports whether n's Ready condition is True.
