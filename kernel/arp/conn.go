@@ -78,7 +78,8 @@ func (KernelLinks) ListenARP(ifi *net.Interface) (Conn, error) {
 
 // ListenNDP implements Links. The connection is an ICMPv6 socket bound
 // to ifi by index (SO_BINDTODEVICE), sending from ifi's link-local
-// address with hop limit 255 and receiving neighbour solicitations only.
+// address with hop limit 255 and receiving neighbour solicitations only,
+// and only those that arrive with hop limit 255.
 // It does not use ndp.Listen, which names the interface by an IPv6 zone
 // that Go's zone cache may map to a stale index for up to a minute after
 // an interface is replaced.
@@ -111,6 +112,7 @@ func (KernelLinks) ListenNDP(ifi *net.Interface) (NDPConn, error) {
 		func() error { return pc.SetMulticastLoopback(false) },
 		func() error { return pc.SetChecksum(true, 2) },
 		func() error { return pc.SetICMPFilter(&f) },
+		func() error { return pc.SetControlMessage(ipv6.FlagHopLimit, true) },
 	} {
 		if err := set(); err != nil {
 			pc.Close()
@@ -193,9 +195,14 @@ type ndpConn struct {
 func (c *ndpConn) ReadFrom() (ndp.Message, netip.Addr, error) {
 	buf := make([]byte, c.ifi.MTU)
 	for {
-		n, _, from, err := c.pc.ReadFrom(buf)
+		n, cm, from, err := c.pc.ReadFrom(buf)
 		if err != nil {
 			return nil, netip.Addr{}, err
+		}
+		if cm == nil || cm.HopLimit != ndp.HopLimit {
+			// RFC 4861 section 7.1.1: a solicitation that crossed a
+			// router (or claims to have) is not from the link.
+			continue
 		}
 		ip, ok := netip.AddrFromSlice(from.(*net.IPAddr).IP)
 		if !ok || ip == c.src {

@@ -13,7 +13,9 @@ import (
 	"github.com/vipd/vipd/lb/lbtest/nstest"
 
 	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ndp"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 )
 
@@ -296,4 +298,73 @@ func TestKernelMissingUplink(t *testing.T) {
 	if got := a.Announced(); len(got) != 1 {
 		t.Errorf("Announced = %v", got)
 	}
+}
+
+// TestKernelNDPHopLimit: a neighbour solicitation counts only when it
+// arrives with hop limit 255 (RFC 4861 section 7.1.1), so that a host
+// off the link, whose packets lost a hop on the way, gets no answer for
+// a VIP. The one sent with 255 afterwards shows that the path works.
+func TestKernelNDPHopLimit(t *testing.T) {
+	r := newKernelRig(t)
+	vip := netip.MustParseAddr("2001:db8:100::10")
+	a, err := New(Options{Uplinks: []string{uplink}, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.Announce(vip); err != nil {
+		t.Fatal(err)
+	}
+	waitStats(t, a, "the announcement", func(s Stats) bool { return s.Announcements == 1 })
+	l, err := netlink.LinkByName(uplink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ll netip.Addr
+	for _, ad := range addrs {
+		if ad.IP.IsLinkLocalUnicast() {
+			ll, _ = netip.AddrFromSlice(ad.IP)
+		}
+	}
+	if !ll.IsValid() {
+		t.Fatalf("%s has no link-local address", uplink)
+	}
+	solicit := func(hops int) {
+		t.Helper()
+		r.peer.Do(t, func() error {
+			ifi, err := net.InterfaceByName(peerLink)
+			if err != nil {
+				return err
+			}
+			c, err := net.ListenPacket("ip6:ipv6-icmp", "::")
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			b, err := ndp.MarshalMessage(&ndp.NeighborSolicitation{
+				TargetAddress: vip,
+				Options:       []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Source, Addr: ifi.HardwareAddr}},
+			})
+			if err != nil {
+				return err
+			}
+			pc := ipv6.NewPacketConn(c)
+			_, err = pc.WriteTo(b, &ipv6.ControlMessage{HopLimit: hops, IfIndex: ifi.Index}, &net.IPAddr{IP: ll.AsSlice(), Zone: peerLink})
+			return err
+		})
+	}
+	before := a.Stats().Replies
+	for _, hops := range []int{64, 254, 1} {
+		solicit(hops)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := a.Stats().Replies - before; got != 0 {
+		t.Errorf("%d answers to solicitations with hop limits 64, 254 and 1, want none", got)
+	}
+	solicit(255)
+	waitStats(t, a, "an answer to the solicitation with hop limit 255", func(s Stats) bool { return s.Replies == before+1 })
 }
