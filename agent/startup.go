@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -49,8 +50,25 @@ const kernelLockDir = "/run/vipd/lock"
 //     dummy interface, over the VIPD-* iptables chains and ipsets, over
 //     the sysctls. "" takes none (a fake kernel).
 //
-// It returns the function that releases both.
+// It returns the function that releases both. It then checks the control
+// socket's path (ClearStaleSocket), so that a path that vipd cannot
+// serve on ends the start before anything is touched.
 func lockDaemon(cfg *config.Config, kernelLock string) (release func(), err error) {
+	unlock, err := takeLocks(cfg, kernelLock)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Daemon.ControlSocket != "" {
+		if err := ClearStaleSocket(cfg.Daemon.ControlSocket); err != nil {
+			unlock()
+			return nil, fmt.Errorf("%w; this vipd changed nothing", err)
+		}
+	}
+	return unlock, nil
+}
+
+// takeLocks takes lockDaemon's locks.
+func takeLocks(cfg *config.Config, kernelLock string) (release func(), err error) {
 	unlockState, err := lockFile(filepath.Join(cfg.Daemon.StateDir, stateLockName),
 		fmt.Sprintf("the lock of state_dir %s", cfg.Daemon.StateDir))
 	if err != nil {
@@ -65,6 +83,40 @@ func lockDaemon(cfg *config.Config, kernelLock string) (release func(), err erro
 		return nil, err
 	}
 	return func() { unlockKernel(); unlockState() }, nil
+}
+
+// ClearStaleSocket readies path for a unix socket's listener, without
+// following a link: nothing there is fine; a socket nothing accepts
+// connections on (left by a vipd that was killed) is removed; a socket
+// something listens on is refused as another vipd's, and anything else (a
+// regular file, a directory, a link: control_socket mistyped) is refused
+// with an error naming it, and left as it is.
+func ClearStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("control socket %s: %w", path, err)
+	}
+	if fi.Mode().Type() != os.ModeSocket {
+		return fmt.Errorf("control socket %s is not a socket but %s: refused, vipd removes only a stale socket there; "+
+			"check control_socket, or move it away", path, describeMode(fi.Mode()))
+	}
+	// A stale socket refuses connections; a listening one accepts them
+	// (or, its queue full, has the connect fail otherwise): it is kept.
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("control socket %s: something listens on it: another vipd is running", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("control socket %s: not known to be stale, so kept: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("control socket %s: remove the stale socket: %w", path, err)
+	}
+	return nil
 }
 
 // NetnsLock returns the kernel lock of this process's network namespace,
@@ -134,7 +186,7 @@ func describeMode(m os.FileMode) string {
 	case m.IsDir():
 		return fmt.Sprintf("a directory of mode %#o", m.Perm()|m&(os.ModeSetuid|os.ModeSetgid|os.ModeSticky)>>12)
 	case m.IsRegular():
-		return fmt.Sprintf("a file of mode %#o", m.Perm())
+		return fmt.Sprintf("a regular file of mode %#o", m.Perm())
 	}
 	return fmt.Sprintf("a special file (%s)", m.Type())
 }

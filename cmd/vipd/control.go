@@ -34,18 +34,23 @@ func serveControl(a *agent.Agent, path string, lim serverLimits, log *slog.Logge
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	// A socket left by a killed vipd is stale: nothing answers on it.
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		c.Close()
-		return nil, fmt.Errorf("control socket %s: another vipd is running", path)
+	if err := agent.ClearStaleSocket(path); err != nil {
+		return nil, err
 	}
-	os.Remove(path)
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	if err := os.Chmod(path, 0o660); err != nil {
+	// At the stop, the socket is removed only if it is still this one:
+	// not by the listener's Close, which removes whatever is at path.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	own, err := os.Lstat(path)
+	if err == nil {
+		err = os.Chmod(path, 0o660)
+	}
+	if err != nil {
 		l.Close()
+		os.Remove(path)
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
 	mux := http.NewServeMux()
@@ -135,7 +140,9 @@ func serveControl(a *agent.Agent, path string, lim serverLimits, log *slog.Logge
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		srv.Shutdown(sctx)
-		os.Remove(path)
+		if fi, err := os.Lstat(path); err == nil && os.SameFile(fi, own) {
+			os.Remove(path)
+		}
 	}, nil
 }
 
