@@ -48,6 +48,15 @@ func privateRun(t *testing.T) bool {
 		}
 		t.Skip("needs root: runs in a private mount and network namespace")
 	}
+	// The attacks are flock(1) and ln(1), run as nobody.
+	for _, tool := range []string{"flock", "ln"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s is not installed (test/deps.sh installs util-linux)", tool)
+			}
+			t.Skipf("needs %s", tool)
+		}
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), privateRunEnv+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
@@ -94,6 +103,15 @@ func asNobody(t *testing.T, script string) string {
 	}
 }
 
+// tried fails t unless the attack as nobody ran: it said ok, or that it
+// was denied.
+func tried(t *testing.T, said, ok string) {
+	t.Helper()
+	if said != ok && !strings.Contains(said, "Permission denied") {
+		t.Fatalf("the attack did not run: %q", said)
+	}
+}
+
 // lockConfig is a configuration whose state_dir is dir.
 func lockConfig(dir string) *config.Config {
 	return &config.Config{Daemon: config.Daemon{StateDir: dir}}
@@ -112,6 +130,7 @@ func TestNetnsLockHeldByLocalUser(t *testing.T) {
 	}
 	said := asNobody(t, "exec flock --nonblock "+lock+" -c 'echo held; exec sleep 60'")
 	t.Logf("nobody, flock %s: %s", lock, said)
+	tried(t, said, "held")
 	release, err := lockDaemon(lockConfig(t.TempDir()), lock)
 	if err != nil {
 		t.Fatalf("a local user's flock keeps vipd out: %v", err)
@@ -137,6 +156,7 @@ func TestNetnsLockSymlinkPlanted(t *testing.T) {
 	}
 	said := asNobody(t, "ln -s "+victim+" "+lock+" && echo planted")
 	t.Logf("nobody, ln -s %s %s: %s", victim, lock, said)
+	tried(t, said, "planted")
 	release, err := lockDaemon(lockConfig(t.TempDir()), lock)
 	if err != nil {
 		t.Errorf("a local user's symbolic link keeps vipd out: %v", err)
@@ -167,6 +187,7 @@ func TestStateLockHeldByLocalUser(t *testing.T) {
 	lock := filepath.Join(dir, stateLockName)
 	said := asNobody(t, "exec flock --nonblock "+lock+" -c 'echo held; exec sleep 60'")
 	t.Logf("nobody, flock %s: %s", lock, said)
+	tried(t, said, "held")
 	release, err = lockDaemon(lockConfig(dir), "")
 	if err != nil {
 		t.Fatalf("a local user's flock keeps vipd out: %v", err)

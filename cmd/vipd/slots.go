@@ -107,8 +107,7 @@ func clientOf(addr net.Addr) netip.Prefix {
 // A client at its limit is otherwise refused: the caller closes c. A
 // connection that finds every slot taken otherwise waits (full): the
 // caller tries again when a slot is freed or a connection may have become
-// slow. The
-// connection whose slot is taken is closed.
+// slow. The connection whose slot is taken is closed.
 func (s *connSlots) admit(c net.Conn) (_ *slotConn, admitted, full bool) {
 	sc := &slotConn{Conn: c, s: s, client: clientOf(c.RemoteAddr()), since: time.Now()}
 	s.mu.Lock()
@@ -146,8 +145,8 @@ func (s *connSlots) admitLocked(sc *slotConn) {
 
 // victim chooses the connection whose slot to take among those that may
 // lose it, not being served nor idle for less than idleSettle: idle ones
-// first, then of the client with most
-// connections, then the longest in its state. nil if none.
+// first, then of the client with most connections, then the longest in
+// its state. nil if none.
 func (s *connSlots) victim(may func(*slotConn) bool) *slotConn {
 	var best *slotConn
 	better := func(c *slotConn) bool {
