@@ -7,6 +7,8 @@ command -v ipset >/dev/null || need+=(ipset)
 command -v ip >/dev/null || need+=(iproute2)
 command -v arping >/dev/null || need+=(arping)
 command -v curl >/dev/null || need+=(curl)
+# agent's lock tests take the lock as another user with flock(1).
+command -v flock >/dev/null || need+=(util-linux)
 # test/bench checks its keepalived.conf fixtures with `keepalived -t`.
 [ -x /usr/sbin/keepalived ] || need+=(keepalived)
 # ha/bgp's interop tests and the BGP e2e tests' router run bird2.

@@ -34,18 +34,23 @@ func serveControl(a *agent.Agent, path string, lim serverLimits, log *slog.Logge
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	// A socket left by a killed vipd is stale: nothing answers on it.
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		c.Close()
-		return nil, fmt.Errorf("control socket %s: another vipd is running", path)
+	if err := agent.ClearStaleSocket(path); err != nil {
+		return nil, err
 	}
-	os.Remove(path)
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	if err := os.Chmod(path, 0o660); err != nil {
+	// At the stop, the socket is removed only if it is still this one:
+	// not by the listener's Close, which removes whatever is at path.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	own, err := os.Lstat(path)
+	if err == nil {
+		err = os.Chmod(path, 0o660)
+	}
+	if err != nil {
 		l.Close()
+		os.Remove(path)
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
 	mux := http.NewServeMux()
@@ -65,7 +70,7 @@ func serveControl(a *agent.Agent, path string, lim serverLimits, log *slog.Logge
 	// Commands go to the main loop; status is served from the cache.
 	// Each has its own limit, so that a flood of one never refuses
 	// the other.
-	commands := limiter(lim.MaxRequests, busy)
+	commands := limiter(lim.MaxRequests, lim.RequestWait, busy)
 	mux.Handle("POST /v1/reload", commands(func(w http.ResponseWriter, r *http.Request) {
 		answer(w, replyOf(a.Reload(r.Context(), agent.ReloadOptions{Why: "control socket", Force: r.URL.Query().Get("force") == "1"})))
 	}))
@@ -81,7 +86,7 @@ func serveControl(a *agent.Agent, path string, lim serverLimits, log *slog.Logge
 		}
 		answer(w, rep)
 	}))
-	mux.Handle("GET /v1/status", limiter(lim.MaxRequests, busy)(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("GET /v1/status", limiter(lim.MaxRequests, lim.RequestWait, busy)(func(w http.ResponseWriter, r *http.Request) {
 		snap, err := a.Status(r.Context())
 		if r.Context().Err() != nil {
 			return // the client is gone
@@ -135,7 +140,9 @@ func serveControl(a *agent.Agent, path string, lim serverLimits, log *slog.Logge
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		srv.Shutdown(sctx)
-		os.Remove(path)
+		if fi, err := os.Lstat(path); err == nil && os.SameFile(fi, own) {
+			os.Remove(path)
+		}
 	}, nil
 }
 
@@ -172,14 +179,23 @@ type serverLimits struct {
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 	// MaxHeaderBytes is http.Server's.
 	MaxHeaderBytes int
-	// MaxConns is the most connections open at a time; more wait in
-	// the listen queue, so that clients cannot exhaust vipd's file
-	// descriptors.
+	// MaxConns is the most connections open at a time. On the control
+	// socket more wait in the listen queue, so that clients cannot
+	// exhaust vipd's file descriptors; on the metrics endpoint a
+	// connection beyond it takes the slot of one that holds it without
+	// using it (see connSlots), or is closed.
 	MaxConns int
+	// MaxConnsPerClient is the most connections one client (an IPv4
+	// address, an IPv6 /64, or loopback) holds on the metrics endpoint;
+	// its next one takes the slot of its own idle one, or is closed.
+	// 0 sets no such limit.
+	MaxConnsPerClient int
 	// MaxRequests is the most requests served at a time (of each kind
-	// on the control socket: status, and commands); more are refused at
-	// once with 503, not queued.
+	// on the control socket: status, and commands); more are refused
+	// with 503, not queued, after waiting RequestWait at most for one to
+	// end (in the order they came).
 	MaxRequests int
+	RequestWait time.Duration
 }
 
 // The servers' limits. The control socket's write timeout is the
@@ -187,13 +203,22 @@ type serverLimits struct {
 // its idle timeout is short, as its client makes one request per
 // connection; the metrics endpoint's write timeout allows a slow scrape
 // of a large table, and its idle timeout keeps a scraper's connection
-// from one scrape to the next.
+// from one scrape to the next. The metrics endpoint, open to whoever
+// reaches metrics_listen, cannot be held by anyone's idle or slow
+// connections (MaxConnsPerClient, and see connSlots), and a scrape
+// waits a second for one of the four renderings rather than be refused
+// by a burst of others.
 var (
 	controlLimits = serverLimits{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 5 * time.Minute,
 		IdleTimeout: 5 * time.Second, MaxHeaderBytes: 16 << 10, MaxConns: 32, MaxRequests: 4}
 	metricsLimits = serverLimits{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: time.Minute,
-		IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10, MaxConns: 64, MaxRequests: 4}
+		IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10, MaxConns: 64, MaxConnsPerClient: 8, MaxRequests: 4, RequestWait: time.Second}
 )
+
+// slowHeaders is how long a metrics client may take to send its
+// request's headers before another client that finds every connection
+// slot taken may take its slot: a scraper sends them at once.
+const slowHeaders = time.Second
 
 // server returns an http.Server for h with l's timeouts, logging its
 // errors (failed accepts) to log.
@@ -209,24 +234,39 @@ func (l serverLimits) server(h http.Handler, log *slog.Logger) *http.Server {
 	}
 }
 
-// listener limits ln to l's connections.
+// listener limits ln to l's connections, which wait in the listen queue
+// for a slot.
 func (l serverLimits) listener(ln net.Listener) net.Listener {
 	return netutil.LimitListener(ln, l.MaxConns)
 }
 
 // limiter returns what wraps a handler so that it serves at most n
-// requests at a time, handing the others to busy at once.
-func limiter(n int, busy http.HandlerFunc) func(http.HandlerFunc) http.Handler {
+// requests at a time, handing the others to busy at once, or after
+// waiting wait at most for a request to end.
+func limiter(n int, wait time.Duration, busy http.HandlerFunc) func(http.HandlerFunc) http.Handler {
 	slots := make(chan struct{}, n)
 	return func(h http.HandlerFunc) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			select {
 			case slots <- struct{}{}:
-				defer func() { <-slots }()
-				h(w, r)
 			default:
-				busy(w, r)
+				if wait <= 0 {
+					busy(w, r)
+					return
+				}
+				t := time.NewTimer(wait)
+				defer t.Stop()
+				select {
+				case slots <- struct{}{}:
+				case <-t.C:
+					busy(w, r)
+					return
+				case <-r.Context().Done():
+					return
+				}
 			}
+			defer func() { <-slots }()
+			h(w, r)
 		})
 	}
 }

@@ -165,7 +165,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 }
 
 // serveMetrics serves a's metrics on addr; "" serves nothing. The server
-// is bound by lim.
+// is bound by lim, its connections by connSlots.
 func serveMetrics(a *agent.Agent, addr string, lim serverLimits, log *slog.Logger) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
@@ -180,9 +180,11 @@ func serveMetrics(a *agent.Agent, addr string, lim serverLimits, log *slog.Logge
 	}
 	h := a.Metrics()
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", limiter(lim.MaxRequests, busy)(h.ServeHTTP))
-	srv := lim.server(mux, log)
-	go srv.Serve(lim.listener(l))
+	mux.Handle("GET /metrics", limiter(lim.MaxRequests, lim.RequestWait, busy)(h.ServeHTTP))
+	slots := newConnSlots(lim.MaxConns, lim.MaxConnsPerClient, slowHeaders)
+	srv := lim.server(slots.serving(mux), log)
+	srv.ConnState, srv.ConnContext = slots.state, slots.context
+	go srv.Serve(slots.listener(l))
 	log.Info("serving metrics", "addr", l.Addr().String())
 	return func() { srv.Close() }, nil
 }

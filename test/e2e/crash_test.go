@@ -560,7 +560,7 @@ func TestVipdSecondInstance(t *testing.T) {
 		pid := one.cmd.Process.Pid
 		for _, tc := range []struct{ name, path, lock string }{
 			{"same state_dir", one.path, filepath.Join(one.dir, "state", "vipd.lock")},
-			{"same network namespace", two.path, "/run/lock/vipd-net-"},
+			{"same network namespace", two.path, "/run/vipd/lock/vipd-net-"},
 		} {
 			out, took := second(t, tc.path)
 			t.Logf("%s, %s: refused in %v", filepath.Base(one.dir), tc.name, took.Round(time.Millisecond))
@@ -598,7 +598,7 @@ func TestVipdSecondInstance(t *testing.T) {
 		t.Errorf("the refused vipd exited 0")
 	}
 	loser.cmd = nil
-	mustContain(t, "the refused vipd's log", loser.logSince(), "holds /run/lock/vipd-net-")
+	mustContain(t, "the refused vipd's log", loser.logSince(), "holds /run/vipd/lock/vipd-net-")
 	winner.ready(time.Now())
 	ipvs := Run(t, "ipvsadm", "-Sn")
 	mustContain(t, "ipvsadm -Sn", ipvs, HostPort(tp.VIP, ports[winner]))

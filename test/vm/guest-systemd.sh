@@ -150,6 +150,13 @@ printf '[Service]\nWatchdogSec=10s\n' >/etc/systemd/system/vipd.service.d/watchd
 systemctl daemon-reload
 if systemctl enable vipd 2>/dev/null; then ok "systemctl enable vipd"; else fail "systemctl enable vipd"; fi
 check "enabled: started at boot by multi-user.target" test "$(systemctl is-enabled vipd)" = enabled
+# A local user holds the flock of the lock path vipd used before (in the
+# world-writable /run/lock) and tries the new one: neither keeps vipd out.
+nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+netns=$(stat -L -c %i /proc/self/ns/net)
+nobody flock --nonblock "/run/lock/vipd-net-$netns.lock" sleep 600 &
+squatter=$!
+check "a local user holds /run/lock/vipd-net-$netns.lock" eventually 5 test -e "/run/lock/vipd-net-$netns.lock"
 if systemctl start vipd; then ok "systemctl start vipd"; else fail "systemctl start vipd"; fi
 check "ActiveState=active SubState=running" vipd_ready
 check "WatchdogSec is the drop-in's 10s ($(show WatchdogUSec))" test "$(show WatchdogUSec)" = 10s
@@ -166,14 +173,25 @@ echo "vipd MainPID $pid1"
 section "writable paths"
 # What vipd's mount namespace lets it write (nsenter: root, vipd's mounts).
 writable() { nsenter -t "$pid1" -m -- sh -c "touch $1/.vipd-test-w && rm -f $1/.vipd-test-w" 2>/dev/null; }
-for d in /run/vipd /var/lib/vipd /run/lock; do
+for d in /run/vipd /var/lib/vipd; do
 	check "vipd may write $d" writable "$d"
 done
 not_writable() { ! writable "$1"; }
-for d in /run /run/systemd /etc /etc/vipd /var/lib /usr /root; do
+for d in /run /run/lock /run/systemd /etc /etc/vipd /var/lib /usr /root; do
 	check "vipd may not write $d" not_writable "$d"
 done
-check "the network namespace lock is held in /run/lock" bash -c "ls /run/lock/vipd-net-*.lock"
+lock=/run/vipd/lock/vipd-net-$netns.lock
+mode() { stat -c '%a %U:%G %F' "$1"; }
+echo "lock: $lock: $(mode "$lock" 2>&1); $(mode /run/vipd/lock 2>&1); /run/vipd $(mode /run/vipd 2>&1)"
+check "the network namespace lock is $lock, root's, 0600" test "$(mode "$lock")" = "600 root:root regular file"
+check "its directory /run/vipd/lock is root's, 0700" test "$(mode /run/vipd/lock)" = "700 root:root directory"
+check "/run/vipd is root's, 0755" test "$(mode /run/vipd)" = "755 root:root directory"
+check "vipd holds it (the pid in it is vipd's)" test "$(cat "$lock")" = "$pid1"
+check "a local user cannot open it" bash -c "! setpriv --reuid=65534 --regid=65534 --clear-groups flock --nonblock $lock true"
+check "a local user cannot plant a link there" \
+	bash -c "! setpriv --reuid=65534 --regid=65534 --clear-groups ln -s /etc/vipd/vipd.toml /run/vipd/lock/x"
+kill "$squatter" 2>/dev/null
+wait "$squatter" 2>/dev/null
 check "no permission or read-only errors in vipd's journal" \
 	bash -c "! journalctl -q -o cat -u vipd | grep -Ei 'permission denied|read-only file system|operation not permitted'"
 
@@ -261,6 +279,7 @@ section "systemctl stop (on_stop = keep)"
 if systemctl stop vipd; then ok "systemctl stop vipd"; else fail "systemctl stop vipd"; fi
 check "ActiveState=inactive" test "$(show ActiveState)" = inactive
 check "no vipd process left" bash -c '! pidof vipd'
+check "the namespace lock outlives the stop (RuntimeDirectoryPreserve=yes)" test -f "$lock"
 check "IPVS service still there" ipvsadm -Ln -t "$VIP:80"
 check "VIP still on vipd0" bash -c "ip -4 addr show dev vipd0 | grep -q ' $VIP/'"
 e=$(hits 20)
