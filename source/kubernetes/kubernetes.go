@@ -1114,6 +1114,13 @@ func parseSettings(svc *corev1.Service, defaultMode string) (settings, error) {
 		if err != nil {
 			return settings{}, allocErrorf(ReasonBadAnnotation, "%s: %v", AnnotationCheck, err)
 		}
+		// The check probes each backend's address. In endpoints mode
+		// that is a pod, and a port of its own is the pod's; in
+		// nodeport mode it is a Node, whose other ports are not the
+		// Service's.
+		if check != nil && check.Port != 0 && st.mode == BackendsNodePort {
+			return settings{}, allocErrorf(ReasonBadAnnotation, "%s: port %d: in nodeport mode the backends are the Nodes, and a check port would reach their other services (leave port out: the check probes the node port)", AnnotationCheck, check.Port)
+		}
 		st.check = check
 	}
 	return st, nil

@@ -519,9 +519,12 @@ const (
 	// ("sh-port,sh-fallback").
 	AnnotationSchedulerFlags = "vipd.io/scheduler-flags"
 	// AnnotationCheck is the health check of every backend, a TOML
-	// inline table with the keys of the file's [service.check]:
-	// { type = "http", path = "/healthz", interval = "2s" }. Exec checks
-	// are refused.
+	// inline table with keys of the file's [service.check]:
+	// { type = "http", path = "/healthz", interval = "2s" }. It probes
+	// the backend's own address and nothing else: address, mark,
+	// device, source, ca_file and exec checks are refused (see
+	// config.ParseCheck), and so is port in nodeport mode, where the
+	// backends are the Nodes.
 	AnnotationCheck = "vipd.io/check"
 	// AnnotationForwarding picks the forwarding method, as the file's
 	// forward key: "masq" (or "nat", the default), "droute" (or "dr")
