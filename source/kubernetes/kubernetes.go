@@ -1257,14 +1257,15 @@ func (c *controller) restore(served []*corev1.Service, leading bool) error {
 		}
 		c.written[keyOf(svc)] = true
 		w, err := wantOf(svc)
-		lenient := Want{Families: []lb.Family{lb.IPv4, lb.IPv6}, Addrs: addrs}
+		lenient := Want{Families: []lb.Family{lb.IPv4, lb.IPv6}, Addrs: addrs, Labels: svc.Labels}
 		switch {
+		case !leading:
+			// A follower serves what the leader wrote.
+			lenient.SharingKey, lenient.Ports, lenient.Unchecked = w.SharingKey, w.Ports, true
+			w = lenient
 		case err != nil:
 			// A bad request keeps what the Service holds, from
-			// whichever pool.
-			w = lenient
-		case !leading:
-			lenient.SharingKey, lenient.Ports = w.SharingKey, w.Ports
+			// whichever pool is for it.
 			w = lenient
 		}
 		kept := c.alloc.Restore(keyOf(svc), w, addrs)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vipd/vipd/lb"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // Pool is a named set of addresses that the source hands out to
@@ -30,6 +31,19 @@ type Pool struct {
 	// of automatic allocation. Ranges and single addresses are taken as
 	// written.
 	AvoidNetworkBroadcast bool `toml:"avoid_network_broadcast"`
+	// Namespaces are the namespaces whose Services may use the pool, and
+	// ServiceSelector a label selector ("tier=front") a Service must
+	// match to use it, as MetalLB's serviceAllocation: with both set, a
+	// Service must match both; with neither, every Service may use it.
+	// They hold for a Service that names the pool, asks for one of its
+	// addresses, holds one, or is auto-assigned.
+	Namespaces      []string `toml:"namespaces"`
+	ServiceSelector string   `toml:"service_selector"`
+	// ShareAcrossNamespaces lets Services of different namespaces share
+	// an address of the pool under one sharing key. Without it a
+	// sharing key is the namespace's: a Service joins an address only
+	// with Services of its own namespace.
+	ShareAcrossNamespaces bool `toml:"share_across_namespaces"`
 }
 
 // span is an inclusive range of addresses of one family.
@@ -50,7 +64,13 @@ func (s span) String() string {
 type pool struct {
 	name   string
 	auto   bool
-	spans  []span
+	// namespaces, selector (nil for none) and shareAcross are the
+	// Pool's Namespaces, ServiceSelector and ShareAcrossNamespaces.
+	namespaces  []string
+	selector    labels.Selector
+	selectorSrc string
+	shareAcross bool
+	spans       []span
 	avoid  map[netip.Addr]bool // network and broadcast addresses kept out
 	cursor []netip.Addr        // per span: where the next search starts
 }
@@ -73,7 +93,20 @@ func parsePool(pc Pool) (*pool, error) {
 	if len(pc.Addresses) == 0 {
 		return nil, fmt.Errorf("pool %q has no addresses", pc.Name)
 	}
-	p := &pool{name: pc.Name, auto: pc.AutoAssign == nil || *pc.AutoAssign, avoid: map[netip.Addr]bool{}}
+	p := &pool{name: pc.Name, auto: pc.AutoAssign == nil || *pc.AutoAssign, avoid: map[netip.Addr]bool{},
+		namespaces: slices.Clone(pc.Namespaces), selectorSrc: pc.ServiceSelector, shareAcross: pc.ShareAcrossNamespaces}
+	for _, ns := range pc.Namespaces {
+		if ns == "" || len(ns) > 63 {
+			return nil, fmt.Errorf("pool %q: namespaces: %q is not a namespace name", pc.Name, ns)
+		}
+	}
+	if pc.ServiceSelector != "" {
+		sel, err := labels.Parse(pc.ServiceSelector)
+		if err != nil {
+			return nil, fmt.Errorf("pool %q: service_selector %q: %w", pc.Name, pc.ServiceSelector, err)
+		}
+		p.selector = sel
+	}
 	for _, s := range pc.Addresses {
 		sp, avoid, err := parseSpan(s)
 		if err != nil {
@@ -98,6 +131,28 @@ func parsePool(pc Pool) (*pool, error) {
 		p.cursor[i] = s.first
 	}
 	return p, nil
+}
+
+// refuses says why p is not for svc ("NAMESPACE/NAME") with labels lbls,
+// or "": the Service's namespace must be one of the pool's namespaces
+// and its labels must match the pool's service_selector, where set.
+func (p *pool) refuses(svc string, lbls map[string]string) string {
+	if ns := nsOf(svc); len(p.namespaces) > 0 && !slices.Contains(p.namespaces, ns) {
+		return fmt.Sprintf("is not for namespace %q (its namespaces: %s)", ns, strings.Join(p.namespaces, ", "))
+	}
+	if p.selector != nil && !p.selector.Matches(labels.Set(lbls)) {
+		return fmt.Sprintf("is not for Service %s: its labels do not match the pool's service_selector %q", svc, p.selectorSrc)
+	}
+	return ""
+}
+
+// nsOf returns the namespace of a Service's key.
+func nsOf(svc string) string {
+	ns, _, ok := strings.Cut(svc, "/")
+	if !ok {
+		return ""
+	}
+	return ns
 }
 
 // parseSpan parses a CIDR, a range "A-B" or an address. For a CIDR it
@@ -192,6 +247,12 @@ type Want struct {
 	SharingKey string
 	// Ports are the Service's ports.
 	Ports []PortKey
+	// Labels are the Service's, for the pools' service_selector; its
+	// namespace is that of its key.
+	Labels map[string]string
+	// Unchecked skips the pools' namespaces, service_selector and
+	// namespaced sharing keys: a follower keeps what the leader wrote.
+	Unchecked bool
 }
 
 // Reasons of allocation errors, as the Events on Services name them.
@@ -200,6 +261,9 @@ const (
 	ReasonAddressNotInPool = "AddressNotInPool"
 	ReasonAddressTaken     = "AddressTaken"
 	ReasonBadAnnotation    = "BadAnnotation"
+	// ReasonPoolNotAllowed: the pool's namespaces or service_selector
+	// leave the Service out.
+	ReasonPoolNotAllowed = "PoolNotAllowed"
 )
 
 // AllocError is why a Service got no address.
@@ -330,6 +394,11 @@ func (a *Allocator) Assign(svc string, w Want) ([]netip.Addr, error) {
 	if len(w.Families) == 0 {
 		return nil, allocErrorf(ReasonBadAnnotation, "the Service asks for no address family")
 	}
+	if w.Pool != "" && !w.Unchecked {
+		if why := a.byName[w.Pool].refuses(svc, w.Labels); why != "" {
+			return nil, allocErrorf(ReasonPoolNotAllowed, "pool %q %s", w.Pool, why)
+		}
+	}
 	held := a.held[svc]
 	var out []netip.Addr
 	for _, fam := range w.Families {
@@ -361,7 +430,7 @@ func (a *Allocator) pick(svc string, w Want, fam lb.Family, held, taken []netip.
 			return addr, nil
 		}
 	}
-	pools := a.candidates(w)
+	pools := a.candidates(svc, w)
 	if w.SharingKey != "" {
 		// Join an address already shared under the key, lowest first.
 		var best netip.Addr
@@ -386,21 +455,35 @@ func (a *Allocator) pick(svc string, w Want, fam lb.Family, held, taken []netip.
 	if w.Pool != "" {
 		return netip.Addr{}, allocErrorf(ReasonPoolExhausted, "pool %q has no free %s address", w.Pool, fam)
 	}
+	if len(pools) == 0 && slices.ContainsFunc(a.pools, func(p *pool) bool { return p.auto }) {
+		return netip.Addr{}, allocErrorf(ReasonPoolNotAllowed, "no pool with auto_assign is for Service %s (see the pools' namespaces and service_selector)", svc)
+	}
 	return netip.Addr{}, allocErrorf(ReasonPoolExhausted, "no pool with auto_assign has a free %s address", fam)
 }
 
-// candidates returns the pools w may take a new address from.
-func (a *Allocator) candidates(w Want) []*pool {
+// candidates returns the pools svc, asking w, may take a new address
+// from.
+func (a *Allocator) candidates(svc string, w Want) []*pool {
 	if w.Pool != "" {
 		return []*pool{a.byName[w.Pool]}
 	}
 	var out []*pool
 	for _, p := range a.pools {
-		if p.auto {
+		if p.auto && (w.Unchecked || p.refuses(svc, w.Labels) == "") {
 			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// poolOf returns the pool that holds addr, or nil.
+func (a *Allocator) poolOf(addr netip.Addr) *pool {
+	for _, p := range a.pools {
+		if p.contains(addr) {
+			return p
+		}
+	}
+	return nil
 }
 
 func (a *Allocator) inAny(pools []*pool, addr netip.Addr) bool {
@@ -417,8 +500,13 @@ func (a *Allocator) eligible(svc string, w Want, addr netip.Addr) error {
 		return allocErrorf(ReasonAddressNotInPool, "%s is not in pool %q", addr, w.Pool)
 	case len(w.Addrs) > 0 && w.Pool == "" && !a.inAny(a.pools, addr):
 		return allocErrorf(ReasonAddressNotInPool, "%s is not in any pool", addr)
-	case len(w.Addrs) == 0 && w.Pool == "" && !a.inAny(a.candidates(w), addr):
+	case len(w.Addrs) == 0 && w.Pool == "" && !a.inAny(a.candidates(svc, w), addr):
 		return allocErrorf(ReasonAddressNotInPool, "%s is not in a pool with auto_assign", addr)
+	}
+	if p := a.poolOf(addr); p != nil && !w.Unchecked {
+		if why := p.refuses(svc, w.Labels); why != "" {
+			return allocErrorf(ReasonPoolNotAllowed, "%s is in pool %q, which %s", addr, p.name, why)
+		}
 	}
 	return a.free(svc, w, addr)
 }
@@ -435,6 +523,15 @@ func (a *Allocator) free(svc string, w Want, addr netip.Addr) error {
 		}
 		if w.SharingKey == "" || u.key != w.SharingKey {
 			return allocErrorf(ReasonAddressTaken, "%s is used by Service %s (sharing needs the same %s on both)", addr, other, AnnotationSharingKey)
+		}
+		if nsOf(other) != nsOf(svc) && !w.Unchecked {
+			if p := a.poolOf(addr); p == nil || !p.shareAcross {
+				name := ""
+				if p != nil {
+					name = p.name
+				}
+				return allocErrorf(ReasonAddressTaken, "%s is shared under %s %q by Service %s of another namespace, and pool %q does not let namespaces share (share_across_namespaces)", addr, AnnotationSharingKey, w.SharingKey, other, name)
+			}
 		}
 		if p, ok := overlapPorts(u.owners[other], w.Ports); ok {
 			return allocErrorf(ReasonAddressTaken, "%s is shared with Service %s, which also uses %s/%d", addr, other, p.Proto, p.Port)
@@ -536,7 +633,7 @@ const (
 // wantOf returns what svc asks of the pools, from its ipFamilies, ports,
 // annotations and spec.loadBalancerIP.
 func wantOf(svc *corev1.Service) (Want, error) {
-	w := Want{Pool: svc.Annotations[AnnotationPool], SharingKey: svc.Annotations[AnnotationSharingKey]}
+	w := Want{Pool: svc.Annotations[AnnotationPool], SharingKey: svc.Annotations[AnnotationSharingKey], Labels: svc.Labels}
 	if v, ok := svc.Annotations[AnnotationPool]; ok && v == "" {
 		return Want{}, allocErrorf(ReasonBadAnnotation, "%s is empty", AnnotationPool)
 	}
