@@ -62,8 +62,8 @@ func (s span) String() string {
 
 // pool is a parsed Pool.
 type pool struct {
-	name   string
-	auto   bool
+	name string
+	auto bool
 	// namespaces, selector (nil for none) and shareAcross are the
 	// Pool's Namespaces, ServiceSelector and ShareAcrossNamespaces.
 	namespaces  []string
@@ -71,8 +71,8 @@ type pool struct {
 	selectorSrc string
 	shareAcross bool
 	spans       []span
-	avoid  map[netip.Addr]bool // network and broadcast addresses kept out
-	cursor []netip.Addr        // per span: where the next search starts
+	avoid       map[netip.Addr]bool // network and broadcast addresses kept out
+	cursor      []netip.Addr        // per span: where the next search starts
 }
 
 // contains reports whether a is one of p's addresses.
