@@ -58,6 +58,13 @@ type KubernetesPool struct {
 	// AvoidNetworkBroadcast keeps network and broadcast addresses out of
 	// automatic allocation.
 	AvoidNetworkBroadcast bool
+	// Namespaces and ServiceSelector say which Services may use the pool
+	// (empty: every namespace, every Service); ShareAcrossNamespaces lets
+	// Services of different namespaces share its addresses under one
+	// sharing key. The selector is parsed when the source starts.
+	Namespaces            []string
+	ServiceSelector       string
+	ShareAcrossNamespaces bool
 }
 
 // The backend modes.
@@ -75,7 +82,8 @@ func (k Kubernetes) Equal(o Kubernetes) bool {
 		k.RenewDeadline == o.RenewDeadline && k.RetryPeriod == o.RetryPeriod && k.APIQPS == o.APIQPS &&
 		k.APIBurst == o.APIBurst && slices.EqualFunc(k.Pools, o.Pools, func(a, b KubernetesPool) bool {
 		return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses) && a.AutoAssign == b.AutoAssign &&
-			a.AvoidNetworkBroadcast == b.AvoidNetworkBroadcast
+			a.AvoidNetworkBroadcast == b.AvoidNetworkBroadcast && slices.Equal(a.Namespaces, b.Namespaces) &&
+			a.ServiceSelector == b.ServiceSelector && a.ShareAcrossNamespaces == b.ShareAcrossNamespaces
 	})
 }
 
@@ -104,6 +112,9 @@ type rawK8sPool struct {
 	Addresses             []string `toml:"addresses"`
 	AutoAssign            *bool    `toml:"auto_assign"`
 	AvoidNetworkBroadcast *bool    `toml:"avoid_network_broadcast"`
+	Namespaces            []string `toml:"namespaces"`
+	ServiceSelector       *string  `toml:"service_selector"`
+	ShareAcrossNamespaces *bool    `toml:"share_across_namespaces"`
 }
 
 // set reports whether the section has any key.
@@ -173,6 +184,16 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 		pool.Addresses = p.Addresses
 		setBool(&pool.AutoAssign, p.AutoAssign)
 		setBool(&pool.AvoidNetworkBroadcast, p.AvoidNetworkBroadcast)
+		for _, ns := range p.Namespaces {
+			if ns == "" || len(ns) > 63 {
+				v.errorf(fmt.Sprintf("kubernetes.pool.%d.namespaces", i), pctx, "namespaces: %q is not a namespace name", ns)
+			}
+		}
+		pool.Namespaces = p.Namespaces
+		if p.ServiceSelector != nil {
+			pool.ServiceSelector = *p.ServiceSelector
+		}
+		setBool(&pool.ShareAcrossNamespaces, p.ShareAcrossNamespaces)
 		out.Pools = append(out.Pools, pool)
 	}
 	out.LeaderElection = true

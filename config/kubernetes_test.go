@@ -28,6 +28,9 @@ avoid_network_broadcast = true
 name = "manual"
 addresses = ["198.51.100.10-198.51.100.20"]
 auto_assign = false
+namespaces = ["pay", "shop"]
+service_selector = "tier=front"
+share_across_namespaces = true
 ` + haService
 	cfg, err := Parse("t.toml", []byte(in))
 	if err != nil {
@@ -38,6 +41,10 @@ auto_assign = false
 		len(k.Namespaces) != 1 || k.ServiceSelector != "lb=vipd" || k.Backends != "endpoints" || len(k.Pools) != 2 ||
 		!k.Pools[0].AutoAssign || !k.Pools[0].AvoidNetworkBroadcast || k.Pools[1].AutoAssign || k.Pools[1].Addresses[0] != "198.51.100.10-198.51.100.20" {
 		t.Errorf("got %+v", k)
+	}
+	if p := k.Pools[1]; strings.Join(p.Namespaces, ",") != "pay,shop" || p.ServiceSelector != "tier=front" || !p.ShareAcrossNamespaces ||
+		k.Pools[0].Namespaces != nil || k.Pools[0].ServiceSelector != "" || k.Pools[0].ShareAcrossNamespaces {
+		t.Errorf("pool tenants %+v", k.Pools)
 	}
 	if !k.LeaderElection || k.LeaseNamespace != "vipd" || k.LeaseName != "" || k.Identity != "lb-a" || k.LeaseDuration != 20*time.Second {
 		t.Errorf("lease %+v", k)
@@ -66,6 +73,7 @@ func TestKubernetesErrors(t *testing.T) {
 		{"backends", "[kubernetes]\ndefault_class = true\nbackends = \"pods\"\n" + pool, `t.toml:3: kubernetes: backends "pods" must be "nodeport" or "endpoints"`},
 		{"no pool", "[kubernetes]\ndefault_class = true\n", `t.toml:1: kubernetes: no pools`},
 		{"pool without name", "[kubernetes]\ndefault_class = true\n[[kubernetes.pool]]\naddresses = [\"192.0.2.0/28\"]\n", `kubernetes.pool 1: name is required`},
+		{"pool namespace", "[kubernetes]\ndefault_class = true\n" + pool + "namespaces = [\"ok\", \"\"]\n", `t.toml:7: kubernetes.pool 1: namespaces: "" is not a namespace name`},
 		{"pool twice", "[kubernetes]\ndefault_class = true\n" + pool + pool, `kubernetes.pool 2: pool "p" is defined twice`},
 		{"unknown key", "[kubernetes]\ndefault_class = true\nclass = \"x\"\n" + pool, `t.toml:3: `},
 		{"lease seconds", "[kubernetes]\ndefault_class = true\nlease_duration = \"2500ms\"\n" + pool, `t.toml:3: kubernetes: lease_duration 2.5s must be whole seconds`},
