@@ -1,6 +1,8 @@
 package kubernetes_test
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -8,6 +10,9 @@ import (
 	"github.com/vipd/vipd/source/kubernetes"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
 )
 
 // lastHealth returns the health checks of the last snapshot, by virtual
@@ -75,5 +80,78 @@ k8s/ns/ok/http/tcp tcp 192.0.2.4:80 -> 10.244.0.1:8080/1`)
 			t.Fatalf("health checks %+v, want only ok's, on port 8081", h)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitNsEvent waits for a warning Event with reason on ns/name whose
+// message is want, in the fake clientset.
+func waitNsEvent(t *testing.T, cs *fake.Clientset, ns, name, reason, want string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		evs, err := cs.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seen []string
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.Name == name && ev.InvolvedObject.Kind == "Service" && ev.Type == corev1.EventTypeWarning && ev.Reason == reason && ev.Message == want {
+				return
+			}
+			seen = append(seen, ev.InvolvedObject.Name+" "+ev.Reason+": "+ev.Message)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s Event %q on %s/%s; events:\n%s", reason, want, ns, name, strings.Join(seen, "\n"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPoolTenantsEvents runs the source against the fake clientset: a
+// Service that names a pool, asks for an address of a pool, or waits for
+// auto-assignment from pools that are not for its namespace or its
+// labels gets no address and an Event that says why; so does a Service
+// that asks for an address shared under its sharing key in another
+// namespace. The Services the pools are for get their addresses.
+func TestPoolTenantsEvents(t *testing.T) {
+	svc := func(ns, name string, sec int, lbls, ann map[string]string, ip string) *corev1.Service {
+		s := stamped(fakeService(name, ann, port("http", corev1.ProtocolTCP, 80)), sec)
+		s.Namespace, s.Labels, s.Spec.LoadBalancerIP = ns, lbls, ip
+		return s
+	}
+	front := map[string]string{"tier": "front"}
+	pool := func(name string) map[string]string { return map[string]string{kubernetes.AnnotationPool: name} }
+	key := map[string]string{kubernetes.AnnotationSharingKey: "k"}
+	sink := &fakeSink{}
+	cs := runFake(t, kubernetes.Options{Pools: []kubernetes.Pool{
+		{Name: "gold", Addresses: []string{"192.0.2.0/30"}, AutoAssign: ptr.To(false), Namespaces: []string{"pay"}},
+		{Name: "front", Addresses: []string{"192.0.2.8/30"}, ServiceSelector: "tier=front"},
+	}}, sink,
+		svc("pay", "vault", 1, nil, pool("gold"), ""),
+		svc("dev", "thief", 2, nil, pool("gold"), ""),
+		svc("dev", "grab", 3, nil, nil, "192.0.2.1"),
+		svc("dev", "plain", 4, nil, nil, ""),
+		svc("dev", "web", 5, front, key, ""),
+		svc("shop", "join", 6, front, key, "192.0.2.8"),
+		svc("shop", "own", 7, front, key, ""),
+	)
+	waitSnap(t, sink, `
+k8s/dev/web/http/tcp tcp 192.0.2.8:80 ->
+k8s/pay/vault/http/tcp tcp 192.0.2.0:80 ->
+k8s/shop/own/http/tcp tcp 192.0.2.9:80 ->`)
+	waitNsEvent(t, cs, "dev", "thief", kubernetes.ReasonPoolNotAllowed, `pool "gold" is not for namespace "dev" (its namespaces: pay)`)
+	waitNsEvent(t, cs, "dev", "grab", kubernetes.ReasonPoolNotAllowed, `192.0.2.1 is in pool "gold", which is not for namespace "dev" (its namespaces: pay)`)
+	waitNsEvent(t, cs, "dev", "plain", kubernetes.ReasonPoolNotAllowed,
+		`no pool with auto_assign is for Service dev/plain (see the pools' namespaces and service_selector)`)
+	waitNsEvent(t, cs, "shop", "join", kubernetes.ReasonAddressTaken,
+		`192.0.2.8 is shared under vipd.io/sharing-key "k" by Service dev/web of another namespace, and pool "front" does not let namespaces share (share_across_namespaces)`)
+	for _, k := range [][2]string{{"dev", "thief"}, {"dev", "grab"}, {"dev", "plain"}, {"shop", "join"}} {
+		got, err := cs.CoreV1().Services(k[0]).Get(context.Background(), k[1], metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Status.LoadBalancer.Ingress) != 0 {
+			t.Errorf("%s/%s has status %v", k[0], k[1], got.Status.LoadBalancer.Ingress)
+		}
 	}
 }
