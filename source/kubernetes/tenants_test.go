@@ -2,6 +2,7 @@ package kubernetes_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -154,4 +155,51 @@ k8s/shop/own/http/tcp tcp 192.0.2.9:80 ->`)
 			t.Errorf("%s/%s has status %v", k[0], k[1], got.Status.LoadBalancer.Ingress)
 		}
 	}
+}
+
+// testTenants: against the real API server, a Service of a namespace a
+// pool is not for gets no address from it, whether it names the pool or
+// asks for one of its addresses by spec.loadBalancerIP, and joins no
+// other namespace's sharing key; each refusal is an Event on it.
+func (e *env) testTenants(t *testing.T) {
+	pay := e.namespace(t)
+	dev := pay + "-dev"
+	if _, err := e.cs.CoreV1().Namespaces().Create(ctxOf(t), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: dev}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sink := &fakeSink{}
+	e.run(t, kubernetes.Options{Namespaces: []string{pay, dev}, Pools: []kubernetes.Pool{
+		{Name: "gold", Addresses: []string{"192.0.2.200/30"}, AutoAssign: ptr.To(false), Namespaces: []string{pay}},
+		{Name: "open", Addresses: []string{"192.0.2.204/30"}},
+	}}, sink)
+	with := func(ns, name string, p int32, ann map[string]string) *corev1.Service {
+		svc := lbService(ns, name, port("", corev1.ProtocolTCP, p))
+		svc.Annotations = ann
+		return svc
+	}
+	e.create(t, with(pay, "vault", 80, map[string]string{kubernetes.AnnotationPool: "gold"}))
+	e.waitStatus(t, pay, "vault", "192.0.2.200")
+	e.create(t, with(pay, "web", 80, map[string]string{kubernetes.AnnotationSharingKey: "k"}))
+	e.waitStatus(t, pay, "web", "192.0.2.204")
+
+	e.create(t, with(dev, "thief", 80, map[string]string{kubernetes.AnnotationPool: "gold"}))
+	e.waitEvent(t, dev, "thief", kubernetes.ReasonPoolNotAllowed, fmt.Sprintf(`pool "gold" is not for namespace %q (its namespaces: %s)`, dev, pay))
+	grab := with(dev, "grab", 80, nil)
+	grab.Spec.LoadBalancerIP = "192.0.2.201"
+	e.create(t, grab)
+	e.waitEvent(t, dev, "grab", kubernetes.ReasonPoolNotAllowed, fmt.Sprintf(`192.0.2.201 is in pool "gold", which is not for namespace %q`, dev))
+	e.create(t, with(dev, "join", 81, map[string]string{kubernetes.AnnotationSharingKey: "k", kubernetes.AnnotationAddresses: "192.0.2.204"}))
+	e.waitEvent(t, dev, "join", kubernetes.ReasonAddressTaken,
+		fmt.Sprintf(`192.0.2.204 is shared under vipd.io/sharing-key "k" by Service %s/web of another namespace, and pool "open" does not let namespaces share`, pay))
+	// Without the address it asked for, the same key gets an address of
+	// its own.
+	e.create(t, with(dev, "own", 82, map[string]string{kubernetes.AnnotationSharingKey: "k"}))
+	e.waitStatus(t, dev, "own", "192.0.2.205")
+	for _, name := range []string{"thief", "grab", "join"} {
+		e.waitStatus(t, dev, name, "")
+	}
+	waitSnap(t, sink, fmt.Sprintf(`
+k8s/%[2]s/own/82/tcp tcp 192.0.2.205:82 ->
+k8s/%[1]s/vault/80/tcp tcp 192.0.2.200:80 ->
+k8s/%[1]s/web/80/tcp tcp 192.0.2.204:80 ->`, pay, dev))
 }
