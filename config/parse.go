@@ -547,6 +547,12 @@ func splice(base *Config, e edit) (*Config, bool) {
 	if conflicts(services, e.from, newTo, old) {
 		return nil, false
 	}
+	// A pool must hold no VIP of the services: the added ones, or all
+	// when the pools changed.
+	k := &e.settings.Kubernetes
+	if added := services[e.from:newTo]; k.samePools(&base.Kubernetes) && k.poolsHoldVIPs(added) || !k.samePools(&base.Kubernetes) && k.poolsHoldVIPs(services) {
+		return nil, false
+	}
 	s := e.settings
 	cfg := &Config{File: base.File, Include: s.Include, Daemon: s.Daemon, HA: s.HA, BGP: s.BGP, Kubernetes: s.Kubernetes, Spec: s.Spec}
 	cfg.Spec.Services = services

@@ -303,6 +303,11 @@ func (v *validator) services(raw []rawService, cfg *Config, x *cross) {
 			x.announce[vs.VIP] = vs.Announce
 		}
 		v.vipBackends(path, ctx, &vs, x)
+		if vs.VIP.IsValid() {
+			if msg := cfg.Kubernetes.poolVIPError(vs.VIP); msg != "" {
+				v.errorf(path+".vip", ctx, "%s", msg)
+			}
+		}
 		if h, ok := v.serviceHealth(i, &raw[i], &vs); ok && (len(h.Checks) > 0 || h.Policy != (health.Policy{})) {
 			if cfg.Health == nil {
 				cfg.Health = map[string]ServiceHealth{}

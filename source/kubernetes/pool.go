@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -155,71 +156,12 @@ func nsOf(svc string) string {
 	return ns
 }
 
-// parseSpan parses a CIDR, a range "A-B" or an address. For a CIDR it
-// also returns the addresses AvoidNetworkBroadcast keeps out.
+// parseSpan parses a CIDR, a range "A-B" or an address, as
+// config.ParsePoolRange does. For a CIDR it also returns the addresses
+// AvoidNetworkBroadcast keeps out.
 func parseSpan(s string) (span, []netip.Addr, error) {
-	s = strings.TrimSpace(s)
-	if first, last, ok := strings.Cut(s, "-"); ok {
-		a, err1 := netip.ParseAddr(strings.TrimSpace(first))
-		b, err2 := netip.ParseAddr(strings.TrimSpace(last))
-		switch {
-		case err1 != nil || err2 != nil || a.Zone() != "" || b.Zone() != "":
-			return span{}, nil, fmt.Errorf("range %q is not ADDRESS-ADDRESS", s)
-		case a.Unmap().BitLen() != b.Unmap().BitLen():
-			return span{}, nil, fmt.Errorf("range %q mixes IPv4 and IPv6", s)
-		case a.Unmap().Compare(b.Unmap()) > 0:
-			return span{}, nil, fmt.Errorf("range %q ends before it starts", s)
-		}
-		sp := span{a.Unmap(), b.Unmap()}
-		return sp, nil, checkSpan(s, sp)
-	}
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return span{}, nil, fmt.Errorf("%q is not a CIDR: %w", s, err)
-		}
-		if p.Addr().Is4In6() {
-			return span{}, nil, fmt.Errorf("CIDR %q: write IPv4 CIDRs as IPv4", s)
-		}
-		if p != p.Masked() {
-			return span{}, nil, fmt.Errorf("CIDR %q has host bits set (did you mean %s?)", s, p.Masked())
-		}
-		sp := span{p.Addr(), lastOf(p)}
-		var avoid []netip.Addr
-		switch bits := p.Bits(); {
-		case p.Addr().Is4() && bits <= 30:
-			avoid = []netip.Addr{sp.first, sp.last}
-		case p.Addr().Is6() && bits <= 126:
-			avoid = []netip.Addr{sp.first}
-		}
-		return sp, avoid, checkSpan(s, sp)
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil || a.Zone() != "" {
-		return span{}, nil, fmt.Errorf("%q is not a CIDR, a range or an address", s)
-	}
-	sp := span{a.Unmap(), a.Unmap()}
-	return sp, nil, checkSpan(s, sp)
-}
-
-// checkSpan refuses spans that hold addresses vipd cannot serve.
-func checkSpan(s string, sp span) error {
-	for _, a := range []netip.Addr{sp.first, sp.last} {
-		if a.IsLoopback() || a.IsMulticast() || a.IsUnspecified() || a.IsLinkLocalUnicast() {
-			return fmt.Errorf("%q holds %s, which is not a unicast address vipd can bind", s, a)
-		}
-	}
-	return nil
-}
-
-// lastOf returns the last address of p.
-func lastOf(p netip.Prefix) netip.Addr {
-	b := p.Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
+	first, last, avoid, err := config.ParsePoolRange(s)
+	return span{first, last}, avoid, err
 }
 
 func overlap(a, b span) bool {
