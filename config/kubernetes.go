@@ -325,6 +325,14 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 		}
 	}
 	out.file, out.src = v.file, v.src
+	// The [ha] section's floating addresses (a gateway, a SNAT source)
+	// are the load balancer's own, as VIPs are.
+	for _, a := range cfg.HA.Floating() {
+		if i, ok := out.poolHolding(a); ok {
+			v.errorf(fmt.Sprintf("kubernetes.pool.%d.addresses", i), fmt.Sprintf("kubernetes.pool %d", i+1),
+				"pool %q holds %s, a floating address of [ha]: a Kubernetes Service could take it; take it out of the pool", out.Pools[i].Name, a)
+		}
+	}
 	cfg.Kubernetes = out
 }
 

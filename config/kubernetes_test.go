@@ -157,6 +157,12 @@ backend = [{ address = "10.0.0.1" }]
 	if err == nil || !strings.Contains(err.Error(), `vip 203.0.113.1 is in [[kubernetes.pool]] "tenants"`) {
 		t.Errorf("new included file: %v", err)
 	}
+	// An [ha] floating address is the load balancer's own too.
+	ha := "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nsnat_addresses = [\"203.0.113.9\"]\n\n"
+	_, _, err = ParseFrom(base, main, []byte(strings.Replace(good, "\n\n[kubernetes]", "\n\n"+ha+"[kubernetes]", 1)))
+	if want := main + `:14: kubernetes.pool 1: pool "tenants" holds 203.0.113.9, a floating address of [ha]: a Kubernetes Service could take it; take it out of the pool`; err == nil || err.Error() != want {
+		t.Errorf("ha address: %v\nwant %s", err, want)
+	}
 	// A bad pool address is refused at its line, as the source would.
 	_, _, err = ParseFrom(base, main, []byte(fmt.Sprintf(k8s, `"192.0.2.1/24"`)+fmt.Sprintf(svc, "web", "192.0.2.100")))
 	if want := main + `:8: kubernetes.pool 1: pool "tenants": CIDR "192.0.2.1/24" has host bits set (did you mean 192.0.2.0/24?)`; err == nil || err.Error() != want {
