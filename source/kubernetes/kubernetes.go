@@ -839,6 +839,12 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		}
 		held := c.alloc.Held(key)
 		if len(held) == 0 {
+			// Served but given nothing (refused, or what its status
+			// shows no longer fits): the status must not show an
+			// address vipd does not serve to it.
+			if leading && c.written[key] && (len(svc.Status.LoadBalancer.Ingress) > 0 || c.status.unsettled(key, svc)) {
+				c.status.want(key, svc, nil)
+			}
 			continue
 		}
 		if leading {

@@ -203,3 +203,33 @@ k8s/%[2]s/own/82/tcp tcp 192.0.2.205:82 ->
 k8s/%[1]s/vault/80/tcp tcp 192.0.2.200:80 ->
 k8s/%[1]s/web/80/tcp tcp 192.0.2.204:80 ->`, pay, dev))
 }
+
+// TestPoolTenantsRestart: a Service that holds an address of a pool that
+// is not for it (the pool's namespaces changed while vipd was down)
+// loses it at the start: it is not served there, its status is cleared,
+// and an Event says why.
+func TestPoolTenantsRestart(t *testing.T) {
+	held := stamped(fakeService("old", map[string]string{kubernetes.AnnotationPool: "gold"}, port("http", corev1.ProtocolTCP, 80)), 1)
+	held.Namespace = "dev"
+	held.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.1"}}
+	sink := &fakeSink{}
+	cs := runFake(t, kubernetes.Options{Pools: []kubernetes.Pool{
+		{Name: "gold", Addresses: []string{"192.0.2.0/30"}, AutoAssign: ptr.To(false), Namespaces: []string{"pay"}},
+	}}, sink, held)
+	waitNsEvent(t, cs, "dev", "old", kubernetes.ReasonPoolNotAllowed, `pool "gold" is not for namespace "dev" (its namespaces: pay)`)
+	waitSnap(t, sink, "")
+	deadline := time.Now().Add(timeout)
+	for {
+		got, err := cs.CoreV1().Services("dev").Get(context.Background(), "old", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Status.LoadBalancer.Ingress) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status still %v", got.Status.LoadBalancer.Ingress)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
