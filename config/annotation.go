@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 
@@ -14,6 +15,12 @@ import (
 
 // MaxCheckText bounds the text ParseCheck takes.
 const MaxCheckText = 4096
+
+// MinAnnotationInterval is the shortest interval an annotation's check
+// may ask for (a file's may go down to health.MinInterval): whoever may
+// annotate a Service must not make the load balancer probe each of its
+// backends a hundred times a second.
+const MinAnnotationInterval = time.Second
 
 // annotationCheckKeys are the keys of [service.check] that an
 // annotation may set: they shape the probe sent to the backend's own
@@ -80,6 +87,9 @@ func ParseCheck(text string) (*health.Spec, error) {
 			msgs[i] = e.Msg
 		}
 		return nil, errors.New(strings.Join(msgs, "; "))
+	}
+	if spec != nil && spec.Interval != 0 && spec.Interval < MinAnnotationInterval {
+		return nil, fmt.Errorf("interval %s is shorter than %s, the least an annotation's check may ask for", spec.Interval, MinAnnotationInterval)
 	}
 	if spec != nil && (spec.Kind == health.KindExec || spec.Addr.IsValid() || spec.Dial != (health.DialOptions{}) || spec.HTTP.CAFile != "") {
 		// The keys were refused above; this guards the spec itself.

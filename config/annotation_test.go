@@ -97,7 +97,11 @@ func TestParseCheckConfined(t *testing.T) {
 	if s.Port != 8443 || s.HTTP.Method != "HEAD" || s.HTTP.Host != "web.example" || !s.HTTP.InsecureSkipVerify || s.Addr.IsValid() {
 		t.Errorf("got %+v", s)
 	}
+	if _, err := ParseCheck(`{ type = "tcp", interval = "100ms" }`); err == nil || err.Error() != "interval 100ms is shorter than 1s, the least an annotation's check may ask for" {
+		t.Errorf("interval 100ms: %v", err)
+	}
 	for _, in := range []string{
+		`{ type = "tcp", interval = "1s" }`,
 		`{ type = "udp", payload = "ping", expect = "pong" }`,
 		`{ type = "dns", name = "example.org", record = "A", tcp = true, expect_answer = true, no_recursion = true }`,
 	} {

@@ -109,7 +109,7 @@ avoid_network_broadcast = true
 	}
 	checked, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "checked", Annotations: map[string]string{
-			"vipd.io/check": `{ type = "tcp", interval = "100ms", timeout = "100ms", rise = 1, fall = 1 }`}},
+			"vipd.io/check": `{ type = "tcp", interval = "1s", timeout = "100ms", rise = 1, fall = 1 }`}},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
 			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
 	}, metav1.CreateOptions{})
