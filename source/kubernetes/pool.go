@@ -563,7 +563,8 @@ const (
 	// the backend's own address and nothing else: address, mark,
 	// device, source, ca_file and exec checks are refused (see
 	// config.ParseCheck), and so is port in nodeport mode, where the
-	// backends are the Nodes.
+	// backends are the Nodes; the interval is at least
+	// config.MinAnnotationInterval.
 	AnnotationCheck = "vipd.io/check"
 	// AnnotationForwarding picks the forwarding method, as the file's
 	// forward key: "masq" (or "nat", the default), "droute" (or "dr")
