@@ -85,15 +85,19 @@ func (k *Kubernetes) poolHolding(a netip.Addr) (int, bool) {
 
 // poolVIPError says why vip, a VIP of the file's services, must not be
 // in a pool, naming the pool and the line of its addresses; "" when no
-// pool holds it.
-func (k *Kubernetes) poolVIPError(vip netip.Addr) string {
+// pool holds it. pos caches the index of the main file's positions
+// across calls (nil at first).
+func (k *Kubernetes) poolVIPError(vip netip.Addr, pos **positions) string {
 	i, ok := k.poolHolding(vip)
 	if !ok {
 		return ""
 	}
 	where := k.file
 	if k.src != nil {
-		where = fmt.Sprintf("%s:%d", k.file, (&validator{file: k.file, src: k.src}).positions().line(fmt.Sprintf("kubernetes.pool.%d.addresses", i)))
+		if *pos == nil {
+			*pos = indexPositions(k.src)
+		}
+		where = fmt.Sprintf("%s:%d", k.file, (*pos).line(fmt.Sprintf("kubernetes.pool.%d.addresses", i)))
 	}
 	return fmt.Sprintf("vip %s is in [[kubernetes.pool]] %q (%s): a Kubernetes Service could take it on another port, and vipd would open that port through the filter; take it out of the pool", vip, k.Pools[i].Name, where)
 }

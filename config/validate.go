@@ -240,6 +240,9 @@ type cross struct {
 	// backend on each address.
 	vips     map[netip.Addr]string
 	backends map[netip.Addr]backendRef
+	// poolPos indexes the main file's positions for the errors of VIPs
+	// in a pool, once.
+	poolPos *positions
 }
 
 // backendRef names a backend by its service and address.
@@ -304,7 +307,7 @@ func (v *validator) services(raw []rawService, cfg *Config, x *cross) {
 		}
 		v.vipBackends(path, ctx, &vs, x)
 		if vs.VIP.IsValid() {
-			if msg := cfg.Kubernetes.poolVIPError(vs.VIP); msg != "" {
+			if msg := cfg.Kubernetes.poolVIPError(vs.VIP, &x.poolPos); msg != "" {
 				v.errorf(path+".vip", ctx, "%s", msg)
 			}
 		}
