@@ -549,8 +549,11 @@ func splice(base *Config, e edit) (*Config, bool) {
 	}
 	// A pool must hold no VIP of the services: the added ones, or all
 	// when the pools changed.
-	k := &e.settings.Kubernetes
-	if added := services[e.from:newTo]; k.samePools(&base.Kubernetes) && k.poolsHoldVIPs(added) || !k.samePools(&base.Kubernetes) && k.poolsHoldVIPs(services) {
+	k, check := &e.settings.Kubernetes, services[e.from:newTo]
+	if !k.samePools(&base.Kubernetes) {
+		check = services
+	}
+	if k.poolsHoldVIPs(check) {
 		return nil, false
 	}
 	s := e.settings
