@@ -54,10 +54,59 @@ func TestParseForward(t *testing.T) {
 func FuzzParseCheck(f *testing.F) {
 	f.Add(`{ type = "http", path = "/" }`)
 	f.Add(`{ type = "tcp", port = 8080 }`)
+	f.Add(`{ type = "tcp", address = "127.0.0.1", mark = 1 }`)
 	f.Fuzz(func(t *testing.T, in string) {
 		s, err := ParseCheck(in)
 		if err == nil && s != nil && s.Kind == health.KindExec {
 			t.Fatalf("%q: an exec check", in)
 		}
+		if err == nil && s != nil && (s.Addr.IsValid() || s.Dial != (health.DialOptions{}) || s.HTTP.CAFile != "") {
+			t.Fatalf("%q: a check aimed away from the backend: %+v", in, s)
+		}
 	})
+}
+
+// TestParseCheckConfined: an annotation's check probes the backend and
+// nothing else. Each key that aims it elsewhere, or that reaches the
+// load balancer's own files or marks, is refused by name; the keys that
+// shape the probe to the backend are taken.
+func TestParseCheckConfined(t *testing.T) {
+	for _, tt := range []struct{ in, key string }{
+		{`{ type = "http", address = "169.254.169.254", path = "/latest/meta-data/" }`, "address"},
+		{`{ type = "tcp", address = "127.0.0.1", port = 9728 }`, "address"},
+		{`{ type = "tcp", mark = 1234 }`, "mark"},
+		{`{ type = "tcp", device = "lo" }`, "device"},
+		{`{ type = "tcp", source = "192.0.2.1" }`, "source"},
+		{`{ type = "https", ca_file = "/dev/zero" }`, "ca_file"},
+		{`{ type = "tcp", command = "/bin/true" }`, "command"},
+		{`{ type = "tcp", args = ["x"] }`, "args"},
+		{`{ type = "tcp", env = ["A=b"] }`, "env"},
+	} {
+		_, err := ParseCheck(tt.in)
+		want := fmt.Sprintf("key %q is not allowed in an annotation", tt.key)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", tt.in, err, want)
+		}
+	}
+	s, err := ParseCheck(`{ type = "https", port = 8443, path = "/healthz", method = "HEAD", host = "web.example", sni = "web.example",
+		insecure = true, headers = { X-Probe = "vipd" }, status = "200-299", body = "ok", body_regexp = "^ok",
+		interval = "2s", timeout = "1s", rise = 2, fall = 3, initial = "down", jitter = 0.1 }`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Port != 8443 || s.HTTP.Method != "HEAD" || s.HTTP.Host != "web.example" || !s.HTTP.InsecureSkipVerify || s.Addr.IsValid() {
+		t.Errorf("got %+v", s)
+	}
+	if _, err := ParseCheck(`{ type = "tcp", interval = "100ms" }`); err == nil || err.Error() != "interval 100ms is shorter than 1s, the least an annotation's check may ask for" {
+		t.Errorf("interval 100ms: %v", err)
+	}
+	for _, in := range []string{
+		`{ type = "tcp", interval = "1s" }`,
+		`{ type = "udp", payload = "ping", expect = "pong" }`,
+		`{ type = "dns", name = "example.org", record = "A", tcp = true, expect_answer = true, no_recursion = true }`,
+	} {
+		if _, err := ParseCheck(in); err != nil {
+			t.Errorf("%s: %v", in, err)
+		}
+	}
 }

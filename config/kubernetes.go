@@ -2,9 +2,12 @@ package config
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/vipd/vipd/lb"
 )
 
 // Kubernetes is the [kubernetes] section: vipd as the LoadBalancer
@@ -42,6 +45,82 @@ type Kubernetes struct {
 	// source/kubernetes).
 	APIQPS   float64
 	APIBurst int
+
+	// ranges are the pools' addresses, sorted by their first address,
+	// with the main file they are written in, for the errors that name
+	// a pool (see poolHolding).
+	ranges []poolRange
+	file   string
+	src    []byte
+}
+
+// poolRange is one entry of a pool's addresses: pool indexes Pools.
+// maxLast is the highest last address of the ranges up to this one,
+// in order, so that a search can stop.
+type poolRange struct {
+	first, last, maxLast netip.Addr
+	pool                 int
+}
+
+// poolHolding returns the index of the pool that holds a, and whether
+// one does.
+func (k *Kubernetes) poolHolding(a netip.Addr) (int, bool) {
+	a = a.Unmap()
+	// The ranges that start at or before a, walked back while one of
+	// them may still reach it.
+	i, _ := slices.BinarySearchFunc(k.ranges, a, func(r poolRange, a netip.Addr) int {
+		if r.first.Compare(a) <= 0 {
+			return -1
+		}
+		return 1
+	})
+	for j := i - 1; j >= 0 && k.ranges[j].maxLast.Compare(a) >= 0; j-- {
+		r := &k.ranges[j]
+		if r.first.BitLen() == a.BitLen() && r.last.Compare(a) >= 0 {
+			return r.pool, true
+		}
+	}
+	return 0, false
+}
+
+// poolVIPError says why vip, a VIP of the file's services, must not be
+// in a pool, naming the pool and the line of its addresses; "" when no
+// pool holds it. pos caches the index of the main file's positions
+// across calls (nil at first).
+func (k *Kubernetes) poolVIPError(vip netip.Addr, pos **positions) string {
+	i, ok := k.poolHolding(vip)
+	if !ok {
+		return ""
+	}
+	where := k.file
+	if k.src != nil {
+		if *pos == nil {
+			*pos = indexPositions(k.src)
+		}
+		where = fmt.Sprintf("%s:%d", k.file, (*pos).line(fmt.Sprintf("kubernetes.pool.%d.addresses", i)))
+	}
+	return fmt.Sprintf("vip %s is in [[kubernetes.pool]] %q (%s): a Kubernetes Service could take it on another port, and vipd would open that port through the filter; take it out of the pool", vip, k.Pools[i].Name, where)
+}
+
+// poolsHoldVIPs reports whether a pool of k holds the VIP of one of
+// services.
+func (k *Kubernetes) poolsHoldVIPs(services []lb.VirtualService) bool {
+	if len(k.ranges) == 0 {
+		return false
+	}
+	for i := range services {
+		if vip := services[i].VIP; vip.IsValid() {
+			if _, ok := k.poolHolding(vip); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// samePools reports whether k and o have the same pools' addresses.
+func (k *Kubernetes) samePools(o *Kubernetes) bool {
+	return slices.Equal(k.ranges, o.ranges)
 }
 
 // MaxKubernetesAPIQPS bounds api_qps and api_burst: beyond, the limit is
@@ -58,6 +137,13 @@ type KubernetesPool struct {
 	// AvoidNetworkBroadcast keeps network and broadcast addresses out of
 	// automatic allocation.
 	AvoidNetworkBroadcast bool
+	// Namespaces and ServiceSelector say which Services may use the pool
+	// (empty: every namespace, every Service); ShareAcrossNamespaces lets
+	// Services of different namespaces share its addresses under one
+	// sharing key. The selector is parsed when the source starts.
+	Namespaces            []string
+	ServiceSelector       string
+	ShareAcrossNamespaces bool
 }
 
 // The backend modes.
@@ -75,7 +161,8 @@ func (k Kubernetes) Equal(o Kubernetes) bool {
 		k.RenewDeadline == o.RenewDeadline && k.RetryPeriod == o.RetryPeriod && k.APIQPS == o.APIQPS &&
 		k.APIBurst == o.APIBurst && slices.EqualFunc(k.Pools, o.Pools, func(a, b KubernetesPool) bool {
 		return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses) && a.AutoAssign == b.AutoAssign &&
-			a.AvoidNetworkBroadcast == b.AvoidNetworkBroadcast
+			a.AvoidNetworkBroadcast == b.AvoidNetworkBroadcast && slices.Equal(a.Namespaces, b.Namespaces) &&
+			a.ServiceSelector == b.ServiceSelector && a.ShareAcrossNamespaces == b.ShareAcrossNamespaces
 	})
 }
 
@@ -104,6 +191,9 @@ type rawK8sPool struct {
 	Addresses             []string `toml:"addresses"`
 	AutoAssign            *bool    `toml:"auto_assign"`
 	AvoidNetworkBroadcast *bool    `toml:"avoid_network_broadcast"`
+	Namespaces            []string `toml:"namespaces"`
+	ServiceSelector       *string  `toml:"service_selector"`
+	ShareAcrossNamespaces *bool    `toml:"share_across_namespaces"`
 }
 
 // set reports whether the section has any key.
@@ -171,8 +261,26 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 			v.errorf("kubernetes.pool", pctx, "addresses are required: CIDRs, ranges (\"A-B\") or single addresses")
 		}
 		pool.Addresses = p.Addresses
+		for _, a := range p.Addresses {
+			first, last, _, err := ParsePoolRange(a)
+			if err != nil {
+				v.errorf(fmt.Sprintf("kubernetes.pool.%d.addresses", i), pctx, "pool %q: %v", pool.Name, err)
+				continue
+			}
+			out.ranges = append(out.ranges, poolRange{first: first, last: last, pool: i})
+		}
 		setBool(&pool.AutoAssign, p.AutoAssign)
 		setBool(&pool.AvoidNetworkBroadcast, p.AvoidNetworkBroadcast)
+		for _, ns := range p.Namespaces {
+			if ns == "" || len(ns) > 63 {
+				v.errorf(fmt.Sprintf("kubernetes.pool.%d.namespaces", i), pctx, "namespaces: %q is not a namespace name", ns)
+			}
+		}
+		pool.Namespaces = p.Namespaces
+		if p.ServiceSelector != nil {
+			pool.ServiceSelector = *p.ServiceSelector
+		}
+		setBool(&pool.ShareAcrossNamespaces, p.ShareAcrossNamespaces)
 		out.Pools = append(out.Pools, pool)
 	}
 	out.LeaderElection = true
@@ -212,5 +320,94 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 			out.APIBurst = int(*k.APIBurst)
 		}
 	}
+	slices.SortStableFunc(out.ranges, func(a, b poolRange) int { return a.first.Compare(b.first) })
+	for i := range out.ranges {
+		r := &out.ranges[i]
+		r.maxLast = r.last
+		if i > 0 && out.ranges[i-1].maxLast.Compare(r.maxLast) > 0 {
+			r.maxLast = out.ranges[i-1].maxLast
+		}
+	}
+	out.file, out.src = v.file, v.src
+	// The [ha] section's floating addresses (a gateway, a SNAT source)
+	// are the load balancer's own, as VIPs are.
+	for _, a := range cfg.HA.Floating() {
+		if i, ok := out.poolHolding(a); ok {
+			v.errorf(fmt.Sprintf("kubernetes.pool.%d.addresses", i), fmt.Sprintf("kubernetes.pool %d", i+1),
+				"pool %q holds %s, a floating address of [ha]: a Kubernetes Service could take it; take it out of the pool", out.Pools[i].Name, a)
+		}
+	}
 	cfg.Kubernetes = out
+}
+
+// ParsePoolRange parses one entry of a pool's addresses: a CIDR
+// ("192.0.2.0/28", "2001:db8::/120"), a range ("192.0.2.10-192.0.2.20")
+// or a single address. It returns the first and last address the entry
+// holds and, for a CIDR, the addresses avoid_network_broadcast keeps out
+// of automatic allocation: the network and broadcast addresses of IPv4
+// CIDRs of prefixes up to /30, the first (subnet-router anycast) address
+// of IPv6 CIDRs up to /126. Addresses vipd cannot serve (loopback,
+// multicast, unspecified, link-local) are refused.
+func ParsePoolRange(s string) (first, last netip.Addr, avoid []netip.Addr, err error) {
+	s = strings.TrimSpace(s)
+	if f, l, ok := strings.Cut(s, "-"); ok {
+		a, err1 := netip.ParseAddr(strings.TrimSpace(f))
+		b, err2 := netip.ParseAddr(strings.TrimSpace(l))
+		switch {
+		case err1 != nil || err2 != nil || a.Zone() != "" || b.Zone() != "":
+			return first, last, nil, fmt.Errorf("range %q is not ADDRESS-ADDRESS", s)
+		case a.Unmap().BitLen() != b.Unmap().BitLen():
+			return first, last, nil, fmt.Errorf("range %q mixes IPv4 and IPv6", s)
+		case a.Unmap().Compare(b.Unmap()) > 0:
+			return first, last, nil, fmt.Errorf("range %q ends before it starts", s)
+		}
+		first, last = a.Unmap(), b.Unmap()
+		return first, last, nil, checkPoolRange(s, first, last)
+	}
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return first, last, nil, fmt.Errorf("%q is not a CIDR: %w", s, err)
+		}
+		if p.Addr().Is4In6() {
+			return first, last, nil, fmt.Errorf("CIDR %q: write IPv4 CIDRs as IPv4", s)
+		}
+		if p != p.Masked() {
+			return first, last, nil, fmt.Errorf("CIDR %q has host bits set (did you mean %s?)", s, p.Masked())
+		}
+		first, last = p.Addr(), lastOf(p)
+		switch bits := p.Bits(); {
+		case p.Addr().Is4() && bits <= 30:
+			avoid = []netip.Addr{first, last}
+		case p.Addr().Is6() && bits <= 126:
+			avoid = []netip.Addr{first}
+		}
+		return first, last, avoid, checkPoolRange(s, first, last)
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return first, last, nil, fmt.Errorf("%q is not a CIDR, a range or an address", s)
+	}
+	first, last = a.Unmap(), a.Unmap()
+	return first, last, nil, checkPoolRange(s, first, last)
+}
+
+// checkPoolRange refuses ranges that hold addresses vipd cannot serve.
+func checkPoolRange(s string, first, last netip.Addr) error {
+	for _, a := range []netip.Addr{first, last} {
+		if a.IsLoopback() || a.IsMulticast() || a.IsUnspecified() || a.IsLinkLocalUnicast() {
+			return fmt.Errorf("%q holds %s, which is not a unicast address vipd can bind", s, a)
+		}
+	}
+	return nil
+}
+
+// lastOf returns the last address of p.
+func lastOf(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }

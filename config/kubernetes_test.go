@@ -1,6 +1,8 @@
 package config
 
 import (
+	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,13 +23,16 @@ api_burst = 400
 
 [[kubernetes.pool]]
 name = "public"
-addresses = ["192.0.2.0/27", "2001:db8::/120"]
+addresses = ["192.0.2.32/27", "2001:db8::/120"]
 avoid_network_broadcast = true
 
 [[kubernetes.pool]]
 name = "manual"
 addresses = ["198.51.100.10-198.51.100.20"]
 auto_assign = false
+namespaces = ["pay", "shop"]
+service_selector = "tier=front"
+share_across_namespaces = true
 ` + haService
 	cfg, err := Parse("t.toml", []byte(in))
 	if err != nil {
@@ -39,13 +44,17 @@ auto_assign = false
 		!k.Pools[0].AutoAssign || !k.Pools[0].AvoidNetworkBroadcast || k.Pools[1].AutoAssign || k.Pools[1].Addresses[0] != "198.51.100.10-198.51.100.20" {
 		t.Errorf("got %+v", k)
 	}
+	if p := k.Pools[1]; strings.Join(p.Namespaces, ",") != "pay,shop" || p.ServiceSelector != "tier=front" || !p.ShareAcrossNamespaces ||
+		k.Pools[0].Namespaces != nil || k.Pools[0].ServiceSelector != "" || k.Pools[0].ShareAcrossNamespaces {
+		t.Errorf("pool tenants %+v", k.Pools)
+	}
 	if !k.LeaderElection || k.LeaseNamespace != "vipd" || k.LeaseName != "" || k.Identity != "lb-a" || k.LeaseDuration != 20*time.Second {
 		t.Errorf("lease %+v", k)
 	}
 	if k.APIQPS != 200 || k.APIBurst != 400 {
 		t.Errorf("rate limit %+v", k)
 	}
-	if cfg, _ := Parse("t.toml", []byte("[kubernetes]\ndefault_class = true\napi_qps = 7.5\n[[kubernetes.pool]]\nname = \"p\"\naddresses = [\"192.0.2.0/28\"]\n"+haService)); cfg == nil || cfg.Kubernetes.APIQPS != 7.5 || cfg.Kubernetes.APIBurst != 0 {
+	if cfg, _ := Parse("t.toml", []byte("[kubernetes]\ndefault_class = true\napi_qps = 7.5\n[[kubernetes.pool]]\nname = \"p\"\naddresses = [\"192.0.2.32/28\"]\n"+haService)); cfg == nil || cfg.Kubernetes.APIQPS != 7.5 || cfg.Kubernetes.APIBurst != 0 {
 		t.Errorf("api_qps 7.5: %+v", cfg)
 	}
 	if cfg, _ := Parse("t.toml", []byte(haService)); cfg.Kubernetes.Enabled {
@@ -59,13 +68,14 @@ auto_assign = false
 }
 
 func TestKubernetesErrors(t *testing.T) {
-	pool := "\n[[kubernetes.pool]]\nname = \"p\"\naddresses = [\"192.0.2.0/28\"]\n"
+	pool := "\n[[kubernetes.pool]]\nname = \"p\"\naddresses = [\"192.0.2.32/28\"]\n"
 	for _, tt := range []struct{ name, in, want string }{
 		{"no class", "[kubernetes]\nkubeconfig = \"/k\"\n" + pool, `t.toml:1: kubernetes: serves no Service`},
 		{"relative kubeconfig", "[kubernetes]\ndefault_class = true\nkubeconfig = \"k\"\n" + pool, `t.toml:3: kubernetes: kubeconfig "k" must be an absolute path`},
 		{"backends", "[kubernetes]\ndefault_class = true\nbackends = \"pods\"\n" + pool, `t.toml:3: kubernetes: backends "pods" must be "nodeport" or "endpoints"`},
 		{"no pool", "[kubernetes]\ndefault_class = true\n", `t.toml:1: kubernetes: no pools`},
-		{"pool without name", "[kubernetes]\ndefault_class = true\n[[kubernetes.pool]]\naddresses = [\"192.0.2.0/28\"]\n", `kubernetes.pool 1: name is required`},
+		{"pool without name", "[kubernetes]\ndefault_class = true\n[[kubernetes.pool]]\naddresses = [\"192.0.2.32/28\"]\n", `kubernetes.pool 1: name is required`},
+		{"pool namespace", "[kubernetes]\ndefault_class = true\n" + pool + "namespaces = [\"ok\", \"\"]\n", `t.toml:7: kubernetes.pool 1: namespaces: "" is not a namespace name`},
 		{"pool twice", "[kubernetes]\ndefault_class = true\n" + pool + pool, `kubernetes.pool 2: pool "p" is defined twice`},
 		{"unknown key", "[kubernetes]\ndefault_class = true\nclass = \"x\"\n" + pool, `t.toml:3: `},
 		{"lease seconds", "[kubernetes]\ndefault_class = true\nlease_duration = \"2500ms\"\n" + pool, `t.toml:3: kubernetes: lease_duration 2.5s must be whole seconds`},
@@ -82,5 +92,80 @@ func TestKubernetesErrors(t *testing.T) {
 				t.Errorf("got %v\nwant %s", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestPoolHoldsFileVIP: a [[kubernetes.pool]] must hold no VIP of the
+// file's services, or a Kubernetes Service could take that VIP on
+// another port and open that port through the filter. The error names
+// both: the service at its vip line, the pool with the line of its
+// addresses. It holds for Load, for the edit of the main file (the
+// pool grows) and for the edit of an included file (a service moves
+// into the pool), and for a pool range written three ways.
+func TestPoolHoldsFileVIP(t *testing.T) {
+	const k8s = `include = ["conf.d/*.toml"]
+
+[kubernetes]
+default_class = true
+
+[[kubernetes.pool]]
+name = "tenants"
+addresses = ["198.51.100.0/24", %s]
+`
+	const svc = `
+[[service]]
+name = "%s"
+vip = "%s"
+port = 443
+backend = [{ address = "10.0.0.1" }]
+`
+	for _, pool := range []string{`"192.0.2.0/28"`, `"192.0.2.5-192.0.2.6"`, `"192.0.2.5"`} {
+		dir := t.TempDir()
+		main := filepath.Join(dir, "vipd.toml")
+		writeFile(t, main, fmt.Sprintf(k8s, pool)+fmt.Sprintf(svc, "web", "192.0.2.100"))
+		writeFile(t, filepath.Join(dir, "conf.d", "a.toml"), "# tenants\n"+fmt.Sprintf(svc, "api", "192.0.2.5"))
+		_, err := Load(main)
+		want := fmt.Sprintf(`%s:5: service "api": vip 192.0.2.5 is in [[kubernetes.pool]] "tenants" (%s:8): a Kubernetes Service could take it on another port, and vipd would open that port through the filter; take it out of the pool`,
+			filepath.Join(dir, "conf.d", "a.toml"), main)
+		if err == nil || err.Error() != want {
+			t.Errorf("pool %s: Load: %v\nwant %s", pool, err, want)
+		}
+	}
+
+	// From a valid configuration, by an edit of each file.
+	dir := t.TempDir()
+	main := filepath.Join(dir, "vipd.toml")
+	inc := filepath.Join(dir, "conf.d", "a.toml")
+	good := fmt.Sprintf(k8s, `"203.0.113.0/28"`) + fmt.Sprintf(svc, "web", "192.0.2.100")
+	writeFile(t, main, good)
+	writeFile(t, inc, fmt.Sprintf(svc, "api", "192.0.2.5"))
+	base, err := Load(main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = ParseFrom(base, main, []byte(fmt.Sprintf(k8s, `"192.0.2.0/24"`)+fmt.Sprintf(svc, "web", "192.0.2.100")))
+	if err == nil || !strings.Contains(err.Error(), `vip 192.0.2.5 is in [[kubernetes.pool]] "tenants" (`+main+`:8)`) ||
+		!strings.Contains(err.Error(), `vip 192.0.2.100 is in [[kubernetes.pool]] "tenants" (`+main+`:8)`) {
+		t.Errorf("main file edit: %v", err)
+	}
+	_, _, err = ParseFrom(base, inc, []byte(fmt.Sprintf(svc, "api", "203.0.113.7")))
+	if want := inc + `:4: service "api": vip 203.0.113.7 is in [[kubernetes.pool]] "tenants" (` + main + `:8)`; err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("included file edit: %v\nwant %s...", err, want)
+	}
+	// A new included file.
+	_, _, err = ParseFrom(base, filepath.Join(dir, "conf.d", "b.toml"), []byte(fmt.Sprintf(svc, "db", "203.0.113.1")))
+	if err == nil || !strings.Contains(err.Error(), `vip 203.0.113.1 is in [[kubernetes.pool]] "tenants"`) {
+		t.Errorf("new included file: %v", err)
+	}
+	// An [ha] floating address is the load balancer's own too.
+	ha := "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nsnat_addresses = [\"203.0.113.9\"]\n\n"
+	_, _, err = ParseFrom(base, main, []byte(strings.Replace(good, "\n\n[kubernetes]", "\n\n"+ha+"[kubernetes]", 1)))
+	if want := main + `:14: kubernetes.pool 1: pool "tenants" holds 203.0.113.9, a floating address of [ha]: a Kubernetes Service could take it; take it out of the pool`; err == nil || err.Error() != want {
+		t.Errorf("ha address: %v\nwant %s", err, want)
+	}
+	// A bad pool address is refused at its line, as the source would.
+	_, _, err = ParseFrom(base, main, []byte(fmt.Sprintf(k8s, `"192.0.2.1/24"`)+fmt.Sprintf(svc, "web", "192.0.2.100")))
+	if want := main + `:8: kubernetes.pool 1: pool "tenants": CIDR "192.0.2.1/24" has host bits set (did you mean 192.0.2.0/24?)`; err == nil || err.Error() != want {
+		t.Errorf("bad address: %v\nwant %s", err, want)
 	}
 }

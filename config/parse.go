@@ -556,6 +556,15 @@ func splice(base *Config, e edit) (*Config, bool) {
 	if conflicts(services, e.from, newTo, old) {
 		return nil, false
 	}
+	// A pool must hold no VIP of the services: the added ones, or all
+	// when the pools changed.
+	k, check := &e.settings.Kubernetes, services[e.from:newTo]
+	if !k.samePools(&base.Kubernetes) {
+		check = services
+	}
+	if k.poolsHoldVIPs(check) {
+		return nil, false
+	}
 	s := e.settings
 	cfg := &Config{File: base.File, Include: s.Include, Daemon: s.Daemon, HA: s.HA, BGP: s.BGP, Kubernetes: s.Kubernetes, Spec: s.Spec}
 	cfg.Spec.Services = services

@@ -252,6 +252,9 @@ type cross struct {
 	// backend on each address.
 	vips     map[netip.Addr]string
 	backends map[netip.Addr]backendRef
+	// poolPos indexes the main file's positions for the errors of VIPs
+	// in a pool, once.
+	poolPos *positions
 }
 
 // backendRef names a backend by its service and address.
@@ -315,6 +318,11 @@ func (v *validator) services(raw []rawService, cfg *Config, x *cross) {
 			x.announce[vs.VIP] = vs.Announce
 		}
 		v.vipBackends(path, ctx, &vs, x)
+		if vs.VIP.IsValid() {
+			if msg := cfg.Kubernetes.poolVIPError(vs.VIP, &x.poolPos); msg != "" {
+				v.errorf(path+".vip", ctx, "%s", msg)
+			}
+		}
 		if h, ok := v.serviceHealth(i, &raw[i], &vs); ok && (len(h.Checks) > 0 || h.Policy != (health.Policy{})) {
 			if cfg.Health == nil {
 				cfg.Health = map[string]ServiceHealth{}

@@ -93,26 +93,46 @@ avoid_network_broadcast = true
 		rep.Status.Sources[0].Name != "kubernetes" || rep.Status.Sources[0].Services != 1 || rep.Status.Sources[0].Error != "" {
 		t.Errorf("status services %v, sources %+v", names, rep.Status.Sources)
 	}
-	// A Service with a health check annotation that probes a closed port
-	// of loopback (the test sends nothing off the host): the backend is
-	// out.
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	// A Service with a health check annotation whose one backend is a
+	// closed node port of loopback (the test sends nothing off the host;
+	// an annotation's check probes the backend's own address and port):
+	// a second Node, on 127.0.0.2, the only one with an endpoint of the
+	// Service, which has externalTrafficPolicy Local. The backend is out.
+	n2, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	closedPort := closed.Addr().(*net.TCPAddr).Port
-	closed.Close()
+	n2.Status.Conditions = node.Status.Conditions
+	n2.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.2"}}
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n2, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	checked, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "checked", Annotations: map[string]string{
-			"vipd.io/check": fmt.Sprintf(`{ type = "tcp", address = "127.0.0.1", port = %d, interval = "100ms", timeout = "100ms", rise = 1, fall = 1 }`, closedPort)}},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer,
+			"vipd.io/check": `{ type = "tcp", interval = "1s", timeout = "100ms", rise = 1, fall = 1 }`}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
 			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := cs.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "checked-1", Labels: map[string]string{discoveryv1.LabelServiceName: "checked"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(int32(8080))}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.9"}, NodeName: ptr.To("n2"),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	checkedPort := checked.Spec.Ports[0].NodePort
+	if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.2:%d", checkedPort)); err == nil {
+		l.Close() // closed, as it should be
+	} else {
+		t.Fatalf("something listens on 127.0.0.2:%d, the checked Service's node port: %v", checkedPort, err)
+	}
 	h.eventually("the checked Service's backend out of rotation", func() bool {
-		return strings.Contains(h.k.Dump(), fmt.Sprintf("-> 10.1.0.5:%d masq weight=0", checked.Spec.Ports[0].NodePort)) &&
+		return strings.Contains(h.k.Dump(), fmt.Sprintf("-> 127.0.0.2:%d masq weight=0", checkedPort)) &&
 			strings.Contains(h.k.Dump(), fmt.Sprintf("-> 10.1.0.5:%d masq weight=1", nodePort))
 	})
 	// The file's services are untouched by the source's.

@@ -36,7 +36,8 @@ func openSources(cfg *config.Config, log *slog.Logger) ([]source.Source, error) 
 	for _, p := range k.Pools {
 		auto := p.AutoAssign
 		opts.Pools = append(opts.Pools, kubernetes.Pool{Name: p.Name, Addresses: p.Addresses, AutoAssign: &auto,
-			AvoidNetworkBroadcast: p.AvoidNetworkBroadcast})
+			AvoidNetworkBroadcast: p.AvoidNetworkBroadcast, Namespaces: p.Namespaces, ServiceSelector: p.ServiceSelector,
+			ShareAcrossNamespaces: p.ShareAcrossNamespaces})
 	}
 	src, err := kubernetes.New(opts)
 	if err != nil {

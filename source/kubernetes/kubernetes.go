@@ -839,6 +839,12 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		}
 		held := c.alloc.Held(key)
 		if len(held) == 0 {
+			// Served but given nothing (refused, or what its status
+			// shows no longer fits): the status must not show an
+			// address vipd does not serve to it.
+			if leading && c.written[key] && (len(svc.Status.LoadBalancer.Ingress) > 0 || c.status.unsettled(key, svc)) {
+				c.status.want(key, svc, nil)
+			}
 			continue
 		}
 		if leading {
@@ -1114,6 +1120,13 @@ func parseSettings(svc *corev1.Service, defaultMode string) (settings, error) {
 		if err != nil {
 			return settings{}, allocErrorf(ReasonBadAnnotation, "%s: %v", AnnotationCheck, err)
 		}
+		// The check probes each backend's address. In endpoints mode
+		// that is a pod, and a port of its own is the pod's; in
+		// nodeport mode it is a Node, whose other ports are not the
+		// Service's.
+		if check != nil && check.Port != 0 && st.mode == BackendsNodePort {
+			return settings{}, allocErrorf(ReasonBadAnnotation, "%s: port %d: in nodeport mode the backends are the Nodes, and a check port would reach their other services (leave port out: the check probes the node port)", AnnotationCheck, check.Port)
+		}
 		st.check = check
 	}
 	return st, nil
@@ -1250,14 +1263,15 @@ func (c *controller) restore(served []*corev1.Service, leading bool) error {
 		}
 		c.written[keyOf(svc)] = true
 		w, err := wantOf(svc)
-		lenient := Want{Families: []lb.Family{lb.IPv4, lb.IPv6}, Addrs: addrs}
+		lenient := Want{Families: []lb.Family{lb.IPv4, lb.IPv6}, Addrs: addrs, Labels: svc.Labels}
 		switch {
+		case !leading:
+			// A follower serves what the leader wrote.
+			lenient.SharingKey, lenient.Ports, lenient.Unchecked = w.SharingKey, w.Ports, true
+			w = lenient
 		case err != nil:
 			// A bad request keeps what the Service holds, from
-			// whichever pool.
-			w = lenient
-		case !leading:
-			lenient.SharingKey, lenient.Ports = w.SharingKey, w.Ports
+			// whichever pool is for it.
 			w = lenient
 		}
 		kept := c.alloc.Restore(keyOf(svc), w, addrs)

@@ -110,6 +110,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("Restart", e.testRestart)
 	t.Run("Class", e.testClass)
 	t.Run("Selector", e.testSelector)
+	t.Run("Tenants", e.testTenants)
 	// Last: it stops the API server.
 	t.Run("APILoss", e.testAPILoss)
 }

@@ -8,8 +8,10 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // Pool is a named set of addresses that the source hands out to
@@ -30,6 +32,19 @@ type Pool struct {
 	// of automatic allocation. Ranges and single addresses are taken as
 	// written.
 	AvoidNetworkBroadcast bool `toml:"avoid_network_broadcast"`
+	// Namespaces are the namespaces whose Services may use the pool, and
+	// ServiceSelector a label selector ("tier=front") a Service must
+	// match to use it, as MetalLB's serviceAllocation: with both set, a
+	// Service must match both; with neither, every Service may use it.
+	// They hold for a Service that names the pool, asks for one of its
+	// addresses, holds one, or is auto-assigned.
+	Namespaces      []string `toml:"namespaces"`
+	ServiceSelector string   `toml:"service_selector"`
+	// ShareAcrossNamespaces lets Services of different namespaces share
+	// an address of the pool under one sharing key. Without it a
+	// sharing key is the namespace's: a Service joins an address only
+	// with Services of its own namespace.
+	ShareAcrossNamespaces bool `toml:"share_across_namespaces"`
 }
 
 // span is an inclusive range of addresses of one family.
@@ -48,11 +63,17 @@ func (s span) String() string {
 
 // pool is a parsed Pool.
 type pool struct {
-	name   string
-	auto   bool
-	spans  []span
-	avoid  map[netip.Addr]bool // network and broadcast addresses kept out
-	cursor []netip.Addr        // per span: where the next search starts
+	name string
+	auto bool
+	// namespaces, selector (nil for none) and shareAcross are the
+	// Pool's Namespaces, ServiceSelector and ShareAcrossNamespaces.
+	namespaces  []string
+	selector    labels.Selector
+	selectorSrc string
+	shareAcross bool
+	spans       []span
+	avoid       map[netip.Addr]bool // network and broadcast addresses kept out
+	cursor      []netip.Addr        // per span: where the next search starts
 }
 
 // contains reports whether a is one of p's addresses.
@@ -73,7 +94,20 @@ func parsePool(pc Pool) (*pool, error) {
 	if len(pc.Addresses) == 0 {
 		return nil, fmt.Errorf("pool %q has no addresses", pc.Name)
 	}
-	p := &pool{name: pc.Name, auto: pc.AutoAssign == nil || *pc.AutoAssign, avoid: map[netip.Addr]bool{}}
+	p := &pool{name: pc.Name, auto: pc.AutoAssign == nil || *pc.AutoAssign, avoid: map[netip.Addr]bool{},
+		namespaces: slices.Clone(pc.Namespaces), selectorSrc: pc.ServiceSelector, shareAcross: pc.ShareAcrossNamespaces}
+	for _, ns := range pc.Namespaces {
+		if ns == "" || len(ns) > 63 {
+			return nil, fmt.Errorf("pool %q: namespaces: %q is not a namespace name", pc.Name, ns)
+		}
+	}
+	if pc.ServiceSelector != "" {
+		sel, err := labels.Parse(pc.ServiceSelector)
+		if err != nil {
+			return nil, fmt.Errorf("pool %q: service_selector %q: %w", pc.Name, pc.ServiceSelector, err)
+		}
+		p.selector = sel
+	}
 	for _, s := range pc.Addresses {
 		sp, avoid, err := parseSpan(s)
 		if err != nil {
@@ -100,71 +134,34 @@ func parsePool(pc Pool) (*pool, error) {
 	return p, nil
 }
 
-// parseSpan parses a CIDR, a range "A-B" or an address. For a CIDR it
-// also returns the addresses AvoidNetworkBroadcast keeps out.
+// refuses says why p is not for svc ("NAMESPACE/NAME") with labels lbls,
+// or "": the Service's namespace must be one of the pool's namespaces
+// and its labels must match the pool's service_selector, where set.
+func (p *pool) refuses(svc string, lbls map[string]string) string {
+	if ns := nsOf(svc); len(p.namespaces) > 0 && !slices.Contains(p.namespaces, ns) {
+		return fmt.Sprintf("is not for namespace %q (its namespaces: %s)", ns, strings.Join(p.namespaces, ", "))
+	}
+	if p.selector != nil && !p.selector.Matches(labels.Set(lbls)) {
+		return fmt.Sprintf("is not for Service %s: its labels do not match the pool's service_selector %q", svc, p.selectorSrc)
+	}
+	return ""
+}
+
+// nsOf returns the namespace of a Service's key.
+func nsOf(svc string) string {
+	ns, _, ok := strings.Cut(svc, "/")
+	if !ok {
+		return ""
+	}
+	return ns
+}
+
+// parseSpan parses a CIDR, a range "A-B" or an address, as
+// config.ParsePoolRange does. For a CIDR it also returns the addresses
+// AvoidNetworkBroadcast keeps out.
 func parseSpan(s string) (span, []netip.Addr, error) {
-	s = strings.TrimSpace(s)
-	if first, last, ok := strings.Cut(s, "-"); ok {
-		a, err1 := netip.ParseAddr(strings.TrimSpace(first))
-		b, err2 := netip.ParseAddr(strings.TrimSpace(last))
-		switch {
-		case err1 != nil || err2 != nil || a.Zone() != "" || b.Zone() != "":
-			return span{}, nil, fmt.Errorf("range %q is not ADDRESS-ADDRESS", s)
-		case a.Unmap().BitLen() != b.Unmap().BitLen():
-			return span{}, nil, fmt.Errorf("range %q mixes IPv4 and IPv6", s)
-		case a.Unmap().Compare(b.Unmap()) > 0:
-			return span{}, nil, fmt.Errorf("range %q ends before it starts", s)
-		}
-		sp := span{a.Unmap(), b.Unmap()}
-		return sp, nil, checkSpan(s, sp)
-	}
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return span{}, nil, fmt.Errorf("%q is not a CIDR: %w", s, err)
-		}
-		if p.Addr().Is4In6() {
-			return span{}, nil, fmt.Errorf("CIDR %q: write IPv4 CIDRs as IPv4", s)
-		}
-		if p != p.Masked() {
-			return span{}, nil, fmt.Errorf("CIDR %q has host bits set (did you mean %s?)", s, p.Masked())
-		}
-		sp := span{p.Addr(), lastOf(p)}
-		var avoid []netip.Addr
-		switch bits := p.Bits(); {
-		case p.Addr().Is4() && bits <= 30:
-			avoid = []netip.Addr{sp.first, sp.last}
-		case p.Addr().Is6() && bits <= 126:
-			avoid = []netip.Addr{sp.first}
-		}
-		return sp, avoid, checkSpan(s, sp)
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil || a.Zone() != "" {
-		return span{}, nil, fmt.Errorf("%q is not a CIDR, a range or an address", s)
-	}
-	sp := span{a.Unmap(), a.Unmap()}
-	return sp, nil, checkSpan(s, sp)
-}
-
-// checkSpan refuses spans that hold addresses vipd cannot serve.
-func checkSpan(s string, sp span) error {
-	for _, a := range []netip.Addr{sp.first, sp.last} {
-		if a.IsLoopback() || a.IsMulticast() || a.IsUnspecified() || a.IsLinkLocalUnicast() {
-			return fmt.Errorf("%q holds %s, which is not a unicast address vipd can bind", s, a)
-		}
-	}
-	return nil
-}
-
-// lastOf returns the last address of p.
-func lastOf(p netip.Prefix) netip.Addr {
-	b := p.Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
+	first, last, avoid, err := config.ParsePoolRange(s)
+	return span{first, last}, avoid, err
 }
 
 func overlap(a, b span) bool {
@@ -192,6 +189,12 @@ type Want struct {
 	SharingKey string
 	// Ports are the Service's ports.
 	Ports []PortKey
+	// Labels are the Service's, for the pools' service_selector; its
+	// namespace is that of its key.
+	Labels map[string]string
+	// Unchecked skips the pools' namespaces, service_selector and
+	// namespaced sharing keys: a follower keeps what the leader wrote.
+	Unchecked bool
 }
 
 // Reasons of allocation errors, as the Events on Services name them.
@@ -200,6 +203,9 @@ const (
 	ReasonAddressNotInPool = "AddressNotInPool"
 	ReasonAddressTaken     = "AddressTaken"
 	ReasonBadAnnotation    = "BadAnnotation"
+	// ReasonPoolNotAllowed: the pool's namespaces or service_selector
+	// leave the Service out.
+	ReasonPoolNotAllowed = "PoolNotAllowed"
 )
 
 // AllocError is why a Service got no address.
@@ -330,6 +336,11 @@ func (a *Allocator) Assign(svc string, w Want) ([]netip.Addr, error) {
 	if len(w.Families) == 0 {
 		return nil, allocErrorf(ReasonBadAnnotation, "the Service asks for no address family")
 	}
+	if w.Pool != "" && !w.Unchecked {
+		if why := a.byName[w.Pool].refuses(svc, w.Labels); why != "" {
+			return nil, allocErrorf(ReasonPoolNotAllowed, "pool %q %s", w.Pool, why)
+		}
+	}
 	held := a.held[svc]
 	var out []netip.Addr
 	for _, fam := range w.Families {
@@ -361,7 +372,7 @@ func (a *Allocator) pick(svc string, w Want, fam lb.Family, held, taken []netip.
 			return addr, nil
 		}
 	}
-	pools := a.candidates(w)
+	pools := a.candidates(svc, w)
 	if w.SharingKey != "" {
 		// Join an address already shared under the key, lowest first.
 		var best netip.Addr
@@ -386,21 +397,35 @@ func (a *Allocator) pick(svc string, w Want, fam lb.Family, held, taken []netip.
 	if w.Pool != "" {
 		return netip.Addr{}, allocErrorf(ReasonPoolExhausted, "pool %q has no free %s address", w.Pool, fam)
 	}
+	if len(pools) == 0 && slices.ContainsFunc(a.pools, func(p *pool) bool { return p.auto }) {
+		return netip.Addr{}, allocErrorf(ReasonPoolNotAllowed, "no pool with auto_assign is for Service %s (see the pools' namespaces and service_selector)", svc)
+	}
 	return netip.Addr{}, allocErrorf(ReasonPoolExhausted, "no pool with auto_assign has a free %s address", fam)
 }
 
-// candidates returns the pools w may take a new address from.
-func (a *Allocator) candidates(w Want) []*pool {
+// candidates returns the pools svc, asking w, may take a new address
+// from.
+func (a *Allocator) candidates(svc string, w Want) []*pool {
 	if w.Pool != "" {
 		return []*pool{a.byName[w.Pool]}
 	}
 	var out []*pool
 	for _, p := range a.pools {
-		if p.auto {
+		if p.auto && (w.Unchecked || p.refuses(svc, w.Labels) == "") {
 			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// poolOf returns the pool that holds addr, or nil.
+func (a *Allocator) poolOf(addr netip.Addr) *pool {
+	for _, p := range a.pools {
+		if p.contains(addr) {
+			return p
+		}
+	}
+	return nil
 }
 
 func (a *Allocator) inAny(pools []*pool, addr netip.Addr) bool {
@@ -417,8 +442,13 @@ func (a *Allocator) eligible(svc string, w Want, addr netip.Addr) error {
 		return allocErrorf(ReasonAddressNotInPool, "%s is not in pool %q", addr, w.Pool)
 	case len(w.Addrs) > 0 && w.Pool == "" && !a.inAny(a.pools, addr):
 		return allocErrorf(ReasonAddressNotInPool, "%s is not in any pool", addr)
-	case len(w.Addrs) == 0 && w.Pool == "" && !a.inAny(a.candidates(w), addr):
+	case len(w.Addrs) == 0 && w.Pool == "" && !a.inAny(a.candidates(svc, w), addr):
 		return allocErrorf(ReasonAddressNotInPool, "%s is not in a pool with auto_assign", addr)
+	}
+	if p := a.poolOf(addr); p != nil && !w.Unchecked {
+		if why := p.refuses(svc, w.Labels); why != "" {
+			return allocErrorf(ReasonPoolNotAllowed, "%s is in pool %q, which %s", addr, p.name, why)
+		}
 	}
 	return a.free(svc, w, addr)
 }
@@ -435,6 +465,15 @@ func (a *Allocator) free(svc string, w Want, addr netip.Addr) error {
 		}
 		if w.SharingKey == "" || u.key != w.SharingKey {
 			return allocErrorf(ReasonAddressTaken, "%s is used by Service %s (sharing needs the same %s on both)", addr, other, AnnotationSharingKey)
+		}
+		if nsOf(other) != nsOf(svc) && !w.Unchecked {
+			if p := a.poolOf(addr); p == nil || !p.shareAcross {
+				name := ""
+				if p != nil {
+					name = p.name
+				}
+				return allocErrorf(ReasonAddressTaken, "%s is shared under %s %q by Service %s of another namespace, and pool %q does not let namespaces share (share_across_namespaces)", addr, AnnotationSharingKey, w.SharingKey, other, name)
+			}
 		}
 		if p, ok := overlapPorts(u.owners[other], w.Ports); ok {
 			return allocErrorf(ReasonAddressTaken, "%s is shared with Service %s, which also uses %s/%d", addr, other, p.Proto, p.Port)
@@ -519,9 +558,13 @@ const (
 	// ("sh-port,sh-fallback").
 	AnnotationSchedulerFlags = "vipd.io/scheduler-flags"
 	// AnnotationCheck is the health check of every backend, a TOML
-	// inline table with the keys of the file's [service.check]:
-	// { type = "http", path = "/healthz", interval = "2s" }. Exec checks
-	// are refused.
+	// inline table with keys of the file's [service.check]:
+	// { type = "http", path = "/healthz", interval = "2s" }. It probes
+	// the backend's own address and nothing else: address, mark,
+	// device, source, ca_file and exec checks are refused (see
+	// config.ParseCheck), and so is port in nodeport mode, where the
+	// backends are the Nodes; the interval is at least
+	// config.MinAnnotationInterval.
 	AnnotationCheck = "vipd.io/check"
 	// AnnotationForwarding picks the forwarding method, as the file's
 	// forward key: "masq" (or "nat", the default), "droute" (or "dr")
@@ -533,7 +576,7 @@ const (
 // wantOf returns what svc asks of the pools, from its ipFamilies, ports,
 // annotations and spec.loadBalancerIP.
 func wantOf(svc *corev1.Service) (Want, error) {
-	w := Want{Pool: svc.Annotations[AnnotationPool], SharingKey: svc.Annotations[AnnotationSharingKey]}
+	w := Want{Pool: svc.Annotations[AnnotationPool], SharingKey: svc.Annotations[AnnotationSharingKey], Labels: svc.Labels}
 	if v, ok := svc.Annotations[AnnotationPool]; ok && v == "" {
 		return Want{}, allocErrorf(ReasonBadAnnotation, "%s is empty", AnnotationPool)
 	}

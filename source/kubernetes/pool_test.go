@@ -374,3 +374,105 @@ func TestForeign(t *testing.T) {
 		t.Fatalf("asks after: %s", got)
 	}
 }
+
+// TestPoolTenants: a pool with namespaces or a service_selector serves
+// only the Services that match them (both when both are set), whether
+// they name the pool, ask for one of its addresses or take whatever
+// auto-assignment gives; a refusal names the pool and why.
+func TestPoolTenants(t *testing.T) {
+	a := newAlloc(t,
+		Pool{Name: "gold", Addresses: []string{"192.0.2.0/30"}, AutoAssign: no(), Namespaces: []string{"pay"}},
+		Pool{Name: "tier", Addresses: []string{"192.0.2.8/30"}, ServiceSelector: "tier=front"},
+		Pool{Name: "both", Addresses: []string{"192.0.2.16/30"}, AutoAssign: no(), Namespaces: []string{"pay", "shop"}, ServiceSelector: "tier=front"},
+		Pool{Name: "open", Addresses: []string{"192.0.2.24/30"}, AutoAssign: no()})
+	front := map[string]string{"tier": "front"}
+	ip := func(s string) []netip.Addr { return []netip.Addr{netip.MustParseAddr(s)} }
+	for _, tc := range []struct {
+		svc  string
+		w    Want
+		want string
+	}{
+		// An explicit pool request.
+		{"dev/a", Want{Pool: "gold", Families: v4}, `PoolNotAllowed: pool "gold" is not for namespace "dev" (its namespaces: pay)`},
+		{"pay/a", Want{Pool: "gold", Families: v4}, "192.0.2.0"},
+		{"pay/b", Want{Pool: "tier", Families: v4}, `PoolNotAllowed: pool "tier" is not for Service pay/b: its labels do not match the pool's service_selector "tier=front"`},
+		{"pay/c", Want{Pool: "tier", Families: v4, Labels: front}, "192.0.2.8"},
+		{"dev/d", Want{Pool: "both", Families: v4, Labels: front}, `PoolNotAllowed: pool "both" is not for namespace "dev" (its namespaces: pay, shop)`},
+		{"shop/d", Want{Pool: "both", Families: v4}, `PoolNotAllowed: pool "both" is not for Service shop/d: its labels do not match the pool's service_selector "tier=front"`},
+		{"shop/e", Want{Pool: "both", Families: v4, Labels: front}, "192.0.2.16"},
+		{"dev/f", Want{Pool: "open", Families: v4}, "192.0.2.24"},
+		// A requested address, with or without its pool.
+		{"dev/g", Want{Addrs: ip("192.0.2.2"), Families: v4}, `PoolNotAllowed: 192.0.2.2 is in pool "gold", which is not for namespace "dev" (its namespaces: pay)`},
+		{"dev/h", Want{Pool: "gold", Addrs: ip("192.0.2.2"), Families: v4}, `PoolNotAllowed: pool "gold" is not for namespace "dev" (its namespaces: pay)`},
+		{"dev/i", Want{Addrs: ip("192.0.2.10"), Families: v4}, `PoolNotAllowed: 192.0.2.10 is in pool "tier", which is not for Service dev/i: its labels do not match the pool's service_selector "tier=front"`},
+		{"pay/g", Want{Addrs: ip("192.0.2.2"), Families: v4}, "192.0.2.2"},
+		{"dev/j", Want{Addrs: ip("192.0.2.10"), Families: v4, Labels: front}, "192.0.2.10"},
+		// Auto-assignment: only "tier" auto-assigns, and only to its
+		// Services.
+		{"dev/k", Want{Families: v4}, `PoolNotAllowed: no pool with auto_assign is for Service dev/k (see the pools' namespaces and service_selector)`},
+		{"dev/l", Want{Families: v4, Labels: front}, "192.0.2.9"},
+	} {
+		if got := assign(a, tc.svc, tc.w); got != tc.want {
+			t.Errorf("%s %+v:\n got %s\nwant %s", tc.svc, tc.w, got, tc.want)
+		}
+	}
+	// A refused Service gets nothing, and keeps nothing it held from a
+	// pool that is not for it: its labels changed.
+	if got := a.Held("dev/a"); len(got) != 0 {
+		t.Errorf("dev/a holds %v", got)
+	}
+	if got := assign(a, "dev/l", Want{Families: v4}); got != `PoolNotAllowed: no pool with auto_assign is for Service dev/l (see the pools' namespaces and service_selector)` {
+		t.Errorf("dev/l without its label: %s", got)
+	}
+	if got := a.Held("dev/l"); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("192.0.2.9")}) {
+		t.Errorf("dev/l holds %v, want what it held (Assign keeps it on error)", got)
+	}
+	// Restore keeps an address only for a Service the pool is for;
+	// Unchecked (a follower's) keeps it whatever.
+	b := newAlloc(t, Pool{Name: "gold", Addresses: []string{"192.0.2.0/30"}, Namespaces: []string{"pay"}})
+	if kept := b.Restore("dev/x", Want{Families: v4}, ip("192.0.2.1")); len(kept) != 0 {
+		t.Errorf("restored %v for dev/x", kept)
+	}
+	if kept := b.Restore("dev/y", Want{Families: v4, Addrs: ip("192.0.2.2"), Unchecked: true}, ip("192.0.2.2")); len(kept) != 1 {
+		t.Errorf("unchecked restore kept %v", kept)
+	}
+}
+
+// TestSharingKeyNamespaced: a sharing key is the namespace's: a Service
+// of another namespace with the same key does not join its address (it
+// gets one of its own, or, asking for that address, a refusal), unless
+// the pool has share_across_namespaces.
+func TestSharingKeyNamespaced(t *testing.T) {
+	a := newAlloc(t,
+		Pool{Name: "p", Addresses: []string{"192.0.2.0/30"}},
+		Pool{Name: "shared", Addresses: []string{"192.0.2.8/30"}, AutoAssign: no(), ShareAcrossNamespaces: true})
+	ip := netip.MustParseAddr("192.0.2.0")
+	for _, tc := range []struct {
+		svc  string
+		w    Want
+		want string
+	}{
+		{"a/web", Want{Families: v4, SharingKey: "k", Ports: tcp(80)}, "192.0.2.0"},
+		{"a/dns", Want{Families: v4, SharingKey: "k", Ports: tcp(53)}, "192.0.2.0"},
+		{"b/evil", Want{Families: v4, SharingKey: "k", Ports: tcp(22)}, "192.0.2.1"},
+		{"b/evil2", Want{Addrs: []netip.Addr{ip}, Families: v4, SharingKey: "k", Ports: tcp(23)},
+			`AddressTaken: 192.0.2.0 is shared under vipd.io/sharing-key "k" by Service a/dns of another namespace, and pool "p" does not let namespaces share (share_across_namespaces)`},
+		{"a/x", Want{Pool: "shared", Families: v4, SharingKey: "s", Ports: tcp(80)}, "192.0.2.8"},
+		{"b/y", Want{Pool: "shared", Families: v4, SharingKey: "s", Ports: tcp(443)}, "192.0.2.8"},
+	} {
+		if got := assign(a, tc.svc, tc.w); got != tc.want {
+			t.Errorf("%s: got %s, want %s", tc.svc, got, tc.want)
+		}
+	}
+}
+
+func TestPoolSelectorError(t *testing.T) {
+	_, err := NewAllocator([]Pool{{Name: "a", Addresses: []string{"192.0.2.0/30"}, ServiceSelector: "tier in (front"}})
+	if err == nil || !strings.HasPrefix(err.Error(), `pool "a": service_selector "tier in (front": `) {
+		t.Errorf("got %v", err)
+	}
+	_, err = NewAllocator([]Pool{{Name: "a", Addresses: []string{"192.0.2.0/30"}, Namespaces: []string{"ok", ""}}})
+	if err == nil || err.Error() != `pool "a": namespaces: "" is not a namespace name` {
+		t.Errorf("got %v", err)
+	}
+}

@@ -256,7 +256,8 @@ func exampleOptions(t *testing.T) kubernetes.Options {
 	}
 	for _, p := range k.Pools {
 		opts.Pools = append(opts.Pools, kubernetes.Pool{Name: p.Name, Addresses: p.Addresses, AutoAssign: ptr.To(p.AutoAssign),
-			AvoidNetworkBroadcast: p.AvoidNetworkBroadcast})
+			AvoidNetworkBroadcast: p.AvoidNetworkBroadcast, Namespaces: p.Namespaces, ServiceSelector: p.ServiceSelector,
+			ShareAcrossNamespaces: p.ShareAcrossNamespaces})
 	}
 	return opts
 }

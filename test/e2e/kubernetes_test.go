@@ -258,3 +258,81 @@ addresses = ["%s-10.0.0.11"]
 		t.Errorf("vipd logged errors:\n%s", d.logSince())
 	}
 }
+
+// TestKubernetesPoolTenants runs vipd against a real kube-apiserver in
+// the guest with a pool for one namespace only: a Service of another
+// namespace that names the pool, or asks for its address by
+// spec.loadBalancerIP, gets no address, no IPVS service and an Event
+// PoolNotAllowed; a Service of the pool's namespace gets the address and
+// its IPVS service.
+func TestKubernetesPoolTenants(t *testing.T) {
+	c := startCluster(t)
+	tp := NewTopo(t, "k8s 2 4")
+	if _, err := c.cs.CoreV1().Namespaces().Create(c.ctx(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "pay"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d := newDaemon(t)
+	d.write(d.header(tp.LBIf, "") + fmt.Sprintf(`
+[kubernetes]
+kubeconfig = %q
+default_class = true
+leader_election = false
+
+[[kubernetes.pool]]
+name = "gold"
+addresses = [%q]
+auto_assign = false
+namespaces = ["pay"]
+`, c.srv.Kubeconfig, tp.VIP))
+	d.start()
+
+	create := func(ns, name, ip string) {
+		t.Helper()
+		svc := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{"vipd.io/pool": "gold"}},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerIP: ip,
+				Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+		}
+		if ip != "" {
+			svc.Annotations = nil
+		}
+		if _, err := c.cs.CoreV1().Services(ns).Create(c.ctx(), svc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	event := func(name, want string) {
+		t.Helper()
+		Eventually(t, 60*time.Second, 100*time.Millisecond, func() bool {
+			evs, err := c.cs.CoreV1().Events("default").List(c.ctx(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+			if err != nil {
+				return false
+			}
+			for _, ev := range evs.Items {
+				if ev.Reason == "PoolNotAllowed" && strings.Contains(ev.Message, want) {
+					return true
+				}
+			}
+			return false
+		}, "no PoolNotAllowed Event %q on default/%s", want, name)
+	}
+	create("default", "thief", "")
+	create("default", "grab", tp.VIP)
+	event("thief", `pool "gold" is not for namespace "default" (its namespaces: pay)`)
+	event("grab", fmt.Sprintf(`%s is in pool "gold", which is not for namespace "default"`, tp.VIP))
+	if r := Exec("ipvsadm", "-Ln", "-t", tp.VIP+":80"); r.Err == nil {
+		t.Fatalf("a refused Service has an IPVS service on %s:80:\n%s", tp.VIP, r.Stdout)
+	}
+	create("pay", "vault", "")
+	Eventually(t, 60*time.Second, 100*time.Millisecond, func() bool {
+		return Exec("ipvsadm", "-Ln", "-t", tp.VIP+":80").Err == nil
+	}, "pay/vault got no IPVS service on %s:80", tp.VIP)
+	for _, name := range []string{"thief", "grab"} {
+		s, err := c.cs.CoreV1().Services("default").Get(c.ctx(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(s.Status.LoadBalancer.Ingress) != 0 {
+			t.Errorf("default/%s has status %v", name, s.Status.LoadBalancer.Ingress)
+		}
+	}
+}
