@@ -31,6 +31,7 @@ func openSources(cfg *config.Config, log *slog.Logger) ([]source.Source, error) 
 		RetryPeriod:       k.RetryPeriod,
 		APIQPS:            k.APIQPS,
 		APIBurst:          k.APIBurst,
+		NoPacketFilter:    !cfg.Daemon.ManageIPTables,
 		Logger:            log.With("source", "kubernetes"),
 	}
 	for _, p := range k.Pools {

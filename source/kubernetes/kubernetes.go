@@ -69,6 +69,12 @@ const ReasonNoNodePorts = "NoNodePorts"
 // change the port.
 const ReasonPortChange = "PortChange"
 
+// ReasonSourceRangesUnenforceable is the reason of the Event on a Service
+// with source ranges when vipd keeps no packet-filter rules ([daemon]
+// manage_iptables off): nothing could enforce them, so the Service is not
+// served rather than served to every source.
+const ReasonSourceRangesUnenforceable = "SourceRangesUnenforceable"
+
 // Options configure the source: one [kubernetes] section.
 type Options struct {
 	// Kubeconfig is the path of a kubeconfig file; empty means the
@@ -92,6 +98,11 @@ type Options struct {
 	Backends string `toml:"backends"`
 	// Pools are the addresses vipd hands out.
 	Pools []Pool `toml:"pool"`
+	// NoPacketFilter says that vipd keeps no packet-filter rules
+	// ([daemon] manage_iptables off), so that nothing can enforce a
+	// Service's source ranges: such a Service gets an Event, and the
+	// agent does not serve it.
+	NoPacketFilter bool `toml:"-"`
 
 	// LeaderElection lets several vipd instances (an HA pair) serve one
 	// cluster: they elect a leader through a Lease, and only the leader
@@ -858,6 +869,7 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		c.warn(svc, "nodeports", noNodePorts(svc, st))
 		vss := virtualServices(svc, held, st, nodes, idx[key])
 		c.warn(svc, "ports", keepPorts(vss))
+		c.warn(svc, "source-ranges", c.sourceRangesErr(svc))
 		if st.check != nil {
 			for _, vs := range vss {
 				h := config.ServiceHealth{Checks: make(map[netip.AddrPort]health.Spec, len(vs.Backends))}
@@ -934,6 +946,7 @@ func (c *controller) syncSlices(ctx context.Context, keys []string) (again, sync
 		if len(held) > 0 {
 			vss = virtualServices(svc, held, st, nodes, c.slicesOf(key))
 			c.warn(svc, "ports", keepPorts(vss))
+			c.warn(svc, "source-ranges", c.sourceRangesErr(svc))
 		}
 		if hi-lo != len(vss) {
 			return false, false, nil
@@ -1402,6 +1415,21 @@ func sourceRanges(svc *corev1.Service) ([]netip.Prefix, error) {
 		out = append(out, p.Masked())
 	}
 	return out, nil
+}
+
+// sourceRangesErr says why svc's source ranges are not what it asks
+// for: a bad annotation (no source is admitted), or no packet filter to
+// enforce them (the Service is not served); nil when they are.
+func (c *controller) sourceRangesErr(svc *corev1.Service) error {
+	ranges, err := sourceRanges(svc)
+	if err != nil {
+		return err
+	}
+	if len(ranges) > 0 && c.s.opts.NoPacketFilter {
+		return allocErrorf(ReasonSourceRangesUnenforceable,
+			"the Service has source ranges, and vipd keeps no packet-filter rules to enforce them ([daemon] manage_iptables is off): it is not served")
+	}
+	return nil
 }
 
 // nodeReady reports whether n's Ready condition is True.

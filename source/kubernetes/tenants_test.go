@@ -233,3 +233,36 @@ func TestPoolTenantsRestart(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestSourceRangesEvents: a Service whose source ranges cannot be
+// enforced as written says so in an Event: an annotation that does not
+// parse (no source is then admitted), or ranges while vipd keeps no
+// packet-filter rules (the Service is then not served). A Service
+// without ranges gets no such Event.
+func TestSourceRangesEvents(t *testing.T) {
+	const annotation = "service.beta.kubernetes.io/load-balancer-source-ranges"
+	pools := []kubernetes.Pool{{Name: "p", Addresses: []string{"192.0.2.0/29"}}}
+	t.Run("bad annotation", func(t *testing.T) {
+		bad := stamped(fakeService("bad", map[string]string{annotation: "10.0.0.0/8, not-a-range"}, port("http", corev1.ProtocolTCP, 80)), 1)
+		cs := runFake(t, kubernetes.Options{Pools: pools}, &fakeSink{}, bad)
+		waitNsEvent(t, cs, "ns", "bad", kubernetes.ReasonBadAnnotation,
+			`service.beta.kubernetes.io/load-balancer-source-ranges: " not-a-range" is not a CIDR range: no source is admitted`)
+	})
+	t.Run("no packet filter", func(t *testing.T) {
+		ranged := stamped(fakeService("ranged", nil, port("http", corev1.ProtocolTCP, 80)), 1)
+		ranged.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/8"}
+		open := stamped(fakeService("open", nil, port("http", corev1.ProtocolTCP, 81)), 2)
+		cs := runFake(t, kubernetes.Options{Pools: pools, NoPacketFilter: true}, &fakeSink{}, ranged, open)
+		waitNsEvent(t, cs, "ns", "ranged", kubernetes.ReasonSourceRangesUnenforceable,
+			"the Service has source ranges, and vipd keeps no packet-filter rules to enforce them ([daemon] manage_iptables is off): it is not served")
+		evs, err := cs.CoreV1().Events("ns").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.Name == "open" && ev.Reason == kubernetes.ReasonSourceRangesUnenforceable {
+				t.Errorf("an Event on the Service without ranges: %s: %s", ev.Reason, ev.Message)
+			}
+		}
+	})
+}
