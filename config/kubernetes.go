@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
+
 	"github.com/vipd/vipd/lb"
 )
 
@@ -140,7 +142,7 @@ type KubernetesPool struct {
 	// Namespaces and ServiceSelector say which Services may use the pool
 	// (empty: every namespace, every Service); ShareAcrossNamespaces lets
 	// Services of different namespaces share its addresses under one
-	// sharing key. The selector is parsed when the source starts.
+	// sharing key.
 	Namespaces            []string
 	ServiceSelector       string
 	ShareAcrossNamespaces bool
@@ -234,6 +236,9 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 	out.Namespaces = k.Namespaces
 	if k.ServiceSelector != nil {
 		out.ServiceSelector = *k.ServiceSelector
+		if _, err := labels.Parse(out.ServiceSelector); err != nil {
+			v.errorf("kubernetes.service_selector", ctx, "service_selector %q is not a label selector: %v", out.ServiceSelector, err)
+		}
 	}
 	if k.Backends != nil {
 		switch *k.Backends {
@@ -279,6 +284,9 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 		pool.Namespaces = p.Namespaces
 		if p.ServiceSelector != nil {
 			pool.ServiceSelector = *p.ServiceSelector
+			if _, err := labels.Parse(pool.ServiceSelector); err != nil {
+				v.errorf(fmt.Sprintf("kubernetes.pool.%d.service_selector", i), pctx, "pool %q: service_selector %q is not a label selector: %v", pool.Name, pool.ServiceSelector, err)
+			}
 		}
 		setBool(&pool.ShareAcrossNamespaces, p.ShareAcrossNamespaces)
 		out.Pools = append(out.Pools, pool)

@@ -77,6 +77,8 @@ func TestKubernetesErrors(t *testing.T) {
 		{"pool without name", "[kubernetes]\ndefault_class = true\n[[kubernetes.pool]]\naddresses = [\"192.0.2.32/28\"]\n", `kubernetes.pool 1: name is required`},
 		{"pool namespace", "[kubernetes]\ndefault_class = true\n" + pool + "namespaces = [\"ok\", \"\"]\n", `t.toml:7: kubernetes.pool 1: namespaces: "" is not a namespace name`},
 		{"pool twice", "[kubernetes]\ndefault_class = true\n" + pool + pool, `kubernetes.pool 2: pool "p" is defined twice`},
+		{"selector", "[kubernetes]\ndefault_class = true\nservice_selector = \"app in (a\"\n" + pool, `t.toml:3: kubernetes: service_selector "app in (a" is not a label selector`},
+		{"pool selector", "[kubernetes]\ndefault_class = true\n" + pool + "service_selector = \"tier notin\"\n", `t.toml:7: kubernetes.pool 1: pool "p": service_selector "tier notin" is not a label selector`},
 		{"unknown key", "[kubernetes]\ndefault_class = true\nclass = \"x\"\n" + pool, `t.toml:3: `},
 		{"lease seconds", "[kubernetes]\ndefault_class = true\nlease_duration = \"2500ms\"\n" + pool, `t.toml:3: kubernetes: lease_duration 2.5s must be whole seconds`},
 		{"lease name", "[kubernetes]\ndefault_class = true\nlease_name = \"a b\"\n" + pool, `t.toml:3: kubernetes: lease_name "a b" is not a name Kubernetes takes`},
