@@ -77,6 +77,14 @@ func takeLocks(cfg *config.Config, kernelLock string) (release func(), err error
 	if kernelLock == "" {
 		return unlockState, nil
 	}
+	if filepath.Dir(kernelLock) == kernelLockDir {
+		// vipd's own directory of namespace locks (NetnsLock's); a
+		// lock elsewhere is a test's, taken as it is.
+		if err := netnsLockDir(kernelLockDir); err != nil {
+			unlockState()
+			return nil, err
+		}
+	}
 	unlockKernel, err := lockFile(kernelLock, "the lock of this network namespace's IPVS table (one vipd per network namespace)")
 	if err != nil {
 		unlockState()
@@ -121,16 +129,14 @@ func ClearStaleSocket(path string) error {
 
 // NetnsLock returns the kernel lock of this process's network namespace,
 // /run/vipd/lock/vipd-net-INODE.lock, named by the namespace's inode,
-// which is unique on the host (see Options.KernelLock). It makes the
-// lock's directory if it is missing and refuses one that another user
-// could write or enter (see netnsLockDir).
+// which is unique on the host (see Options.KernelLock). Taking it
+// (lockDaemon, after the configuration's checks) makes the lock's
+// directory if it is missing and refuses one that another user could
+// write or enter (see netnsLockDir).
 func NetnsLock() (string, error) {
 	var st syscall.Stat_t
 	if err := syscall.Stat("/proc/self/ns/net", &st); err != nil {
 		return "", fmt.Errorf("identify the network namespace for its lock: %w", err)
-	}
-	if err := netnsLockDir(kernelLockDir); err != nil {
-		return "", err
 	}
 	return filepath.Join(kernelLockDir, fmt.Sprintf("vipd-net-%d.lock", st.Ino)), nil
 }

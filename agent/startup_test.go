@@ -117,6 +117,20 @@ func lockConfig(dir string) *config.Config {
 	return &config.Config{Daemon: config.Daemon{StateDir: dir}}
 }
 
+// madeNetnsLock returns this namespace's lock, its directory made as a
+// vipd that ran before (or the unit's RuntimeDirectory) leaves it.
+func madeNetnsLock(t *testing.T) string {
+	t.Helper()
+	lock, err := NetnsLock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netnsLockDir(kernelLockDir); err != nil {
+		t.Fatal(err)
+	}
+	return lock
+}
+
 // TestNetnsLockHeldByLocalUser: a local user who takes the flock of this
 // namespace's lock first (flock(1) opens the file read-only, creating it
 // if it can) does not keep vipd from starting.
@@ -124,10 +138,7 @@ func TestNetnsLockHeldByLocalUser(t *testing.T) {
 	if !privateRun(t) {
 		return
 	}
-	lock, err := NetnsLock()
-	if err != nil {
-		t.Fatal(err)
-	}
+	lock := madeNetnsLock(t)
 	said := asNobody(t, "exec flock --nonblock "+lock+" -c 'echo held; exec sleep 60'")
 	t.Logf("nobody, flock %s: %s", lock, said)
 	tried(t, said, "held")
@@ -150,10 +161,7 @@ func TestNetnsLockSymlinkPlanted(t *testing.T) {
 	if err := os.WriteFile(victim, []byte("root's secret\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	lock, err := NetnsLock()
-	if err != nil {
-		t.Fatal(err)
-	}
+	lock := madeNetnsLock(t)
 	said := asNobody(t, "ln -s "+victim+" "+lock+" && echo planted")
 	t.Logf("nobody, ln -s %s %s: %s", victim, lock, said)
 	tried(t, said, "planted")
