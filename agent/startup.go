@@ -177,6 +177,9 @@ func ensureDir(dir string, perm os.FileMode, ok func(os.FileMode) bool, want str
 	}
 	uid := fi.Sys().(*syscall.Stat_t).Uid
 	if !fi.IsDir() || int(uid) != os.Geteuid() || fi.Mode()&(os.ModeSetuid|os.ModeSetgid|os.ModeSticky) != 0 || !ok(fi.Mode().Perm()) {
+		if euid := os.Geteuid(); euid != 0 {
+			want += fmt.Sprintf(" (this vipd runs as uid %d, not root)", euid)
+		}
 		return fmt.Errorf("lock directory %s is %s owned by uid %d, want a directory %s: "+
 			"another user could hold or replace vipd's lock; remove it (vipd makes it) or fix it; this vipd changed nothing",
 			dir, describeMode(fi.Mode()), uid, want)
