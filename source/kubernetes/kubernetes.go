@@ -839,15 +839,11 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	if leading {
+		c.assign(served)
+	}
 	for _, svc := range served {
 		key := keyOf(svc)
-		if leading {
-			w, err := wantOf(svc)
-			if err == nil {
-				_, err = c.alloc.Assign(key, w)
-			}
-			c.warn(svc, "address", err)
-		}
 		held := c.alloc.Held(key)
 		if len(held) == 0 {
 			// Served but given nothing (refused, or what its status
@@ -901,6 +897,36 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	// The sink takes a refused service at a later Publish, once its owner
 	// lets go of it: ask again.
 	return len(conflicts) > 0, nil
+}
+
+// assign gives each served Service (oldest first) the addresses it asks
+// for, and warns of what it cannot get. An address that a Service lets go
+// of while it keeps others (a change of its ipFamilyPolicy, its pool or
+// its request) goes to an older Service that waits for one in a second
+// pass; a Service deleted lets go of its addresses before the first.
+func (c *controller) assign(served []*corev1.Service) {
+	errs := make([]error, len(served))
+	for pass := 0; pass < 2; pass++ {
+		waiting, released := false, false
+		for i, svc := range served {
+			key := keyOf(svc)
+			before := c.alloc.Held(key)
+			w, err := wantOf(svc)
+			if err == nil {
+				_, err = c.alloc.Assign(key, w)
+			}
+			errs[i] = err
+			after := c.alloc.Held(key)
+			released = released || waiting && slices.ContainsFunc(before, func(a netip.Addr) bool { return !slices.Contains(after, a) })
+			waiting = waiting || err != nil
+		}
+		if !released {
+			break
+		}
+	}
+	for i, svc := range served {
+		c.warn(svc, "address", errs[i])
+	}
 }
 
 // syncSlices brings the published snapshot in line with the
