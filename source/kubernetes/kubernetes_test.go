@@ -108,6 +108,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("Conflict", e.testConflict)
 	t.Run("DualStack", e.testDualStack)
 	t.Run("Families", e.testFamilies)
+	t.Run("Terminating", e.testTerminating)
 	t.Run("Restart", e.testRestart)
 	t.Run("Class", e.testClass)
 	t.Run("Selector", e.testSelector)
@@ -604,6 +605,42 @@ k8s/%[1]s/ds/http/tcp/ipv6 tcp [2001:db8::]:80 -> [fd00::1]:%[2]d/1`, ns, np))
 	waitSnap(t, sink, fmt.Sprintf(`
 k8s/%[1]s/ds/http/tcp tcp 192.0.2.64:80 -> 10.244.9.1:8080/1
 k8s/%[1]s/ds/http/tcp/ipv6 tcp [2001:db8::]:80 -> [fd00:244::1]:8080/1`, ns))
+}
+
+// testTerminating: a rollout of one replica (KEP-1669). While the new pod
+// is not ready, the old one, terminating but serving, carries the traffic
+// (endpoints mode), and its node stays in (nodeport mode with
+// externalTrafficPolicy Local); once the new one is ready, the old one
+// drains and its node leaves.
+func (e *env) testTerminating(t *testing.T) {
+	ns := e.namespace(t)
+	e.node(t, "term-a", true, "10.0.2.1")
+	e.node(t, "term-b", true, "10.0.2.2")
+	sink := &fakeSink{}
+	e.run(t, kubernetes.Options{Namespaces: []string{ns}, Pools: pools("192.0.2.128/30")}, sink)
+	svc := lbService(ns, "one", port("http", corev1.ProtocolTCP, 80))
+	svc.Annotations = map[string]string{kubernetes.AnnotationBackends: kubernetes.BackendsEndpoints}
+	e.create(t, svc)
+	e.waitStatus(t, ns, "one", "192.0.2.128")
+	svc = lbService(ns, "local", port("http", corev1.ProtocolTCP, 80))
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	np := e.create(t, svc).Spec.Ports[0].NodePort
+	ports := []discoveryv1.EndpointPort{epPort("http", corev1.ProtocolTCP, 8080)}
+	rollout := []ep{
+		{addr: "10.244.2.1", node: "term-a", serving: true, terminating: true},
+		{addr: "10.244.2.2", node: "term-b"},
+	}
+	e.slice(t, ns, "one", "one-1", discoveryv1.AddressTypeIPv4, ports, rollout...)
+	e.slice(t, ns, "local", "local-1", discoveryv1.AddressTypeIPv4, ports, rollout...)
+	waitSnap(t, sink, fmt.Sprintf(`
+k8s/%[1]s/local/http/tcp tcp 192.0.2.129:80 -> 10.0.2.1:%[2]d/1
+k8s/%[1]s/one/http/tcp tcp 192.0.2.128:80 -> 10.244.2.1:8080/1`, ns, np))
+	rollout[1].ready, rollout[1].serving = true, true
+	e.slice(t, ns, "one", "one-1", discoveryv1.AddressTypeIPv4, ports, rollout...)
+	e.slice(t, ns, "local", "local-1", discoveryv1.AddressTypeIPv4, ports, rollout...)
+	waitSnap(t, sink, fmt.Sprintf(`
+k8s/%[1]s/local/http/tcp tcp 192.0.2.129:80 -> 10.0.2.2:%[2]d/1
+k8s/%[1]s/one/http/tcp tcp 192.0.2.128:80 -> 10.244.2.1:8080/0 10.244.2.2:8080/1`, ns, np))
 }
 
 // testFamilies: ipFamilyPolicy and the order of ipFamilies, with an
