@@ -249,3 +249,36 @@ func stamped(svc *corev1.Service, sec int) *corev1.Service {
 	svc.CreationTimestamp = metav1.NewTime(time.Unix(int64(sec), 0))
 	return svc
 }
+
+// TestFamilyPolicyFake runs the source against the fake clientset, which
+// defaults no ipFamilyPolicy: a Service without one gets every family of
+// its ipFamilies or none, as before policies were honoured; one with
+// PreferDualStack gets the family the pools have.
+func TestFamilyPolicyFake(t *testing.T) {
+	dual := []corev1.IPFamily{corev1.IPv6Protocol, corev1.IPv4Protocol}
+	none := fakeService("none", nil, corev1.ServicePort{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80})
+	none.Spec.IPFamilies = dual
+	prefer := fakeService("prefer", nil, corev1.ServicePort{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80})
+	prefer.Spec.IPFamilies = dual
+	prefer.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyPreferDualStack)
+	sink := &fakeSink{}
+	cs := runFake(t, kubernetes.Options{Pools: pools("192.0.2.0/30")}, sink, none, prefer)
+	waitFakeEvent(t, cs, "prefer", kubernetes.ReasonPoolExhausted, "no pool with auto_assign has a free ipv6 address (ipFamilyPolicy PreferDualStack: served by ipv4 alone)")
+	waitFakeEvent(t, cs, "none", kubernetes.ReasonPoolExhausted, "no pool with auto_assign has a free ipv6 address")
+	waitSnap(t, sink, `k8s/ns/prefer/http/tcp tcp 192.0.2.0:80 ->`)
+	deadline := time.Now().Add(timeout)
+	for {
+		svc, err := cs.CoreV1().Services("ns").Get(context.Background(), "prefer", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := svc.Status.LoadBalancer.Ingress
+		if len(in) == 1 && in[0].IP == "192.0.2.0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prefer's status %+v, want 192.0.2.0", in)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -839,15 +839,11 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	if leading {
+		c.assign(served)
+	}
 	for _, svc := range served {
 		key := keyOf(svc)
-		if leading {
-			w, err := wantOf(svc)
-			if err == nil {
-				_, err = c.alloc.Assign(key, w)
-			}
-			c.warn(svc, "address", err)
-		}
 		held := c.alloc.Held(key)
 		if len(held) == 0 {
 			// Served but given nothing (refused, or what its status
@@ -901,6 +897,36 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	// The sink takes a refused service at a later Publish, once its owner
 	// lets go of it: ask again.
 	return len(conflicts) > 0, nil
+}
+
+// assign gives each served Service (oldest first) the addresses it asks
+// for, and warns of what it cannot get. An address that a Service lets go
+// of while it keeps others (a change of its ipFamilyPolicy, its pool or
+// its request) goes to an older Service that waits for one in a second
+// pass; a Service deleted lets go of its addresses before the first.
+func (c *controller) assign(served []*corev1.Service) {
+	errs := make([]error, len(served))
+	for pass := 0; pass < 2; pass++ {
+		waiting, released := false, false
+		for i, svc := range served {
+			key := keyOf(svc)
+			before := c.alloc.Held(key)
+			w, err := wantOf(svc)
+			if err == nil {
+				_, err = c.alloc.Assign(key, w)
+			}
+			errs[i] = err
+			after := c.alloc.Held(key)
+			released = released || waiting && slices.ContainsFunc(before, func(a netip.Addr) bool { return !slices.Contains(after, a) })
+			waiting = waiting || err != nil
+		}
+		if !released {
+			break
+		}
+	}
+	for i, svc := range served {
+		c.warn(svc, "address", errs[i])
+	}
 }
 
 // syncSlices brings the published snapshot in line with the
@@ -1442,9 +1468,20 @@ func nodeReady(n *corev1.Node) bool {
 	return false
 }
 
+// epReady reports whether an endpoint is ready (a nil Ready is), and
+// epServingTerminating whether it is terminating but still serving.
+func epReady(c discoveryv1.EndpointConditions) bool { return c.Ready == nil || *c.Ready }
+
+func epServingTerminating(c discoveryv1.EndpointConditions) bool {
+	return !epReady(c) && c.Serving != nil && *c.Serving && c.Terminating != nil && *c.Terminating
+}
+
 // nodePortBackends returns the Ready Nodes' internal addresses of family
 // fam at p's nodePort; with externalTrafficPolicy Local, only those Nodes
-// with a ready endpoint of the Service. Nodes labelled
+// with a ready endpoint of the Service, or when none is ready, those with
+// a serving and terminating one (KEP-1669: kube-proxy sends a node's
+// traffic to them then, so that a rollout of one replica does not go
+// dark). Nodes labelled
 // node.kubernetes.io/exclude-from-external-load-balancers are left out.
 func nodePortBackends(svc *corev1.Service, p corev1.ServicePort, fam lb.Family, nodes []*corev1.Node, eps []*discoveryv1.EndpointSlice) []lb.Destination {
 	if p.NodePort == 0 {
@@ -1453,12 +1490,20 @@ func nodePortBackends(svc *corev1.Service, p corev1.ServicePort, fam lb.Family, 
 	var local map[string]bool
 	if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
 		local = map[string]bool{}
+		terminating := map[string]bool{}
 		for _, es := range eps {
 			for _, ep := range es.Endpoints {
-				if ep.NodeName != nil && (ep.Conditions.Ready == nil || *ep.Conditions.Ready) {
+				switch {
+				case ep.NodeName == nil:
+				case epReady(ep.Conditions):
 					local[*ep.NodeName] = true
+				case epServingTerminating(ep.Conditions):
+					terminating[*ep.NodeName] = true
 				}
 			}
+		}
+		if len(local) == 0 {
+			local = terminating
 		}
 	}
 	var out []lb.Destination
@@ -1486,7 +1531,9 @@ func nodePortBackends(svc *corev1.Service, p corev1.ServicePort, fam lb.Family, 
 
 // endpointBackends returns the endpoints of port p of family fam,
 // forwarded with fwd: ready ones with weight 1, serving and terminating
-// ones with weight 0 (drained), others not at all.
+// ones with weight 0 (drained), others not at all. When none is ready,
+// the serving and terminating ones get weight 1 (KEP-1669), so that a
+// rollout of one replica does not go dark.
 func endpointBackends(p corev1.ServicePort, fam lb.Family, eps []*discoveryv1.EndpointSlice, fwd lb.Forward) []lb.Destination {
 	want := discoveryv1.AddressTypeIPv4
 	if fam == lb.IPv6 {
@@ -1519,9 +1566,9 @@ func endpointBackends(p corev1.ServicePort, fam lb.Family, eps []*discoveryv1.En
 			weight := -1
 			cond := ep.Conditions
 			switch {
-			case cond.Ready == nil || *cond.Ready:
+			case epReady(cond):
 				weight = 1
-			case cond.Serving != nil && *cond.Serving && cond.Terminating != nil && *cond.Terminating:
+			case epServingTerminating(cond):
 				weight = 0
 			}
 			if weight < 0 {
@@ -1539,8 +1586,14 @@ func endpointBackends(p corev1.ServicePort, fam lb.Family, eps []*discoveryv1.En
 			}
 		}
 	}
+	// Without a ready endpoint, the serving and terminating ones carry
+	// the traffic.
+	anyReady := slices.Contains(slices.Collect(maps.Values(best)), 1)
 	var out []lb.Destination
 	for ap, w := range best {
+		if !anyReady {
+			w = 1
+		}
 		out = append(out, lb.Destination{Addr: ap, Weight: w, Forward: fwd})
 	}
 	return sortDests(out)

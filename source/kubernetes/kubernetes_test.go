@@ -107,6 +107,8 @@ func TestKubernetes(t *testing.T) {
 	t.Run("BadAnnotation", e.testBadAnnotation)
 	t.Run("Conflict", e.testConflict)
 	t.Run("DualStack", e.testDualStack)
+	t.Run("Families", e.testFamilies)
+	t.Run("Terminating", e.testTerminating)
 	t.Run("Restart", e.testRestart)
 	t.Run("Class", e.testClass)
 	t.Run("Selector", e.testSelector)
@@ -603,6 +605,113 @@ k8s/%[1]s/ds/http/tcp/ipv6 tcp [2001:db8::]:80 -> [fd00::1]:%[2]d/1`, ns, np))
 	waitSnap(t, sink, fmt.Sprintf(`
 k8s/%[1]s/ds/http/tcp tcp 192.0.2.64:80 -> 10.244.9.1:8080/1
 k8s/%[1]s/ds/http/tcp/ipv6 tcp [2001:db8::]:80 -> [fd00:244::1]:8080/1`, ns))
+}
+
+// testTerminating: a rollout of one replica (KEP-1669). While the new pod
+// is not ready, the old one, terminating but serving, carries the traffic
+// (endpoints mode), and its node stays in (nodeport mode with
+// externalTrafficPolicy Local); once the new one is ready, the old one
+// drains and its node leaves.
+func (e *env) testTerminating(t *testing.T) {
+	ns := e.namespace(t)
+	e.node(t, "term-a", true, "10.0.2.1")
+	e.node(t, "term-b", true, "10.0.2.2")
+	sink := &fakeSink{}
+	e.run(t, kubernetes.Options{Namespaces: []string{ns}, Pools: pools("192.0.2.128/30")}, sink)
+	svc := lbService(ns, "one", port("http", corev1.ProtocolTCP, 80))
+	svc.Annotations = map[string]string{kubernetes.AnnotationBackends: kubernetes.BackendsEndpoints}
+	e.create(t, svc)
+	e.waitStatus(t, ns, "one", "192.0.2.128")
+	svc = lbService(ns, "local", port("http", corev1.ProtocolTCP, 80))
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	np := e.create(t, svc).Spec.Ports[0].NodePort
+	ports := []discoveryv1.EndpointPort{epPort("http", corev1.ProtocolTCP, 8080)}
+	rollout := []ep{
+		{addr: "10.244.2.1", node: "term-a", serving: true, terminating: true},
+		{addr: "10.244.2.2", node: "term-b"},
+	}
+	e.slice(t, ns, "one", "one-1", discoveryv1.AddressTypeIPv4, ports, rollout...)
+	e.slice(t, ns, "local", "local-1", discoveryv1.AddressTypeIPv4, ports, rollout...)
+	waitSnap(t, sink, fmt.Sprintf(`
+k8s/%[1]s/local/http/tcp tcp 192.0.2.129:80 -> 10.0.2.1:%[2]d/1
+k8s/%[1]s/one/http/tcp tcp 192.0.2.128:80 -> 10.244.2.1:8080/1`, ns, np))
+	rollout[1].ready, rollout[1].serving = true, true
+	e.slice(t, ns, "one", "one-1", discoveryv1.AddressTypeIPv4, ports, rollout...)
+	e.slice(t, ns, "local", "local-1", discoveryv1.AddressTypeIPv4, ports, rollout...)
+	waitSnap(t, sink, fmt.Sprintf(`
+k8s/%[1]s/local/http/tcp tcp 192.0.2.129:80 -> 10.0.2.2:%[2]d/1
+k8s/%[1]s/one/http/tcp tcp 192.0.2.128:80 -> 10.244.2.1:8080/0 10.244.2.2:8080/1`, ns, np))
+}
+
+// testFamilies: ipFamilyPolicy and the order of ipFamilies, with an
+// IPv6 pool of one address.
+func (e *env) testFamilies(t *testing.T) {
+	ns := e.namespace(t)
+	sink := &fakeSink{}
+	e.run(t, kubernetes.Options{Namespaces: []string{ns}, Pools: pools("192.0.2.112/29", "2001:db8:35::5")}, sink)
+	withPolicy := func(name string, policy corev1.IPFamilyPolicy, families ...corev1.IPFamily) *corev1.Service {
+		svc := lbService(ns, name, port("http", corev1.ProtocolTCP, 80))
+		svc.Spec.IPFamilyPolicy = ptr.To(policy)
+		svc.Spec.IPFamilies = families
+		return e.create(t, svc)
+	}
+	// SingleStack: one address, of the cluster's first family.
+	if svc := withPolicy("single", corev1.IPFamilyPolicySingleStack); !slices.Equal(svc.Spec.IPFamilies, []corev1.IPFamily{corev1.IPv4Protocol}) {
+		t.Fatalf("the API server gave SingleStack ipFamilies %v", svc.Spec.IPFamilies)
+	}
+	e.waitStatus(t, ns, "single", "192.0.2.112")
+	// PreferDualStack: both families, in the order of ipFamilies.
+	withPolicy("prefer", corev1.IPFamilyPolicyPreferDualStack, corev1.IPv6Protocol, corev1.IPv4Protocol)
+	e.waitStatus(t, ns, "prefer", "2001:db8:35::5,192.0.2.113")
+	// The IPv6 pool is exhausted: PreferDualStack gets IPv4 alone, with
+	// an Event; RequireDualStack gets nothing.
+	withPolicy("prefer4", corev1.IPFamilyPolicyPreferDualStack, corev1.IPv6Protocol, corev1.IPv4Protocol)
+	e.waitStatus(t, ns, "prefer4", "192.0.2.114")
+	e.waitEvent(t, ns, "prefer4", kubernetes.ReasonPoolExhausted, "no pool with auto_assign has a free ipv6 address (ipFamilyPolicy PreferDualStack: served by ipv4 alone)")
+	withPolicy("require", corev1.IPFamilyPolicyRequireDualStack)
+	e.waitEvent(t, ns, "require", kubernetes.ReasonPoolExhausted, "no pool with auto_assign has a free ipv6 address")
+	e.waitStatus(t, ns, "require", "")
+	// Requested addresses must agree with the policy.
+	svc := lbService(ns, "require-one", port("http", corev1.ProtocolTCP, 80))
+	svc.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack)
+	svc.Spec.LoadBalancerIP = "192.0.2.119"
+	e.create(t, svc)
+	e.waitEvent(t, ns, "require-one", kubernetes.ReasonBadAnnotation, "ipFamilyPolicy RequireDualStack needs an address of each family, and spec.loadBalancerIP asks for 192.0.2.119 alone")
+	svc = lbService(ns, "single-six", port("http", corev1.ProtocolTCP, 80))
+	svc.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
+	svc.Annotations = map[string]string{kubernetes.AnnotationAddresses: "2001:db8:35::5"}
+	e.create(t, svc)
+	e.waitEvent(t, ns, "single-six", kubernetes.ReasonBadAnnotation, "2001:db8:35::5 is ipv6, which is not among the Service's ipFamilies")
+	e.waitStatus(t, ns, "require-one", "")
+	e.waitStatus(t, ns, "single-six", "")
+	if err := e.cs.CoreV1().Services(ns).Delete(ctxOf(t), "prefer4", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Dual-stack to SingleStack keeps the first family and releases the
+	// other.
+	e.update(t, ns, "prefer", func(s *corev1.Service) { s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack) })
+	e.waitStatus(t, ns, "prefer", "2001:db8:35::5")
+	// The IPv6 address freed goes to the waiting RequireDualStack Service.
+	if err := e.cs.CoreV1().Services(ns).Delete(ctxOf(t), "prefer", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStatus(t, ns, "require", "192.0.2.115,2001:db8:35::5")
+	// SingleStack to PreferDualStack adds the second family once there is
+	// one to be had: here when RequireDualStack to SingleStack releases
+	// it.
+	svc = e.update(t, ns, "single", func(s *corev1.Service) { s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyPreferDualStack) })
+	if !slices.Equal(svc.Spec.IPFamilies, []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}) {
+		t.Fatalf("the API server gave PreferDualStack ipFamilies %v", svc.Spec.IPFamilies)
+	}
+	e.waitEvent(t, ns, "single", kubernetes.ReasonPoolExhausted, "no pool with auto_assign has a free ipv6 address (ipFamilyPolicy PreferDualStack: served by ipv4 alone)")
+	e.waitStatus(t, ns, "single", "192.0.2.112")
+	e.update(t, ns, "require", func(s *corev1.Service) { s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack) })
+	e.waitStatus(t, ns, "require", "192.0.2.115")
+	e.waitStatus(t, ns, "single", "192.0.2.112,2001:db8:35::5")
+	waitSnap(t, sink, fmt.Sprintf(`
+k8s/%[1]s/require/http/tcp tcp 192.0.2.115:80 ->
+k8s/%[1]s/single/http/tcp tcp 192.0.2.112:80 ->
+k8s/%[1]s/single/http/tcp/ipv6 tcp [2001:db8:35::5]:80 ->`, ns))
 }
 
 func (e *env) testRestart(t *testing.T) {

@@ -186,3 +186,79 @@ func TestSettingsAnnotations(t *testing.T) {
 		}
 	}
 }
+
+// TestTerminatingFallback: when no endpoint of a port and family is
+// ready, the serving and terminating ones carry traffic (KEP-1669), so
+// that a single-replica rollout does not go dark; once one is ready, they
+// drain. With externalTrafficPolicy Local the node choice does the same.
+func TestTerminatingFallback(t *testing.T) {
+	yes, no := ptr.To(true), ptr.To(false)
+	nodes := []*corev1.Node{
+		testNode("a", true, nil, "10.0.0.1"),
+		testNode("b", true, nil, "10.0.0.2"),
+		testNode("c", true, nil, "10.0.0.3"),
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Type:                  corev1.ServiceTypeLoadBalancer,
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			Ports: []corev1.ServicePort{
+				{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 30080},
+				{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, NodePort: 30053},
+			},
+		},
+	}
+	http := discoveryv1.EndpointPort{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](8080)}
+	dns := discoveryv1.EndpointPort{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To[int32](5353)}
+	old := endpoint("10.244.0.1", "a", no, yes, yes)    // the old replica, terminating but serving
+	gone := endpoint("10.244.0.9", "c", no, no, yes)    // terminating and no longer serving: never
+	starting := endpoint("10.244.0.2", "b", no, no, no) // the new replica, not ready yet
+	ready := endpoint("10.244.0.2", "b", yes, yes, no)  // the new replica, ready
+	// dns has a ready endpoint of its own throughout: its terminating one
+	// drains.
+	dnsSlice := testSlice(discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{dns},
+		endpoint("10.244.0.1", "a", no, yes, yes), endpoint("10.244.0.3", "c", yes, yes, no))
+
+	// During the rollout: the old replica carries http.
+	eps := []*discoveryv1.EndpointSlice{testSlice(discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{http}, old, gone, starting), dnsSlice}
+	got := dumpVS(svc, []string{"192.0.2.1"}, BackendsEndpoints, nodes, eps)
+	want := `k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true -> 10.244.0.1:8080 masq weight=1
+k8s/ns/web/dns/udp udp 192.0.2.1:53 wlc vip=192.0.2.1 announce=true -> 10.244.0.1:5353 masq weight=0 10.244.0.3:5353 masq weight=1`
+	if got != want {
+		t.Errorf("endpoints, none ready:\n%s\nwant:\n%s", got, want)
+	}
+	// Local, no ready endpoint: the node of the serving terminating one.
+	got = dumpVS(svc, []string{"192.0.2.1"}, BackendsNodePort, nodes, eps[:1])
+	want = `k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true -> 10.0.0.1:30080 masq weight=1
+k8s/ns/web/dns/udp udp 192.0.2.1:53 wlc vip=192.0.2.1 announce=true -> 10.0.0.1:30053 masq weight=1`
+	if got != want {
+		t.Errorf("nodeport local, none ready:\n%s\nwant:\n%s", got, want)
+	}
+
+	// The new replica is ready: the old one drains, its node leaves.
+	eps[0] = testSlice(discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{http}, old, gone, ready)
+	got = dumpVS(svc, []string{"192.0.2.1"}, BackendsEndpoints, nodes, eps)
+	want = `k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true -> 10.244.0.1:8080 masq weight=0 10.244.0.2:8080 masq weight=1
+k8s/ns/web/dns/udp udp 192.0.2.1:53 wlc vip=192.0.2.1 announce=true -> 10.244.0.1:5353 masq weight=0 10.244.0.3:5353 masq weight=1`
+	if got != want {
+		t.Errorf("endpoints, one ready:\n%s\nwant:\n%s", got, want)
+	}
+	got = dumpVS(svc, []string{"192.0.2.1"}, BackendsNodePort, nodes, eps[:1])
+	want = `k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true -> 10.0.0.2:30080 masq weight=1
+k8s/ns/web/dns/udp udp 192.0.2.1:53 wlc vip=192.0.2.1 announce=true -> 10.0.0.2:30053 masq weight=1`
+	if got != want {
+		t.Errorf("nodeport local, one ready:\n%s\nwant:\n%s", got, want)
+	}
+
+	// Nothing serving at all: no backend, no node.
+	eps = []*discoveryv1.EndpointSlice{testSlice(discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{http}, gone, starting)}
+	got = dumpVS(svc, []string{"192.0.2.1"}, BackendsEndpoints, nodes, eps) + "\n" + dumpVS(svc, []string{"192.0.2.1"}, BackendsNodePort, nodes, eps)
+	want = `k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true ->
+k8s/ns/web/dns/udp udp 192.0.2.1:53 wlc vip=192.0.2.1 announce=true ->
+k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true ->
+k8s/ns/web/dns/udp udp 192.0.2.1:53 wlc vip=192.0.2.1 announce=true ->`
+	if got != want {
+		t.Errorf("none serving:\n%s\nwant:\n%s", got, want)
+	}
+}

@@ -184,6 +184,11 @@ type Want struct {
 	Addrs []netip.Addr
 	// Families are the families to get one address each of, in order.
 	Families []lb.Family
+	// AnyFamily (ipFamilyPolicy PreferDualStack) lets the Service hold
+	// the families it can get when it cannot get them all: at least
+	// one, in the order of Families. Without it, it gets every family
+	// or none (RequireDualStack, and a Service with no policy).
+	AnyFamily bool
 	// SharingKey lets Services with the same key share an address when
 	// their ports do not overlap.
 	SharingKey string
@@ -328,7 +333,9 @@ func (a *Allocator) Restore(svc string, w Want, addrs []netip.Addr) []netip.Addr
 
 // Assign gives svc one address of each family w asks for, keeping those
 // it holds where they still fit w, and returns them. On error svc keeps
-// what it held.
+// what it held. With w.AnyFamily, a family it cannot get is left out
+// while it gets another: it then returns the addresses it gave and the
+// error of the first family left out, both.
 func (a *Allocator) Assign(svc string, w Want) ([]netip.Addr, error) {
 	if w.Pool != "" && a.byName[w.Pool] == nil {
 		return nil, allocErrorf(ReasonBadAnnotation, "%s: no pool is named %q", AnnotationPool, w.Pool)
@@ -343,15 +350,41 @@ func (a *Allocator) Assign(svc string, w Want) ([]netip.Addr, error) {
 	}
 	held := a.held[svc]
 	var out []netip.Addr
+	var missing error
 	for _, fam := range w.Families {
 		addr, err := a.pick(svc, w, fam, held, out)
-		if err != nil {
+		if err != nil && !w.AnyFamily {
 			return nil, err
+		}
+		if err != nil {
+			if missing == nil {
+				missing = err
+			}
+			continue
 		}
 		out = append(out, addr)
 	}
+	if len(out) == 0 {
+		return nil, missing
+	}
 	a.commit(svc, w, out)
+	if missing != nil {
+		var ae *AllocError
+		if errors.As(missing, &ae) {
+			missing = &AllocError{Reason: ae.Reason, Msg: fmt.Sprintf("%s (ipFamilyPolicy PreferDualStack: served by %s alone)", ae.Msg, familiesOf(out))}
+		}
+		return out, missing
+	}
 	return out, nil
+}
+
+// familiesOf names the families of addrs, in order ("ipv4").
+func familiesOf(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = lb.FamilyOf(a).String()
+	}
+	return strings.Join(s, ",")
 }
 
 // pick chooses svc's address of family fam.
@@ -595,6 +628,31 @@ func wantOf(svc *corev1.Service) (Want, error) {
 	if len(families) == 0 {
 		families = []lb.Family{lb.IPv4}
 	}
+	// ipFamilyPolicy, which the API server always sets: SingleStack
+	// gets the first of ipFamilies, RequireDualStack one of each family
+	// or none, PreferDualStack those it can get. Without it (a client
+	// that sets none), every family of ipFamilies or none.
+	var policy corev1.IPFamilyPolicy
+	if svc.Spec.IPFamilyPolicy != nil {
+		policy = *svc.Spec.IPFamilyPolicy
+	}
+	switch policy {
+	case "":
+	case corev1.IPFamilyPolicySingleStack:
+		families = families[:1]
+	case corev1.IPFamilyPolicyPreferDualStack:
+		w.AnyFamily = true
+	case corev1.IPFamilyPolicyRequireDualStack:
+		for _, f := range []lb.Family{lb.IPv4, lb.IPv6} {
+			if !slices.Contains(families, f) {
+				families = append(families, f)
+			}
+		}
+	default:
+		return Want{}, allocErrorf(ReasonBadAnnotation, "spec.ipFamilyPolicy %q is not %s, %s or %s", truncate(string(policy)),
+			corev1.IPFamilyPolicySingleStack, corev1.IPFamilyPolicyPreferDualStack, corev1.IPFamilyPolicyRequireDualStack)
+	}
+	asked := AnnotationAddresses
 	if v, ok := svc.Annotations[AnnotationAddresses]; ok {
 		for _, f := range strings.Split(v, ",") {
 			addr, err := netip.ParseAddr(strings.TrimSpace(f))
@@ -613,6 +671,7 @@ func wantOf(svc *corev1.Service) (Want, error) {
 			return Want{}, allocErrorf(ReasonBadAnnotation, "spec.loadBalancerIP %s is not among %s %s", addr, AnnotationAddresses, joinAddrs(w.Addrs))
 		case len(w.Addrs) == 0:
 			w.Addrs = []netip.Addr{addr.Unmap()}
+			asked = "spec.loadBalancerIP"
 		}
 	}
 	if len(w.Addrs) > 0 {
@@ -627,6 +686,13 @@ func wantOf(svc *corev1.Service) (Want, error) {
 			}
 			fams = append(fams, fam)
 		}
+		if policy == corev1.IPFamilyPolicyRequireDualStack && len(fams) < len(families) {
+			return Want{}, allocErrorf(ReasonBadAnnotation, "ipFamilyPolicy %s needs an address of each family, and %s asks for %s alone",
+				policy, asked, joinAddrs(w.Addrs))
+		}
+		// Asked for, the addresses are all or nothing, whatever the
+		// policy.
+		w.AnyFamily = false
 		// The Service gets exactly the addresses it asks for, in the
 		// order of its ipFamilies.
 		families = slices.DeleteFunc(families, func(f lb.Family) bool { return !slices.Contains(fams, f) })
@@ -640,4 +706,12 @@ func wantOf(svc *corev1.Service) (Want, error) {
 		w.Ports = append(w.Ports, PortKey{Proto: proto, Port: uint16(p.Port)})
 	}
 	return w, nil
+}
+
+// truncate shortens s for a message.
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
 }

@@ -476,3 +476,98 @@ func TestPoolSelectorError(t *testing.T) {
 		t.Errorf("got %v", err)
 	}
 }
+
+// TestAnyFamily: PreferDualStack (Want.AnyFamily) takes the families it
+// can get, in order; without it, every family or none.
+func TestAnyFamily(t *testing.T) {
+	a := newAlloc(t, Pool{Name: "p", Addresses: []string{"192.0.2.0/31", "2001:db8::1"}})
+	dual := []lb.Family{lb.IPv6, lb.IPv4}
+	for _, tc := range []struct {
+		svc  string
+		w    Want
+		want string
+	}{
+		{"a", Want{Families: dual, AnyFamily: true}, "2001:db8::1,192.0.2.0 <nil>"},
+		// IPv6 exhausted: IPv4 alone, and why.
+		{"b", Want{Families: dual, AnyFamily: true}, "192.0.2.1 PoolExhausted: no pool with auto_assign has a free ipv6 address (ipFamilyPolicy PreferDualStack: served by ipv4 alone)"},
+		// Every family or none: nothing, and b keeps what it holds.
+		{"c", Want{Families: dual}, " PoolExhausted: no pool with auto_assign has a free ipv6 address"},
+		{"b", Want{Families: dual}, " PoolExhausted: no pool with auto_assign has a free ipv6 address"},
+		// Neither family: nothing at all.
+		{"c", Want{Families: dual, AnyFamily: true}, " PoolExhausted: no pool with auto_assign has a free ipv6 address"},
+		// a goes single-stack IPv4: its IPv6 address goes to c, whose
+		// IPv4 one comes first as its families ask.
+		{"a", Want{Families: v4}, "192.0.2.0 <nil>"},
+		{"c", Want{Families: []lb.Family{lb.IPv4, lb.IPv6}, AnyFamily: true}, "2001:db8::1 PoolExhausted: no pool with auto_assign has a free ipv4 address (ipFamilyPolicy PreferDualStack: served by ipv6 alone)"},
+	} {
+		addrs, err := a.Assign(tc.svc, tc.w)
+		got := joinAddrs(addrs) + " <nil>"
+		if err != nil {
+			var ae *AllocError
+			if !errors.As(err, &ae) {
+				t.Fatalf("%s: untyped error %v", tc.svc, err)
+			}
+			got = joinAddrs(addrs) + " " + ae.Reason + ": " + ae.Msg
+		}
+		if got != tc.want {
+			t.Errorf("%s %+v: got %q, want %q", tc.svc, tc.w, got, tc.want)
+		}
+	}
+	if got := joinAddrs(a.Held("b")); got != "192.0.2.1" {
+		t.Errorf("b holds %s, want 192.0.2.1", got)
+	}
+	if got := joinAddrs(a.Held("c")); got != "2001:db8::1" {
+		t.Errorf("c holds %s, want 2001:db8::1", got)
+	}
+}
+
+// TestWantOfFamilyPolicy: ipFamilyPolicy picks the families, and the
+// addresses asked for must agree with it.
+func TestWantOfFamilyPolicy(t *testing.T) {
+	v4, v6 := corev1.IPv4Protocol, corev1.IPv6Protocol
+	with := func(policy corev1.IPFamilyPolicy, annotations map[string]string, lbIP string, families ...corev1.IPFamily) *corev1.Service {
+		svc := svcWith(annotations, lbIP, families...)
+		svc.Spec.IPFamilyPolicy = &policy
+		return svc
+	}
+	addrs := func(v string) map[string]string { return map[string]string{AnnotationAddresses: v} }
+	for _, tc := range []struct {
+		name string
+		svc  *corev1.Service
+		want string
+	}{
+		{"none", svcWith(nil, "", v6, v4), "families=[ipv6 ipv4] any=false addrs="},
+		{"single", with(corev1.IPFamilyPolicySingleStack, nil, "", v6, v4), "families=[ipv6] any=false addrs="},
+		{"single, no families", with(corev1.IPFamilyPolicySingleStack, nil, ""), "families=[ipv4] any=false addrs="},
+		{"prefer", with(corev1.IPFamilyPolicyPreferDualStack, nil, "", v6, v4), "families=[ipv6 ipv4] any=true addrs="},
+		{"prefer, single-stack cluster", with(corev1.IPFamilyPolicyPreferDualStack, nil, "", v4), "families=[ipv4] any=true addrs="},
+		{"require", with(corev1.IPFamilyPolicyRequireDualStack, nil, "", v6, v4), "families=[ipv6 ipv4] any=false addrs="},
+		{"require, one family given", with(corev1.IPFamilyPolicyRequireDualStack, nil, "", v6), "families=[ipv6 ipv4] any=false addrs="},
+		{"prefer, one asked", with(corev1.IPFamilyPolicyPreferDualStack, addrs("192.0.2.1"), "", v6, v4), "families=[ipv4] any=false addrs=192.0.2.1"},
+		{"prefer, both asked", with(corev1.IPFamilyPolicyPreferDualStack, addrs("192.0.2.1,2001:db8::1"), "", v6, v4), "families=[ipv6 ipv4] any=false addrs=192.0.2.1,2001:db8::1"},
+		{"require, both asked", with(corev1.IPFamilyPolicyRequireDualStack, addrs("2001:db8::1,192.0.2.1"), "", v4, v6), "families=[ipv4 ipv6] any=false addrs=2001:db8::1,192.0.2.1"},
+		{"require, one asked", with(corev1.IPFamilyPolicyRequireDualStack, addrs("2001:db8::1"), "", v4, v6),
+			"BadAnnotation: ipFamilyPolicy RequireDualStack needs an address of each family, and vipd.io/addresses asks for 2001:db8::1 alone"},
+		{"require, loadBalancerIP", with(corev1.IPFamilyPolicyRequireDualStack, nil, "192.0.2.1", v4, v6),
+			"BadAnnotation: ipFamilyPolicy RequireDualStack needs an address of each family, and spec.loadBalancerIP asks for 192.0.2.1 alone"},
+		{"single, other family asked", with(corev1.IPFamilyPolicySingleStack, addrs("2001:db8::1"), "", v4, v6),
+			"BadAnnotation: 2001:db8::1 is ipv6, which is not among the Service's ipFamilies"},
+		{"single, two asked", with(corev1.IPFamilyPolicySingleStack, addrs("192.0.2.1,2001:db8::1"), "", v4),
+			"BadAnnotation: 2001:db8::1 is ipv6, which is not among the Service's ipFamilies"},
+		{"unknown policy", with("TripleStack", nil, "", v4),
+			`BadAnnotation: spec.ipFamilyPolicy "TripleStack" is not SingleStack, PreferDualStack or RequireDualStack`},
+	} {
+		w, err := wantOf(tc.svc)
+		got := fmt.Sprintf("families=%v any=%t addrs=%s", w.Families, w.AnyFamily, joinAddrs(w.Addrs))
+		if err != nil {
+			var ae *AllocError
+			if !errors.As(err, &ae) {
+				t.Fatalf("%s: untyped error %v", tc.name, err)
+			}
+			got = ae.Reason + ": " + ae.Msg
+		}
+		if got != tc.want {
+			t.Errorf("%s: got %q\nwant %q", tc.name, got, tc.want)
+		}
+	}
+}
