@@ -333,6 +333,28 @@ func TestKernelNDPHopLimit(t *testing.T) {
 	if !ll.IsValid() {
 		t.Fatalf("%s has no link-local address", uplink)
 	}
+	// The peer sends from its own link-local address, which must be
+	// usable first (a fresh guest is quick to get here).
+	r.peer.Do(t, func() error {
+		l, err := netlink.LinkByName(peerLink)
+		if err != nil {
+			return err
+		}
+		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+			if err != nil {
+				return err
+			}
+			for _, a := range addrs {
+				if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+					return nil
+				}
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s has no usable link-local address: %v", peerLink, addrs)
+			}
+		}
+	})
 	solicit := func(hops int) {
 		t.Helper()
 		r.peer.Do(t, func() error {
