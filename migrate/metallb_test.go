@@ -262,7 +262,7 @@ func TestMetalLBHostile(t *testing.T) {
 	laughs.WriteString("spec:\n  addresses: *a9\n  serviceAllocation: {namespaces: *a9, serviceSelectors: [{matchLabels: *a9}]}\n")
 	for _, tc := range []struct {
 		name, data, want string
-		alloc           uint64
+		alloc            uint64
 	}{
 		{"huge.yaml", strings.Repeat("# "+strings.Repeat("x", 77)+"\n", (17<<20)/80), "exceed 16777216 bytes (16 MiB)", 1 << 20},
 		{"nodes.yaml", "[" + strings.Repeat("a,", 4<<20) + "a]\n", "may hold more than 262144 YAML nodes", 1 << 20},
