@@ -170,8 +170,13 @@ func (m *mmapper) at(file string, n *yaml.Node, what, why string) {
 	m.issue(file, n.Line, what, why)
 }
 
-// yamlLine finds the line in a YAML parser's error.
-var yamlLine = regexp.MustCompile(`line ([0-9]+)`)
+// yamlLine finds the line in a YAML parser's error; yamlQuoted the text
+// of the file it quotes (an anchor's name, a value), which an issue
+// leaves out.
+var (
+	yamlLine   = regexp.MustCompile(`line ([0-9]+)`)
+	yamlQuoted = regexp.MustCompile("(['`\"])[^'`\"]*(['`\"])")
+)
 
 // read parses the documents of one file.
 func (m *mmapper) read(file string, data []byte, depth int) {
@@ -187,7 +192,9 @@ func (m *mmapper) read(file string, data []byte, depth int) {
 			if s := yamlLine.FindStringSubmatch(err.Error()); s != nil {
 				line, _ = strconv.Atoi(s[1])
 			}
-			m.issue(file, line, "YAML", strings.TrimPrefix(err.Error(), "yaml: ")+": the rest of the file is not imported")
+			msg := yamlLine.ReplaceAllString(strings.TrimPrefix(err.Error(), "yaml: "), "")
+			msg = yamlQuoted.ReplaceAllString(strings.TrimPrefix(msg, ": "), "$1...$1")
+			m.issue(file, line, "YAML", msg+": the rest of the file is not imported")
 			return
 		}
 		if tooDeep(&doc, depth) {

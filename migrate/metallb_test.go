@@ -314,3 +314,20 @@ func FuzzMetalLB(f *testing.F) {
 		}
 	})
 }
+
+// TestMetalLBYAMLError: a file that is not YAML is an issue at the line
+// the parser names, which quotes none of the file's text, and the files
+// after it are still imported.
+func TestMetalLBYAMLError(t *testing.T) {
+	fsys := fstest.MapFS{
+		"bad.yaml":    {Data: []byte("apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: p}\nspec:\n  addresses: *hunter2secret\n")},
+		"good.yaml":   {Data: []byte("apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: q}\nspec: {addresses: [192.0.2.0/24]}\n")},
+		"syntax.yaml": {Data: []byte("kind: List\nitems:\n- a: b\n c: 'secret\n")},
+	}
+	r := MetalLB([]string{"bad.yaml", "syntax.yaml", "good.yaml"}, MetalLBOptions{FS: fsys})
+	parseMetalLB(t, r)
+	got := issues(r)
+	if !strings.Contains(got, "bad.yaml:0: YAML: unknown anchor '...' referenced") || !strings.Contains(got, "syntax.yaml:3: YAML: did not find expected key") || strings.Contains(got, "hunter2") || strings.Contains(got, "secret") || r.Pools != 1 {
+		t.Errorf("%d pools, issues:\n%s", r.Pools, got)
+	}
+}
