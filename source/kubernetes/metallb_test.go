@@ -8,10 +8,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
 	"github.com/vipd/vipd/source/kubernetes"
+	"github.com/vipd/vipd/source/kubernetes/apitest"
 )
 
 // waitFakeStatus waits until the Service ns/name's status shows want (IPs,
@@ -90,4 +92,80 @@ func TestMetalLBAnnotationsOff(t *testing.T) {
 	waitFakeStatus(t, cs, "web", "192.0.2.9")
 	waitFakeStatus(t, cs, "web-tls", "192.0.2.10")
 	waitFakeStatus(t, cs, "gold", "192.0.2.11")
+}
+
+// waitIPs waits until the Service ns/name's status shows want (IPs,
+// comma-separated), whatever their ipMode: MetalLB writes none.
+func waitIPs(t *testing.T, cs clientset.Interface, ns, name, want string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		svc, err := cs.CoreV1().Services(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ips []string
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			ips = append(ips, in.IP)
+		}
+		if got := strings.Join(ips, ","); got == want {
+			return
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%s/%s status %q, want %q", ns, name, got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestMetalLBSwitch switches a namespace's Services from MetalLB to vipd
+// against a real API server: Services MetalLB gave addresses to, by its
+// annotations (a pool of no auto-assignment, an address, a shared
+// address), keep them when vipd starts with metallb_annotations, and a
+// new Service annotated for MetalLB gets what it asks for.
+func TestMetalLBSwitch(t *testing.T) {
+	srv := apitest.Start(t)
+	e := &env{srv: srv, cs: clientset.NewForConfigOrDie(srv.Config)}
+	ns := e.namespace(t)
+	// What MetalLB left: annotated Services, and the addresses it wrote.
+	for _, s := range []struct {
+		name string
+		port int32
+		ann  map[string]string
+		ip   string
+	}{
+		{"gold", 80, map[string]string{"metallb.universe.tf/address-pool": "gold"}, "192.0.2.3"},
+		{"web", 80, map[string]string{"metallb.universe.tf/allow-shared-ip": "front", "metallb.universe.tf/loadBalancerIPs": "192.0.2.10"}, "192.0.2.10"},
+		{"web-tls", 443, map[string]string{"metallb.io/allow-shared-ip": "front", "metallb.io/loadBalancerIPs": "192.0.2.10"}, "192.0.2.10"},
+	} {
+		svc := lbService(ns, s.name, port("p", corev1.ProtocolTCP, s.port))
+		svc.Annotations = s.ann
+		svc = e.create(t, svc)
+		svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: s.ip}}
+		if _, err := e.cs.CoreV1().Services(ns).UpdateStatus(ctxOf(t), svc, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.run(t, kubernetes.Options{Namespaces: []string{ns}, Pools: metallbPools(), MetalLBAnnotations: true, LeaderElection: ptr.To(false)}, &fakeSink{})
+	asked := lbService(ns, "asked", port("p", corev1.ProtocolTCP, 80))
+	asked.Annotations = map[string]string{"metallb.io/loadBalancerIPs": "192.0.2.12"}
+	e.create(t, asked)
+	waitIPs(t, e.cs, ns, "asked", "192.0.2.12")
+	waitIPs(t, e.cs, ns, "gold", "192.0.2.3")
+	waitIPs(t, e.cs, ns, "web", "192.0.2.10")
+	waitIPs(t, e.cs, ns, "web-tls", "192.0.2.10")
+	// Settled: nothing moved, and no Service was refused.
+	time.Sleep(time.Second)
+	for name, ip := range map[string]string{"asked": "192.0.2.12", "gold": "192.0.2.3", "web": "192.0.2.10", "web-tls": "192.0.2.10"} {
+		waitIPs(t, e.cs, ns, name, ip)
+	}
+	evs, err := e.cs.CoreV1().Events(ns).List(ctxOf(t), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs.Items {
+		// The API server's own (ClusterIPNotAllocated, say) are not vipd's.
+		if ev.Type == corev1.EventTypeWarning && ev.Source.Component == "vipd" {
+			t.Errorf("Event on %s: %s: %s", ev.InvolvedObject.Name, ev.Reason, ev.Message)
+		}
+	}
 }
