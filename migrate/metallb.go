@@ -786,6 +786,8 @@ func (m *mmapper) result(files []string) Result {
 		b.WriteString("[kubernetes]\n# MetalLB serves the LoadBalancer Services without a spec.loadBalancerClass: so\n" +
 			"# does this. Set load_balancer_class instead to move Services one at a time.\n")
 		kv(&b, "default_class", "true")
+		b.WriteString("# Services annotated for MetalLB (loadBalancerIPs, address-pool,\n# allow-shared-ip) keep what they ask for.\n")
+		kv(&b, "metallb_annotations", "true")
 		units = append(units, munit{kind: unitKubernetes, text: b.String(), file: m.pools[0].file, line: m.pools[0].line, what: "[kubernetes]"})
 	}
 	for _, p := range m.pools {

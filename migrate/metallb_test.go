@@ -86,6 +86,9 @@ func TestMetalLBMapping(t *testing.T) {
 	if !cfg.Kubernetes.DefaultClass {
 		t.Errorf("default_class is not set: the Services MetalLB served would not be served")
 	}
+	if !cfg.Kubernetes.MetalLBAnnotations {
+		t.Errorf("metallb_annotations is not set: Services annotated for MetalLB would not keep what they ask for")
+	}
 	b := cfg.BGP
 	if b.RouterID.String() != "10.0.0.11" || !slices.Equal(b.Default.Communities, []uint32{64512<<16 | 100}) {
 		t.Errorf("[bgp]: %+v", b)
