@@ -500,7 +500,7 @@ func (m *mmapper) allocation(file string, p *mpool, n *yaml.Node, what string) {
 				p.badSelector = f.k
 			}
 		case "priority":
-			m.at(file, f.k, w, "vipd tries the pools a Service may use in the order they are written, with no priority")
+			m.at(file, f.k, w, "vipd tries the pools a Service may use in their order in the file, with no priority: put the pools in the order of their priorities")
 		default:
 			m.at(file, f.k, w, "no equivalent in vipd: not imported")
 		}
