@@ -59,6 +59,7 @@ fuzz:
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $$((100000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./config
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzKeepalived$$' -fuzztime $$((100000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./migrate
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzIpvsadm$$' -fuzztime $$((40000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./migrate
+	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzMetalLB$$' -fuzztime $$((20000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./migrate
 
 ## e2e: the end-to-end suite in a qemu guest with Debian's kernel.
 e2e: deps

@@ -33,6 +33,11 @@ type Kubernetes struct {
 	Backends string
 	// Pools are the addresses vipd hands out.
 	Pools []KubernetesPool
+	// MetalLBAnnotations reads MetalLB's Service annotations
+	// (loadBalancerIPs, address-pool, allow-shared-ip) as vipd's own
+	// addresses, pool and sharing key, where a Service has none of
+	// vipd's.
+	MetalLBAnnotations bool
 	// LeaderElection lets several vipd nodes serve one cluster: the one
 	// that holds the Lease LeaseNamespace/LeaseName hands out addresses
 	// and writes status; every node programs what the status shows.
@@ -161,7 +166,7 @@ func (k Kubernetes) Equal(o Kubernetes) bool {
 		k.Backends == o.Backends && k.LeaderElection == o.LeaderElection && k.LeaseNamespace == o.LeaseNamespace &&
 		k.LeaseName == o.LeaseName && k.Identity == o.Identity && k.LeaseDuration == o.LeaseDuration &&
 		k.RenewDeadline == o.RenewDeadline && k.RetryPeriod == o.RetryPeriod && k.APIQPS == o.APIQPS &&
-		k.APIBurst == o.APIBurst && slices.EqualFunc(k.Pools, o.Pools, func(a, b KubernetesPool) bool {
+		k.APIBurst == o.APIBurst && k.MetalLBAnnotations == o.MetalLBAnnotations && slices.EqualFunc(k.Pools, o.Pools, func(a, b KubernetesPool) bool {
 		return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses) && a.AutoAssign == b.AutoAssign &&
 			a.AvoidNetworkBroadcast == b.AvoidNetworkBroadcast && slices.Equal(a.Namespaces, b.Namespaces) &&
 			a.ServiceSelector == b.ServiceSelector && a.ShareAcrossNamespaces == b.ShareAcrossNamespaces
@@ -170,22 +175,23 @@ func (k Kubernetes) Equal(o Kubernetes) bool {
 
 // rawKubernetes is the [kubernetes] section as written.
 type rawKubernetes struct {
-	Kubeconfig        *string      `toml:"kubeconfig"`
-	LoadBalancerClass *string      `toml:"load_balancer_class"`
-	DefaultClass      *bool        `toml:"default_class"`
-	Namespaces        []string     `toml:"namespaces"`
-	ServiceSelector   *string      `toml:"service_selector"`
-	Backends          *string      `toml:"backends"`
-	Pool              []rawK8sPool `toml:"pool"`
-	LeaderElection    *bool        `toml:"leader_election"`
-	LeaseNamespace    *string      `toml:"lease_namespace"`
-	LeaseName         *string      `toml:"lease_name"`
-	Identity          *string      `toml:"identity"`
-	LeaseDuration     *duration    `toml:"lease_duration"`
-	RenewDeadline     *duration    `toml:"renew_deadline"`
-	RetryPeriod       *duration    `toml:"retry_period"`
-	APIQPS            *float64     `toml:"api_qps"`
-	APIBurst          *int64       `toml:"api_burst"`
+	Kubeconfig         *string      `toml:"kubeconfig"`
+	LoadBalancerClass  *string      `toml:"load_balancer_class"`
+	DefaultClass       *bool        `toml:"default_class"`
+	Namespaces         []string     `toml:"namespaces"`
+	ServiceSelector    *string      `toml:"service_selector"`
+	Backends           *string      `toml:"backends"`
+	Pool               []rawK8sPool `toml:"pool"`
+	LeaderElection     *bool        `toml:"leader_election"`
+	LeaseNamespace     *string      `toml:"lease_namespace"`
+	LeaseName          *string      `toml:"lease_name"`
+	Identity           *string      `toml:"identity"`
+	LeaseDuration      *duration    `toml:"lease_duration"`
+	RenewDeadline      *duration    `toml:"renew_deadline"`
+	RetryPeriod        *duration    `toml:"retry_period"`
+	APIQPS             *float64     `toml:"api_qps"`
+	APIBurst           *int64       `toml:"api_burst"`
+	MetalLBAnnotations *bool        `toml:"metallb_annotations"`
 }
 
 type rawK8sPool struct {
@@ -203,7 +209,7 @@ func (k *rawKubernetes) set() bool {
 	return k.Kubeconfig != nil || k.LoadBalancerClass != nil || k.DefaultClass != nil || k.Namespaces != nil ||
 		k.ServiceSelector != nil || k.Backends != nil || k.Pool != nil || k.LeaderElection != nil || k.LeaseNamespace != nil ||
 		k.LeaseName != nil || k.Identity != nil || k.LeaseDuration != nil || k.RenewDeadline != nil || k.RetryPeriod != nil ||
-		k.APIQPS != nil || k.APIBurst != nil
+		k.APIQPS != nil || k.APIBurst != nil || k.MetalLBAnnotations != nil
 }
 
 // kubernetes validates the [kubernetes] section into cfg.Kubernetes. The
@@ -293,6 +299,7 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 	}
 	out.LeaderElection = true
 	setBool(&out.LeaderElection, k.LeaderElection)
+	setBool(&out.MetalLBAnnotations, k.MetalLBAnnotations)
 	for _, f := range []struct {
 		raw  *string
 		out  *string

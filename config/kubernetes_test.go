@@ -57,6 +57,12 @@ share_across_namespaces = true
 	if cfg, _ := Parse("t.toml", []byte("[kubernetes]\ndefault_class = true\napi_qps = 7.5\n[[kubernetes.pool]]\nname = \"p\"\naddresses = [\"192.0.2.32/28\"]\n"+haService)); cfg == nil || cfg.Kubernetes.APIQPS != 7.5 || cfg.Kubernetes.APIBurst != 0 {
 		t.Errorf("api_qps 7.5: %+v", cfg)
 	}
+	if k.MetalLBAnnotations {
+		t.Errorf("metallb_annotations is on by default")
+	}
+	if cfg, _ := Parse("t.toml", []byte("[kubernetes]\ndefault_class = true\nmetallb_annotations = true\n[[kubernetes.pool]]\nname = \"p\"\naddresses = [\"192.0.2.32/28\"]\n"+haService)); cfg == nil || !cfg.Kubernetes.MetalLBAnnotations {
+		t.Errorf("metallb_annotations = true: %+v", cfg)
+	}
 	if cfg, _ := Parse("t.toml", []byte(haService)); cfg.Kubernetes.Enabled {
 		t.Error("no [kubernetes], enabled")
 	}

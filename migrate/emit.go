@@ -40,6 +40,8 @@ type Result struct {
 	Issues []Issue
 	// Services is the number of [[service]] tables in TOML.
 	Services int
+	// Pools is the number of [[kubernetes.pool]] tables in TOML.
+	Pools int
 	// MoreIssues counts the issues past the first MaxIssues, which
 	// Issues does not list.
 	MoreIssues int

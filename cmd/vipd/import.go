@@ -17,9 +17,10 @@ const maxPrinted = 100
 
 func newImportCmd() *cobra.Command {
 	var allowPartial bool
+	var finishAs func(cmd *cobra.Command, r migrate.Result, noun string, n int) error
 	cmd := &cobra.Command{
 		Use:   "import",
-		Short: "Print a vipd configuration made from keepalived's or ipvsadm's",
+		Short: "Print a vipd configuration made from keepalived's, ipvsadm's or MetalLB's",
 		Long: `Import reads the configuration of another IPVS manager and prints a vipd
 configuration that programs the same table. Every construct that has no
 equivalent in vipd is listed on standard error as FILE:LINE: what: why, and
@@ -28,6 +29,9 @@ either way, with a comment naming where each service came from.`,
 	}
 	cmd.PersistentFlags().BoolVar(&allowPartial, "allow-partial", false, "exit 0 even when some constructs could not be imported")
 	finish := func(cmd *cobra.Command, r migrate.Result) error {
+		return finishAs(cmd, r, "services", r.Services)
+	}
+	finishAs = func(cmd *cobra.Command, r migrate.Result, noun string, n int) error {
 		cmd.OutOrStdout().Write(r.TOML)
 		printed := min(len(r.Issues), maxPrinted)
 		for _, i := range r.Issues[:printed] {
@@ -42,7 +46,7 @@ either way, with a comment naming where each service came from.`,
 			if all > printed {
 				listed = fmt.Sprintf("the first %d listed above", printed)
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "vipd: %d services imported; %d constructs not imported as they are (%s)\n", r.Services, all, listed)
+			fmt.Fprintf(cmd.ErrOrStderr(), "vipd: %d %s imported; %d constructs not imported as they are (%s)\n", n, noun, all, listed)
 			if !allowPartial {
 				return exitError(1)
 			}
@@ -96,5 +100,21 @@ the same netlink adapter the daemon uses instead (root).`,
 	}
 	ipvsadmCmd.Flags().BoolVar(&live, "live", false, "read the kernel's IPVS table instead of ipvsadm -Sn output")
 	cmd.AddCommand(ipvsadmCmd)
+	cmd.AddCommand(&cobra.Command{
+		Use:   "metallb FILE...",
+		Short: "Import MetalLB's custom resources into [kubernetes] pools and [bgp]",
+		Long: `Import MetalLB's custom resources (metallb.io/v1beta1, and v1beta2 for
+BGPPeer) from YAML files: documents separated by "---", or the lists that
+"kubectl get -o yaml" writes, such as the output of
+  kubectl get -n metallb-system -o yaml ipaddresspools,l2advertisements,bgppeers,bgpadvertisements,communities
+IPAddressPools become [[kubernetes.pool]]s; with BGPPeers, they and the
+BGPAdvertisements become [bgp], otherwise the L2Advertisements' interfaces
+become [daemon] uplinks. Secrets are not read.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r := migrate.MetalLB(args, migrate.MetalLBOptions{})
+			return finishAs(cmd, r, "pools", r.Pools)
+		},
+	})
 	return cmd
 }

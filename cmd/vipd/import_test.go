@@ -59,3 +59,61 @@ func TestImportCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestImportMetalLB: vipd import metallb reads several files, prints the
+// pools and [bgp] on standard output and the issues with their file and
+// line on standard error, exits 1 unless --allow-partial, and its output
+// passes vipd check.
+func TestImportMetalLB(t *testing.T) {
+	pools := filepath.Join("..", "..", "migrate", "testdata", "metallb", "pools.yaml")
+	bgp := filepath.Join("..", "..", "migrate", "testdata", "metallb", "bgp.yaml")
+	for _, tt := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"import", "metallb", pools, bgp}, 1},
+		{[]string{"import", "metallb", "--allow-partial", pools, bgp}, 0},
+	} {
+		var out, errOut strings.Builder
+		root := newRoot(&out, &errOut)
+		root.SetArgs(tt.args)
+		err := root.Execute()
+		code := 0
+		var ex exitError
+		switch {
+		case errors.As(err, &ex):
+			code = int(ex)
+		case err != nil:
+			t.Fatalf("%v: %v", tt.args, err)
+		}
+		for _, want := range []string{`name = "production"`, `[[bgp.peer]]`, `address = "10.0.1.1"`, `default_class = true`} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%v: no %q in the output:\n%s", tt.args, want, out.String())
+			}
+		}
+		for _, want := range []string{bgp + ":33: BGPPeer tor-b: passwordSecret", pools + ":49: IPAddressPool team-selected", "vipd: 3 pools imported; 13 constructs"} {
+			if !strings.Contains(errOut.String(), want) {
+				t.Errorf("%v: no %q in the issues:\n%s", tt.args, want, errOut.String())
+			}
+		}
+		if code != tt.code {
+			t.Errorf("%v: exit %d, want %d", tt.args, code, tt.code)
+		}
+		path := filepath.Join(t.TempDir(), "vipd.toml")
+		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var cout, cerr strings.Builder
+		check := newRoot(&cout, &cerr)
+		check.SetArgs([]string{"check", "--offline", path})
+		if err := check.Execute(); err != nil || !strings.Contains(cout.String(), "ok, 0 services") {
+			t.Errorf("%v: vipd check of the output: %v %s%s", tt.args, err, cout.String(), cerr.String())
+		}
+	}
+	var out, errOut strings.Builder
+	root := newRoot(&out, &errOut)
+	root.SetArgs([]string{"import", "metallb"})
+	if err := root.Execute(); err == nil {
+		t.Errorf("vipd import metallb without a file succeeded")
+	}
+}

@@ -98,6 +98,9 @@ type Options struct {
 	Backends string `toml:"backends"`
 	// Pools are the addresses vipd hands out.
 	Pools []Pool `toml:"pool"`
+	// MetalLBAnnotations reads MetalLB's Service annotations as vipd's
+	// own (see metallb.go).
+	MetalLBAnnotations bool `toml:"metallb_annotations"`
 	// NoPacketFilter says that vipd keeps no packet-filter rules
 	// ([daemon] manage_iptables off), so that nothing can enforce a
 	// Service's source ranges: such a Service gets an Event, and the
@@ -911,7 +914,7 @@ func (c *controller) assign(served []*corev1.Service) {
 		for i, svc := range served {
 			key := keyOf(svc)
 			before := c.alloc.Held(key)
-			w, err := wantOf(svc)
+			w, err := wantOf(c.asked(svc))
 			if err == nil {
 				_, err = c.alloc.Assign(key, w)
 			}
@@ -1301,7 +1304,7 @@ func (c *controller) restore(served []*corev1.Service, leading bool) error {
 			continue
 		}
 		c.written[keyOf(svc)] = true
-		w, err := wantOf(svc)
+		w, err := wantOf(c.asked(svc))
 		lenient := Want{Families: []lb.Family{lb.IPv4, lb.IPv6}, Addrs: addrs, Labels: svc.Labels}
 		switch {
 		case !leading:
