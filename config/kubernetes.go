@@ -125,6 +125,16 @@ func (k *Kubernetes) poolsHoldVIPs(services []lb.VirtualService) bool {
 	return false
 }
 
+// PoolOf returns the name of the [[kubernetes.pool]] that holds a, and
+// whether one does.
+func (k *Kubernetes) PoolOf(a netip.Addr) (string, bool) {
+	i, ok := k.poolHolding(a)
+	if !ok {
+		return "", false
+	}
+	return k.Pools[i].Name, true
+}
+
 // samePools reports whether k and o have the same pools' addresses.
 func (k *Kubernetes) samePools(o *Kubernetes) bool {
 	return slices.Equal(k.ranges, o.ranges)
@@ -158,6 +168,14 @@ const (
 	BackendsNodePort  = "nodeport"
 	BackendsEndpoints = "endpoints"
 )
+
+// EqualBesidesPools reports whether two sections are the same but for
+// their [[kubernetes.pool]] tables, which a reload hands to the running
+// source.
+func (k Kubernetes) EqualBesidesPools(o Kubernetes) bool {
+	k.Pools, o.Pools = nil, nil
+	return k.Equal(o)
+}
 
 // Equal reports whether two sections are the same.
 func (k Kubernetes) Equal(o Kubernetes) bool {

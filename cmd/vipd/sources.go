@@ -35,12 +35,7 @@ func openSources(cfg *config.Config, log *slog.Logger) ([]source.Source, error) 
 		NoPacketFilter:     !cfg.Daemon.ManageIPTables,
 		Logger:             log.With("source", "kubernetes"),
 	}
-	for _, p := range k.Pools {
-		auto := p.AutoAssign
-		opts.Pools = append(opts.Pools, kubernetes.Pool{Name: p.Name, Addresses: p.Addresses, AutoAssign: &auto,
-			AvoidNetworkBroadcast: p.AvoidNetworkBroadcast, Namespaces: p.Namespaces, ServiceSelector: p.ServiceSelector,
-			ShareAcrossNamespaces: p.ShareAcrossNamespaces})
-	}
+	opts.Pools = kubernetes.PoolsOf(k)
 	src, err := kubernetes.New(opts)
 	if err != nil {
 		return nil, err

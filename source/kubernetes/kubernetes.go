@@ -166,12 +166,17 @@ type Source struct {
 	client clientset.Interface
 	// fullSyncs counts the full syncs (tests).
 	fullSyncs atomic.Int64
+	// poolsMu guards nextPools, the pools SetPools hands the running
+	// source, which its loop takes at its next sync; repool wakes it.
+	poolsMu   sync.Mutex
+	nextPools []Pool
+	repool    chan struct{}
 }
 
 // New validates opts and returns a source; nothing reaches the API
 // server before Run.
 func New(opts Options) (*Source, error) {
-	s := &Source{opts: opts, log: opts.Logger, pools: opts.Pools}
+	s := &Source{opts: opts, log: opts.Logger, pools: opts.Pools, repool: make(chan struct{}, 1)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -213,6 +218,57 @@ func New(opts Options) (*Source, error) {
 
 // Name returns "kubernetes".
 func (s *Source) Name() string { return "kubernetes" }
+
+// SetPools hands the source new pools, which a running source applies at
+// once, without a restart: each Service keeps the addresses it holds that
+// are still in a pool for it, a Service whose address left the pools gets
+// another (or waits, with an Event saying why), and Services that wait
+// for an address get one from the new space. It refuses pools that New
+// would refuse, and changes nothing then.
+func (s *Source) SetPools(pools []Pool) error {
+	if len(pools) == 0 {
+		return errors.New("kubernetes: no pools: add a [[kubernetes.pool]]")
+	}
+	if _, err := NewAllocator(pools); err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	s.poolsMu.Lock()
+	s.nextPools = slices.Clone(pools)
+	s.poolsMu.Unlock()
+	select {
+	case s.repool <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// ReloadPools hands the source the [[kubernetes.pool]] tables of k, as
+// SetPools does: a reload of the configuration calls it.
+func (s *Source) ReloadPools(k config.Kubernetes) error { return s.SetPools(PoolsOf(k)) }
+
+// PoolsOf returns the pools of k's [[kubernetes.pool]] tables.
+func PoolsOf(k config.Kubernetes) []Pool {
+	var out []Pool
+	for _, p := range k.Pools {
+		auto := p.AutoAssign
+		out = append(out, Pool{Name: p.Name, Addresses: p.Addresses, AutoAssign: &auto,
+			AvoidNetworkBroadcast: p.AvoidNetworkBroadcast, Namespaces: p.Namespaces, ServiceSelector: p.ServiceSelector,
+			ShareAcrossNamespaces: p.ShareAcrossNamespaces})
+	}
+	return out
+}
+
+// takePools makes the pools SetPools handed over the source's, and
+// reports whether there were any.
+func (s *Source) takePools() bool {
+	s.poolsMu.Lock()
+	defer s.poolsMu.Unlock()
+	if s.nextPools == nil {
+		return false
+	}
+	s.pools, s.nextPools = s.nextPools, nil
+	return true
+}
 
 // restConfig loads the kubeconfig, or the in-cluster configuration.
 func (s *Source) restConfig() (*rest.Config, error) {
@@ -645,6 +701,8 @@ func (c *controller) loop(ctx context.Context, elected <-chan context.Context) e
 			c.status.end()
 		case <-c.dirty:
 			full = false
+		case <-c.s.repool:
+			// New pools: a full sync applies them.
 		case <-c.status.ready:
 			if c.statusResults() {
 				timer.Reset(retry)
@@ -763,11 +821,16 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		}
 	}
 	leading := c.leading()
+	repooled := c.s.takePools()
 	if !leading || !c.restored {
 		if err := c.restore(served, leading); err != nil {
 			return false, err
 		}
 		c.restored = leading
+	} else if repooled {
+		if err := c.reallocate(served); err != nil {
+			return false, err
+		}
 	}
 
 	// Services no longer served: release their addresses, clear the
@@ -1320,6 +1383,44 @@ func (c *controller) restore(served []*corev1.Service, leading bool) error {
 		if leading {
 			c.s.log.Info("kubernetes: restored", "service", keyOf(svc), "status", joinAddrs(addrs), "kept", joinAddrs(kept))
 		}
+	}
+	return nil
+}
+
+// reallocate moves the leader's allocation to new pools (SetPools): each
+// served Service, oldest first, keeps what it holds where it still fits
+// what it asks for; an address that no longer does is let go of, with an
+// Event, and assign then finds the Service another or has it wait.
+func (c *controller) reallocate(served []*corev1.Service) error {
+	alloc, err := NewAllocator(c.s.pools)
+	if err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	prev := c.alloc
+	c.alloc = alloc
+	for _, svc := range served {
+		key := keyOf(svc)
+		held := prev.Held(key)
+		if len(held) == 0 {
+			continue
+		}
+		w, err := wantOf(c.asked(svc))
+		if err != nil {
+			w = Want{Families: []lb.Family{lb.IPv4, lb.IPv6}, Addrs: held, Labels: svc.Labels}
+		}
+		kept := alloc.Restore(key, w, held)
+		var lost []netip.Addr
+		for _, a := range held {
+			if !slices.Contains(kept, a) {
+				lost = append(lost, a)
+			}
+		}
+		if len(lost) == 0 {
+			continue
+		}
+		msg := fmt.Sprintf("%s left the pools for this Service (a reload changed [[kubernetes.pool]]): allocating again", joinAddrs(lost))
+		c.s.log.Warn("kubernetes: "+msg, "service", key, "reason", ReasonAddressRemoved)
+		c.event(svc, corev1.EventTypeWarning, ReasonAddressRemoved, msg)
 	}
 	return nil
 }

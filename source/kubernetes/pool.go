@@ -211,6 +211,9 @@ const (
 	// ReasonPoolNotAllowed: the pool's namespaces or service_selector
 	// leave the Service out.
 	ReasonPoolNotAllowed = "PoolNotAllowed"
+	// ReasonAddressRemoved: a reload took an address the Service held
+	// out of its pools.
+	ReasonAddressRemoved = "AddressRemoved"
 )
 
 // AllocError is why a Service got no address.

@@ -1,0 +1,101 @@
+package kubernetes_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/source/kubernetes"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// A reload hands the source its new pools (agent's poolSource).
+var _ interface {
+	ReloadPools(config.Kubernetes) error
+} = (*kubernetes.Source)(nil)
+
+// waitIngress waits until the status of ns/name in cs holds ips, in order.
+func waitIngress(t *testing.T, cs *fake.Clientset, name string, ips ...string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		svc, err := cs.Tracker().Get(corev1.SchemeGroupVersion.WithResource("services"), "ns", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, in := range svc.(*corev1.Service).Status.LoadBalancer.Ingress {
+			got = append(got, in.IP)
+		}
+		if slices.Equal(got, ips) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ns/%s: status %v, want %v", name, got, ips)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSetPoolsLive hands a running source new pools: the Services keep
+// their addresses, the one waiting for an address gets one from the new
+// space at once, and a Service whose address leaves the pools gets
+// another, with an Event saying why.
+func TestSetPoolsLive(t *testing.T) {
+	http := corev1.ServicePort{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}
+	a := stamped(fakeService("a", nil, http), 1)
+	b := stamped(fakeService("b", nil, http), 2)
+	c := stamped(fakeService("c", nil, http), 3)
+	sink := &fakeSink{}
+	cs := fake.NewClientset(a, b, c)
+	src := runSource(t, kubernetes.Options{Pools: pools("192.0.2.0/31")}, cs, sink)
+	waitFakeEvent(t, cs, "c", kubernetes.ReasonPoolExhausted, "no pool with auto_assign has a free ipv4 address")
+	waitSnap(t, sink, `
+k8s/ns/a/http/tcp tcp 192.0.2.0:80 ->
+k8s/ns/b/http/tcp tcp 192.0.2.1:80 ->`)
+
+	// An address added: c gets it, a and b keep theirs.
+	if err := src.SetPools(pools("192.0.2.0/31", "192.0.2.8")); err != nil {
+		t.Fatal(err)
+	}
+	waitSnap(t, sink, `
+k8s/ns/a/http/tcp tcp 192.0.2.0:80 ->
+k8s/ns/b/http/tcp tcp 192.0.2.1:80 ->
+k8s/ns/c/http/tcp tcp 192.0.2.8:80 ->`)
+	waitIngress(t, cs, "c", "192.0.2.8")
+
+	// b's address removed, a new one added: b moves, with an Event.
+	if err := src.SetPools([]kubernetes.Pool{{Name: "default", Addresses: []string{"192.0.2.0", "192.0.2.8"}}, {Name: "more", Addresses: []string{"198.51.100.1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFakeEvent(t, cs, "b", kubernetes.ReasonAddressRemoved, "192.0.2.1 left the pools for this Service (a reload changed [[kubernetes.pool]]): allocating again")
+	waitSnap(t, sink, `
+k8s/ns/a/http/tcp tcp 192.0.2.0:80 ->
+k8s/ns/b/http/tcp tcp 198.51.100.1:80 ->
+k8s/ns/c/http/tcp tcp 192.0.2.8:80 ->`)
+	waitIngress(t, cs, "b", "198.51.100.1")
+
+	// Pools New refuses are refused, and change nothing.
+	if err := src.SetPools([]kubernetes.Pool{{Name: "x", Addresses: []string{"192.0.2.0"}}, {Name: "x", Addresses: []string{"192.0.2.9"}}}); err == nil {
+		t.Fatal("SetPools took a pool defined twice")
+	}
+	if err := src.SetPools(nil); err == nil {
+		t.Fatal("SetPools took no pools")
+	}
+	waitSnap(t, sink, `
+k8s/ns/a/http/tcp tcp 192.0.2.0:80 ->
+k8s/ns/b/http/tcp tcp 198.51.100.1:80 ->
+k8s/ns/c/http/tcp tcp 192.0.2.8:80 ->`)
+
+	// The last of b's pool removed: b waits, its status cleared.
+	if err := src.SetPools(pools("192.0.2.0", "192.0.2.8")); err != nil {
+		t.Fatal(err)
+	}
+	waitFakeEvent(t, cs, "b", kubernetes.ReasonPoolExhausted, "no pool with auto_assign has a free ipv4 address")
+	waitSnap(t, sink, `
+k8s/ns/a/http/tcp tcp 192.0.2.0:80 ->
+k8s/ns/c/http/tcp tcp 192.0.2.8:80 ->`)
+	waitIngress(t, cs, "b")
+}
