@@ -559,7 +559,7 @@ func restartNeeded(old, cur *config.Config) bool {
 		x.ManageIPTables != y.ManageIPTables || x.StateDir != y.StateDir || x.ResyncInterval != y.ResyncInterval ||
 		x.Watch != y.Watch || x.ControlSocket != y.ControlSocket || x.MetricsListen != y.MetricsListen ||
 		!old.HA.Equal(cur.HA) && !equalBesidesFloating(old.HA, cur.HA) || !old.BGP.SessionsEqual(cur.BGP) ||
-		!old.Kubernetes.Equal(cur.Kubernetes)
+		!old.Kubernetes.EqualBesidesPools(cur.Kubernetes)
 }
 
 // equalBesidesFloating reports whether two [ha] sections differ at most

@@ -151,8 +151,19 @@ func (a *Agent) reload(ctx context.Context, in fileRead, force bool) (Outcome, e
 		a.log.Error("reload refused by the guard; the running configuration keeps serving", "why", why, "err", err)
 		return Outcome{}, err
 	}
+	pools := poolsChanged(a.cfg, cfg)
+	if pools {
+		if err := a.poolGuard(cfg); err != nil {
+			if !force {
+				a.m.ReloadFailed(metrics.ReloadGuard)
+				a.log.Error("reload refused by the guard; the running configuration keeps serving", "why", why, "err", err)
+				return Outcome{}, err
+			}
+			a.log.Warn("forced reload: Services whose addresses leave their pools are allocated again", "why", why, "err", err)
+		}
+	}
 	if delta.Full && restartNeeded(a.cfg, cfg) {
-		a.log.Warn("daemon settings changed (interface, uplinks, announcement, iptables, state_dir, resync, watch, control socket, metrics, [ha], [bgp] sessions or [kubernetes]); they take effect on restart",
+		a.log.Warn("daemon settings changed (interface, uplinks, announcement, iptables, state_dir, resync, watch, control socket, metrics, [ha], [bgp] sessions or [kubernetes] besides its pools); they take effect on restart",
 			"config", a.opts.Path)
 	}
 	undo := a.try(cfg)
@@ -168,7 +179,13 @@ func (a *Agent) reload(ctx context.Context, in fileRead, force bool) (Outcome, e
 		undo()
 		return Outcome{}, ErrNothingApplied
 	}
-	return a.settle(ctx, why, cfg, res, undo)
+	out, serr := a.settle(ctx, why, cfg, res, undo)
+	if pools && a.cfg == cfg {
+		// The [[kubernetes.pool]] tables apply to the running source, at
+		// once: no restart.
+		a.applyPools(running, cfg)
+	}
+	return out, serr
 }
 
 // fileRead is what a reload reads: one file of the configuration as the
