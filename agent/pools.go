@@ -18,6 +18,12 @@ type poolSource interface {
 	ReloadPools(k config.Kubernetes) error
 }
 
+// poolCounter is a source that counts its pools' addresses, for the
+// metrics.
+type poolCounter interface {
+	EachPool(f func(pool, family string, total, inUse, free float64))
+}
+
 // poolSources returns the running sources whose pools a reload changes.
 func (a *Agent) poolSources() []poolSource {
 	var out []poolSource

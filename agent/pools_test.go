@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -118,5 +119,28 @@ func TestReloadPoolsBounded(t *testing.T) {
 	_, err := r.a.Reload(context.Background(), ReloadOptions{})
 	if !errors.Is(err, ErrReloadRejected) || !strings.Contains(err.Error(), "192.0.2.73 (held by ns/s9); and 2 more addresses;") || strings.Contains(err.Error(), "192.0.2.74") {
 		t.Fatalf("removing 12 held addresses: %v", err)
+	}
+}
+
+func (f *poolFakeSource) EachPool(fn func(pool, family string, total, inUse, free float64)) {
+	fn("default", "ipv4", 2, 1, 1)
+}
+
+// TestPoolMetrics: the metrics endpoint exports the pools a source
+// counts.
+func TestPoolMetrics(t *testing.T) {
+	src := &poolFakeSource{fakeSource: newFakeSource("kubernetes")}
+	r := newRig(t, withPools(services(1, 1), "default=192.0.2.64/31"), src)
+	src.sink(t)
+	rec := httptest.NewRecorder()
+	r.a.Metrics().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{
+		`vipd_kubernetes_pool_addresses{family="ipv4",pool="default"} 2`,
+		`vipd_kubernetes_pool_addresses_in_use{family="ipv4",pool="default"} 1`,
+		`vipd_kubernetes_pool_addresses_free{family="ipv4",pool="default"} 1`,
+	} {
+		if !strings.Contains(rec.Body.String(), want+"\n") {
+			t.Errorf("metrics have no %q:\n%s", want, grepLines(rec.Body.String(), "vipd_kubernetes"))
+		}
 	}
 }

@@ -225,6 +225,9 @@ func (a *Agent) runSources(ctx context.Context, errs chan<- error) (stop func())
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for _, src := range a.opts.Sources {
+		if pc, ok := src.(poolCounter); ok {
+			a.m.Pools(pc.EachPool)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -131,6 +131,9 @@ type Metrics struct {
 	// sourceUp is registered when Source is first called.
 	sourceOnce sync.Once
 	sourceUp   *prometheus.GaugeVec
+	// pools is registered when Pools is first called.
+	poolsOnce sync.Once
+	pools     poolCollector
 
 	mu sync.Mutex
 	// set holds the value vipd last set each sysctl to.

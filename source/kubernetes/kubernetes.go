@@ -171,6 +171,9 @@ type Source struct {
 	poolsMu   sync.Mutex
 	nextPools []Pool
 	repool    chan struct{}
+	// counts are the pools' addresses after the last full sync
+	// (EachPool), guarded by poolsMu.
+	counts []PoolCount
 }
 
 // New validates opts and returns a source; nothing reaches the API
@@ -256,6 +259,18 @@ func PoolsOf(k config.Kubernetes) []Pool {
 			ShareAcrossNamespaces: p.ShareAcrossNamespaces})
 	}
 	return out
+}
+
+// EachPool calls f with the addresses of each pool and family, as the
+// last full sync left them: total (those it may hand out), in use and
+// free. It calls f for none before the first.
+func (s *Source) EachPool(f func(pool, family string, total, inUse, free float64)) {
+	s.poolsMu.Lock()
+	counts := s.counts
+	s.poolsMu.Unlock()
+	for _, c := range counts {
+		f(c.Pool, c.Family, c.Total, c.InUse, c.Free)
+	}
 }
 
 // takePools makes the pools SetPools handed over the source's, and
@@ -908,6 +923,10 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 	if leading {
 		c.assign(served)
 	}
+	counts := c.alloc.counts()
+	c.s.poolsMu.Lock()
+	c.s.counts = counts
+	c.s.poolsMu.Unlock()
 	for _, svc := range served {
 		key := keyOf(svc)
 		held := c.alloc.Held(key)

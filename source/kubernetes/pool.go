@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/big"
 	"net/netip"
 	"slices"
 	"strings"
@@ -717,4 +718,68 @@ func truncate(s string) string {
 		return s[:64] + "..."
 	}
 	return s
+}
+
+// PoolCount is how many addresses of one family a pool has: Total it may
+// hand out, InUse held by Services, Free neither held nor shown in the
+// status of a Service vipd does not serve.
+type PoolCount struct {
+	Pool, Family       string
+	Total, InUse, Free float64
+}
+
+// counts returns the addresses of each pool and family, in the pools'
+// order, IPv4 first.
+func (a *Allocator) counts() []PoolCount {
+	type pf struct {
+		p   *pool
+		fam lb.Family
+	}
+	inUse, taken := map[pf]float64{}, map[pf]float64{}
+	for addr := range a.used {
+		if p := a.poolOf(addr); p != nil {
+			k := pf{p, lb.FamilyOf(addr)}
+			inUse[k]++
+			if !p.avoid[addr] {
+				taken[k]++
+			}
+		}
+	}
+	for addr := range a.foreign {
+		if p := a.poolOf(addr); p != nil && a.used[addr] == nil && !p.avoid[addr] {
+			taken[pf{p, lb.FamilyOf(addr)}]++
+		}
+	}
+	var out []PoolCount
+	for _, p := range a.pools {
+		for _, fam := range []lb.Family{lb.IPv4, lb.IPv6} {
+			total, any := 0.0, false
+			for _, s := range p.spans {
+				if lb.FamilyOf(s.first) == fam {
+					total += s.size()
+					any = true
+				}
+			}
+			if !any {
+				continue
+			}
+			for addr := range p.avoid {
+				if lb.FamilyOf(addr) == fam {
+					total--
+				}
+			}
+			k := pf{p, fam}
+			out = append(out, PoolCount{Pool: p.name, Family: fam.String(), Total: total, InUse: inUse[k], Free: max(total-taken[k], 0)})
+		}
+	}
+	return out
+}
+
+// size returns how many addresses s holds.
+func (s span) size() float64 {
+	f, l := s.first.As16(), s.last.As16()
+	var d big.Int
+	d.Sub(new(big.Int).SetBytes(l[:]), new(big.Int).SetBytes(f[:]))
+	v, _ := new(big.Float).SetInt(&d).Float64()
+	return v + 1
 }

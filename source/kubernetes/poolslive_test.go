@@ -1,7 +1,9 @@
 package kubernetes_test
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	"github.com/vipd/vipd/source/kubernetes"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
 )
 
 // A reload hands the source its new pools (agent's poolSource).
@@ -98,4 +101,54 @@ k8s/ns/c/http/tcp tcp 192.0.2.8:80 ->`)
 k8s/ns/a/http/tcp tcp 192.0.2.0:80 ->
 k8s/ns/c/http/tcp tcp 192.0.2.8:80 ->`)
 	waitIngress(t, cs, "b")
+}
+
+// waitCounts waits until src's pool counts, one "POOL FAMILY TOTAL
+// IN-USE FREE" per line, are want.
+func waitCounts(t *testing.T, src *kubernetes.Source, want string) {
+	t.Helper()
+	want = strings.TrimSpace(want)
+	deadline := time.Now().Add(timeout)
+	for {
+		var lines []string
+		src.EachPool(func(pool, family string, total, inUse, free float64) {
+			lines = append(lines, fmt.Sprintf("%s %s %v %v %v", pool, family, total, inUse, free))
+		})
+		got := strings.Join(lines, "\n")
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool counts:\n%s\nwant:\n%s", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestPoolCounts: the source counts each pool's addresses by family, as
+// its metrics export them: those it may hand out (network and broadcast
+// kept out), those Services hold, and those free, which leaves out an
+// address another load balancer's Service shows.
+func TestPoolCounts(t *testing.T) {
+	http := corev1.ServicePort{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}
+	a := stamped(fakeService("a", nil, http), 1)
+	b := stamped(fakeService("b", nil, http), 2)
+	other := stamped(fakeService("other", nil, http), 3)
+	other.Spec.LoadBalancerClass = ptr.To("elsewhere")
+	other.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.3"}}
+	sink := &fakeSink{}
+	cs := fake.NewClientset(a, b, other)
+	src := runSource(t, kubernetes.Options{Pools: []kubernetes.Pool{
+		{Name: "default", Addresses: []string{"192.0.2.0/30"}, AvoidNetworkBroadcast: true},
+		{Name: "more", Addresses: []string{"198.51.100.0/30", "2001:db8::/64"}, AutoAssign: ptr.To(false)},
+	}}, cs, sink)
+	waitCounts(t, src, `
+default ipv4 2 2 0
+more ipv4 4 0 3
+more ipv6 1.8446744073709552e+19 0 1.8446744073709552e+19`)
+	if err := src.SetPools(pools("192.0.2.0/29")); err != nil {
+		t.Fatal(err)
+	}
+	waitCounts(t, src, "default ipv4 8 2 6")
+	waitIngress(t, cs, "a", "192.0.2.1")
 }
