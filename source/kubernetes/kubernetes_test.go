@@ -113,6 +113,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("Class", e.testClass)
 	t.Run("Selector", e.testSelector)
 	t.Run("Tenants", e.testTenants)
+	t.Run("PoolsLive", e.testPoolsLive)
 	// Last: it stops the API server.
 	t.Run("APILoss", e.testAPILoss)
 }

@@ -152,3 +152,31 @@ more ipv6 1.8446744073709552e+19 0 1.8446744073709552e+19`)
 	waitCounts(t, src, "default ipv4 8 2 6")
 	waitIngress(t, cs, "a", "192.0.2.1")
 }
+
+// testPoolsLive hands a source running against the API server new pools:
+// the waiting Service gets an address from the new space, and one whose
+// address leaves the pools moves, with an Event.
+func (e *env) testPoolsLive(t *testing.T) {
+	ns := e.namespace(t)
+	sink := &fakeSink{}
+	var src *kubernetes.Source
+	e.runWith(t, kubernetes.Options{Namespaces: []string{ns}, Pools: pools("192.0.2.40/31")}, sink, func(s *kubernetes.Source) { src = s })
+	// Oldest first, and by name within a second.
+	for _, name := range []string{"s1", "s2", "s3"} {
+		e.create(t, lbService(ns, name, port("", corev1.ProtocolTCP, 80)))
+	}
+	e.waitStatus(t, ns, "s1", "192.0.2.40")
+	e.waitStatus(t, ns, "s2", "192.0.2.41")
+	e.waitEvent(t, ns, "s3", kubernetes.ReasonPoolExhausted, "no pool with auto_assign has a free ipv4 address")
+	if err := src.SetPools(pools("192.0.2.40/31", "192.0.2.44")); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStatus(t, ns, "s3", "192.0.2.44")
+	if err := src.SetPools(pools("192.0.2.40", "192.0.2.44", "192.0.2.46")); err != nil {
+		t.Fatal(err)
+	}
+	e.waitEvent(t, ns, "s2", kubernetes.ReasonAddressRemoved, "192.0.2.41 left the pools for this Service (a reload changed [[kubernetes.pool]]): allocating again")
+	e.waitStatus(t, ns, "s2", "192.0.2.46")
+	e.waitStatus(t, ns, "s1", "192.0.2.40")
+	e.waitStatus(t, ns, "s3", "192.0.2.44")
+}
