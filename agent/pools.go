@@ -42,7 +42,8 @@ func poolsChanged(old, cfg *config.Config) bool {
 		!(config.Kubernetes{Pools: old.Kubernetes.Pools}).Equal(config.Kubernetes{Pools: cfg.Kubernetes.Pools})
 }
 
-// maxPoolRefusals bounds the addresses a refusal names.
+// maxPoolRefusals bounds the addresses a refusal names, and the Services
+// it names per address.
 const maxPoolRefusals = 10
 
 // poolGuard refuses new pools that take addresses Services hold out of
@@ -94,7 +95,11 @@ func (a *Agent) poolGuard(cfg *config.Config) error {
 				continue
 			}
 			n++
-			addrs = append(addrs, fmt.Sprintf("%s (held by %s)", addr, strings.Join(slices.Sorted(maps.Keys(held[p][addr])), ", ")))
+			holders := slices.Sorted(maps.Keys(held[p][addr]))
+			if len(holders) > maxPoolRefusals {
+				holders = append(holders[:maxPoolRefusals], fmt.Sprintf("%d more", len(holders)-maxPoolRefusals))
+			}
+			addrs = append(addrs, fmt.Sprintf("%s (held by %s)", addr, strings.Join(holders, ", ")))
 		}
 		if len(addrs) > 0 {
 			parts = append(parts, fmt.Sprintf("pool %q: %s", p, strings.Join(addrs, ", ")))

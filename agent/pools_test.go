@@ -114,11 +114,22 @@ func TestReloadPoolsBounded(t *testing.T) {
 	for i := range 12 {
 		svcs = append(svcs, vs(fmt.Sprintf("k8s/ns/s%d/http/tcp", i), fmt.Sprintf("192.0.2.%d", 64+i), "10.1.0.1"))
 	}
+	// Twelve Services sharing one address, on other ports.
+	for i := range 12 {
+		v := vs(fmt.Sprintf("k8s/ns/shared%02d/http/tcp", i), "192.0.2.80", "10.1.0.1")
+		v.Service.Key.Port = uint16(1000 + i)
+		svcs = append(svcs, v)
+	}
 	publish(t, src.sink(t), svcs...)
 	r.write(withPools(services(1, 1), "default=192.0.2.90"))
 	_, err := r.a.Reload(context.Background(), ReloadOptions{})
-	if !errors.Is(err, ErrReloadRejected) || !strings.Contains(err.Error(), "192.0.2.73 (held by ns/s9); and 2 more addresses;") || strings.Contains(err.Error(), "192.0.2.74") {
-		t.Fatalf("removing 12 held addresses: %v", err)
+	if !errors.Is(err, ErrReloadRejected) || !strings.Contains(err.Error(), "192.0.2.73 (held by ns/s9); and 3 more addresses;") || strings.Contains(err.Error(), "192.0.2.74") {
+		t.Fatalf("removing 13 held addresses: %v", err)
+	}
+	r.write(withPools(services(1, 1), "default=192.0.2.64/28"))
+	_, err = r.a.Reload(context.Background(), ReloadOptions{})
+	if !errors.Is(err, ErrReloadRejected) || !strings.Contains(err.Error(), `pool "default": 192.0.2.80 (held by ns/shared00, ns/shared01, ns/shared02, ns/shared03, ns/shared04, ns/shared05, ns/shared06, ns/shared07, ns/shared08, ns/shared09, 2 more);`) {
+		t.Fatalf("removing an address 12 Services share: %v", err)
 	}
 }
 
