@@ -175,8 +175,22 @@ _topo_finish() {
 	# shellcheck disable=SC2086
 	_topo_start_backends $TOPO_BACKENDS || return 1
 	topo_env >"$TOPO_STATE/env"
+	# The global addresses skip duplicate address detection (nodad), but
+	# every interface's link-local address goes through it, and until it
+	# is done a namespace solicits its IPv6 neighbours late: the first
+	# packet of a fresh namespace to a new IPv6 neighbour waited a second
+	# or more (a backend's first direct reply to the client in DR and TUN).
+	local ns i
+	for ns in "" $(cat "$TOPO_STATE/namespaces"); do
+		for ((i = 0; ; i++)); do
+			[[ -n $(ip ${ns:+-n "$ns"} -6 addr show scope link tentative -dadfailed) ]] || break
+			((i < 100)) || _topo_fail "${ns:-the root namespace} still has tentative IPv6 addresses after 5 s" || return 1
+			sleep 0.05
+		done
+	done
 	# Sanity, and warm ARP/NDP caches: every backend answers the LB, the LB
-	# answers the client, over IPv4 and IPv6.
+	# answers the client, over IPv4 and IPv6; where backends answer the
+	# client directly (DR, TUN), every backend reaches the client too.
 	local ip
 	for ip in $TOPO_BACKEND_IPS $TOPO_BACKEND_IP6S; do
 		busybox ping -c 1 -W 2 "$ip" >/dev/null 2>&1 || _topo_fail "backend $ip unreachable from the LB" || return 1
@@ -185,6 +199,16 @@ _topo_finish() {
 		ip netns exec "$TOPO_CLIENT_NS" busybox ping -c 1 -W 2 "$ip" >/dev/null 2>&1 ||
 			_topo_fail "LB $ip unreachable from the client" || return 1
 	done
+	case $TOPO_KIND in
+	dr | tun-*)
+		for ns in $TOPO_BACKENDS; do
+			for ip in "$TOPO_CLIENT_IP" "$TOPO_CLIENT_IP6"; do
+				ip netns exec "$ns" busybox ping -c 1 -W 2 "$ip" >/dev/null 2>&1 ||
+					_topo_fail "client $ip unreachable from backend $ns" || return 1
+			done
+		done
+		;;
+	esac
 }
 
 # topo_nat N [onearm]: LVS-NAT topology (see the top of this file).
