@@ -83,7 +83,7 @@ var testHookBeforeOpen func(path string)
 // file of at most limit bytes.
 func checkFile(path string, fi fs.FileInfo, limit int64) error {
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, fileKind(fi.Mode()))
+		return fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, FileKind(fi.Mode()))
 	}
 	if fi.Size() > limit {
 		return fmt.Errorf("%s: %w: %d bytes, the limit is %s", path, ErrTooLarge, fi.Size(), sizeString(limit))
@@ -91,8 +91,9 @@ func checkFile(path string, fi fs.FileInfo, limit int64) error {
 	return nil
 }
 
-// fileKind names the type of a file that is not a regular one.
-func fileKind(m fs.FileMode) string {
+// FileKind names the type of a file that is not a regular one, for the
+// errors of a reader that refuses it ("a FIFO", "a directory").
+func FileKind(m fs.FileMode) string {
 	switch {
 	case m.IsDir():
 		return "a directory"

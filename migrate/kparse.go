@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/vipd/vipd/config"
 )
 
 // Limits bound what a keepalived configuration may cost to read, so that a
@@ -136,7 +138,7 @@ func (r *reader) readFile(name string) ([]byte, error) {
 // what is left of Limits.Bytes.
 func (r *reader) checkFile(fi fs.FileInfo) error {
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("%w (%s)", errNotRegular, fileKind(fi.Mode()))
+		return fmt.Errorf("%w (%s)", errNotRegular, config.FileKind(fi.Mode()))
 	}
 	if fi.Size() > r.limits.Bytes-r.bytes {
 		return r.tooLarge()
@@ -151,23 +153,6 @@ func (r *reader) tooLarge() error {
 		size += fmt.Sprintf(" (%d MiB)", n>>20)
 	}
 	return fmt.Errorf("%w: the configuration and its includes exceed %s", errTooLarge, size)
-}
-
-// fileKind names the type of a file that is not a regular one.
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "a directory"
-	case m&fs.ModeNamedPipe != 0:
-		return "a FIFO"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m&fs.ModeCharDevice != 0:
-		return "a character device"
-	case m&fs.ModeDevice != 0:
-		return "a block device"
-	}
-	return "file mode " + m.String()
 }
 
 func (r *reader) glob(pattern string) ([]string, error) {
