@@ -69,6 +69,13 @@ const ReasonNoNodePorts = "NoNodePorts"
 // change the port.
 const ReasonPortChange = "PortChange"
 
+// ReasonSNATUnavailable is the reason of the Event on a Service that asks
+// for SNAT (vipd.io/snat, or its pool's snat) when vipd keeps no
+// packet-filter rules ([daemon] manage_iptables off): nothing could do
+// the SNAT, so the Service is not served rather than served with replies
+// that bypass vipd.
+const ReasonSNATUnavailable = "SNATUnavailable"
+
 // ReasonSourceRangesUnenforceable is the reason of the Event on a Service
 // with source ranges when vipd keeps no packet-filter rules ([daemon]
 // manage_iptables off): nothing could enforce them, so the Service is not
@@ -137,8 +144,66 @@ type Options struct {
 	APIQPS   float64 `toml:"api_qps"`
 	APIBurst int     `toml:"api_burst"`
 
+	// NodeHealth, when not nil, probes the Nodes of nodeport-mode
+	// Services as cloud load balancers do; nil probes nothing.
+	NodeHealth *NodeHealth `toml:"-"`
+
 	// Logger logs what the source does; nil discards.
 	Logger *slog.Logger `toml:"-"`
+}
+
+// NodeHealth is how the source probes the Nodes that nodeport-mode
+// Services balance to. A Service with externalTrafficPolicy Cluster has
+// each Node probed at Port and Path (kube-proxy's health server: 10256,
+// /healthz); one with Local at its spec.healthCheckNodePort, /healthz,
+// where kube-proxy answers 200 while the Node has a ready endpoint of the
+// Service and 503 when it has none. A probe passes on 200 alone. The
+// probes of one Node are shared by every Service that asks the same of
+// it. A Node that fails leaves the Service (removed, drained as any
+// backend); when every Node fails, the Service keeps them all (quorum 1),
+// for that is more likely the probe's fault than every Node's.
+type NodeHealth struct {
+	// Port is the health port of every Node for Cluster Services; zero
+	// probes them not.
+	Port uint16
+	// Path is the request path at Port.
+	Path string
+	// Local probes Local Services at their healthCheckNodePort; without
+	// it they are probed as Cluster ones.
+	Local bool
+	// Interval, Timeout, Rise and Fall are the probes' timing, as a
+	// check's (zero: the health package's defaults).
+	Interval, Timeout time.Duration
+	Rise, Fall        int
+}
+
+// kubeProxyHealthzPath is where kube-proxy serves a Service's health at
+// its healthCheckNodePort.
+const kubeProxyHealthzPath = "/healthz"
+
+// nodeHealthPolicy is what a failed Node probe does: the Node leaves the
+// Service, unless every Node fails.
+var nodeHealthPolicy = health.Policy{Action: health.Remove, Quorum: 1}
+
+// check returns the probe of svc's Nodes, or nil when they are not
+// probed: not in nodeport mode, no NodeHealth, or nothing to probe.
+func (nh *NodeHealth) check(svc *corev1.Service, st settings) *health.Spec {
+	if nh == nil || st.mode != BackendsNodePort {
+		return nil
+	}
+	port, path := nh.Port, nh.Path
+	if nh.Local && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal && svc.Spec.HealthCheckNodePort > 0 &&
+		svc.Spec.HealthCheckNodePort < 65536 {
+		port, path = uint16(svc.Spec.HealthCheckNodePort), kubeProxyHealthzPath
+	}
+	if port == 0 {
+		return nil
+	}
+	return &health.Spec{Kind: health.KindHTTP, Port: port, Interval: nh.Interval, Timeout: nh.Timeout, Rise: nh.Rise, Fall: nh.Fall,
+		// The Node's Ready condition vouches for it until a probe says
+		// otherwise, so that a restart of vipd keeps serving.
+		Initial: health.Up,
+		HTTP:    health.HTTPOptions{Path: path, Status: []health.StatusRange{{Lo: 200, Hi: 200}}}}
 }
 
 // The default rate limit of the requests to the API server: client-go's
@@ -203,6 +268,13 @@ func New(opts Options) (*Source, error) {
 	}
 	if _, err := NewAllocator(opts.Pools); err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	if nh := opts.NodeHealth; nh != nil {
+		probe := (&NodeHealth{Port: 1, Path: nh.Path, Interval: nh.Interval, Timeout: nh.Timeout, Rise: nh.Rise, Fall: nh.Fall}).
+			check(&corev1.Service{}, settings{mode: BackendsNodePort})
+		if err := probe.Validate(); err != nil {
+			return nil, fmt.Errorf("kubernetes: node_health: %w", err)
+		}
 	}
 	if err := s.leaseDefaults(); err != nil {
 		return nil, err
@@ -948,15 +1020,9 @@ func (c *controller) sync(ctx context.Context) (bool, error) {
 		st, serr := c.settingsOf(svc)
 		c.warn(svc, "settings", serr)
 		c.warn(svc, "nodeports", noNodePorts(svc, st))
-		vss := virtualServices(svc, held, st, nodes, idx[key])
-		c.warn(svc, "ports", keepPorts(vss))
-		c.warn(svc, "source-ranges", c.sourceRangesErr(svc))
-		if st.check != nil {
-			for _, vs := range vss {
-				h := config.ServiceHealth{Checks: make(map[netip.AddrPort]health.Spec, len(vs.Backends))}
-				for _, b := range vs.Backends {
-					h.Checks[b.Addr] = *st.check
-				}
+		vss, hs := c.servicesOf(svc, held, st, nodes, idx[key])
+		for _, vs := range vss {
+			if h, ok := hs[vs.Name]; ok {
 				if snap.Health == nil {
 					snap.Health = map[string]config.ServiceHealth{}
 				}
@@ -1050,20 +1116,24 @@ func (c *controller) syncSlices(ctx context.Context, keys []string) (again, sync
 		lo, hi := nameRange(services, key)
 		held := c.alloc.Held(key)
 		st, _ := c.settingsOf(svc)
-		if st.check != nil {
-			return false, false, nil
-		}
 		var vss []lb.VirtualService
+		var hs map[string]config.ServiceHealth
 		if len(held) > 0 {
-			vss = virtualServices(svc, held, st, nodes, c.slicesOf(key))
-			c.warn(svc, "ports", keepPorts(vss))
-			c.warn(svc, "source-ranges", c.sourceRangesErr(svc))
+			vss, hs = c.servicesOf(svc, held, st, nodes, c.slicesOf(key))
 		}
 		if hi-lo != len(vss) {
 			return false, false, nil
 		}
 		for k := range vss {
 			if services[lo+k].Name != vss[k].Name {
+				return false, false, nil
+			}
+			// A change of a checked service's checks (a Node that comes
+			// or goes) takes a full sync, which hands the checker its
+			// targets.
+			h, ok := hs[vss[k].Name]
+			was, wasOK := c.published.Health[vss[k].Name]
+			if ok != wasOK || ok && !reflect.DeepEqual(h, was) {
 				return false, false, nil
 			}
 			if reflect.DeepEqual(services[lo+k], vss[k]) {
@@ -1118,7 +1188,7 @@ func (c *controller) slicesOf(key string) []*discoveryv1.EndpointSlice {
 
 // warnings are the subjects of a Service's warning Events, one lasting
 // warning each: see warn.
-var warnings = []string{"address", "settings", "nodeports", "ports"}
+var warnings = []string{"address", "settings", "nodeports", "ports", "source-ranges", "snat"}
 
 // noNodePorts returns an error when svc is in nodeport mode and has a
 // port without a nodePort, as spec.allocateLoadBalancerNodePorts false
@@ -1170,6 +1240,49 @@ func keepPorts(vss []lb.VirtualService) error {
 	return first
 }
 
+// servicesOf returns the virtual services of svc at the addresses it
+// holds, with the health checking of those that have any, and warns of
+// what it leaves out.
+func (c *controller) servicesOf(svc *corev1.Service, held []netip.Addr, st settings, nodes []*corev1.Node, eps []*discoveryv1.EndpointSlice) ([]lb.VirtualService, map[string]config.ServiceHealth) {
+	vss := virtualServices(svc, held, st, nodes, eps)
+	c.warn(svc, "ports", keepPorts(vss))
+	c.warn(svc, "source-ranges", c.sourceRangesErr(svc))
+	snat := false
+	for i := range vss {
+		vs := &vss[i]
+		on := c.alloc.snat(vs.VIP)
+		if st.snat != nil {
+			on = *st.snat
+		}
+		// A pool's snat is for the Services that forward with masq:
+		// direct routing and tunnels never see the replies.
+		vs.SNAT = on && st.forward == lb.Masq
+		snat = snat || vs.SNAT
+	}
+	if snat && c.s.opts.NoPacketFilter {
+		c.warn(svc, "snat", allocErrorf(ReasonSNATUnavailable,
+			"the Service asks for SNAT, and vipd keeps no packet-filter rules to do it ([daemon] manage_iptables is off): it is not served"))
+		return nil, nil
+	}
+	c.warn(svc, "snat", nil)
+	check, policy := st.check, health.Policy{}
+	if check == nil {
+		check, policy = c.s.opts.NodeHealth.check(svc, st), nodeHealthPolicy
+	}
+	if check == nil {
+		return vss, nil
+	}
+	hs := make(map[string]config.ServiceHealth, len(vss))
+	for _, vs := range vss {
+		h := config.ServiceHealth{Policy: policy, Checks: make(map[netip.AddrPort]health.Spec, len(vs.Backends))}
+		for _, b := range vs.Backends {
+			h.Checks[b.Addr] = *check
+		}
+		hs[vs.Name] = h
+	}
+	return vss, hs
+}
+
 // settings are a Service's choices that are not about its address.
 type settings struct {
 	mode      string
@@ -1179,6 +1292,9 @@ type settings struct {
 	forward lb.Forward
 	// check is the health check of every backend, from vipd.io/check.
 	check *health.Spec
+	// snat, from vipd.io/snat, says whether traffic to the backends
+	// comes from the load balancer's address; nil leaves it to the pool.
+	snat *bool
 }
 
 // settingsOf returns svc's backend mode and scheduler, from its
@@ -1252,6 +1368,16 @@ func parseSettings(svc *corev1.Service, defaultMode string) (settings, error) {
 			return settings{}, allocErrorf(ReasonBadAnnotation, "%s: port %d: in nodeport mode the backends are the Nodes, and a check port would reach their other services (leave port out: the check probes the node port)", AnnotationCheck, check.Port)
 		}
 		st.check = check
+	}
+	if text, ok := svc.Annotations[AnnotationSNAT]; ok {
+		on, err := strconv.ParseBool(strings.TrimSpace(text))
+		if err != nil {
+			return settings{}, allocErrorf(ReasonBadAnnotation, "%s %q must be \"true\" or \"false\"", AnnotationSNAT, truncate(text))
+		}
+		if on && st.forward != lb.Masq {
+			return settings{}, allocErrorf(ReasonBadAnnotation, "%s: SNAT needs masq forwarding, not %s", AnnotationSNAT, st.forward)
+		}
+		st.snat = &on
 	}
 	return st, nil
 }
@@ -1600,38 +1726,31 @@ func epServingTerminating(c discoveryv1.EndpointConditions) bool {
 }
 
 // nodePortBackends returns the Ready Nodes' internal addresses of family
-// fam at p's nodePort; with externalTrafficPolicy Local, only those Nodes
-// with a ready endpoint of the Service, or when none is ready, those with
-// a serving and terminating one (KEP-1669: kube-proxy sends a node's
-// traffic to them then, so that a rollout of one replica does not go
-// dark). Nodes labelled
+// fam at p's nodePort, with weight 1. With externalTrafficPolicy Local it
+// returns only the Nodes with a ready endpoint of the Service of family
+// fam, each weighted by how many it has, so that a Node with three pods
+// takes three times the connections of a Node with one; when no endpoint
+// is ready, the Nodes with a serving and terminating one, weighted by
+// those (KEP-1669: kube-proxy sends a Node's traffic to them then, so
+// that a rollout of one replica does not go dark). Nodes labelled
 // node.kubernetes.io/exclude-from-external-load-balancers are left out.
 func nodePortBackends(svc *corev1.Service, p corev1.ServicePort, fam lb.Family, nodes []*corev1.Node, eps []*discoveryv1.EndpointSlice) []lb.Destination {
 	if p.NodePort == 0 {
 		return nil
 	}
-	var local map[string]bool
+	var local map[string]int
 	if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
-		local = map[string]bool{}
-		terminating := map[string]bool{}
-		for _, es := range eps {
-			for _, ep := range es.Endpoints {
-				switch {
-				case ep.NodeName == nil:
-				case epReady(ep.Conditions):
-					local[*ep.NodeName] = true
-				case epServingTerminating(ep.Conditions):
-					terminating[*ep.NodeName] = true
-				}
-			}
-		}
-		if len(local) == 0 {
-			local = terminating
-		}
+		local = localEndpoints(fam, eps)
 	}
 	var out []lb.Destination
 	for _, n := range nodes {
-		if !nodeReady(n) || local != nil && !local[n.Name] {
+		weight := 1
+		if local != nil {
+			if weight = local[n.Name]; weight == 0 {
+				continue
+			}
+		}
+		if !nodeReady(n) {
 			continue
 		}
 		if _, ok := n.Labels[corev1.LabelNodeExcludeBalancers]; ok {
@@ -1645,11 +1764,60 @@ func nodePortBackends(svc *corev1.Service, p corev1.ServicePort, fam lb.Family, 
 			if err != nil || lb.FamilyOf(ip) != fam {
 				continue
 			}
-			out = append(out, lb.Destination{Addr: netip.AddrPortFrom(ip.Unmap(), uint16(p.NodePort)), Weight: 1, Forward: lb.Masq})
+			out = append(out, lb.Destination{Addr: netip.AddrPortFrom(ip.Unmap(), uint16(p.NodePort)), Weight: weight, Forward: lb.Masq})
 			break
 		}
 	}
 	return sortDests(out)
+}
+
+// maxNodeWeight bounds the weight of a Node: its count of local
+// endpoints, beyond which the proportions no longer matter.
+const maxNodeWeight = 1000
+
+// localEndpoints counts the ready endpoints of family fam on each Node
+// (those of every family when the Service has no EndpointSlice of fam:
+// they still say where its pods run); when none is ready anywhere, the
+// serving and terminating ones.
+func localEndpoints(fam lb.Family, eps []*discoveryv1.EndpointSlice) map[string]int {
+	want := discoveryv1.AddressTypeIPv4
+	if fam == lb.IPv6 {
+		want = discoveryv1.AddressTypeIPv6
+	}
+	if !slices.ContainsFunc(eps, func(es *discoveryv1.EndpointSlice) bool { return es.AddressType == want }) {
+		want = ""
+	}
+	ready, terminating := map[string]map[string]bool{}, map[string]map[string]bool{}
+	add := func(m map[string]map[string]bool, node string, addrs []string) {
+		if m[node] == nil {
+			m[node] = map[string]bool{}
+		}
+		for _, a := range addrs {
+			m[node][a] = true
+		}
+	}
+	for _, es := range eps {
+		if want != "" && es.AddressType != want {
+			continue
+		}
+		for _, ep := range es.Endpoints {
+			switch {
+			case ep.NodeName == nil || len(ep.Addresses) == 0:
+			case epReady(ep.Conditions):
+				add(ready, *ep.NodeName, ep.Addresses[:1])
+			case epServingTerminating(ep.Conditions):
+				add(terminating, *ep.NodeName, ep.Addresses[:1])
+			}
+		}
+	}
+	if len(ready) == 0 {
+		ready = terminating
+	}
+	out := make(map[string]int, len(ready))
+	for node, addrs := range ready {
+		out[node] = min(len(addrs), maxNodeWeight)
+	}
+	return out
 }
 
 // endpointBackends returns the endpoints of port p of family fam,

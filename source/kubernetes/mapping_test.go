@@ -262,3 +262,64 @@ k8s/ns/web/dns/udp udp 192.0.2.1:53 wlc vip=192.0.2.1 announce=true ->`
 		t.Errorf("none serving:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestLocalWeights: with externalTrafficPolicy Local a Node weighs its
+// ready endpoints of the VIP's family, counted once per address whatever
+// the number of slices that list them; with none ready anywhere, its
+// serving and terminating ones; a Service without a slice of the family
+// counts the others.
+func TestLocalWeights(t *testing.T) {
+	yes, no := ptr.To(true), ptr.To(false)
+	nodes := []*corev1.Node{
+		testNode("a", true, nil, "10.0.0.1", "fd00::1"),
+		testNode("b", true, nil, "10.0.0.2", "fd00::2"),
+		testNode("c", true, nil, "10.0.0.3", "fd00::3"),
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec: corev1.ServiceSpec{ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 30080}}},
+	}
+	http := []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](8080)}}
+	v4 := []*discoveryv1.EndpointSlice{
+		testSlice(discoveryv1.AddressTypeIPv4, http,
+			endpoint("10.244.0.1", "a", yes, yes, no), endpoint("10.244.0.2", "a", yes, yes, no), endpoint("10.244.0.3", "a", yes, yes, no),
+			endpoint("10.244.1.1", "b", yes, yes, no), endpoint("10.244.1.2", "b", no, yes, yes),
+			endpoint("10.244.2.1", "c", no, no, no)),
+		// A second slice that lists an endpoint again.
+		testSlice(discoveryv1.AddressTypeIPv4, http, endpoint("10.244.0.3", "a", yes, yes, no)),
+	}
+	got := dumpVS(svc, []string{"192.0.2.1"}, BackendsNodePort, nodes, v4)
+	want := `k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true -> 10.0.0.1:30080 masq weight=3 10.0.0.2:30080 masq weight=1`
+	if got != want {
+		t.Errorf("ready:\n%s\nwant:\n%s", got, want)
+	}
+	// Dual stack: the IPv6 slice has one endpoint on c, which the IPv6
+	// VIP alone follows.
+	v6 := testSlice(discoveryv1.AddressTypeIPv6, http, endpoint("fd00:244::1", "c", yes, yes, no))
+	got = dumpVS(svc, []string{"192.0.2.1", "2001:db8::1"}, BackendsNodePort, nodes, append(v4, v6))
+	want = `k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true -> 10.0.0.1:30080 masq weight=3 10.0.0.2:30080 masq weight=1
+k8s/ns/web/http/tcp/ipv6 tcp [2001:db8::1]:80 wlc vip=2001:db8::1 announce=true -> [fd00::3]:30080 masq weight=1`
+	if got != want {
+		t.Errorf("dual stack:\n%s\nwant:\n%s", got, want)
+	}
+	// None ready: the terminating ones, weighted.
+	term := []*discoveryv1.EndpointSlice{testSlice(discoveryv1.AddressTypeIPv4, http,
+		endpoint("10.244.0.1", "a", no, yes, yes), endpoint("10.244.0.2", "a", no, yes, yes), endpoint("10.244.1.1", "b", no, yes, yes),
+		endpoint("10.244.2.1", "c", no, no, yes))}
+	got = dumpVS(svc, []string{"192.0.2.1"}, BackendsNodePort, nodes, term)
+	want = `k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true -> 10.0.0.1:30080 masq weight=2 10.0.0.2:30080 masq weight=1`
+	if got != want {
+		t.Errorf("terminating:\n%s\nwant:\n%s", got, want)
+	}
+	// Many endpoints on one Node: the weight is bounded.
+	many := testSlice(discoveryv1.AddressTypeIPv4, http)
+	for i := range maxNodeWeight + 5 {
+		many.Endpoints = append(many.Endpoints, endpoint(fmt.Sprintf("10.%d.%d.%d", 100+i/65536, i/256%256, i%256), "a", yes, yes, no))
+	}
+	got = dumpVS(svc, []string{"192.0.2.1"}, BackendsNodePort, nodes, []*discoveryv1.EndpointSlice{many})
+	want = fmt.Sprintf(`k8s/ns/web/http/tcp tcp 192.0.2.1:80 wlc vip=192.0.2.1 announce=true -> 10.0.0.1:30080 masq weight=%d`, maxNodeWeight)
+	if got != want {
+		t.Errorf("many:\n%s\nwant:\n%s", got, want)
+	}
+}

@@ -46,6 +46,10 @@ type Pool struct {
 	// sharing key is the namespace's: a Service joins an address only
 	// with Services of its own namespace.
 	ShareAcrossNamespaces bool `toml:"share_across_namespaces"`
+	// SNAT makes the traffic of the masq-forwarded Services at the
+	// pool's addresses come from the load balancer's address (see
+	// AnnotationSNAT, which overrides it).
+	SNAT bool `toml:"snat"`
 }
 
 // span is an inclusive range of addresses of one family.
@@ -72,6 +76,7 @@ type pool struct {
 	selector    labels.Selector
 	selectorSrc string
 	shareAcross bool
+	snat        bool
 	spans       []span
 	avoid       map[netip.Addr]bool // network and broadcast addresses kept out
 	cursor      []netip.Addr        // per span: where the next search starts
@@ -96,7 +101,7 @@ func parsePool(pc Pool) (*pool, error) {
 		return nil, fmt.Errorf("pool %q has no addresses", pc.Name)
 	}
 	p := &pool{name: pc.Name, auto: pc.AutoAssign == nil || *pc.AutoAssign, avoid: map[netip.Addr]bool{},
-		namespaces: slices.Clone(pc.Namespaces), selectorSrc: pc.ServiceSelector, shareAcross: pc.ShareAcrossNamespaces}
+		namespaces: slices.Clone(pc.Namespaces), selectorSrc: pc.ServiceSelector, shareAcross: pc.ShareAcrossNamespaces, snat: pc.SNAT}
 	for _, ns := range pc.Namespaces {
 		if ns == "" || len(ns) > 63 {
 			return nil, fmt.Errorf("pool %q: namespaces: %q is not a namespace name", pc.Name, ns)
@@ -465,6 +470,12 @@ func (a *Allocator) poolOf(addr netip.Addr) *pool {
 	return nil
 }
 
+// snat reports whether the pool that holds addr SNATs its Services.
+func (a *Allocator) snat(addr netip.Addr) bool {
+	p := a.poolOf(addr)
+	return p != nil && p.snat
+}
+
 func (a *Allocator) inAny(pools []*pool, addr netip.Addr) bool {
 	return slices.ContainsFunc(pools, func(p *pool) bool { return p.contains(addr) })
 }
@@ -608,6 +619,12 @@ const (
 	// or "tunnel" (or "tun", IPIP). Only the endpoints backends may use
 	// droute and tunnel: node ports need masq.
 	AnnotationForwarding = "vipd.io/forwarding"
+	// AnnotationSNAT, "true" or "false", says whether the traffic to the
+	// backends comes from the load balancer's address (its [ha]
+	// snat_addresses one when there is one) rather than the client's:
+	// for layouts where the backends do not route their replies through
+	// vipd. It overrides the pool's snat; it needs masq forwarding.
+	AnnotationSNAT = "vipd.io/snat"
 )
 
 // wantOf returns what svc asks of the pools, from its ipFamilies, ports,
