@@ -49,6 +49,11 @@ func TestDaemonKubernetes(t *testing.T) {
 kubeconfig = %q
 default_class = true
 
+# n1 is not on this host: probing it would send packets off the host
+# (TestDaemonKubernetesNodeHealth probes Nodes on loopback).
+[kubernetes.node_health]
+enabled = false
+
 [[kubernetes.pool]]
 name = "test"
 addresses = ["192.0.2.200/29"]
