@@ -124,7 +124,9 @@ addresses = ["192.0.2.216/30"]
 		t.Fatal(err)
 	}
 	np := svc.Spec.Ports[0].NodePort
-	has := func(addr string) bool { return strings.Contains(h.k.Dump(), fmt.Sprintf("-> %s:%d masq weight=1", addr, np)) }
+	has := func(addr string) bool {
+		return strings.Contains(h.k.Dump(), fmt.Sprintf("-> %s:%d masq weight=1", addr, np))
+	}
 	h.eventually("both Nodes in the kernel", func() bool { return has("127.0.0.3") && has("127.0.0.4") })
 	h.eventually("both Nodes probed", func() bool { return nodes[0].hits.Load() > 0 && nodes[1].hits.Load() > 0 })
 
