@@ -1,10 +1,13 @@
 package vrrp
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"runtime"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -82,6 +85,104 @@ func (l *ifaceLink) open() (c conn, index int, src netip.Addr, err error) {
 	}()
 	<-done
 	return c, index, src, err
+}
+
+// resubscribeAfter is how long the watch waits before it subscribes to
+// the link messages again, when subscribing failed or its subscription
+// ended with an error (ENOBUFS: the kernel dropped messages the router
+// did not read in time).
+const resubscribeAfter = 100 * time.Millisecond
+
+// watch subscribes to the link messages (RTM_NEWLINK, RTM_DELLINK) of
+// the router's network namespace, and sends on changed, without
+// blocking, whenever the interface may have changed: a message about a
+// link of its name, or of the index it last had (renamed away), and
+// each time the subscription starts, at first and again after it
+// failed, since messages may have been lost. The router then looks at
+// the interface (state), so that a lost message costs no more than a
+// late one. done closes once stop has and the watch has ended.
+func (l *ifaceLink) watch(stop <-chan struct{}, log *slog.Logger) (changed, done <-chan struct{}) {
+	ch := make(chan struct{}, 1)
+	fin := make(chan struct{})
+	poke := func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	go func() {
+		defer close(fin)
+		index := 0
+		failing := false
+		for {
+			updates := make(chan netlink.LinkUpdate, 16)
+			errc := make(chan error, 1)
+			ns := l.ns
+			err := netlink.LinkSubscribeWithOptions(updates, stop, netlink.LinkSubscribeOptions{
+				Namespace: &ns,
+				ErrorCallback: func(err error) {
+					select {
+					case errc <- err:
+					default:
+					}
+				},
+			})
+			if err == nil {
+				if failing {
+					log.Info("vrrp: link messages received again", "interface", l.name)
+					failing = false
+				}
+				poke()
+				for u := range updates {
+					a := u.Attrs()
+					switch {
+					case a.Name == l.name:
+						index = a.Index
+						poke()
+					case a.Index == index:
+						poke()
+					}
+				}
+				select {
+				case err = <-errc:
+				default:
+					err = fmt.Errorf("subscription ended")
+				}
+			}
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if !failing {
+				// Once per outage: the periodic check goes on
+				// meanwhile.
+				log.Warn("vrrp: link messages lost; subscribing again", "interface", l.name, "error", err)
+				failing = true
+			}
+			poke()
+			select {
+			case <-stop:
+				return
+			case <-time.After(resubscribeAfter):
+			}
+		}
+	}()
+	return ch, fin
+}
+
+// resolve asks the kernel to resolve each peer's link-layer address on
+// the interface (a neighbour entry "used", NTF_USE): it sends an ARP
+// request or a neighbour solicitation unless the entry is valid.
+func (l *ifaceLink) resolve(index int, peers []netip.Addr) error {
+	var errs []error
+	for _, p := range peers {
+		n := &netlink.Neigh{LinkIndex: index, IP: p.AsSlice(), Flags: netlink.NTF_USE}
+		if err := l.h.NeighSet(n); err != nil {
+			errs = append(errs, fmt.Errorf("resolve %v: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (l *ifaceLink) Close() {
