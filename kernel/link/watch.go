@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -73,4 +74,18 @@ func Watch(ctx context.Context, log *slog.Logger) <-chan struct{} {
 		}
 	}()
 	return ch
+}
+
+// Up reports whether the interface name is up with a carrier (or, as a
+// dummy or loopback interface, has no carrier to lose).
+func Up(name string) (bool, error) {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return false, err
+	}
+	a := l.Attrs()
+	if a.Flags&net.FlagUp == 0 {
+		return false, nil
+	}
+	return a.OperState == netlink.OperUp || a.OperState == netlink.OperUnknown, nil
 }
