@@ -135,6 +135,10 @@ func (a *Agent) announce() {
 	if b == nil || b.stopped || b.basis.valid && b.basis.cfg == a.cfg && b.basis.changes == a.changes {
 		return
 	}
+	if b.basis.cfg != a.cfg {
+		// A reload may have changed track_interfaces.
+		a.bgpLinksDown()
+	}
 	b.basis.cfg, b.basis.changes, b.basis.valid = a.cfg, a.changes, true
 	routes, withheld := bgpRoutes(a.planned(a.cfg), a.cfg.BGP, b.drained, b.linksDown)
 	a.setRoutes(routes, withheld, "")
@@ -148,8 +152,20 @@ func (a *Agent) announce() {
 // next announce.
 func (a *Agent) trackBGPLinks() {
 	b := a.bgp
-	if b == nil || b.stopped || a.opts.LinkUp == nil {
+	if b == nil || b.stopped {
 		return
+	}
+	if a.bgpLinksDown() {
+		b.basis.valid = false
+	}
+}
+
+// bgpLinksDown looks at the interfaces of [bgp] track_interfaces and
+// records those down or missing; it reports whether they changed.
+func (a *Agent) bgpLinksDown() bool {
+	b := a.bgp
+	if a.opts.LinkUp == nil {
+		return false
 	}
 	var down []string
 	for _, name := range a.cfg.BGP.TrackInterfaces {
@@ -158,7 +174,7 @@ func (a *Agent) trackBGPLinks() {
 		}
 	}
 	if slices.Equal(down, b.linksDown) {
-		return
+		return false
 	}
 	if len(down) > 0 {
 		a.log.Warn("bgp: tracked interface down; withdrawing every route", "interfaces", down)
@@ -166,7 +182,7 @@ func (a *Agent) trackBGPLinks() {
 		a.log.Info("bgp: tracked interfaces up; announcing the routes again")
 	}
 	b.linksDown = down
-	b.basis.valid = false
+	return true
 }
 
 // setRoutes hands routes to the announcer and records what changed; a

@@ -144,6 +144,15 @@ func TestBGPTrackInterfaces(t *testing.T) {
 	if f.retired != 0 {
 		t.Errorf("retired %d times: a lost link withdraws at once, without GRACEFUL_SHUTDOWN", f.retired)
 	}
+	// A reload that stops tracking the interface that is down announces
+	// the routes again.
+	links.set("eth2", false)
+	f.waitRoutes(t)
+	r.write(strings.Replace(section, `track_interfaces = ["eth1", "eth2"]`, `track_interfaces = ["eth1"]`, 1) + services(2, 1))
+	if _, err := r.a.Reload(ctx, ReloadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitRoutes(t, all...)
 	if got := r.log.String(); !strings.Contains(got, `reason=interface_down`) {
 		t.Errorf("no withdrawal for interface_down in the log:\n%s", got)
 	}
