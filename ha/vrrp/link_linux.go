@@ -6,11 +6,15 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,14 +50,20 @@ func newIfaceLink(name string, v6, source bool) (*ifaceLink, error) {
 	return &ifaceLink{name: name, v6: v6, source: source, ns: ns, h: h}, nil
 }
 
-// state returns the interface's index and whether it is up.
-func (l *ifaceLink) state() (index int, up bool, err error) {
+// state returns the interface's index, whether it is up (set up), and
+// whether it runs: up with a carrier (its operational state up, or
+// unknown for an interface without one). An interface just set up drops
+// what is sent on it until the kernel has attached its queue, which it
+// does as the operational state turns up.
+func (l *ifaceLink) state() (index int, up, running bool, err error) {
 	link, err := l.h.LinkByName(l.name)
 	if err != nil {
-		return 0, false, fmt.Errorf("interface %s: %w", l.name, err)
+		return 0, false, false, fmt.Errorf("interface %s: %w", l.name, err)
 	}
 	a := link.Attrs()
-	return a.Index, a.Flags&net.FlagUp != 0, nil
+	up = a.Flags&net.FlagUp != 0
+	running = up && (a.OperState == netlink.OperUp || a.OperState == netlink.OperUnknown)
+	return a.Index, up, running, nil
 }
 
 // open opens a socket on the interface as it is now, and returns it with
@@ -171,18 +181,54 @@ func (l *ifaceLink) watch(stop <-chan struct{}, log *slog.Logger) (changed, done
 	return ch, fin
 }
 
-// resolve asks the kernel to resolve each peer's link-layer address on
-// the interface (a neighbour entry "used", NTF_USE): it sends an ARP
-// request or a neighbour solicitation unless the entry is valid.
-func (l *ifaceLink) resolve(index int, peers []netip.Addr) error {
-	var errs []error
-	for _, p := range peers {
-		n := &netlink.Neigh{LinkIndex: index, IP: p.AsSlice(), Flags: netlink.NTF_USE}
-		if err := l.h.NeighSet(n); err != nil {
-			errs = append(errs, fmt.Errorf("resolve %v: %w", p, err))
-		}
+// resolve sends each peer an ICMP echo request from src, on the
+// interface, in the router's network namespace: to send it the kernel
+// resolves the peer's link-layer address with an ARP request or a
+// neighbour solicitation from src, which refreshes the peer's own entry
+// for src (a solicitation the kernel sent by itself would come from the
+// link-local address, and refresh nothing for a global src).
+func (l *ifaceLink) resolve(src netip.Addr, peers []netip.Addr) error {
+	network, typ := "ip4:icmp", icmp.Type(ipv4.ICMPTypeEcho)
+	if l.v6 {
+		network, typ = "ip6:ipv6-icmp", ipv6.ICMPTypeEchoRequest
 	}
-	return errors.Join(errs...)
+	zoned := func(a netip.Addr) netip.Addr {
+		if a.Is6() && a.IsLinkLocalUnicast() {
+			return a.WithZone(l.name)
+		}
+		return a
+	}
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Never unlocked, as in open.
+		runtime.LockOSThread()
+		if err = netns.Set(l.ns); err != nil {
+			err = fmt.Errorf("enter the network namespace: %w", err)
+			return
+		}
+		var c *icmp.PacketConn
+		if c, err = icmp.ListenPacket(network, zoned(src).String()); err != nil {
+			return
+		}
+		defer c.Close()
+		b, merr := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: os.Getpid() & 0xffff, Seq: 1, Data: []byte("vipd vrrp")}}).Marshal(nil)
+		if merr != nil {
+			err = merr
+			return
+		}
+		var errs []error
+		for _, p := range peers {
+			p = zoned(p)
+			if _, werr := c.WriteTo(b, &net.IPAddr{IP: p.AsSlice(), Zone: p.Zone()}); werr != nil {
+				errs = append(errs, fmt.Errorf("echo request to %v: %w", p, werr))
+			}
+		}
+		err = errors.Join(errs...)
+	}()
+	<-done
+	return err
 }
 
 func (l *ifaceLink) Close() {

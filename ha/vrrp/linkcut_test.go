@@ -17,8 +17,7 @@ import (
 const cutIv = 10
 
 // cutSlack is what the bounds of TestNetnsLinkCut allow beyond the
-// protocol: a 1-second poll of the interface, as the router had, misses
-// them about two times in three per cut.
+// protocol, for a loaded host.
 const cutSlack = 300 * time.Millisecond
 
 // TestNetnsLinkCut cuts the master's link (its interface set down over
@@ -26,15 +25,23 @@ const cutSlack = 300 * time.Millisecond
 // the master stands back at once (it sees the link go in a netlink
 // event, not at its next poll), its backup takes over, and once the link
 // is up the master, of higher priority, takes the addresses back within
-// about one advertisement interval (it preempts at the backup's first
-// advertisement it hears). The times from the cut to standing back and
-// from the link's return to being master again are logged. Before the
-// link messages (a poll every second) the master stood back 1–113 ms
-// after the cut (at its next advertisement, which failed) and was master
-// again 522–648 ms after the link came up.
+// about one advertisement interval: it preempts at the backup's first
+// advertisement it hears (with unicast peers, the backup's neighbour
+// entry for the master, which failed during the cut, is refreshed as the
+// master comes back, so that the next advertisement reaches it at once).
+// The times from the cut to standing back and from the link's return to
+// being master again are logged. With the poll every second the master
+// stood back 1–113 ms after the cut (at its next advertisement, which
+// failed) and was master again 522–648 ms after the link came up.
+//
+// Each return must be within the master down interval and cutSlack (a
+// stalled host may miss the first advertisements and take over at the
+// master down timer), and the median of a mode's cuts within one
+// advertisement interval and cutSlack: a 1-second poll followed by the
+// master down timer (322–1,322 ms) meets that about once in 200 modes.
 func TestNetnsLinkCut(t *testing.T) {
 	nstest.Need(t)
-	const cuts = 3
+	const cuts = 5
 	eachMode(t, func(t *testing.T, l *link, f family, unicast bool) {
 		// IPv6 addresses stay on the link while it is down, as the
 		// sources of the advertisements must.
@@ -76,24 +83,23 @@ func TestNetnsLinkCut(t *testing.T) {
 			nb.awaitSince(back, Backup, 3*time.Second)
 			t.Logf("cut %d: stood back %v after the cut; master again %v after the link came up (%s)",
 				i, down.Round(time.Millisecond), up.Round(time.Millisecond), e.tr.Reason)
-			// With IPv6 unicast peers, b's neighbour entry for a's
-			// global address waits for its next probe (a's
-			// solicitation comes from its link-local address): a
-			// hears b late, and takes over at its master down
-			// timer, within the bound all the same.
-			if want := fmt.Sprintf("preempting master %v of priority 100", nb.r.Source()); e.tr.Reason != want && !(unicast && f.v6) {
-				t.Errorf("cut %d: a master again for %q, want %q", i, e.tr.Reason, want)
+			preempt := fmt.Sprintf("preempting master %v of priority 100", nb.r.Source())
+			if e.tr.Reason != preempt && e.tr.Reason != "master down timer expired" {
+				t.Errorf("cut %d: a master again for %q, want %q", i, e.tr.Reason, preempt)
 			}
 			if down > cutSlack {
 				t.Errorf("cut %d: a stood back %v after the cut, want at most %v", i, down, cutSlack)
 			}
-			if bound := centis(cutIv) + cutSlack; up > bound {
-				t.Errorf("cut %d: a master again %v after its link came up, want at most %v (one advertisement interval and %v)", i, up, bound, cutSlack)
+			if bound := MasterDownInterval(200, cutIv) + cutSlack; up > bound {
+				t.Errorf("cut %d: a master again %v after its link came up, want at most %v (the master down interval and %v)", i, up, bound, cutSlack)
 			}
 		}
 		slices.Sort(downs)
 		slices.Sort(ups)
 		t.Logf("%s unicast=%v: stood back after the cut: %v; master again after the link came up: %v", f.name, unicast, downs, ups)
+		if median, bound := ups[len(ups)/2], centis(cutIv)+cutSlack; median > bound {
+			t.Errorf("a master again after its link came up: median %v, want at most %v (one advertisement interval and %v)", median, bound, cutSlack)
+		}
 	})
 }
 

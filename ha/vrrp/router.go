@@ -344,8 +344,9 @@ type connErr struct {
 // linker watches a router's interface and opens its socket again
 // (ifaceLink).
 type linker interface {
-	// state returns the interface's index and whether it is up.
-	state() (index int, up bool, err error)
+	// state returns the interface's index, whether it is up, and
+	// whether it runs (up with a carrier: what is sent goes out).
+	state() (index int, up, running bool, err error)
 	// open opens a socket on the interface as it is now, and returns
 	// its index and primary address (invalid when configured).
 	open() (c conn, index int, src netip.Addr, err error)
@@ -354,8 +355,9 @@ type linker interface {
 	// once it has ended.
 	watch(stop <-chan struct{}, log *slog.Logger) (changed, done <-chan struct{})
 	// resolve has the kernel resolve the link-layer addresses of
-	// peers on the interface of index.
-	resolve(index int, peers []netip.Addr) error
+	// peers on the interface, from src, so that the peers' entries for
+	// src are refreshed too.
+	resolve(src netip.Addr, peers []netip.Addr) error
 	Close()
 }
 
@@ -493,16 +495,17 @@ func (r *Router) read(c conn, pkts chan<- received, errc chan<- connErr, stop <-
 // checkLink looks at the router's interface: missing or down, the router
 // stands back; created again (a new index), it opens its socket again
 // there; when advertisements went nowhere maxSendFailures times in a
-// row, it stands back too. Back to normal, at a periodic check or on a
-// link message (resume; not at a check that a failed send asked for),
-// it takes part in the election again, as a backup (or master with
+// row, it stands back too. Back to normal and running (with a carrier),
+// at a periodic check or on a link message (resume; not at a check that
+// a failed send asked for), it takes part in the election again, as a
+// backup (or master with
 // priority 255) that preempts a master of lower priority at the first
 // advertisement it hears (see Machine.Start).
 func (r *Router) checkLink(resume bool) {
 	if r.link == nil {
 		return
 	}
-	index, up, err := r.link.state()
+	index, up, running, err := r.link.state()
 	switch {
 	case err != nil:
 		r.standBack(fmt.Sprintf("interface %s missing", r.opts.Interface), "error", err)
@@ -535,7 +538,12 @@ func (r *Router) checkLink(resume bool) {
 		r.standBack("advertisements cannot be sent")
 		return
 	}
-	if !r.fault || !resume {
+	if !r.fault || !resume || !running {
+		// Up without a carrier, or its queue not attached yet, the
+		// interface would drop the advertisements and the resolution
+		// of the peers: the link message that says it runs brings the
+		// router back. (A carrier lost while taking part is the
+		// agent's to judge: it resigns the router.)
 		return
 	}
 	r.fault, r.failedSends = false, 0
@@ -549,16 +557,16 @@ func (r *Router) checkLink(resume bool) {
 }
 
 // rejoin starts the router again (after a fault or Resume). With
-// unicast peers it also has the kernel resolve their link-layer
-// addresses: a peer that sent advertisements to this node while its link
-// was down has its neighbour entry for the node failed or waiting a
-// second for its next probe, and the node's request, which names the
-// node's address, refreshes it, so that the peer's next advertisement
-// reaches the node at once.
+// unicast peers it also sends each an ICMP echo request: a peer that sent
+// advertisements to this node while its link was down has its neighbour
+// entry for the node failed, or waiting a second for its next probe, and
+// the node's ARP request or neighbour solicitation for the peer, which
+// names the node's address, refreshes it, so that the peer's next
+// advertisement reaches the node at once.
 func (r *Router) rejoin(now time.Time) {
 	r.apply(r.m.Start(now))
 	if len(r.opts.Peers) > 0 && r.link != nil {
-		if err := r.link.resolve(r.index, r.opts.Peers); err != nil {
+		if err := r.link.resolve(r.self, r.opts.Peers); err != nil {
 			r.log.Debug("vrrp: resolving the peers", "error", err)
 		}
 	}

@@ -476,13 +476,16 @@ type fakeLink struct {
 	down *atomic.Bool
 }
 
-func (fakeLink) resolve(int, []netip.Addr) error { return nil }
+func (fakeLink) resolve(netip.Addr, []netip.Addr) error { return nil }
 
 func (l fakeLink) watch(stop <-chan struct{}, _ *slog.Logger) (changed, done <-chan struct{}) {
 	return l.changed, stop
 }
 
-func (l fakeLink) state() (int, bool, error) { return 1, l.down == nil || !l.down.Load(), nil }
+func (l fakeLink) state() (int, bool, bool, error) {
+	up := l.down == nil || !l.down.Load()
+	return 1, up, up, nil
+}
 
 func (l fakeLink) open() (conn, int, netip.Addr, error) {
 	select {
