@@ -354,9 +354,9 @@ type linker interface {
 	// have changed (a link message), until stop closes; done closes
 	// once it has ended.
 	watch(stop <-chan struct{}, log *slog.Logger) (changed, done <-chan struct{})
-	// resolve has the kernel resolve the link-layer addresses of
-	// peers on the interface, from src, so that the peers' entries for
-	// src are refreshed too.
+	// resolve sends each peer an ICMP echo request from src on the
+	// interface: resolving the peer's link-layer address refreshes the
+	// peer's neighbour entry for src.
 	resolve(src netip.Addr, peers []netip.Addr) error
 	Close()
 }
@@ -498,9 +498,8 @@ func (r *Router) read(c conn, pkts chan<- received, errc chan<- connErr, stop <-
 // row, it stands back too. Back to normal and running (with a carrier),
 // at a periodic check or on a link message (resume; not at a check that
 // a failed send asked for), it takes part in the election again, as a
-// backup (or master with
-// priority 255) that preempts a master of lower priority at the first
-// advertisement it hears (see Machine.Start).
+// backup (or master with priority 255) that preempts a master of lower
+// priority at the first advertisement it hears (see Machine.Start).
 func (r *Router) checkLink(resume bool) {
 	if r.link == nil {
 		return
