@@ -166,15 +166,19 @@ hold_time = "9s"
 		downs, ups = append(downs, down), append(ups, up)
 		t.Logf("cut %d: the router dropped the route %v after the uplink went down, had it again %v after it came up",
 			i, down.Round(time.Millisecond), up.Round(time.Millisecond))
-		// Well within the agent's one-second check: the link message
-		// did it.
-		if down > 500*time.Millisecond || up > 500*time.Millisecond {
-			t.Errorf("cut %d: withdrawn after %v, announced after %v; want each within 500 ms", i, down, up)
-		}
 	}
 	slices.Sort(downs)
 	slices.Sort(ups)
 	t.Logf("dropped after the cut: %v; back after the link came up: %v", downs, ups)
+	// Well within the agent's one-second check: the link messages did
+	// it. Each time includes a birdc, which a loaded host may take
+	// hundreds of milliseconds to run: the median must be within 100 ms
+	// (with the check alone, about one run in 7,000), each within 2 s.
+	all := append(slices.Clone(downs), ups...)
+	slices.Sort(all)
+	if median := all[len(all)/2]; median > 100*time.Millisecond || all[len(all)-1] > 2*time.Second {
+		t.Errorf("the router's route changed after %v: median %v, want at most 100 ms, and each within 2 s", all, median)
+	}
 	if !strings.Contains(r.log.String(), "reason=interface_down") {
 		t.Errorf("no withdrawal for interface_down in the log:\n%s", r.log)
 	}
