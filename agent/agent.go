@@ -70,8 +70,16 @@ type Options struct {
 	// and those connections break at a takeover.
 	ConnTracker ConnTracker
 	// LinkUp reports whether an interface is up with a carrier, for
-	// [ha] track_interfaces; nil tracks none.
+	// [ha] interface and track_interfaces and [bgp] track_interfaces;
+	// nil tracks none.
 	LinkUp func(name string) (bool, error)
+	// WatchLinks, when set, returns a channel that receives whenever an
+	// interface may have changed (a netlink link message), until ctx
+	// ends: the agent then looks at the interfaces it tracks, and
+	// announces on the uplinks that missed announcements, at once
+	// rather than at its next check (once a second, which remains the
+	// backstop).
+	WatchLinks func(ctx context.Context) <-chan struct{}
 	// OpenAnnouncer starts the BGP speaker of the configuration's [bgp]
 	// section (see bgp.go); nil refuses a configuration with one.
 	OpenAnnouncer func(context.Context, AnnouncerOptions) (Announcer, error)
@@ -271,6 +279,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.last = first
 	a.track(first)
+	a.trackBGPLinks()
 	a.remember(res)
 	a.gen++
 	a.m.ConfigLoaded(a.gen, &cfg.Spec)
@@ -302,6 +311,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	// deleted soon after its last connection ends.
 	drainCheck := time.NewTicker(time.Second)
 	defer drainCheck.Stop()
+	var links <-chan struct{}
+	if a.opts.WatchLinks != nil && (a.ha != nil || a.bgp != nil) {
+		links = a.opts.WatchLinks(ctx)
+	}
 	log.Info("ready", "watch", cfg.Daemon.Watch, "control_socket", cfg.Daemon.ControlSocket)
 	a.notify(a.n.Ready(a.status("serving")))
 	for {
@@ -311,12 +324,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			if a.r.Draining() > 0 {
 				a.drainPass(ctx)
 			}
-			if a.ha != nil {
-				if a.last != nil {
-					a.track(a.last)
-				}
-				a.reannounce()
-			}
+			a.linksChanged()
+		case <-links:
+			a.linksChanged()
 		case <-a.healthChanged:
 			a.remember(a.reconcile(ctx, "health", a.effective(a.cfg)))
 		case <-roles:

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/vipd/vipd/agent/ledger"
@@ -61,10 +62,12 @@ type AnnouncerOptions struct {
 	OnPeer func(BGPPeer)
 }
 
-// Why a VIP is not announced, for vipd status.
+// Why a VIP is not announced, for vipd status (withheldLinkDown is
+// followed by the interfaces).
 const (
 	withheldNoBackend = "no backend serves"
 	withheldDrained   = "node drained"
+	withheldLinkDown  = "interface down: "
 )
 
 // bgpState is the agent's side of BGP.
@@ -73,6 +76,10 @@ type bgpState struct {
 	cfg config.BGP
 	// drained says an operator took the node out (DrainNode).
 	drained bool
+	// linksDown are the interfaces of track_interfaces found down or
+	// missing at the last look (trackBGPLinks): while there is one, the
+	// node announces nothing.
+	linksDown []string
 	// stopped says the announcer was stopped.
 	stopped bool
 	// routes are the routes last handed to the announcer, withheld the
@@ -128,9 +135,54 @@ func (a *Agent) announce() {
 	if b == nil || b.stopped || b.basis.valid && b.basis.cfg == a.cfg && b.basis.changes == a.changes {
 		return
 	}
+	if b.basis.cfg != a.cfg {
+		// A reload may have changed track_interfaces.
+		a.bgpLinksDown()
+	}
 	b.basis.cfg, b.basis.changes, b.basis.valid = a.cfg, a.changes, true
-	routes, withheld := bgpRoutes(a.planned(a.cfg), a.cfg.BGP, b.drained)
+	routes, withheld := bgpRoutes(a.planned(a.cfg), a.cfg.BGP, b.drained, b.linksDown)
 	a.setRoutes(routes, withheld, "")
+}
+
+// trackBGPLinks looks at the interfaces of [bgp] track_interfaces, at
+// every link message and every second: when one goes down (or missing),
+// the node withdraws every route at once, without GRACEFUL_SHUTDOWN (it
+// can no longer serve them); when all are up again, it announces them
+// again. The withdrawal, as every change of the routes, is made by the
+// next announce.
+func (a *Agent) trackBGPLinks() {
+	b := a.bgp
+	if b == nil || b.stopped {
+		return
+	}
+	if a.bgpLinksDown() {
+		b.basis.valid = false
+	}
+}
+
+// bgpLinksDown looks at the interfaces of [bgp] track_interfaces and
+// records those down or missing; it reports whether they changed.
+func (a *Agent) bgpLinksDown() bool {
+	b := a.bgp
+	if a.opts.LinkUp == nil {
+		return false
+	}
+	var down []string
+	for _, name := range a.cfg.BGP.TrackInterfaces {
+		if up, err := a.opts.LinkUp(name); err != nil || !up {
+			down = append(down, name)
+		}
+	}
+	if slices.Equal(down, b.linksDown) {
+		return false
+	}
+	if len(down) > 0 {
+		a.log.Warn("bgp: tracked interface down; withdrawing every route", "interfaces", down)
+	} else {
+		a.log.Info("bgp: tracked interfaces up; announcing the routes again")
+	}
+	b.linksDown = down
+	return true
 }
 
 // setRoutes hands routes to the announcer and records what changed; a
@@ -155,6 +207,8 @@ func (a *Agent) setRoutes(routes map[netip.Prefix]config.BGPAttrs, withheld map[
 			reason = metrics.WithdrawDrained
 		case withheld[p] == withheldNoBackend:
 			reason = metrics.WithdrawNoBackend
+		case strings.HasPrefix(withheld[p], withheldLinkDown):
+			reason = metrics.WithdrawInterfaceDown
 		default:
 			reason = metrics.WithdrawRemoved
 		}
@@ -178,8 +232,9 @@ func (a *Agent) setRoutes(routes map[netip.Prefix]config.BGPAttrs, withheld map[
 }
 
 // bgpRoutes returns the host routes of spec's VIPs that a service can
-// serve, with their attributes, and why the others are left out.
-func bgpRoutes(spec *lb.Spec, cfg config.BGP, drained bool) (map[netip.Prefix]config.BGPAttrs, map[netip.Prefix]string) {
+// serve, with their attributes, and why the others are left out: none
+// while the node is drained or a tracked interface is down (linksDown).
+func bgpRoutes(spec *lb.Spec, cfg config.BGP, drained bool, linksDown []string) (map[netip.Prefix]config.BGPAttrs, map[netip.Prefix]string) {
 	routes := map[netip.Prefix]config.BGPAttrs{}
 	withheld := map[netip.Prefix]string{}
 	for i := range spec.Services {
@@ -194,6 +249,8 @@ func bgpRoutes(spec *lb.Spec, cfg config.BGP, drained bool) (map[netip.Prefix]co
 		switch {
 		case drained:
 			withheld[p] = withheldDrained
+		case len(linksDown) > 0:
+			withheld[p] = withheldLinkDown + strings.Join(linksDown, ", ")
 		case slices.ContainsFunc(vs.Backends, func(d lb.Destination) bool { return d.Weight > 0 }):
 			routes[p] = cfg.Attrs(vs.Name)
 			delete(withheld, p)

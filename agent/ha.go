@@ -408,12 +408,12 @@ func (a *Agent) roleChanged() {
 	}
 }
 
-// reannounce retries, every second on a master, the announcements that
-// failed on an uplink (one that was down or missing when the node took
-// over): the neighbours on that uplink, such as NAT backends whose
-// gateway is a floating address, follow the node within a second of the
-// uplink coming back rather than at the next resync. It logs an outcome
-// once, not every second while an uplink stays down.
+// reannounce retries, on a master, at every link message and every
+// second, the announcements that failed on an uplink (one that was down
+// or missing when the node took over): the neighbours on that uplink,
+// such as NAT backends whose gateway is a floating address, follow the
+// node as the uplink comes back rather than at the next resync. It logs
+// an outcome once, not every second while an uplink stays down.
 func (a *Agent) reannounce() {
 	if a.ha.gate == nil {
 		return
@@ -438,6 +438,20 @@ func (a *Agent) logAdoption(ad *adoption, msg string) {
 	if ad.err != nil {
 		a.log.Error("high availability: tracking SNAT connections", "err", ad.err)
 	}
+}
+
+// linksChanged looks at the interfaces the node tracks, after a link
+// message or at the periodic check: the [ha] interface and
+// track_interfaces, the uplinks that missed announcements, and [bgp]
+// track_interfaces.
+func (a *Agent) linksChanged() {
+	if a.ha != nil {
+		if a.last != nil {
+			a.track(a.last)
+		}
+		a.reannounce()
+	}
+	a.trackBGPLinks()
 }
 
 // track lowers the node's priority while a tracked failure lasts: a
@@ -488,13 +502,14 @@ func (a *Agent) track(spec *lb.Spec) {
 // backup, and preempts a peer of lower priority that took over, with a
 // new announcement. Without this, a master whose link came back would
 // go on believing it served, and the clients would stay with the peer
-// that yielded to it. The elector watches the interface too (the VRRP
-// router checks it every second and on every advertisement that fails):
-// it stands back on its own while the interface is missing or cannot
-// send, and opens its socket again when the interface is created again
-// with a new index, which a poll that misses a quick ifdown/ifup cannot
-// see; the two stand-backs compose (the router takes part again only
-// when neither holds).
+// that yielded to it. It runs at every link message (Options.WatchLinks)
+// and every second. The elector watches the interface too (the VRRP
+// router by its own link messages, every second, and on every
+// advertisement that fails): it stands back on its own while the
+// interface is missing or cannot send, and opens its socket again when
+// the interface is created again with a new index, which a check that
+// misses a quick ifdown/ifup cannot see; the two stand-backs compose
+// (the router takes part again only when neither holds).
 func (a *Agent) watchInterface() {
 	if a.opts.LinkUp == nil {
 		return

@@ -38,6 +38,12 @@ type BGP struct {
 	// WithdrawWait is how long a stopping node goes on serving after it
 	// withdrew its VIPs, while the routers converge.
 	WithdrawWait time.Duration
+	// TrackInterfaces are the interfaces the node cannot serve without
+	// (its uplink to the routers and clients, its link to the
+	// backends): while one of them is down, has no carrier or is
+	// missing, the node withdraws every route at once, and announces
+	// them again when all are up.
+	TrackInterfaces []string
 	// Sloppy lets IPVS take a packet in the middle of a connection it
 	// does not know as a new connection (see lb.Spec.Sloppy), so that a
 	// node the routers move a flow to keeps the connection.
@@ -118,12 +124,14 @@ func (b BGP) Attrs(name string) BGPAttrs {
 
 // Equal reports whether two [bgp] sections are the same.
 func (b BGP) Equal(o BGP) bool {
-	return b.SessionsEqual(o) && b.Default.Equal(o.Default) && maps.EqualFunc(b.Services, o.Services, BGPAttrs.Equal)
+	return b.SessionsEqual(o) && b.Default.Equal(o.Default) && maps.EqualFunc(b.Services, o.Services, BGPAttrs.Equal) &&
+		slices.Equal(b.TrackInterfaces, o.TrackInterfaces)
 }
 
 // SessionsEqual reports whether two [bgp] sections run the same
-// sessions: they differ at most in the attributes of announcements,
-// which a running node changes without a restart.
+// sessions: they differ at most in the attributes of announcements and
+// the interfaces tracked, which a running node changes without a
+// restart.
 func (b BGP) SessionsEqual(o BGP) bool {
 	return b.Enabled == o.Enabled && b.ASN == o.ASN && b.RouterID == o.RouterID && b.ListenPort == o.ListenPort &&
 		slices.Equal(b.Peers, o.Peers) && b.GracefulShutdown == o.GracefulShutdown &&
@@ -159,6 +167,7 @@ type rawBGP struct {
 	GracefulShutdownWait *duration              `toml:"graceful_shutdown_wait"`
 	WithdrawWait         *duration              `toml:"withdraw_wait"`
 	Sloppy               *bool                  `toml:"sloppy"`
+	TrackInterfaces      []string               `toml:"track_interfaces"`
 }
 
 type rawBGPPeer struct {
@@ -186,7 +195,7 @@ type rawBGPAttrs struct {
 func (b *rawBGP) set() bool {
 	return b.ASN != nil || b.RouterID != nil || b.ListenPort != nil || b.Peer != nil || b.Communities != nil ||
 		b.LargeCommunities != nil || b.LocalPref != nil || b.MED != nil || b.Service != nil || b.GracefulShutdown != nil ||
-		b.GracefulShutdownWait != nil || b.WithdrawWait != nil || b.Sloppy != nil
+		b.GracefulShutdownWait != nil || b.WithdrawWait != nil || b.Sloppy != nil || b.TrackInterfaces != nil
 }
 
 // wellKnownCommunities are the RFC 1997 and RFC 8326 communities that
@@ -275,6 +284,12 @@ func (v *validator) bgp(b *rawBGP, cfg *Config) {
 		v.errorf("bgp.withdraw_wait", ctx, "withdraw_wait %s is outside 0..10m", out.WithdrawWait)
 	}
 	setBool(&out.Sloppy, b.Sloppy)
+	for _, name := range b.TrackInterfaces {
+		if err := validIfName(name); err != nil {
+			v.errorf("bgp.track_interfaces", ctx, "track_interfaces: %v", err)
+		}
+	}
+	out.TrackInterfaces = b.TrackInterfaces
 	cfg.BGP = out
 	cfg.Spec.Sloppy = cfg.Spec.Sloppy || out.Sloppy
 }

@@ -44,6 +44,7 @@ graceful_shutdown = true
 graceful_shutdown_wait = "10s"
 withdraw_wait = "3s"
 sloppy = false
+track_interfaces = ["eth0", "eth1"]
 
 [[bgp.peer]]
 address = "192.0.2.254"
@@ -81,7 +82,8 @@ med = 20
 				MaxPrefixes: 1000},
 		},
 		Default: def, Services: map[string]BGPAttrs{"web": web},
-		GracefulShutdown: true, GracefulShutdownWait: 10 * time.Second, WithdrawWait: 3 * time.Second}
+		GracefulShutdown: true, GracefulShutdownWait: 10 * time.Second, WithdrawWait: 3 * time.Second,
+		TrackInterfaces: []string{"eth0", "eth1"}}
 	if !cfg.BGP.Equal(want) || cfg.Spec.Sloppy {
 		t.Errorf("got %+v\nwant %+v", cfg.BGP, want)
 	}
@@ -104,6 +106,11 @@ med = 20
 	if err != nil || cfg3.BGP.SessionsEqual(cfg.BGP) {
 		t.Errorf("edit of a peer's hold_time: %+v %v", cfg3.BGP, err)
 	}
+	// So does an edit of the interfaces tracked.
+	cfg5, _, err := ParseFrom(cfg, "t.toml", []byte(strings.Replace(in, `track_interfaces = ["eth0", "eth1"]`, `track_interfaces = ["eth0"]`, 1)))
+	if err != nil || !cfg5.BGP.SessionsEqual(cfg.BGP) || cfg5.BGP.Equal(cfg.BGP) {
+		t.Errorf("edit of track_interfaces: %+v %v", cfg5.BGP, err)
+	}
 	cfg4, _, err := ParseFrom(cfg, "t.toml", []byte(strings.Replace(in, "max_prefixes = 5", "max_prefixes = 6", 1)))
 	if err != nil || cfg4.BGP.SessionsEqual(cfg.BGP) || cfg4.BGP.Peers[0].MaxPrefixes != 6 {
 		t.Errorf("edit of a peer's max_prefixes: %+v %v", cfg4.BGP, err)
@@ -124,6 +131,7 @@ func TestBGPErrors(t *testing.T) {
 		{"no router id", "[bgp]\nasn = 65001\n" + peer, `t.toml:1: bgp: router_id is required`},
 		{"router id v6", "[bgp]\nasn = 65001\nrouter_id = \"2001:db8::1\"\n" + peer, `t.toml:3: bgp: router_id "2001:db8::1" is not a non-zero IPv4 address`},
 		{"listen port", head + "listen_port = 70000\n" + peer, `t.toml:4: bgp: listen_port 70000 is outside 0..65535`},
+		{"track interface", head + "track_interfaces = [\"eth0\", \"a/b\"]\n" + peer, `t.toml:4: bgp: track_interfaces: "a/b" is not a valid interface name`},
 		{"no peers", head, `t.toml:1: bgp: no peers`},
 		{"peer address", head + "[[bgp.peer]]\naddress = \"router\"\nasn = 65000\n", `t.toml:5: bgp.peer 1: address "router" is not an IP address`},
 		{"peer no address", head + "[[bgp.peer]]\nasn = 65000\n", `t.toml:4: bgp.peer 1: address is required`},

@@ -3,10 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"net"
 	"time"
-
-	"github.com/vishvananda/netlink"
 
 	"github.com/vipd/vipd/agent"
 	"github.com/vipd/vipd/ha/vrrp"
@@ -42,18 +39,4 @@ func openElector(log *slog.Logger) func(agent.ElectorOptions) (agent.Elector, er
 		}
 		return r, nil
 	}
-}
-
-// linkUp reports whether an interface is up with a carrier (or, as a
-// dummy or loopback interface, has no carrier to lose).
-func linkUp(name string) (bool, error) {
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		return false, err
-	}
-	a := l.Attrs()
-	if a.Flags&net.FlagUp == 0 {
-		return false, nil
-	}
-	return a.OperState == netlink.OperUp || a.OperState == netlink.OperUnknown, nil
 }

@@ -102,7 +102,8 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	log := opts.Logger
 	aopts := agent.Options{Path: opts.Path, Logger: log, OpenKernel: opts.OpenKernel, KernelRelease: opts.KernelRelease,
 		KernelLock: opts.KernelLock, StartRetry: opts.StartRetry, Version: versionString(),
-		OpenElector: openElector(log), LinkUp: linkUp, OpenSources: openSources, ConnTracker: conntrack.Tracker{},
+		OpenElector: openElector(log), LinkUp: link.Up, OpenSources: openSources, ConnTracker: conntrack.Tracker{},
+		WatchLinks:    func(ctx context.Context) <-chan struct{} { return link.Watch(ctx, log) },
 		OpenAnnouncer: openAnnouncer(log)}
 	if opts.Notifier != nil {
 		aopts.Notifier = opts.Notifier

@@ -137,6 +137,10 @@ type Machine struct {
 	// reclaiming says the router started as master (StartAsMaster) and
 	// has heard no master yet.
 	reclaiming bool
+	// started says Start was called before; rejoining that the router
+	// started again (after a Resign or a Fault) and has heard no master
+	// yet.
+	started, rejoining bool
 }
 
 // NewMachine returns a machine in the Initialize state.
@@ -200,7 +204,7 @@ func (m *Machine) transition(to Role, cause Cause, reason string) *Transition {
 	case Backup:
 		m.advertAt = time.Time{}
 	case Init:
-		m.reclaiming = false
+		m.reclaiming, m.rejoining = false, false
 		m.master, m.masterPriority = netip.Addr{}, 0
 		m.downAt, m.advertAt, m.preemptAt = time.Time{}, time.Time{}, time.Time{}
 	}
@@ -209,7 +213,7 @@ func (m *Machine) transition(to Role, cause Cause, reason string) *Transition {
 }
 
 func (m *Machine) becomeMaster(now time.Time, cause Cause, reason string) Step {
-	m.reclaiming = false
+	m.reclaiming, m.rejoining = false, false
 	m.advertAt = now.Add(centis(m.cfg.Interval))
 	return Step{Send: true, SendPriority: m.cfg.Priority, Transition: m.transition(Master, cause, reason)}
 }
@@ -240,10 +244,22 @@ func (m *Machine) armDown(now time.Time) {
 
 // Start handles the Startup event in Initialize; elsewhere it does
 // nothing.
+//
+// A router that starts again, after a Resign or a Fault (its interface
+// back, the node undrained), and hears first a master of lower priority
+// preempts it at once when Preempt is set without PreemptDelay: RFC 5798
+// would discard that advertisement and take over when the master down
+// timer fires, three intervals later, while the master is alive and
+// yields to the first advertisement of higher priority. The router of
+// higher priority that lost its link thus takes the addresses back
+// within about one advertisement interval of its return. The first Start
+// keeps RFC 5798's wait (see StartAsMaster for a restart).
 func (m *Machine) Start(now time.Time) Step {
 	if m.role != Init {
 		return Step{}
 	}
+	m.rejoining = m.started
+	m.started = true
 	switch {
 	case m.cfg.Priority == 255:
 		return m.becomeMaster(now, CauseOwner, "address owner (priority 255)")
@@ -294,6 +310,12 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 			m.reclaiming = false
 			if m.cfg.Preempt && (p.Priority < m.cfg.Priority || p.Priority == m.cfg.Priority && src.Compare(m.cfg.Self) < 0) {
 				return m.becomeMaster(now, CauseRestart, fmt.Sprintf("master when it stopped; preempting master %v of priority %d", src, p.Priority))
+			}
+		}
+		if m.rejoining && p.Priority != 0 {
+			m.rejoining = false
+			if m.cfg.Preempt && m.cfg.PreemptDelay == 0 && p.Priority < m.cfg.Priority {
+				return m.becomeMaster(now, CausePreempt, fmt.Sprintf("preempting master %v of priority %d", src, p.Priority))
 			}
 		}
 		if p.Priority == 0 {

@@ -385,7 +385,8 @@ func TestResign(t *testing.T) {
 	s.apply(b, st)
 	s.run(2 * time.Second)
 	// a takes over after its skew time, 156/256 of 100 ms. Then b comes
-	// back, preempts, and the roles are as before.
+	// back and, started again, preempts a at its first advertisement
+	// rather than at its master down timer: the roles are as before.
 	s.start(b)
 	s.run(3 * time.Second)
 	s.check(`
@@ -395,8 +396,8 @@ func TestResign(t *testing.T) {
 		1s b master -> init: draining
 		1.0609375s a backup -> master: master 10.0.0.2 resigned (priority 0)
 		2s b init -> backup: started
-		2.321875s b backup -> master: preempting master 10.0.0.1 of priority 100
-		2.321875s a master -> backup: advertisement from 10.0.0.2 with priority 200
+		2.0609375s b backup -> master: preempting master 10.0.0.1 of priority 100
+		2.0609375s a master -> backup: advertisement from 10.0.0.2 with priority 200
 	`)
 	if st := a.m.Resign(s.now, "stop"); st.Send || st.Transition == nil || st.Transition.To != Init {
 		t.Errorf("backup resigns: %+v", st)
@@ -549,5 +550,62 @@ func TestLateTimer(t *testing.T) {
 	m2.Start(t0)
 	if st := m2.Expire(m2.Deadline()); st.Transition == nil || st.Transition.Late != 0 {
 		t.Errorf("on time: %+v", st.Transition)
+	}
+}
+
+// TestRejoinPreemptsAtOnce: a router that starts again after a fault
+// (its link back) preempts a master of lower priority at the first
+// advertisement it hears, not at its master down timer; not with a
+// preempt delay, nor without preempt, nor at the first start, nor when
+// the first master it hears is of higher priority.
+func TestRejoinPreemptsAtOnce(t *testing.T) {
+	self, low, high := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	adv := func(p uint8) Packet { return Packet{Priority: p, Interval: 10} }
+	for _, c := range []struct {
+		name   string
+		cfg    func(*MachineConfig)
+		faulty bool
+		first  netip.Addr
+		prio   uint8
+		want   string
+	}{
+		{"rejoin", nil, true, low, 100, "preempting master 10.0.0.2 of priority 100"},
+		{"first start", nil, false, low, 100, ""},
+		{"preempt delay", func(c *MachineConfig) { c.PreemptDelay = time.Second }, true, low, 100, ""},
+		{"no preempt", func(c *MachineConfig) { c.Preempt = false }, true, low, 100, ""},
+		{"equal priority", nil, true, low, 200, ""},
+		{"higher first", nil, true, high, 250, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := MachineConfig{Self: self, Priority: 200, Interval: 10, Preempt: true}
+			if c.cfg != nil {
+				c.cfg(&cfg)
+			}
+			m, err := NewMachine(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Start(at(0))
+			if c.faulty {
+				m.Expire(at(400))
+				m.Fault(at(500), "interface down")
+				m.Start(at(1000))
+			}
+			st := m.Receive(at(1050), c.first, adv(c.prio))
+			got := ""
+			if st.Transition != nil {
+				got = st.Transition.Reason
+				if st.Transition.To != Master || st.Transition.Cause != CausePreempt || !st.Send || st.SendPriority != 200 {
+					t.Errorf("step %+v", st)
+				}
+			}
+			if got != c.want {
+				t.Fatalf("transition %q, want %q", got, c.want)
+			}
+			if got == "" && m.Role() != Backup {
+				t.Errorf("role %v", m.Role())
+			}
+		})
 	}
 }

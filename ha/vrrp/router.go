@@ -344,17 +344,27 @@ type connErr struct {
 // linker watches a router's interface and opens its socket again
 // (ifaceLink).
 type linker interface {
-	// state returns the interface's index and whether it is up.
-	state() (index int, up bool, err error)
+	// state returns the interface's index, whether it is up, and
+	// whether it runs (up with a carrier: what is sent goes out).
+	state() (index int, up, running bool, err error)
 	// open opens a socket on the interface as it is now, and returns
 	// its index and primary address (invalid when configured).
 	open() (c conn, index int, src netip.Addr, err error)
+	// watch sends on changed, coalesced, whenever the interface may
+	// have changed (a link message), until stop closes; done closes
+	// once it has ended.
+	watch(stop <-chan struct{}, log *slog.Logger) (changed, done <-chan struct{})
+	// resolve sends each peer an ICMP echo request from src on the
+	// interface: resolving the peer's link-layer address refreshes the
+	// peer's neighbour entry for src.
+	resolve(src netip.Addr, peers []netip.Addr) error
 	Close()
 }
 
-// linkCheckEvery is how often the router looks at its interface: a
-// master stands back within about this long of its interface going, and
-// a router whose interface came back takes part again as soon.
+// linkCheckEvery is how often the router looks at its interface besides
+// the link messages: the backstop for a message lost, and the pace at
+// which a router whose socket failed, or whose advertisements went
+// nowhere, tries again.
 const linkCheckEvery = time.Second
 
 // maxSendFailures is how many advertisements in a row may go to no
@@ -380,17 +390,29 @@ func (r *Router) Run(ctx context.Context) error {
 	r.pkts = make(chan received, 16)
 	r.errc = make(chan connErr, 1)
 	r.startReader()
+	var (
+		checkAt time.Time
+		// changed receives when a link message may concern the
+		// interface: the router looks at it at once.
+		changed   <-chan struct{}
+		watchDone <-chan struct{}
+		stopWatch = make(chan struct{})
+	)
+	if r.link != nil {
+		checkAt = r.clock.Now().Add(linkCheckEvery)
+		changed, watchDone = r.link.watch(stopWatch, r.log)
+	}
 	defer func() {
+		close(stopWatch)
+		if watchDone != nil {
+			<-watchDone
+		}
 		close(r.stop)
 		r.c.Close()
 		if r.link != nil {
 			r.link.Close()
 		}
 	}()
-	var checkAt time.Time
-	if r.link != nil {
-		checkAt = r.clock.Now().Add(linkCheckEvery)
-	}
 	r.apply(r.m.Start(r.clock.Now()))
 	for {
 		var timer <-chan time.Time
@@ -434,6 +456,9 @@ func (r *Router) Run(ctx context.Context) error {
 		case <-r.wake:
 			stopTimer()
 			r.runOps()
+		case <-changed:
+			stopTimer()
+			r.checkLink(true)
 		}
 		if r.recheck {
 			r.recheck = false
@@ -470,14 +495,16 @@ func (r *Router) read(c conn, pkts chan<- received, errc chan<- connErr, stop <-
 // checkLink looks at the router's interface: missing or down, the router
 // stands back; created again (a new index), it opens its socket again
 // there; when advertisements went nowhere maxSendFailures times in a
-// row, it stands back too. Back to normal, at a periodic check (not one
-// that a failed send asked for), it takes part in the election again, as
-// a backup (or master with priority 255).
-func (r *Router) checkLink(periodic bool) {
+// row, it stands back too. Back to normal and running (with a carrier),
+// at a periodic check or on a link message (resume; not at a check that
+// a failed send asked for), it takes part in the election again, as a
+// backup (or master with priority 255) that preempts a master of lower
+// priority at the first advertisement it hears (see Machine.Start).
+func (r *Router) checkLink(resume bool) {
 	if r.link == nil {
 		return
 	}
-	index, up, err := r.link.state()
+	index, up, running, err := r.link.state()
 	switch {
 	case err != nil:
 		r.standBack(fmt.Sprintf("interface %s missing", r.opts.Interface), "error", err)
@@ -510,7 +537,12 @@ func (r *Router) checkLink(periodic bool) {
 		r.standBack("advertisements cannot be sent")
 		return
 	}
-	if !r.fault || !periodic {
+	if !r.fault || !resume || !running {
+		// Up without a carrier, or its queue not attached yet, the
+		// interface would drop the advertisements and the resolution
+		// of the peers: the link message that says it runs brings the
+		// router back. (A carrier lost while taking part is the
+		// agent's to judge: it resigns the router.)
 		return
 	}
 	r.fault, r.failedSends = false, 0
@@ -519,7 +551,23 @@ func (r *Router) checkLink(periodic bool) {
 	r.mu.Unlock()
 	r.log.Info("vrrp interface usable again; taking part in the election", "resigned", r.resigned)
 	if !r.resigned {
-		r.apply(r.m.Start(r.clock.Now()))
+		r.rejoin(r.clock.Now())
+	}
+}
+
+// rejoin starts the router again (after a fault or Resume). With
+// unicast peers it also sends each an ICMP echo request: a peer that sent
+// advertisements to this node while its link was down has its neighbour
+// entry for the node failed, or waiting a second for its next probe, and
+// the node's ARP request or neighbour solicitation for the peer, which
+// names the node's address, refreshes it, so that the peer's next
+// advertisement reaches the node at once.
+func (r *Router) rejoin(now time.Time) {
+	r.apply(r.m.Start(now))
+	if len(r.opts.Peers) > 0 && r.link != nil {
+		if err := r.link.resolve(r.self, r.opts.Peers); err != nil {
+			r.log.Debug("vrrp: resolving the peers", "error", err)
+		}
 	}
 }
 
@@ -567,7 +615,7 @@ func (r *Router) runOps() {
 		case opResume:
 			r.resigned = false
 			if !r.fault {
-				r.apply(r.m.Start(now))
+				r.rejoin(now)
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"sync"
@@ -467,12 +468,24 @@ func TestOptionsRejects(t *testing.T) {
 }
 
 // fakeLink is an interface that is always there and up; open hands out
-// the conns in next.
+// the conns in next; changed, when set, stands for its link messages.
 type fakeLink struct {
-	next chan *fakeConn
+	next    chan *fakeConn
+	changed chan struct{}
+	// down, when set and true, says the interface is down.
+	down *atomic.Bool
 }
 
-func (fakeLink) state() (int, bool, error) { return 1, true, nil }
+func (fakeLink) resolve(netip.Addr, []netip.Addr) error { return nil }
+
+func (l fakeLink) watch(stop <-chan struct{}, _ *slog.Logger) (changed, done <-chan struct{}) {
+	return l.changed, stop
+}
+
+func (l fakeLink) state() (int, bool, bool, error) {
+	up := l.down == nil || !l.down.Load()
+	return 1, up, up, nil
+}
 
 func (l fakeLink) open() (conn, int, netip.Addr, error) {
 	select {
@@ -551,4 +564,35 @@ func TestRouterStandsBackWhenSendsFail(t *testing.T) {
 	g.clock.set(at + (maxSendFailures+1)*time.Second + MasterDownInterval(100, 100))
 	g.sent(Group4, 100)
 	g.transition(Master)
+}
+
+// TestRouterLinkMessages: a link message makes the router look at its
+// interface at once, without waiting for its periodic check: a master
+// whose interface went down stands back, and when it is up again takes
+// part at once, and preempts the master of lower priority that took
+// over at the first advertisement it hears.
+func TestRouterLinkMessages(t *testing.T) {
+	link := fakeLink{changed: make(chan struct{}, 1), down: new(atomic.Bool)}
+	g := newRigWith(t, Options{Priority: 200, Interval: 100, Preempt: true}, func(r *Router) { r.link, r.index = link, 1 })
+	g.transition(Backup)
+	g.clock.set(MasterDownInterval(200, 100))
+	g.sent(Group4, 200)
+	g.transition(Master)
+	// The clock stands still from here: no periodic check comes.
+	link.down.Store(true)
+	link.changed <- struct{}{}
+	g.sent(Group4, 0)
+	if tr := g.transition(Init); tr.Cause != CauseFault || tr.Reason != "interface eth0 down" {
+		t.Errorf("stood back: %+v", tr)
+	}
+	link.down.Store(false)
+	link.changed <- struct{}{}
+	if tr := g.transition(Backup); tr.Reason != "started" {
+		t.Errorf("back: %+v", tr)
+	}
+	g.deliver(peer4, Group4, 255, Packet{VRID: 19, Priority: 100})
+	g.sent(Group4, 200)
+	if tr := g.transition(Master); tr.Cause != CausePreempt || tr.Reason != "preempting master 10.19.0.2 of priority 100" {
+		t.Errorf("preempted: %+v", tr)
+	}
 }

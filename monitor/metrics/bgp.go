@@ -28,6 +28,9 @@ const (
 	WithdrawRemoved = "removed"
 	// WithdrawStopping: vipd stops.
 	WithdrawStopping = "stopping"
+	// WithdrawInterfaceDown: an interface of [bgp] track_interfaces is
+	// down or missing.
+	WithdrawInterfaceDown = "interface_down"
 )
 
 func (m *Metrics) bgpm() *bgpMetrics {
@@ -47,7 +50,7 @@ func (m *Metrics) bgpm() *bgpMetrics {
 			}),
 			withdrawals: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "vipd_bgp_withdrawals_total",
-				Help: "Routes to VIPs withdrawn over BGP, by reason: no_backend (no backend serves), drained (vipd drain --node), removed (the VIP left the configuration), stopping (vipd stops).",
+				Help: "Routes to VIPs withdrawn over BGP, by reason: no_backend (no backend serves), drained (vipd drain --node), removed (the VIP left the configuration), stopping (vipd stops), interface_down (an interface of track_interfaces is down).",
 			}, []string{"reason"}),
 			drained: prometheus.NewGauge(prometheus.GaugeOpts{
 				Name: "vipd_bgp_drained",

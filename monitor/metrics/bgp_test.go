@@ -35,7 +35,7 @@ vipd_bgp_routes_announced 0
 # TYPE vipd_bgp_session_up gauge
 vipd_bgp_session_up{peer="10.0.0.254"} 1
 vipd_bgp_session_up{peer="fd00::fe"} 0
-# HELP vipd_bgp_withdrawals_total Routes to VIPs withdrawn over BGP, by reason: no_backend (no backend serves), drained (vipd drain --node), removed (the VIP left the configuration), stopping (vipd stops).
+# HELP vipd_bgp_withdrawals_total Routes to VIPs withdrawn over BGP, by reason: no_backend (no backend serves), drained (vipd drain --node), removed (the VIP left the configuration), stopping (vipd stops), interface_down (an interface of track_interfaces is down).
 # TYPE vipd_bgp_withdrawals_total counter
 vipd_bgp_withdrawals_total{reason="drained"} 2
 vipd_bgp_withdrawals_total{reason="no_backend"} 2
