@@ -1,0 +1,389 @@
+package health
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/lb/lbtest/nstest"
+)
+
+// halfOpenPeer is a backend host for half-open probes: a namespace joined
+// to the test's by a veth pair, 10.38.0.2 and fd38::2 on its end, 10.38.0.1
+// and fd38::1 on the test's. A veth, unlike loopback, checks the SYNs'
+// checksums.
+type halfOpenPeer struct {
+	*nstest.Peer
+	addrs map[string]netip.Addr // by family name: "v4", "v6"
+}
+
+var halfOpenPeerMu sync.Mutex
+
+func newHalfOpenPeer(t *testing.T) *halfOpenPeer {
+	t.Helper()
+	nstest.Need(t)
+	// One peer at a time: the links' names and addresses are fixed.
+	halfOpenPeerMu.Lock()
+	t.Cleanup(halfOpenPeerMu.Unlock)
+	p := nstest.NewPeer(t, "ho0", "hp0")
+	for _, a := range []string{"10.38.0.1/24", "fd38::1/64"} {
+		if err := nstest.AddAddr("ho0", a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Do(t, func() error {
+		for _, a := range []string{"10.38.0.2/24", "fd38::2/64"} {
+			if err := nstest.AddAddr("hp0", a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return &halfOpenPeer{Peer: p, addrs: map[string]netip.Addr{
+		"v4": netip.MustParseAddr("10.38.0.2"), "v6": netip.MustParseAddr("fd38::2"),
+	}}
+}
+
+// listen opens a listener (or, with listen false, a bound socket that
+// does not listen: a closed port) in the peer on addr, and returns it and
+// its address. It is closed when t ends.
+func (p *halfOpenPeer) listen(t *testing.T, addr netip.Addr, listen bool) (int, netip.AddrPort) {
+	t.Helper()
+	var fd int
+	var bound netip.AddrPort
+	p.Do(t, func() error {
+		family, sa := sockaddr(netip.AddrPortFrom(addr, 0))
+		var err error
+		fd, err = unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		if err := unix.Bind(fd, sa); err != nil {
+			return err
+		}
+		if listen {
+			if err := unix.Listen(fd, 128); err != nil {
+				return err
+			}
+		}
+		got, err := unix.Getsockname(fd)
+		if err != nil {
+			return err
+		}
+		switch a := got.(type) {
+		case *unix.SockaddrInet4:
+			bound = netip.AddrPortFrom(addr, uint16(a.Port))
+		case *unix.SockaddrInet6:
+			bound = netip.AddrPortFrom(addr, uint16(a.Port))
+		}
+		return nil
+	})
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd, bound
+}
+
+// tcpStates returns the states (as /proc/net/tcp numbers them: 01
+// established, 03 SYN received...) of the peer's TCP sockets on port.
+func (p *halfOpenPeer) tcpStates(t *testing.T, port uint16) []string {
+	t.Helper()
+	var states []string
+	p.Do(t, func() error {
+		for _, name := range []string{"tcp", "tcp6"} {
+			f, err := os.Open("/proc/thread-self/net/" + name)
+			if err != nil {
+				return err
+			}
+			sc := bufio.NewScanner(f)
+			sc.Scan() // header
+			for sc.Scan() {
+				fields := strings.Fields(sc.Text())
+				if len(fields) < 4 {
+					continue
+				}
+				_, hexPort, _ := strings.Cut(fields[1], ":")
+				if n, err := strconv.ParseUint(hexPort, 16, 16); err == nil && uint16(n) == port {
+					states = append(states, fields[3])
+				}
+			}
+			f.Close()
+		}
+		return nil
+	})
+	return states
+}
+
+// iptables runs ip(6)tables in the peer.
+func (p *halfOpenPeer) iptables(t *testing.T, v6 bool, args ...string) {
+	t.Helper()
+	cmd := "iptables"
+	if v6 {
+		cmd = "ip6tables"
+	}
+	if _, err := exec.LookPath(cmd); err != nil {
+		t.Skipf("%s: %v", cmd, err)
+	}
+	p.Do(t, func() error {
+		// The child starts on this thread, in the peer's namespace.
+		out, err := exec.Command(cmd, args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s %s: %v: %s", cmd, strings.Join(args, " "), err, out)
+		}
+		return nil
+	})
+}
+
+// halfOpen returns a half-open check of target.
+func newTestHalfOpen(t testing.TB, target netip.AddrPort) *HalfOpenCheck {
+	t.Helper()
+	c, err := NewHalfOpenCheck(target, DialOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// halfOpenWays runs f for both ways a half-open probe runs: on a poller,
+// and through Probe.
+func halfOpenWays(t *testing.T, f func(t *testing.T, probe func(c *HalfOpenCheck, timeout time.Duration) error)) {
+	t.Run("poller", func(t *testing.T) {
+		p := testPoller(t)
+		f(t, func(c *HalfOpenCheck, timeout time.Duration) error { return pollProbe(t, p, c, timeout) })
+	})
+	t.Run("probe", func(t *testing.T) {
+		f(t, func(c *HalfOpenCheck, timeout time.Duration) error {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			return c.Probe(ctx)
+		})
+	})
+}
+
+var families = []string{"v4", "v6"}
+
+// TestHalfOpenListener: a listener answers the SYN, which is up; the
+// listener's application accepts nothing and the backend keeps no
+// connection, established or half-open, since the checker's kernel
+// resets the SYN-ACK.
+func TestHalfOpenListener(t *testing.T) {
+	peer := newHalfOpenPeer(t)
+	for _, fam := range families {
+		t.Run(fam, func(t *testing.T) {
+			lfd, target := peer.listen(t, peer.addrs[fam], true)
+			halfOpenWays(t, func(t *testing.T, probe func(*HalfOpenCheck, time.Duration) error) {
+				c := newTestHalfOpen(t, target)
+				for range 3 {
+					if err := probe(c, 5*time.Second); err != nil {
+						t.Fatalf("probe of a listener: %v", err)
+					}
+				}
+				// The accept queue is empty.
+				if err := unix.SetNonblock(lfd, true); err != nil {
+					t.Fatal(err)
+				}
+				deadline := time.Now().Add(100 * time.Millisecond)
+				for time.Now().Before(deadline) {
+					if nfd, _, err := unix.Accept(lfd); err == nil {
+						unix.Close(nfd)
+						t.Fatal("the listener's queue holds a connection")
+					} else if err != unix.EAGAIN {
+						t.Fatal(err)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				// Nothing established, nothing half-open: the reset
+				// of the SYN-ACK ended the backend's half.
+				for {
+					states := peer.tcpStates(t, target.Port())
+					other := slicesWithout(states, "0A") // the listener
+					if len(other) == 0 {
+						break
+					}
+					if time.Now().After(deadline.Add(time.Second)) {
+						t.Fatalf("backend sockets on port %d in states %v, want the listener (0A) alone", target.Port(), states)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			})
+		})
+	}
+}
+
+func slicesWithout(s []string, v string) []string {
+	var out []string
+	for _, x := range s {
+		if x != v {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// TestHalfOpenClosed: a closed port resets the SYN, which is down, as
+// connection refused, long before the timeout.
+func TestHalfOpenClosed(t *testing.T) {
+	peer := newHalfOpenPeer(t)
+	for _, fam := range families {
+		t.Run(fam, func(t *testing.T) {
+			_, target := peer.listen(t, peer.addrs[fam], false)
+			halfOpenWays(t, func(t *testing.T, probe func(*HalfOpenCheck, time.Duration) error) {
+				c := newTestHalfOpen(t, target)
+				start := time.Now()
+				err := probe(c, 5*time.Second)
+				if !errors.Is(err, syscall.ECONNREFUSED) {
+					t.Fatalf("probe of a closed port: %v, want connection refused", err)
+				}
+				if d := time.Since(start); d > time.Second {
+					t.Errorf("refused after %s", d)
+				}
+				if !strings.Contains(err.Error(), target.String()) {
+					t.Errorf("error %q does not name %s", err, target)
+				}
+			})
+		})
+	}
+}
+
+// TestHalfOpenDropped: a SYN the backend drops gets no answer: down, by
+// the timeout.
+func TestHalfOpenDropped(t *testing.T) {
+	peer := newHalfOpenPeer(t)
+	for _, fam := range families {
+		t.Run(fam, func(t *testing.T) {
+			lfd, target := peer.listen(t, peer.addrs[fam], true)
+			port := strconv.Itoa(int(target.Port()))
+			peer.iptables(t, fam == "v6", "-A", "INPUT", "-p", "tcp", "--dport", port, "-j", "DROP")
+			t.Cleanup(func() { peer.iptables(t, fam == "v6", "-D", "INPUT", "-p", "tcp", "--dport", port, "-j", "DROP") })
+			halfOpenWays(t, func(t *testing.T, probe func(*HalfOpenCheck, time.Duration) error) {
+				c := newTestHalfOpen(t, target)
+				start := time.Now()
+				err := probe(c, 200*time.Millisecond)
+				if !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("probe of a dropping port: %v, want a timeout", err)
+				}
+				if d := time.Since(start); d < 190*time.Millisecond || d > 2*time.Second {
+					t.Errorf("timed out after %s, want 200ms", d)
+				}
+				// The check's table holds no stale wait.
+				k := c.key
+				c.sock.mu.Lock()
+				for _, p := range c.sock.ports {
+					k.port = p
+					if c.sock.waits[k] != nil {
+						t.Errorf("port %d still waits for %s", p, target)
+					}
+				}
+				c.sock.mu.Unlock()
+			})
+			if err := unix.SetNonblock(lfd, true); err != nil {
+				t.Fatal(err)
+			}
+			if nfd, _, err := unix.Accept(lfd); err == nil {
+				unix.Close(nfd)
+				t.Error("the listener accepted a connection")
+			}
+		})
+	}
+}
+
+// TestHalfOpenConcurrent: many probes at once, of many ports of both
+// families, open and closed, several checks of one port among them, each
+// get the answer to their own SYN.
+func TestHalfOpenConcurrent(t *testing.T) {
+	peer := newHalfOpenPeer(t)
+	p := testPoller(t)
+	type probe struct {
+		c    *HalfOpenCheck
+		open bool
+	}
+	var probes []probe
+	for _, fam := range families {
+		for i := range 100 {
+			open := i%2 == 0
+			_, target := peer.listen(t, peer.addrs[fam], open)
+			n := 1
+			if i%10 == 0 {
+				n = 4 // checks of one port with other settings
+			}
+			for range n {
+				probes = append(probes, probe{newTestHalfOpen(t, target), open})
+			}
+		}
+	}
+	for round := range 3 {
+		var wg sync.WaitGroup
+		errs := make([]error, len(probes))
+		for i, pr := range probes {
+			wg.Add(1)
+			pr.c.start(p, time.Now().Add(5*time.Second), func(err error) {
+				errs[i] = err
+				wg.Done()
+			})
+		}
+		wg.Wait()
+		for i, pr := range probes {
+			switch err := errs[i]; {
+			case pr.open && err != nil:
+				t.Errorf("round %d: probe of open %s: %v", round, pr.c.target, err)
+			case !pr.open && !errors.Is(err, syscall.ECONNREFUSED):
+				t.Errorf("round %d: probe of closed %s: %v, want refused", round, pr.c.target, err)
+			}
+		}
+	}
+}
+
+// TestHalfOpenSpec: a tcp check with half_open builds a half-open prober,
+// which a Manager runs, and refuses mark and device.
+func TestHalfOpenSpec(t *testing.T) {
+	peer := newHalfOpenPeer(t)
+	_, target := peer.listen(t, peer.addrs["v4"], true)
+	spec := Spec{Kind: KindTCP, TCP: TCPOptions{HalfOpen: true}, Interval: 50 * time.Millisecond, Rise: 1}
+	pr, err := NewProber(spec, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := pr.(*HalfOpenCheck); !ok {
+		t.Fatalf("prober is a %T", pr)
+	}
+	for _, d := range []DialOptions{{Mark: 1}, {Device: "lo"}} {
+		s := spec
+		s.Dial = d
+		if _, err := NewProber(s, target); err == nil || !strings.Contains(err.Error(), "mark or device") {
+			t.Errorf("dial %+v: %v, want a refusal", d, err)
+		}
+	}
+	s := spec
+	s.Dial.Source = netip.MustParseAddr("10.38.0.1")
+	if pr, err := NewProber(s, target); err != nil {
+		t.Errorf("source: %v", err)
+	} else if err := pr.Probe(context.Background()); err != nil {
+		t.Errorf("probe from a source: %v", err)
+	}
+
+	m := NewManager(Options{StartSpread: time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- m.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	if err := m.Update([]Target{{Service: "s", Backend: target, Spec: spec}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for m.Health("s")[target] != Up {
+		if time.Now().After(deadline) {
+			t.Fatal("the backend never came up")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
