@@ -51,9 +51,24 @@ func newHalfOpenPeer(t *testing.T) *halfOpenPeer {
 		}
 		return nil
 	})
-	return &halfOpenPeer{Peer: p, addrs: map[string]netip.Addr{
+	hp := &halfOpenPeer{Peer: p, addrs: map[string]netip.Addr{
 		"v4": netip.MustParseAddr("10.38.0.2"), "v6": netip.MustParseAddr("fd38::2"),
 	}}
+	// The first packets to a new neighbour wait for its address to be
+	// resolved, an IPv6 one a second or more when the first solicitation
+	// goes out before the link is ready: resolve both ways before the
+	// tests time anything, with a probe of a closed port.
+	for _, fam := range families {
+		_, target := hp.listen(t, hp.addrs[fam], false)
+		c := newTestHalfOpen(t, target)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := c.Probe(ctx)
+		cancel()
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("warm-up probe of closed %s: %v", target, err)
+		}
+	}
+	return hp
 }
 
 // listen opens a listener (or, with listen false, a bound socket that
