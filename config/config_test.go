@@ -554,6 +554,9 @@ half_open = true
 	if !c2.TCP.HalfOpen || c2.Dial.Source != netip.MustParseAddr("10.0.0.100") {
 		t.Errorf("backend check = %+v", c2)
 	}
+	if v4, v6 := cfg.HalfOpen(); !v4 || v6 {
+		t.Errorf("HalfOpen() = %v, %v, want IPv4 alone", v4, v6)
+	}
 	s, err := ParseCheck(`{ type = "tcp", half_open = true }`)
 	if err != nil || !s.TCP.HalfOpen {
 		t.Errorf("annotation: %+v, %v", s, err)

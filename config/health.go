@@ -344,6 +344,33 @@ func (c *Config) ExecUser() (u health.User, ok bool) {
 	return *c.execUser, true
 }
 
+// HalfOpen reports whether c has half-open tcp checks of IPv4 and of
+// IPv6 targets.
+func (c *Config) HalfOpen() (v4, v6 bool) {
+	for i := range c.Spec.Services {
+		vs := &c.Spec.Services[i]
+		h, ok := c.Health[vs.Name]
+		if !ok || len(h.Checks) == 0 {
+			continue
+		}
+		for _, b := range vs.Backends {
+			spec, ok := h.Checks[b.Addr]
+			if !ok || !spec.TCP.HalfOpen {
+				continue
+			}
+			if spec.Target(b.Addr).Addr().Is4() {
+				v4 = true
+			} else {
+				v6 = true
+			}
+			if v4 && v6 {
+				return
+			}
+		}
+	}
+	return
+}
+
 // hasExec reports whether h has an exec check.
 func hasExec(h ServiceHealth) bool {
 	for _, s := range h.Checks {

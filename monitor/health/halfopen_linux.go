@@ -113,6 +113,25 @@ func synSocketFor(family int) (*synSocket, error) {
 	return s, nil
 }
 
+// OpenHalfOpen opens the process's raw sockets of half-open tcp checks of
+// IPv4 (v4) and IPv6 (v6), and reserves their ports, if no check has, and
+// returns why it cannot: the daemon refuses a configuration with
+// half-open checks that cannot run, at start and on reload, rather than
+// letting them fail. Once open, they stay open.
+func OpenHalfOpen(v4, v6 bool) error {
+	for _, f := range []struct {
+		want   bool
+		family int
+	}{{v4, unix.AF_INET}, {v6, unix.AF_INET6}} {
+		if f.want {
+			if _, err := synSocketFor(f.family); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // reservePorts binds n TCP sockets to ports the kernel picks, without
 // listening, and returns the ports and the sockets, which must stay open.
 // A port bound (without SO_REUSEADDR) is one the kernel gives no

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -401,4 +402,38 @@ func TestHalfOpenSpec(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestHalfOpenNoCapNetRaw: without CAP_NET_RAW the raw socket cannot be
+// opened, and the error says what is missing.
+func TestHalfOpenNoCapNetRaw(t *testing.T) {
+	nstest.Need(t)
+	errc := make(chan error, 1)
+	go func() {
+		// Capabilities are a thread's: this one drops CAP_NET_RAW and
+		// dies with the goroutine, never serving another.
+		runtime.LockOSThread()
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			errc <- err
+			return
+		}
+		data[0].Effective &^= 1 << unix.CAP_NET_RAW
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			errc <- err
+			return
+		}
+		s, err := newSynSocket(unix.AF_INET, []uint16{40000})
+		if err == nil {
+			unix.Close(s.fd)
+			err = errors.New("opened")
+		}
+		errc <- err
+	}()
+	err := <-errc
+	if !errors.Is(err, unix.EPERM) || !strings.Contains(err.Error(), "CAP_NET_RAW") {
+		t.Fatalf("raw socket without CAP_NET_RAW: %v, want a refusal naming CAP_NET_RAW", err)
+	}
+	t.Log(err)
 }

@@ -21,3 +21,11 @@ func NewHalfOpenCheck(target netip.AddrPort, dial DialOptions) (*HalfOpenCheck, 
 
 // Probe fails outside Linux.
 func (c *HalfOpenCheck) Probe(context.Context) error { return errHalfOpenLinux }
+
+// OpenHalfOpen fails outside Linux when asked for a family.
+func OpenHalfOpen(v4, v6 bool) error {
+	if v4 || v6 {
+		return errHalfOpenLinux
+	}
+	return nil
+}
