@@ -363,8 +363,8 @@ func TestHalfOpenConcurrent(t *testing.T) {
 // which a Manager runs, and refuses mark and device.
 func TestHalfOpenSpec(t *testing.T) {
 	peer := newHalfOpenPeer(t)
-	_, target := peer.listen(t, peer.addrs["v4"], true)
-	spec := Spec{Kind: KindTCP, TCP: TCPOptions{HalfOpen: true}, Interval: 50 * time.Millisecond, Rise: 1}
+	lfd, target := peer.listen(t, peer.addrs["v4"], true)
+	spec := Spec{Kind: KindTCP, TCP: TCPOptions{HalfOpen: true}, Interval: 50 * time.Millisecond, Rise: 1, Fall: 1}
 	pr, err := NewProber(spec, target)
 	if err != nil {
 		t.Fatal(err)
@@ -395,13 +395,38 @@ func TestHalfOpenSpec(t *testing.T) {
 	if err := m.Update([]Target{{Service: "s", Backend: target, Spec: spec}}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for m.Health("s")[target] != Up {
-		if time.Now().After(deadline) {
-			t.Fatal("the backend never came up")
+	wait := func(want State) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for m.Health("s")[target] != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("the backend never went %s", want)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
+	wait(Up)
+	// The listener stops listening: out; a new one on its port: back.
+	if err := unix.Shutdown(lfd, unix.SHUT_RD); err != nil {
+		t.Fatal(err)
+	}
+	wait(Down)
+	if st, _ := m.Status("s", target); st.Err == nil || !errors.Is(st.Err, syscall.ECONNREFUSED) {
+		t.Errorf("status of a closed port: %+v, want connection refused", st)
+	}
+	peer.Do(t, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		_, sa := sockaddr(target)
+		if err := unix.Bind(fd, sa); err != nil {
+			return err
+		}
+		return unix.Listen(fd, 128)
+	})
+	wait(Up)
 }
 
 // TestHalfOpenNoCapNetRaw: without CAP_NET_RAW the raw socket cannot be
@@ -436,4 +461,43 @@ func TestHalfOpenNoCapNetRaw(t *testing.T) {
 		t.Fatalf("raw socket without CAP_NET_RAW: %v, want a refusal naming CAP_NET_RAW", err)
 	}
 	t.Log(err)
+}
+
+// TestHalfOpenPollerClose: probes in flight when the poller closes end
+// with errPollerClosed, once each, and leave no wait behind.
+func TestHalfOpenPollerClose(t *testing.T) {
+	peer := newHalfOpenPeer(t)
+	_, target := peer.listen(t, peer.addrs["v4"], true)
+	port := strconv.Itoa(int(target.Port()))
+	peer.iptables(t, false, "-A", "INPUT", "-p", "tcp", "--dport", port, "-j", "DROP")
+	p, err := newPoller()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var checks []*HalfOpenCheck
+	results := make(chan error, 10)
+	for range 5 {
+		c := newTestHalfOpen(t, target)
+		checks = append(checks, c)
+		c.start(p, time.Now().Add(time.Minute), func(err error) { results <- err })
+	}
+	p.close()
+	for range 5 {
+		if err := <-results; !errors.Is(err, errPollerClosed) {
+			t.Errorf("probe in flight at close: %v, want %v", err, errPollerClosed)
+		}
+	}
+	select {
+	case err := <-results:
+		t.Errorf("a probe ended twice: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	s := checks[0].sock
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.waits {
+		if k.peer == target.Addr() && k.peerPort == target.Port() {
+			t.Errorf("a wait of %s is left on port %d", target, k.port)
+		}
+	}
 }
