@@ -501,3 +501,83 @@ func TestHalfOpenPollerClose(t *testing.T) {
 		}
 	}
 }
+
+// TestHalfOpenFilter: the raw socket's filter keeps the SYN-ACKs and
+// resets sent to the reserved ports, and nothing of the host's other TCP
+// traffic (a full connection with data, to a listener of the peer). A
+// second raw socket with the process's ports and filter, read here, gets
+// a copy of every packet the shared one gets.
+func TestHalfOpenFilter(t *testing.T) {
+	peer := newHalfOpenPeer(t)
+	for _, fam := range families {
+		t.Run(fam, func(t *testing.T) {
+			lfd, target := peer.listen(t, peer.addrs[fam], true)
+			_, closed := peer.listen(t, peer.addrs[fam], false)
+			c := newTestHalfOpen(t, target)
+			family := unix.AF_INET
+			if fam == "v6" {
+				family = unix.AF_INET6
+			}
+			s, err := newSynSocket(family, c.sock.ports)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.file.Close()
+			count := func() (synacks, resets int) {
+				var buf [synSnap]byte
+				time.Sleep(50 * time.Millisecond)
+				for {
+					n, _, err := unix.Recvfrom(s.fd, buf[:], unix.MSG_DONTWAIT)
+					if err != nil {
+						return
+					}
+					b := buf[:n]
+					if family == unix.AF_INET {
+						b = b[int(b[0]&0xf)*4:]
+					}
+					switch {
+					case b[13]&tcpRST != 0:
+						resets++
+					case b[13]&(tcpSYN|tcpACK) == tcpSYN|tcpACK:
+						synacks++
+					default:
+						t.Errorf("the filter let through flags %#x", b[13])
+					}
+				}
+			}
+			count()
+			// A full connection with data both ways, closed with a reset.
+			cfd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, sa := sockaddr(target)
+			if err := unix.Connect(cfd, sa); err != nil {
+				t.Fatal(err)
+			}
+			afd, _, err := unix.Accept(lfd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			unix.Write(cfd, []byte("ping"))
+			unix.Write(afd, []byte("pong"))
+			unix.SetsockoptLinger(cfd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1})
+			unix.Close(cfd)
+			unix.Close(afd)
+			if sa, rs := count(); sa+rs != 0 {
+				t.Errorf("the filter let through %d SYN-ACKs and %d resets of another connection", sa, rs)
+			}
+			// A half-open probe of the listener and one of a closed port.
+			p := testPoller(t)
+			if err := pollProbe(t, p, c, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if err := pollProbe(t, p, newTestHalfOpen(t, closed), 5*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatal(err)
+			}
+			if sa, rs := count(); sa != 1 || rs != 1 {
+				t.Errorf("the filter let through %d SYN-ACKs and %d resets, want 1 of each", sa, rs)
+			}
+		})
+	}
+}
