@@ -510,11 +510,17 @@ func logResult(log *slog.Logger, why string, res *lb.Result, took time.Duration)
 const slowPass = time.Second
 
 // canRunChecks reports whether vipd can run cfg's exec checks as their
-// user: it never runs them as itself instead.
+// user (it never runs them as itself instead), and its half-open tcp
+// checks, whose raw sockets it opens (they need CAP_NET_RAW).
 func canRunChecks(cfg *config.Config) error {
 	if u, ok := cfg.ExecUser(); ok {
 		if err := health.CanRunAs(u); err != nil {
 			return fmt.Errorf("%s: exec checks: %w", cfg.File, err)
+		}
+	}
+	if v4, v6 := cfg.HalfOpen(); v4 || v6 {
+		if err := health.OpenHalfOpen(v4, v6); err != nil {
+			return fmt.Errorf("%s: half_open tcp checks: %w", cfg.File, err)
 		}
 	}
 	return nil

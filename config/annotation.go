@@ -31,7 +31,7 @@ const MinAnnotationInterval = time.Second
 // source), read the load balancer's files (ca_file) or run commands
 // (command, args, env).
 var annotationCheckKeys = map[string]bool{
-	"type": true, "port": true,
+	"type": true, "port": true, "half_open": true,
 	"interval": true, "timeout": true, "rise": true, "fall": true, "initial": true, "jitter": true,
 	"method": true, "path": true, "host": true, "headers": true, "sni": true, "insecure": true,
 	"status": true, "body": true, "body_regexp": true,

@@ -529,6 +529,40 @@ check = { type = "none" }
 	}
 }
 
+// TestHalfOpenConfig: half_open in a service's and a backend's check
+// table sets TCPOptions.HalfOpen, with source, and an annotation may set
+// it.
+func TestHalfOpenConfig(t *testing.T) {
+	cfg, err := Parse("t.toml", []byte(`[[service]]
+name = "s"
+vip = "192.0.2.10"
+port = 80
+backend = [{ address = "10.0.0.1" }, { address = "10.0.0.2", check = { type = "tcp", half_open = true, source = "10.0.0.100" } }]
+[service.check]
+type = "tcp"
+half_open = true
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := cfg.Health["s"]
+	c1 := h.Checks[netip.MustParseAddrPort("10.0.0.1:80")]
+	if c1.Kind != health.KindTCP || !c1.TCP.HalfOpen {
+		t.Errorf("service check = %+v", c1)
+	}
+	c2 := h.Checks[netip.MustParseAddrPort("10.0.0.2:80")]
+	if !c2.TCP.HalfOpen || c2.Dial.Source != netip.MustParseAddr("10.0.0.100") {
+		t.Errorf("backend check = %+v", c2)
+	}
+	if v4, v6 := cfg.HalfOpen(); !v4 || v6 {
+		t.Errorf("HalfOpen() = %v, %v, want IPv4 alone", v4, v6)
+	}
+	s, err := ParseCheck(`{ type = "tcp", half_open = true }`)
+	if err != nil || !s.TCP.HalfOpen {
+		t.Errorf("annotation: %+v, %v", s, err)
+	}
+}
+
 // healthErrorTests are health-checking errors, each with the error it
 // must contain.
 var healthErrorTests = func() []struct{ name, in, want string } {
@@ -541,6 +575,11 @@ var healthErrorTests = func() []struct{ name, in, want string } {
 		{"on_failure", svc + "on_failure = \"panic\"\n", `t.toml:6: service "s": on_failure "panic" must be "quiesce" or "remove"`},
 		{"sorry", svc + "sorry = \"nowhere\"\n", `t.toml:6: service "s": sorry: "nowhere" is not an IP address or address:port`},
 		{"exec without command", svc + "[service.check]\ntype = \"exec\"\n", `t.toml:6: service "s": check: exec command is missing`},
+		{"half_open of http", svc + "[service.check]\ntype = \"http\"\nhalf_open = true\n", `t.toml:8: service "s": check: half_open applies to tcp checks only, not http`},
+		{"half_open with mark", svc + "[service.check]\ntype = \"tcp\"\nhalf_open = true\nmark = 7\n", `t.toml:9: service "s": check: mark cannot be used with half_open: a half-open check's SYNs leave from one raw socket that all checks share, which cannot carry one check's mark`},
+		{"half_open with device", svc + "[service.check]\ntype = \"tcp\"\ndevice = \"eth1\"\nhalf_open = true\n", `t.toml:8: service "s": check: device cannot be used with half_open`},
+		{"backend half_open with mark", "[[service]]\nname = \"s\"\nvip = \"192.0.2.10\"\nport = 80\nbackend = [{ address = \"10.0.0.1\", check = { type = \"tcp\", half_open = true, mark = 1 } }]\n",
+			`t.toml:5: service "s": backend "10.0.0.1:80": check: mark cannot be used with half_open`},
 	}
 }()
 

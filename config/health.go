@@ -69,6 +69,7 @@ type rawCheck struct {
 	Mark     int64     `toml:"mark"`
 	Device   string    `toml:"device"`
 	Source   string    `toml:"source"`
+	HalfOpen bool      `toml:"half_open"`
 
 	Method     string            `toml:"method"`
 	Path       string            `toml:"path"`
@@ -160,6 +161,20 @@ func (v *validator) check(path, ctx string, r *rawCheck) (*health.Spec, bool) {
 			v.errorf(path+".source", ctx, "source %q is not an IP address", r.Source)
 		}
 		s.Dial.Source = a
+	}
+	if r.HalfOpen {
+		// Each refusal on the line of the key it names.
+		if k != health.KindTCP {
+			v.errorf(path+".half_open", ctx, "half_open applies to tcp checks only, not %s", k)
+		}
+		const why = "a half-open check's SYNs leave from one raw socket that all checks share, which cannot carry one check's %s"
+		if r.Mark != 0 {
+			v.errorf(path+".mark", ctx, "mark cannot be used with half_open: "+why, "mark")
+		}
+		if r.Device != "" {
+			v.errorf(path+".device", ctx, "device cannot be used with half_open: "+why, "device")
+		}
+		s.TCP.HalfOpen = true
 	}
 	s.HTTP = health.HTTPOptions{Method: r.Method, Path: r.Path, Host: r.Host, SNI: r.SNI, Header: r.Headers,
 		Body: r.Body, BodyRegexp: r.BodyRegexp, InsecureSkipVerify: r.Insecure, CAFile: r.CAFile}
@@ -327,6 +342,33 @@ func (c *Config) ExecUser() (u health.User, ok bool) {
 		return health.User{}, false
 	}
 	return *c.execUser, true
+}
+
+// HalfOpen reports whether c has half-open tcp checks of IPv4 and of
+// IPv6 targets.
+func (c *Config) HalfOpen() (v4, v6 bool) {
+	for i := range c.Spec.Services {
+		vs := &c.Spec.Services[i]
+		h, ok := c.Health[vs.Name]
+		if !ok || len(h.Checks) == 0 {
+			continue
+		}
+		for _, b := range vs.Backends {
+			spec, ok := h.Checks[b.Addr]
+			if !ok || !spec.TCP.HalfOpen {
+				continue
+			}
+			if spec.Target(b.Addr).Addr().Is4() {
+				v4 = true
+			} else {
+				v6 = true
+			}
+			if v4 && v6 {
+				return
+			}
+		}
+	}
+	return
 }
 
 // hasExec reports whether h has an exec check.

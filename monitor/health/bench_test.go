@@ -183,6 +183,17 @@ func rss(b *testing.B) uint64 {
 // VIPD_HEALTH_BENCH_SECONDS (default 5) after a 2-second warm-up, however
 // many iterations the framework asks for.
 func BenchmarkManagerTCP(b *testing.B) {
+	benchManager(b, Spec{Kind: KindTCP, Interval: time.Second, Timeout: time.Second})
+}
+
+// BenchmarkManagerHalfOpen is BenchmarkManagerTCP with half-open checks
+// (Linux).
+func BenchmarkManagerHalfOpen(b *testing.B) {
+	benchManager(b, Spec{Kind: KindTCP, TCP: TCPOptions{HalfOpen: true}, Interval: time.Second, Timeout: time.Second})
+}
+
+// benchManager runs BenchmarkManagerTCP's measure with checks of spec.
+func benchManager(b *testing.B, spec Spec) {
 	const checks = 10000
 	seconds := 5
 	if s := os.Getenv("VIPD_HEALTH_BENCH_SECONDS"); s != "" {
@@ -193,7 +204,6 @@ func BenchmarkManagerTCP(b *testing.B) {
 	}
 	addrs := startListeners(b, checks, false)
 
-	spec := Spec{Kind: KindTCP, Interval: time.Second, Timeout: time.Second}
 	targets := make([]Target, len(addrs))
 	for i, a := range addrs {
 		targets[i] = Target{Service: "svc-" + strconv.Itoa(i/10), Backend: a, Spec: spec}

@@ -78,6 +78,21 @@ type pollOp struct {
 	state int
 	// buf is the handler's.
 	buf []byte
+	// A probe without a socket of its own (fd -1, a half-open check's,
+	// whose replies come to a shared raw socket) is on the poller for
+	// its deadline alone: owner is its poller, which another goroutine
+	// ends it on with finish; seq and port are the handler's.
+	owner *poller
+	seq   uint32
+	port  uint16
+}
+
+// pollReleaser is the handler of probes without a socket: the poller
+// calls release, after taking such a probe off its heap at its deadline
+// or when closing and before calling its done function, in place of
+// closing a socket.
+type pollReleaser interface {
+	release(op *pollOp)
 }
 
 // errPollerClosed ends the probes in flight when a poller closes.
@@ -126,6 +141,10 @@ func (p *poller) at(t time.Time) int64 { return int64(t.Sub(p.t0)) }
 // add hands op, whose socket op.fd is connecting, to the poller, to be
 // watched for events until op.deadline. On an error op is not added and
 // its socket is left to the caller.
+//
+// An op whose fd is -1 has no socket: the poller only times it out
+// (calling its handler's timeout and release), unless finish ends it
+// first.
 func (p *poller) add(op *pollOp, events uint32) error {
 	op.index = -1
 	p.mu.Lock()
@@ -135,13 +154,18 @@ func (p *poller) add(op *pollOp, events uint32) error {
 	}
 	p.gen++
 	op.gen = p.gen
-	p.ops[int32(op.fd)] = op
+	if op.fd >= 0 {
+		p.ops[int32(op.fd)] = op
+	}
 	heap.Push(&p.deadlines, op)
 	if op.deadline < p.sleep {
 		p.sleep = op.deadline
 		p.setWake()
 	}
 	p.mu.Unlock()
+	if op.fd < 0 {
+		return nil
+	}
 	ev := unix.EpollEvent{Events: events, Fd: int32(op.fd), Pad: int32(op.gen)}
 	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, op.fd, &ev); err != nil {
 		p.mu.Lock()
@@ -153,6 +177,23 @@ func (p *poller) add(op *pollOp, events uint32) error {
 		return fmt.Errorf("watch socket: %w", err)
 	}
 	return nil
+}
+
+// finish ends op, a probe without a socket that add took, with err,
+// unless it has ended already (timed out, or the poller closed): it
+// calls op's done function, on the caller's goroutine, at most once
+// between them. It does not call the handler's release.
+func (p *poller) finish(op *pollOp, err error) {
+	p.mu.Lock()
+	if op.index < 0 {
+		p.mu.Unlock()
+		return
+	}
+	heap.Remove(&p.deadlines, op.index)
+	// The loop may wake for the deadline of op, find nothing due and
+	// plan again: cheaper than waking it now.
+	p.mu.Unlock()
+	op.done(err)
 }
 
 // setWake makes the loop wake at p.sleep. Called with mu held, so that
@@ -247,7 +288,9 @@ func (p *poller) loop() {
 		}
 		closing := p.closing
 		if closing {
-			for _, op := range p.ops {
+			// Every op is on the heap, those without a socket too.
+			for len(p.deadlines) > 0 {
+				op := p.deadlines[0]
 				p.remove(op)
 				done = append(done, ended{op, errPollerClosed})
 			}
@@ -255,7 +298,11 @@ func (p *poller) loop() {
 		p.plan()
 		p.mu.Unlock()
 		for _, d := range done {
-			rawClose(d.op.fd)
+			if d.op.fd >= 0 {
+				rawClose(d.op.fd)
+			} else {
+				d.op.handler.(pollReleaser).release(d.op)
+			}
 			d.op.done(d.err)
 		}
 		if closing {
@@ -266,7 +313,9 @@ func (p *poller) loop() {
 
 // remove takes op off the poller's table and heap. Called with mu held.
 func (p *poller) remove(op *pollOp) {
-	delete(p.ops, int32(op.fd))
+	if op.fd >= 0 {
+		delete(p.ops, int32(op.fd))
+	}
 	if op.index >= 0 {
 		heap.Remove(&p.deadlines, op.index)
 	}

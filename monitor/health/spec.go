@@ -31,8 +31,8 @@ const (
 // a default, so a Spec of Kind alone is a complete check.
 //
 // Only the options struct of the Spec's Kind may be set: Dial for tcp,
-// http, https, udp and dns checks, HTTP for http and https, UDP, DNS and
-// Exec for their kinds.
+// http, https, udp and dns checks, HTTP for http and https, TCP, UDP, DNS
+// and Exec for their kinds.
 type Spec struct {
 	// Kind is the type of check.
 	Kind Kind
@@ -69,6 +69,8 @@ type Spec struct {
 
 	// Dial sets socket options of network checks.
 	Dial DialOptions
+	// TCP configures tcp checks.
+	TCP TCPOptions
 	// HTTP configures http and https checks.
 	HTTP HTTPOptions
 	// UDP configures udp checks.
@@ -114,6 +116,20 @@ type DialOptions struct {
 	Device string
 	// Source binds the probe's socket to a local address.
 	Source netip.Addr
+}
+
+// TCPOptions configure tcp checks.
+type TCPOptions struct {
+	// HalfOpen probes with a SYN from a shared raw socket rather than a
+	// connect: a SYN-ACK that acknowledges it is up (the kernel answers
+	// it with a reset, since no socket owns the probe's port, which
+	// ends the handshake on the backend), a reset is down (connection
+	// refused), and silence until the timeout is down. The backend's
+	// application accepts nothing: the check proves that the port
+	// answers SYNs, not that the application behind it takes
+	// connections. It needs CAP_NET_RAW and Linux, and does not work
+	// with Dial.Mark or Dial.Device (Dial.Source it does).
+	HalfOpen bool
 }
 
 // Target returns the address a check with this spec probes for a backend:
@@ -197,12 +213,16 @@ func (s Spec) Validate() error {
 		}
 	}
 	wrong("dial", s.Dial, KindTCP, KindHTTP, KindHTTPS, KindUDP, KindDNS)
+	wrong("tcp", s.TCP, KindTCP)
 	wrong("http", s.HTTP, KindHTTP, KindHTTPS)
 	wrong("udp", s.UDP, KindUDP)
 	wrong("dns", s.DNS, KindDNS)
 	wrong("exec", s.Exec, KindExec)
 	if err := s.Dial.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if s.Kind == KindTCP && s.TCP.HalfOpen && (s.Dial.Mark != 0 || s.Dial.Device != "") {
+		add("half-open tcp checks do not work with dial mark or device")
 	}
 	switch s.Kind {
 	case KindHTTP, KindHTTPS:
@@ -244,6 +264,9 @@ func NewProber(spec Spec, target netip.AddrPort) (Prober, error) {
 	s := spec.WithDefaults()
 	switch s.Kind {
 	case KindTCP:
+		if s.TCP.HalfOpen {
+			return NewHalfOpenCheck(target, s.Dial)
+		}
 		return NewTCPCheck(target, s.Dial), nil
 	case KindHTTP, KindHTTPS:
 		return NewHTTPCheck(target, s.Kind == KindHTTPS, s.HTTP, s.Dial)
@@ -265,7 +288,9 @@ func NewProber(spec Spec, target netip.AddrPort) (Prober, error) {
 //     device, source). A result is a fact about one target; a check of a
 //     new target knows nothing and starts from its initial state.
 //   - Its question (checkID.question): what it asks the target, the
-//     options of its kind (an http check's method, path, host, headers,
+//     options of its kind (a tcp check's half-open, which asks whether
+//     the port answers a SYN rather than whether a connection is
+//     established; an http check's method, path, host, headers,
 //     expected status and body; a udp check's payload; a dns check's
 //     query; an exec check's command).
 //   - Its timing: interval, timeout, rise, fall, jitter and initial
@@ -300,6 +325,7 @@ type targetKey struct {
 
 // question is what a check asks, as keyOf hashes it.
 type question struct {
+	TCP  TCPOptions
 	HTTP HTTPOptions
 	UDP  UDPOptions
 	DNS  DNSOptions
@@ -320,7 +346,7 @@ type checkKey struct {
 // field of the Spec; TestCheckKeyParts checks that they do.
 func keyOf(spec Spec, target netip.AddrPort) (checkKey, checkID) {
 	spec = spec.WithDefaults()
-	b, err := json.Marshal(&question{spec.HTTP, spec.UDP, spec.DNS, spec.Exec})
+	b, err := json.Marshal(&question{spec.TCP, spec.HTTP, spec.UDP, spec.DNS, spec.Exec})
 	if err != nil {
 		// The options hold only plain data; Marshal cannot fail on them.
 		panic(fmt.Sprintf("health: encode spec: %v", err))

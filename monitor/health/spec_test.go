@@ -167,7 +167,7 @@ func TestCheckKeyParts(t *testing.T) {
 	for _, f := range []string{"Method", "Path", "Host", "SNI", "Header", "Status", "Body", "BodyRegexp", "InsecureSkipVerify", "CAFile", "CA", "FollowRedirects"} {
 		part["HTTP."+f] = "question"
 	}
-	for _, f := range []string{"UDP.Payload", "UDP.Expect", "DNS.Name", "DNS.Type", "DNS.TCP", "DNS.ExpectAnswer", "DNS.NoRecursion", "Exec.Command", "Exec.Args", "Exec.Env", "Exec.User"} {
+	for _, f := range []string{"TCP.HalfOpen", "UDP.Payload", "UDP.Expect", "DNS.Name", "DNS.Type", "DNS.TCP", "DNS.ExpectAnswer", "DNS.NoRecursion", "Exec.Command", "Exec.Args", "Exec.Env", "Exec.User"} {
 		part[f] = "question"
 	}
 	be := netip.MustParseAddrPort("127.0.0.1:80")
