@@ -101,15 +101,20 @@ func startPageDaemon(t *testing.T, srv [2]*checkServer) (*harness, string) {
 		o.OpenElector = func(opts agent.ElectorOptions) (agent.Elector, error) { return &pageElector{opts: opts}, nil }
 	}
 	addr := freeAddr(t)
-	ha := "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 51\npriority = 150\n"
-	h.write(strings.Replace(h.header("stats_interval = \"1s\"\nreload_guard = 1.0"), `metrics_listen = ""`, `metrics_listen = "`+addr+`"`, 1) +
-		ha + checkedServices(srv, baseCheck, false) + pageServices)
+	h.write(pageConfig(h, addr, srv, pageServices))
 	h.run()
 	h.eventually("both checked backends up", func() bool {
 		d := h.k.Dump()
 		return strings.Contains(d, "10.0.0.1:80 masq weight=1") && strings.Contains(d, "10.0.0.2:80 masq weight=1")
 	})
 	return h, "http://" + addr + "/"
+}
+
+// pageConfig is startPageDaemon's configuration with services.
+func pageConfig(h *harness, addr string, srv [2]*checkServer, services string) string {
+	ha := "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 51\npriority = 150\n"
+	return strings.Replace(h.header("stats_interval = \"1s\"\nreload_guard = 1.0"), `metrics_listen = ""`, `metrics_listen = "`+addr+`"`, 1) +
+		ha + checkedServices(srv, baseCheck, false) + services
 }
 
 // TestStatusPageBrowser loads the status page of a daemon on the fake
@@ -186,6 +191,13 @@ func TestStatusPageBrowser(t *testing.T) {
 	srv[0].fail.Store(false)
 	h.eventually("web1 up", func() bool { return h.health("web")[web1].State == "up" })
 
+	// A reload: the page says when, why and what it changed.
+	u, _ := url.Parse(page)
+	h.write(pageConfig(h, u.Host, srv, strings.Replace(pageServices, `{ address = "10.0.1.3" }`, `{ address = "10.0.1.3" }, { address = "10.0.1.4" }`, 1)))
+	h.eventually("the reload", func() bool { return strings.Contains(h.k.Dump(), "10.0.1.4:53") })
+	d = dom(page)
+	expect("reload", d, `<span class="st ok">applied</span>`, `file changed · vipd.toml`, `add-backend 1`, `data-backend="10.0.1.4:53"`)
+
 	// The filter works without JavaScript: the server's HTML is the
 	// whole page. (Chromium's --dump-dom needs script, so this reads
 	// the HTML as a browser without it would.)
@@ -227,4 +239,55 @@ func fetch(t testing.TB, u string) string {
 		t.Fatalf("GET %s: %d %v", u, resp.StatusCode, err)
 	}
 	return string(b)
+}
+
+// TestStatusPageSwitch checks that the page is served on the metrics
+// listener, read-only, next to the metrics, and that status_page = false
+// turns it off and leaves the metrics.
+func TestStatusPageSwitch(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		extra := ""
+		if !on {
+			extra = "status_page = false"
+		}
+		_, addr := startMetricsDaemon(t, extra, 0, nil)
+		base := "http://" + addr
+		code := func(method, path string) int {
+			req, _ := http.NewRequest(method, base+path, strings.NewReader(""))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		if c := code("GET", "/metrics"); c != 200 {
+			t.Errorf("status_page %v: /metrics %d", on, c)
+		}
+		for _, path := range []string{"/", "/status.json", "/static/page.js"} {
+			want := 404
+			if on {
+				want = 200
+			}
+			if c := code("GET", path); c != want {
+				t.Errorf("status_page %v: GET %s %d, want %d", on, path, c, want)
+			}
+			if on {
+				if c := code("HEAD", path); c != 200 {
+					t.Errorf("HEAD %s %d", path, c)
+				}
+				for _, m := range []string{"POST", "PUT", "DELETE"} {
+					if c := code(m, path); c != http.StatusMethodNotAllowed {
+						t.Errorf("%s %s %d, want 405", m, path, c)
+					}
+				}
+			}
+		}
+		if on {
+			if body := fetch(t, base+"/"); !strings.Contains(body, `data-service="web"`) || !strings.Contains(body, `data-service="api"`) {
+				t.Errorf("the page lacks the services:\n%s", body)
+			}
+		}
+	}
 }

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/lb/lbtest"
+	"github.com/vipd/vipd/test/bench"
+)
+
+// processCPU is this process's CPU time so far: the daemon's, which runs
+// in it.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestStatusPageCPU measures what an open status page costs a daemon of
+// 10,000 services x 10 backends on the fake kernel (stats_interval 5s):
+// the daemon's CPU over a quiet window, then over as long with headless
+// Chromium holding the page open (its script polling once a second),
+// then with the page open on page 2 of a filter; the page's weight and
+// the time to its first byte. It takes minutes: VIPD_PAGE_CPU=1 runs it
+// (make bench's results: test/bench/results/*-statuspage.txt).
+func TestStatusPageCPU(t *testing.T) {
+	if os.Getenv("VIPD_PAGE_CPU") == "" {
+		t.Skip("VIPD_PAGE_CPU=1 runs it")
+	}
+	bin := chromiumPath(t)
+	window := 60 * time.Second
+	if s := os.Getenv("VIPD_PAGE_CPU_WINDOW"); s != "" {
+		window, _ = time.ParseDuration(s)
+	}
+	f, err := bench.New(bench.Spec{Services: 10000, Backends: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	h := newHarness(t, dir, lbtest.New())
+	var cfg bytes.Buffer
+	if err := f.WriteTOML(&cfg, bench.Daemon{StateDir: filepath.Join(dir, "state"), ControlSocket: h.socket}); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	body := strings.Replace(cfg.String(), `metrics_listen = ""`, `metrics_listen = "`+addr+`"`, 1)
+	if err := os.WriteFile(h.path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.run()
+	page := "http://" + addr + "/"
+
+	// Time to first byte and weight of the page, and of the data.
+	for _, p := range []string{"", "?page=200", "?q=svc-0099", "status.json", "static/page.css", "static/page.js"} {
+		var best time.Duration
+		var n int
+		for range 5 {
+			start := time.Now()
+			n = len(fetch(t, page+p))
+			if d := time.Since(start); best == 0 || d < best {
+				best = d
+			}
+		}
+		t.Logf("GET /%s: %d bytes, best of 5 %v", p, n, best.Round(time.Microsecond))
+	}
+
+	// Chromium reaches the daemon through a loopback proxy that counts
+	// the requests; the proxy runs in this process, so its CPU counts as
+	// the daemon's: the figures are upper bounds.
+	var requests, changed atomic.Int64
+	target, _ := url.Parse(page)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		rec := &statusRecorder{ResponseWriter: w}
+		rp.ServeHTTP(rec, r)
+		if r.URL.Path == "/status.json" && rec.code == 200 {
+			changed.Add(1)
+		}
+	}))
+	defer proxy.Close()
+
+	measure := func(what, u string) {
+		t.Helper()
+		var cmd *exec.Cmd
+		if u != "" {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			cmd = exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+				"--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-extensions",
+				"--user-data-dir="+t.TempDir(), "--window-size=1400,1000", u)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// Let it load the page before measuring.
+			time.Sleep(5 * time.Second)
+		}
+		requests.Store(0)
+		changed.Store(0)
+		before, start := processCPU(), time.Now()
+		time.Sleep(window)
+		used, took := processCPU()-before, time.Since(start)
+		t.Logf("%s: daemon CPU %v over %v (%.2f%% of a core); %d requests to the page, %d with news",
+			what, used.Round(time.Millisecond), took.Round(time.Second), 100*used.Seconds()/took.Seconds(), requests.Load(), changed.Load())
+		if cmd != nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}
+	measure("no page open", "")
+	measure("page open", proxy.URL+"/")
+	measure("page open, filtered, page 2", proxy.URL+"/?q=svc-00&page=2")
+}
+
+// statusRecorder notes the status code of a response it passes on.
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.code = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = 200
+	}
+	return r.ResponseWriter.Write(b)
+}
