@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -109,6 +111,20 @@ func TestStatusPageCPU(t *testing.T) {
 		}
 		requests.Store(0)
 		changed.Store(0)
+		// VIPD_PAGE_CPU_PROFILE=DIR keeps a CPU profile of each window,
+		// to tell the page's own work (package statuspage) from the
+		// snapshots it has the daemon take.
+		if dir := os.Getenv("VIPD_PAGE_CPU_PROFILE"); dir != "" {
+			pf, err := os.Create(filepath.Join(dir, strings.NewReplacer(" ", "-", ",", "").Replace(what)+".pprof"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pf.Close()
+			if err := pprof.StartCPUProfile(pf); err != nil {
+				t.Fatal(err)
+			}
+			defer pprof.StopCPUProfile()
+		}
 		before, start := processCPU(), time.Now()
 		time.Sleep(window)
 		used, took := processCPU()-before, time.Since(start)
@@ -120,6 +136,26 @@ func TestStatusPageCPU(t *testing.T) {
 		}
 	}
 	measure("no page open", "")
+	// A scraper every 5 s (Prometheus at stats_interval) takes the same
+	// snapshots an open page has the daemon take.
+	stopScrape := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(5 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopScrape:
+				return
+			case <-tick.C:
+				if resp, err := http.Get(page + "metrics"); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
+		}
+	}()
+	measure("scraped every 5s, no page open", "")
+	close(stopScrape)
 	measure("page open", proxy.URL+"/")
 	measure("page open, filtered, page 2", proxy.URL+"/?q=svc-00&page=2")
 }

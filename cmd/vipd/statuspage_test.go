@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -12,11 +13,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vipd/vipd/agent"
+	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
 )
 
@@ -110,6 +113,35 @@ func startPageDaemon(t *testing.T, srv [2]*checkServer) (*harness, string) {
 	return h, "http://" + addr + "/"
 }
 
+// fakeTraffic makes up connections and rates in the fake kernel's
+// counters, varying over time, until stop; no packet is sent.
+func fakeTraffic(h *harness) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			h.k.Edit(func(st *lb.State) {
+				for key, ss := range st.Services {
+					wave := uint64(20 + 15*math.Sin(float64(n)/8+float64(key.Port)))
+					ss.Stats.CPS, ss.Stats.InBPS, ss.Stats.OutBPS = wave*uint64(len(ss.Dests)), wave*9_000, wave*60_000
+					for a, d := range ss.Dests {
+						d.ActiveConns, d.InactiveConns = uint32(wave)*3, uint32(wave)
+						d.Stats = &lb.Stats{CPS: wave, InBPS: wave * 9_000, OutBPS: wave * 60_000}
+						ss.Dests[a] = d
+					}
+				}
+			})
+		}
+	}()
+	return func() { close(done) }
+}
+
 // pageConfig is startPageDaemon's configuration with services.
 func pageConfig(h *harness, addr string, srv [2]*checkServer, services string) string {
 	ha := "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 51\npriority = 150\n"
@@ -126,6 +158,8 @@ func TestStatusPageBrowser(t *testing.T) {
 	bin := chromiumPath(t)
 	srv := [2]*checkServer{newCheckServer(t), newCheckServer(t)}
 	h, page := startPageDaemon(t, srv)
+	stopTraffic := fakeTraffic(h)
+	defer stopTraffic()
 	dom := func(u string) string {
 		return chromium(t, bin, "--virtual-time-budget=3000", "--dump-dom", u)
 	}
@@ -213,6 +247,12 @@ func TestStatusPageBrowser(t *testing.T) {
 		weight += len(fetch(t, page+p))
 	}
 	t.Logf("page weight (4 services, HTML + CSS + JS): %d bytes", weight)
+
+	// The fake kernel's counters show as rates.
+	d = dom(page)
+	if !regexp.MustCompile(`<td>[1-9][0-9]*k?</td><td>[1-9][0-9]*k?B / [1-9]`).MatchString(d) {
+		t.Errorf("no service shows a rate:\n%s", d)
+	}
 
 	shot := os.Getenv("VIPD_SCREENSHOT")
 	if shot == "" {

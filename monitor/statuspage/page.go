@@ -37,6 +37,7 @@ package statuspage
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"embed"
@@ -212,8 +213,37 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 	}
 	headers(w, "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
+	reply(w, r, buf.Bytes())
+}
+
+// reply writes body, gzipped (at the fastest level) when the client
+// takes it and the body is large enough to gain: a page of 50 services
+// of 10 backends shrinks about tenfold.
+func reply(w http.ResponseWriter, r *http.Request, body []byte) {
+	w.Header().Add("Vary", "Accept-Encoding")
+	if len(body) < 1024 || !acceptsGzip(r) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.Write(body)
+		return
+	}
+	var buf bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
+	zw.Write(body)
+	zw.Close()
+	w.Header().Set("Content-Encoding", "gzip")
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.Write(buf.Bytes())
+}
+
+func acceptsGzip(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept-Encoding") {
+		for _, e := range strings.Split(v, ",") {
+			if e, _, _ := strings.Cut(strings.TrimSpace(e), ";"); e == "gzip" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // dataReply is /status.json's answer.
@@ -246,11 +276,14 @@ func (s *Server) data(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	out, err := json.Marshal(dataReply{Version: v, Time: snap.Time, Main: buf.String(), Title: view.Title})
-	if err != nil {
+	// The HTML is escaped already; JSON's escaping of <, > and & would
+	// only make it longer.
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(dataReply{Version: v, Time: snap.Time, Main: buf.String(), Title: view.Title}); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
-	w.Write(out)
+	reply(w, r, out.Bytes())
 }

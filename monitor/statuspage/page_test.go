@@ -1,6 +1,7 @@
 package statuspage
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -251,5 +252,26 @@ func TestReadOnly(t *testing.T) {
 	none := New(Options{Status: func(context.Context) (*status.Snapshot, error) { return nil, fmt.Errorf("cannot read the kernel") }})
 	if w := get(t, none.Handler(), "GET", "/"); w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "cannot read the kernel") {
 		t.Errorf("no snapshot: %d %q", w.Code, w.Body.String())
+	}
+}
+
+func TestGzip(t *testing.T) {
+	h := server(synthetic(60, 10, t0), nil).Handler()
+	plain := get(t, h, "GET", "/")
+	req := httptest.NewRequest("GET", "/", nil)
+	req.Header.Set("Accept-Encoding", "br;q=1.0, gzip;q=0.8")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if w.Header().Get("Content-Encoding") != "gzip" || w.Body.Len()*5 > plain.Body.Len() {
+		t.Fatalf("gzip: %q, %d bytes of %d", w.Header().Get("Content-Encoding"), w.Body.Len(), plain.Body.Len())
+	}
+	t.Logf("page of 50 services x 10 backends: %d bytes, %d gzipped", plain.Body.Len(), w.Body.Len())
+	zr, err := gzip.NewReader(w.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(zr)
+	if string(b) != plain.Body.String() {
+		t.Error("the gzipped page differs")
 	}
 }
