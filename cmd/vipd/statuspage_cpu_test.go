@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -32,7 +33,7 @@ func processCPU() time.Duration {
 }
 
 // TestStatusPageCPU measures what an open status page costs a daemon of
-// 10,000 services x 10 backends on the fake kernel (stats_interval 5s):
+// 10,000 services x 10 backends (VIPD_PAGE_CPU_SIZE) on the fake kernel (stats_interval 5s):
 // the daemon's CPU over a quiet window, then over as long with headless
 // Chromium holding the page open (its script polling once a second),
 // then with the page open on page 2 of a filter; the page's weight and
@@ -47,7 +48,15 @@ func TestStatusPageCPU(t *testing.T) {
 	if s := os.Getenv("VIPD_PAGE_CPU_WINDOW"); s != "" {
 		window, _ = time.ParseDuration(s)
 	}
-	f, err := bench.New(bench.Spec{Services: 10000, Backends: 10})
+	// VIPD_PAGE_CPU_SIZE=NxM measures N services of M backends instead.
+	n, m := 10000, 10
+	if s := os.Getenv("VIPD_PAGE_CPU_SIZE"); s != "" {
+		if _, err := fmt.Sscanf(s, "%dx%d", &n, &m); err != nil {
+			t.Fatalf("VIPD_PAGE_CPU_SIZE=%q: %v", s, err)
+		}
+	}
+	t.Logf("%d services x %d backends, windows of %v", n, m, window)
+	f, err := bench.New(bench.Spec{Services: n, Backends: m})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,9 +9,11 @@ import (
 )
 
 // The history's shape: Buckets buckets of Step each, ten minutes. A bucket
-// holds the last snapshot taken in it; buckets in which no snapshot was
-// taken (nobody asked: no page open, no scrape) stay empty and the
-// sparklines show a gap.
+// holds the highest connection rate of the snapshots taken in it, and a
+// backend is serving in it only if it was in every one of them (a short
+// failure is not hidden by a later snapshot); buckets in which no
+// snapshot was taken (nobody asked: no page open, no scrape) stay empty
+// and the sparklines show a gap.
 const (
 	Step    = 10 * time.Second
 	Buckets = 60
@@ -88,7 +90,10 @@ func (h *History) Observe(snap *status.Snapshot) {
 				se = &series{}
 				h.services[k] = se
 			}
-			se.rate[mod(b)] = uint32(min(s.Stats.ConnRate, 1<<32-1))
+			r := uint32(min(s.Stats.ConnRate, 1<<32-1))
+			if se.has&bit == 0 || r > se.rate[mod(b)] {
+				se.rate[mod(b)] = r
+			}
 			se.has |= bit
 			se.seen = b
 			se.observe(s.Backends, b, bit)
@@ -126,12 +131,14 @@ func (se *series) observe(backends []status.Backend, b int64, bit uint64) {
 	}
 	for i := range backends {
 		bs := &se.backends[i]
+		first := bs.known&bit == 0
 		bs.known |= bit
 		bs.seen = b
-		if backends[i].Serving() {
-			bs.up |= bit
-		} else {
+		switch {
+		case !backends[i].Serving():
 			bs.up &^= bit
+		case first:
+			bs.up |= bit
 		}
 	}
 }

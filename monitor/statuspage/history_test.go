@@ -25,8 +25,8 @@ func TestHistory(t *testing.T) {
 		h.Observe(s) // twice: ignored
 	}
 	rates, backends := h.series(&snap.Services[0])
-	// 300 s in 10 s buckets: the last 30 buckets hold the last value of
-	// each (odd i), the first 30 nothing.
+	// 300 s in 10 s buckets: the last 30 buckets hold the highest value
+	// of each (odd i), the first 30 nothing.
 	for i, p := range rates {
 		if want := i >= 30; p.Ok != want {
 			t.Fatalf("bucket %d: ok %v", i, p.Ok)
@@ -47,6 +47,28 @@ func TestHistory(t *testing.T) {
 	if sp.Max != 59 || sp.Last != "59" || !strings.HasPrefix(sp.Path, "M60 ") || strings.Count(sp.Path, "L") != 29 {
 		t.Errorf("sparkline %+v", sp)
 	}
+	// Within a bucket, the highest rate and any failure stay.
+	at := t0.Add(600 * time.Second)
+	for i, serving := range []bool{true, false, true} {
+		s := synthetic(3, 2, at.Add(time.Duration(i)*time.Second))
+		s.Services[2].Stats.ConnRate = uint64(100 - 10*i)
+		if !serving {
+			s.Services[2].Backends[0].Weight = 0
+		}
+		h.Observe(s)
+	}
+	r, bs := h.series(&snap.Services[2])
+	if r[Buckets-1] != (Point{Ok: true, Value: 100}) || bs[snap.Services[2].Backends[0].Address][Buckets-1] != notServing ||
+		bs[snap.Services[2].Backends[1].Address][Buckets-1] != serving {
+		t.Errorf("bucket of three snapshots: rate %+v, states %v", r[Buckets-1], bs)
+	}
+	h = NewHistory()
+	for i := range 60 {
+		s := synthetic(3, 2, t0.Add(time.Duration(i)*5*time.Second))
+		s.Services[0].Stats.ConnRate = uint64(i)
+		h.Observe(s)
+	}
+
 	// An older snapshot changes nothing.
 	h.Observe(synthetic(3, 2, t0))
 	if r2, _ := h.series(&snap.Services[0]); r2 != rates {
@@ -72,7 +94,7 @@ func TestHistory(t *testing.T) {
 	}
 	// A gap longer than the history empties it.
 	h.Observe(synthetic(3, 2, later.Add(time.Hour)))
-	r, _ := h.series(&snap.Services[1])
+	r, _ = h.series(&snap.Services[1])
 	for i, p := range r[:Buckets-1] {
 		if p.Ok {
 			t.Fatalf("bucket %d survived an hour's gap", i)
