@@ -204,7 +204,7 @@ func TestStatusPageCPU(t *testing.T) {
 	// Let the last snapshot and its garbage go.
 	time.Sleep(10 * time.Second)
 	measure("page open", proxy.URL+"/")
-	measure("page open, filtered, page 2", proxy.URL+"/?q=svc-00&page=2")
+	measure("page open, filtered, page 2", proxy.URL+"/?q=s1&page=2")
 }
 
 // timingScript reports the page's navigation timing (ms from the start
