@@ -170,8 +170,9 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	return a.Run(ctx)
 }
 
-// serveMetrics serves a's metrics on addr; "" serves nothing. The server
-// is bound by lim, its connections by connSlots.
+// serveMetrics serves a's metrics on addr, and the status page's routes
+// (page, nil for none); "" serves nothing. The server is bound by lim,
+// its connections by connSlots.
 func serveMetrics(a *agent.Agent, addr string, page map[string]http.Handler, lim serverLimits, log *slog.Logger) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
