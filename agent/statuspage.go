@@ -64,3 +64,16 @@ func (a *Agent) annotate(snap *status.Snapshot) {
 		}
 	}
 }
+
+// LastStatus returns the last status snapshot taken, however old, without
+// taking one; nil before the first (or if the last take failed).
+func (a *Agent) LastStatus() *status.Snapshot {
+	if a.stats == nil {
+		return nil
+	}
+	snap, err := a.stats.Last()
+	if err != nil {
+		return nil
+	}
+	return snap
+}

@@ -30,5 +30,5 @@ func statusPage(a *agent.Agent, d config.Daemon, history *atomic.Pointer[statusp
 	}
 	h := statuspage.NewHistory()
 	history.Store(h)
-	return statuspage.New(statuspage.Options{Status: a.Status, History: h, Version: versionString()}).Routes()
+	return statuspage.New(statuspage.Options{Status: a.Status, Last: a.LastStatus, History: h, Version: versionString()}).Routes()
 }

@@ -275,3 +275,36 @@ func TestGzip(t *testing.T) {
 		t.Error("the gzipped page differs")
 	}
 }
+
+// TestPageLast checks that the page paints the last snapshot at once when
+// it is young, having the cache take a fresh one without waiting, and
+// waits for a fresh one when it is old; the data always waits.
+func TestPageLast(t *testing.T) {
+	old, fresh := synthetic(1, 1, t0), synthetic(2, 1, t0.Add(40*time.Second))
+	var asked []time.Duration
+	now := t0.Add(10 * time.Second)
+	s := New(Options{
+		Status: func(ctx context.Context) (*status.Snapshot, error) {
+			d, _ := ctx.Deadline()
+			asked = append(asked, d.Sub(time.Now()).Round(time.Second))
+			return fresh, nil
+		},
+		Last: func() *status.Snapshot { return old },
+		Now:  func() time.Time { return now },
+	})
+	h := s.Handler()
+	if got := services(get(t, h, "GET", "/").Body.String()); len(got) != 1 || len(asked) != 1 || asked[0] > time.Second {
+		t.Errorf("young last: %d services, status asked %v", len(got), asked)
+	}
+	now = t0.Add(MaxStale + time.Second)
+	asked = nil
+	if got := services(get(t, h, "GET", "/").Body.String()); len(got) != 2 || len(asked) != 1 {
+		t.Errorf("old last: %d services, status asked %v", len(got), asked)
+	}
+	var d dataReply
+	now = t0.Add(time.Second)
+	json.Unmarshal(get(t, h, "GET", "/status.json").Body.Bytes(), &d)
+	if len(services(d.Main)) != 2 {
+		t.Error("the data did not wait for a fresh snapshot")
+	}
+}

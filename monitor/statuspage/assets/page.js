@@ -43,6 +43,7 @@
   }
   live.className = "live on";
   live.textContent = "live";
+  poll();
   setInterval(poll, 1000);
   document.addEventListener("visibilitychange", poll);
 })();
