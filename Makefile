@@ -90,7 +90,8 @@ check: lint build
 	@for f in examples/*.toml; do $(BIN)/vipd check $$f || exit 1; done
 
 ## bench: Go benchmarks of the planner, the config parser and the
-## daemon's reload, then vipd against ipvsadm -R and keepalived in one
+## daemon's reload, the status page's cost with Chromium holding it open
+## at 10,000 x 10 (TestStatusPageCPU), then vipd against ipvsadm -R and keepalived in one
 ## guest boot (test/vm/bench.sh; VIPD_BENCH_SIZES etc. size it; ~10-20
 ## minutes), then health checks at scale: vipd alone on the host and
 ## vipd against keepalived's checker in one guest boot
@@ -99,7 +100,8 @@ check: lint build
 ## Services of a real API server in another (test/vm/bench-k8s.sh;
 ## VIPD_BENCH_K8S_SIZES). Not part of make test.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config ./agent ./monitor/metrics ./monitor/status ./cmd/vipd
+	$(GO) test -run '^$$' -bench . -benchmem ./lb ./config ./agent ./monitor/metrics ./monitor/status ./monitor/statuspage ./cmd/vipd
+	VIPD_PAGE_CPU=1 $(GO) test -count=1 -v -timeout 30m -run '^TestStatusPageCPU$$' ./cmd/vipd
 	test/vm/bench.sh
 	test/vm/bench-ha.sh
 	test/vm/bench-health.sh

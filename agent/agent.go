@@ -83,6 +83,9 @@ type Options struct {
 	// OpenAnnouncer starts the BGP speaker of the configuration's [bgp]
 	// section (see bgp.go); nil refuses a configuration with one.
 	OpenAnnouncer func(context.Context, AnnouncerOptions) (Announcer, error)
+	// OnStatus is called, outside the main loop, with every status
+	// snapshot taken (the status page's history); nil calls nothing.
+	OnStatus func(*status.Snapshot)
 }
 
 // Notifier reports the agent's state to the service manager (systemd's
@@ -155,6 +158,8 @@ type Agent struct {
 	// spare is a configuration no one uses, which the next reload may
 	// build the new one in (see config.Spare).
 	spare config.Spare
+	// lastReload is the last reload, for the status page.
+	lastReload *status.Reload
 }
 
 // New returns an agent for opts; Run runs it.
@@ -348,7 +353,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				w.changes = nil
 				continue
 			}
-			a.reload(ctx, fileRead{why: "file changed", file: ch.File, data: ch.Data, removed: ch.Removed, err: ch.Err, seen: ch.Seen, read: ch.Read}, false)
+			a.noteReload(ctx, fileRead{why: "file changed", file: ch.File, data: ch.Data, removed: ch.Removed, err: ch.Err, seen: ch.Seen, read: ch.Read}, false)
 			w.follow(ctx)
 		case req := <-a.reqs:
 			req(ctx)
@@ -573,7 +578,7 @@ func restartNeeded(old, cur *config.Config) bool {
 	x, y := old.Daemon, cur.Daemon
 	return x.Interface != y.Interface || !slices.Equal(x.Uplinks, y.Uplinks) || x.GARP != y.GARP ||
 		x.ManageIPTables != y.ManageIPTables || x.StateDir != y.StateDir || x.ResyncInterval != y.ResyncInterval ||
-		x.Watch != y.Watch || x.ControlSocket != y.ControlSocket || x.MetricsListen != y.MetricsListen ||
+		x.Watch != y.Watch || x.ControlSocket != y.ControlSocket || x.MetricsListen != y.MetricsListen || x.StatusPage != y.StatusPage ||
 		!old.HA.Equal(cur.HA) && !equalBesidesFloating(old.HA, cur.HA) || !old.BGP.SessionsEqual(cur.BGP) ||
 		!old.Kubernetes.EqualBesidesPools(cur.Kubernetes)
 }

@@ -61,7 +61,7 @@ func (a *Agent) Reload(ctx context.Context, opts ReloadOptions) (out Outcome, er
 	if opts.Why == "" {
 		opts.Why = "reload"
 	}
-	derr := a.do(ctx, func(ctx context.Context) { out, err = a.reload(ctx, readAll(opts.Why), opts.Force) })
+	derr := a.do(ctx, func(ctx context.Context) { out, err = a.noteReload(ctx, readAll(opts.Why), opts.Force) })
 	return out, cmpErr(err, derr)
 }
 

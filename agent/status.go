@@ -35,6 +35,7 @@ func (a *Agent) snapshot(observed *lb.State) *status.Snapshot {
 	snap.HA = a.haStatus()
 	snap.BGP = a.bgpStatus()
 	snap.Sources = a.sourceStatus()
+	a.annotate(snap)
 	return snap
 }
 
@@ -50,6 +51,9 @@ func (a *Agent) takeStatus(ctx context.Context) (snap *status.Snapshot, err erro
 	}
 	if err := a.do(ctx, func(context.Context) { snap = a.snapshot(observed) }); err != nil {
 		return nil, err
+	}
+	if a.opts.OnStatus != nil {
+		a.opts.OnStatus(snap)
 	}
 	return snap, nil
 }

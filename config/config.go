@@ -182,6 +182,8 @@ type Daemon struct {
 	ManageIPTables bool
 	// MetricsListen is the Prometheus listen address, or "" for none.
 	MetricsListen string
+	// StatusPage serves the status page at / on MetricsListen.
+	StatusPage bool
 	// ControlSocket is the path of the local control socket.
 	ControlSocket string
 	// StateDir holds vipd's ownership ledger.

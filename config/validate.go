@@ -42,6 +42,7 @@ type rawDaemon struct {
 	FilterVIPPorts *bool     `toml:"filter_vip_ports"`
 	SNATMark       *int64    `toml:"snat_mark"`
 	MetricsListen  *string   `toml:"metrics_listen"`
+	StatusPage     *bool     `toml:"status_page"`
 	ControlSocket  *string   `toml:"control_socket"`
 	StateDir       *string   `toml:"state_dir"`
 	OnStop         *string   `toml:"on_stop"`
@@ -425,6 +426,7 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 		ManageSysctls:  true,
 		ManageIPTables: true,
 		MetricsListen:  DefaultMetricsListen,
+		StatusPage:     true,
 		ControlSocket:  DefaultControlSocket,
 		StateDir:       DefaultStateDir,
 		ResyncInterval: 30 * time.Second,
@@ -458,6 +460,7 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 	setBool(&out.ManageIPTables, d.ManageIPTables)
 	setBool(&out.Drain, d.Drain)
 	setBool(&out.DrainServices, d.DrainServices)
+	setBool(&out.StatusPage, d.StatusPage)
 	filter := true
 	setBool(&filter, d.FilterVIPPorts)
 	mark := int64(DefaultSNATMark)

@@ -89,6 +89,8 @@ type daemonOptions struct {
 	KernelLock string
 	// StartRetry is agent.Options.StartRetry.
 	StartRetry time.Duration
+	// OpenElector overrides the VRRP election, for tests.
+	OpenElector func(agent.ElectorOptions) (agent.Elector, error)
 	// ControlLimits and MetricsLimits bound the control socket's and
 	// the metrics endpoint's servers; zero values mean controlLimits
 	// and metricsLimits. Tests shorten them.
@@ -108,6 +110,10 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	if opts.Notifier != nil {
 		aopts.Notifier = opts.Notifier
 	}
+	if opts.OpenElector != nil {
+		aopts.OpenElector = opts.OpenElector
+	}
+	history := pageHistory(&aopts)
 	if aopts.OpenKernel == nil {
 		aopts.OpenKernel = func(cfg *config.Config, log *slog.Logger) (lb.Kernel, func(), error) {
 			return openKernel(cfg, log, kernelOptions{})
@@ -134,7 +140,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		opts.MetricsLimits = metricsLimits
 	}
 	aopts.Serve = func(ctx context.Context, a *agent.Agent, d config.Daemon) (func(), error) {
-		stopMetrics, err := serveMetrics(a, d.MetricsListen, opts.MetricsLimits, log)
+		stopMetrics, err := serveMetrics(a, d.MetricsListen, statusPage(a, d, history), opts.MetricsLimits, log)
 		if err != nil {
 			return nil, err
 		}
@@ -165,9 +171,10 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	return a.Run(ctx)
 }
 
-// serveMetrics serves a's metrics on addr; "" serves nothing. The server
-// is bound by lim, its connections by connSlots.
-func serveMetrics(a *agent.Agent, addr string, lim serverLimits, log *slog.Logger) (stop func(), err error) {
+// serveMetrics serves a's metrics on addr, and the status page's routes
+// (page, nil for none); "" serves nothing. The server is bound by lim,
+// its connections by connSlots.
+func serveMetrics(a *agent.Agent, addr string, page map[string]http.Handler, lim serverLimits, log *slog.Logger) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
 	}
@@ -182,6 +189,11 @@ func serveMetrics(a *agent.Agent, addr string, lim serverLimits, log *slog.Logge
 	h := a.Metrics()
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", limiter(lim.MaxRequests, lim.RequestWait, busy)(h.ServeHTTP))
+	// The status page has limits of its own: pages cannot starve scrapes.
+	pageLimit := limiter(lim.MaxRequests, lim.RequestWait, busy)
+	for pattern, h := range page {
+		mux.Handle(pattern, pageLimit(h.ServeHTTP))
+	}
 	slots := newConnSlots(lim.MaxConns, lim.MaxConnsPerClient, slowHeaders)
 	srv := lim.server(slots.serving(mux), log)
 	srv.ConnState, srv.ConnContext = slots.state, slots.context

@@ -145,7 +145,7 @@ func (k *Kernel) Services() (map[lb.ServiceKey]*lb.ServiceState, error) {
 	out := make(map[lb.ServiceKey]*lb.ServiceState, len(k.st.Services))
 	for key, s := range k.st.Services {
 		if !k.miss[key] {
-			out[key] = &lb.ServiceState{Service: s.Service, Dests: maps.Clone(s.Dests)}
+			out[key] = &lb.ServiceState{Service: s.Service, Dests: maps.Clone(s.Dests), Stats: s.Stats}
 		}
 	}
 	k.miss = nil
@@ -161,7 +161,7 @@ func (k *Kernel) Service(key lb.ServiceKey) (*lb.ServiceState, error) {
 	if !ok {
 		return nil, nil
 	}
-	return &lb.ServiceState{Service: s.Service, Dests: maps.Clone(s.Dests)}, nil
+	return &lb.ServiceState{Service: s.Service, Dests: maps.Clone(s.Dests), Stats: s.Stats}, nil
 }
 
 func (k *Kernel) checkSched(s lb.Service) error {

@@ -92,6 +92,30 @@ type Snapshot struct {
 	BGP *BGP `json:"bgp,omitempty"`
 	// Sources are the origins of services besides the file.
 	Sources []Source `json:"sources,omitempty"`
+	// Reload is the last reload of the configuration since the daemon
+	// started; nil before the first.
+	Reload *Reload `json:"last_reload,omitempty"`
+}
+
+// Reload is what one reload of the configuration did.
+type Reload struct {
+	// Time is when it ended; Why what asked for it ("file changed",
+	// "sighup", "control socket"); File the file read, "all" for every
+	// file.
+	Time time.Time `json:"time"`
+	Why  string    `json:"why"`
+	File string    `json:"file,omitempty"`
+	// Result is "applied" (the configuration took effect, maybe with no
+	// change to the kernel) or "failed" (rejected, refused by the guard,
+	// rolled back, or kept with failed operations: Error says which).
+	Result string `json:"result"`
+	Error  string `json:"error,omitempty"`
+	// Applied and Failed count the kernel operations; Changes counts
+	// the applied ones by kind, in application order, such as
+	// "add-backend 3".
+	Applied int      `json:"applied"`
+	Failed  int      `json:"failed"`
+	Changes []string `json:"changes,omitempty"`
 }
 
 // HA is a node's place in its VRRP virtual router.
@@ -180,6 +204,9 @@ const (
 type Service struct {
 	// Name is the service's configured name.
 	Name string `json:"name"`
+	// Source is the source the service comes from ("kubernetes"), empty
+	// for the configuration file.
+	Source string `json:"source,omitempty"`
 	// Key names the kernel service: "192.0.2.10:80/tcp",
 	// "[2001:db8::10]:443/tcp" or "fwmark 7/ipv4"; for a NodePort
 	// service missing in the kernel, "nodeport 30080/tcp".
