@@ -108,8 +108,8 @@ type Topo struct {
 }
 
 // NewTopo builds a topology with topo.sh ("nat 2", "nat 3 onearm", "dr 2",
-// "tun 2 gue", ...) and tears it down (IPVS, iptables, nft, ipsets too) when
-// the test ends.
+// "tun 2 gue", "k8s 3 0 onearm", ...) and tears it down (IPVS, iptables,
+// nft, ipsets too) when the test ends.
 func NewTopo(t testing.TB, spec string) *Topo {
 	t.Helper()
 	// A previous test that crashed may have left one behind.
@@ -187,6 +187,43 @@ func (tp *Topo) BackendStop(t testing.TB, backend string) {
 func (tp *Topo) BackendStart(t testing.TB, backend string) {
 	t.Helper()
 	Sh(t, "topo_backend_start "+backend)
+}
+
+// NodeHealthDown makes node's kube-proxy health stand-in (topo_k8s, port
+// 10256) answer 503 on /healthz, or with a port the one topo_node_healthz
+// started there (a Service's healthCheckNodePort); NodeHealthUp undoes it.
+func (tp *Topo) NodeHealthDown(t testing.TB, node string, port ...int) {
+	t.Helper()
+	Sh(t, "topo_node_health_down "+node+portArg(port))
+}
+func (tp *Topo) NodeHealthUp(t testing.TB, node string, port ...int) {
+	t.Helper()
+	Sh(t, "topo_node_health_up "+node+portArg(port))
+}
+
+// NodeHealthz starts a health server in node's namespace on port, as
+// kube-proxy serves a Service's healthCheckNodePort (stopped by topo_down).
+func (tp *Topo) NodeHealthz(t testing.TB, node string, port int) {
+	t.Helper()
+	Sh(t, fmt.Sprintf("topo_node_healthz %s %d", node, port))
+}
+
+func portArg(port []int) string {
+	if len(port) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" %d", port[0])
+}
+
+// LinkDown cuts the link of namespace name (its bridge port goes down, its
+// eth0 loses carrier); LinkUp restores it.
+func (tp *Topo) LinkDown(t testing.TB, name string) {
+	t.Helper()
+	Sh(t, "topo_link_down "+name)
+}
+func (tp *Topo) LinkUp(t testing.TB, name string) {
+	t.Helper()
+	Sh(t, "topo_link_up "+name)
 }
 
 // Hits is what N requests from the client namespace got.
