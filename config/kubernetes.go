@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/monitor/health"
 )
 
 // Kubernetes is the [kubernetes] section: vipd as the LoadBalancer
@@ -52,6 +53,8 @@ type Kubernetes struct {
 	// source/kubernetes).
 	APIQPS   float64
 	APIBurst int
+	// NodeHealth is how nodeport-mode Services probe their Nodes.
+	NodeHealth KubernetesNodeHealth
 
 	// ranges are the pools' addresses, sorted by their first address,
 	// with the main file they are written in, for the errors that name
@@ -161,7 +164,41 @@ type KubernetesPool struct {
 	Namespaces            []string
 	ServiceSelector       string
 	ShareAcrossNamespaces bool
+	// SNAT masquerades the traffic of the pool's Services to their
+	// backends, so that replies return through vipd whatever the
+	// backends' routes (the one-arm layout).
+	SNAT bool
 }
+
+// KubernetesNodeHealth is the [kubernetes.node_health] table: the probes
+// of the Nodes that nodeport-mode Services balance to, as cloud load
+// balancers probe them (see source/kubernetes.NodeHealth).
+type KubernetesNodeHealth struct {
+	// Enabled probes Nodes at all.
+	Enabled bool
+	// Port and Path are every Node's health endpoint for Services with
+	// externalTrafficPolicy Cluster: kube-proxy's (10256, /healthz) by
+	// default; Port zero probes them not.
+	Port uint16
+	Path string
+	// Local probes Services with externalTrafficPolicy Local at their
+	// spec.healthCheckNodePort instead.
+	Local bool
+	// Interval, Timeout, Rise and Fall are the probes' timing.
+	Interval, Timeout time.Duration
+	Rise, Fall        int
+}
+
+// The defaults of [kubernetes.node_health]: a Node that stops answering
+// leaves within Fall × Interval plus one Interval.
+const (
+	DefaultNodeHealthPort     = 10256
+	DefaultNodeHealthPath     = "/healthz"
+	DefaultNodeHealthInterval = time.Second
+	DefaultNodeHealthTimeout  = 500 * time.Millisecond
+	DefaultNodeHealthRise     = 2
+	DefaultNodeHealthFall     = 2
+)
 
 // The backend modes.
 const (
@@ -187,29 +224,41 @@ func (k Kubernetes) Equal(o Kubernetes) bool {
 		k.APIBurst == o.APIBurst && k.MetalLBAnnotations == o.MetalLBAnnotations && slices.EqualFunc(k.Pools, o.Pools, func(a, b KubernetesPool) bool {
 		return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses) && a.AutoAssign == b.AutoAssign &&
 			a.AvoidNetworkBroadcast == b.AvoidNetworkBroadcast && slices.Equal(a.Namespaces, b.Namespaces) &&
-			a.ServiceSelector == b.ServiceSelector && a.ShareAcrossNamespaces == b.ShareAcrossNamespaces
-	})
+			a.ServiceSelector == b.ServiceSelector && a.ShareAcrossNamespaces == b.ShareAcrossNamespaces && a.SNAT == b.SNAT
+	}) && k.NodeHealth == o.NodeHealth
 }
 
 // rawKubernetes is the [kubernetes] section as written.
 type rawKubernetes struct {
-	Kubeconfig         *string      `toml:"kubeconfig"`
-	LoadBalancerClass  *string      `toml:"load_balancer_class"`
-	DefaultClass       *bool        `toml:"default_class"`
-	Namespaces         []string     `toml:"namespaces"`
-	ServiceSelector    *string      `toml:"service_selector"`
-	Backends           *string      `toml:"backends"`
-	Pool               []rawK8sPool `toml:"pool"`
-	LeaderElection     *bool        `toml:"leader_election"`
-	LeaseNamespace     *string      `toml:"lease_namespace"`
-	LeaseName          *string      `toml:"lease_name"`
-	Identity           *string      `toml:"identity"`
-	LeaseDuration      *duration    `toml:"lease_duration"`
-	RenewDeadline      *duration    `toml:"renew_deadline"`
-	RetryPeriod        *duration    `toml:"retry_period"`
-	APIQPS             *float64     `toml:"api_qps"`
-	APIBurst           *int64       `toml:"api_burst"`
-	MetalLBAnnotations *bool        `toml:"metallb_annotations"`
+	Kubeconfig         *string        `toml:"kubeconfig"`
+	LoadBalancerClass  *string        `toml:"load_balancer_class"`
+	DefaultClass       *bool          `toml:"default_class"`
+	Namespaces         []string       `toml:"namespaces"`
+	ServiceSelector    *string        `toml:"service_selector"`
+	Backends           *string        `toml:"backends"`
+	Pool               []rawK8sPool   `toml:"pool"`
+	LeaderElection     *bool          `toml:"leader_election"`
+	LeaseNamespace     *string        `toml:"lease_namespace"`
+	LeaseName          *string        `toml:"lease_name"`
+	Identity           *string        `toml:"identity"`
+	LeaseDuration      *duration      `toml:"lease_duration"`
+	RenewDeadline      *duration      `toml:"renew_deadline"`
+	RetryPeriod        *duration      `toml:"retry_period"`
+	APIQPS             *float64       `toml:"api_qps"`
+	APIBurst           *int64         `toml:"api_burst"`
+	MetalLBAnnotations *bool          `toml:"metallb_annotations"`
+	NodeHealth         *rawNodeHealth `toml:"node_health"`
+}
+
+type rawNodeHealth struct {
+	Enabled  *bool     `toml:"enabled"`
+	Port     *int64    `toml:"port"`
+	Path     *string   `toml:"path"`
+	Local    *bool     `toml:"local"`
+	Interval *duration `toml:"interval"`
+	Timeout  *duration `toml:"timeout"`
+	Rise     *int64    `toml:"rise"`
+	Fall     *int64    `toml:"fall"`
 }
 
 type rawK8sPool struct {
@@ -220,6 +269,7 @@ type rawK8sPool struct {
 	Namespaces            []string `toml:"namespaces"`
 	ServiceSelector       *string  `toml:"service_selector"`
 	ShareAcrossNamespaces *bool    `toml:"share_across_namespaces"`
+	SNAT                  *bool    `toml:"snat"`
 }
 
 // set reports whether the section has any key.
@@ -227,7 +277,7 @@ func (k *rawKubernetes) set() bool {
 	return k.Kubeconfig != nil || k.LoadBalancerClass != nil || k.DefaultClass != nil || k.Namespaces != nil ||
 		k.ServiceSelector != nil || k.Backends != nil || k.Pool != nil || k.LeaderElection != nil || k.LeaseNamespace != nil ||
 		k.LeaseName != nil || k.Identity != nil || k.LeaseDuration != nil || k.RenewDeadline != nil || k.RetryPeriod != nil ||
-		k.APIQPS != nil || k.APIBurst != nil || k.MetalLBAnnotations != nil
+		k.APIQPS != nil || k.APIBurst != nil || k.MetalLBAnnotations != nil || k.NodeHealth != nil
 }
 
 // kubernetes validates the [kubernetes] section into cfg.Kubernetes. The
@@ -313,8 +363,13 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 			}
 		}
 		setBool(&pool.ShareAcrossNamespaces, p.ShareAcrossNamespaces)
+		setBool(&pool.SNAT, p.SNAT)
+		if pool.SNAT && !cfg.Spec.Rules.Enabled {
+			v.errorf(fmt.Sprintf("kubernetes.pool.%d.snat", i), pctx, "pool %q: snat needs [daemon] manage_iptables = true: vipd's rules do the SNAT", pool.Name)
+		}
 		out.Pools = append(out.Pools, pool)
 	}
+	out.NodeHealth = v.nodeHealth(k.NodeHealth)
 	out.LeaderElection = true
 	setBool(&out.LeaderElection, k.LeaderElection)
 	setBool(&out.MetalLBAnnotations, k.MetalLBAnnotations)
@@ -371,6 +426,64 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 		}
 	}
 	cfg.Kubernetes = out
+}
+
+// nodeHealth validates the [kubernetes.node_health] table (nil: absent)
+// into its defaults and values.
+func (v *validator) nodeHealth(r *rawNodeHealth) KubernetesNodeHealth {
+	const ctx, path = "kubernetes.node_health", "kubernetes.node_health"
+	out := KubernetesNodeHealth{Enabled: true, Port: DefaultNodeHealthPort, Path: DefaultNodeHealthPath, Local: true,
+		Interval: DefaultNodeHealthInterval, Timeout: DefaultNodeHealthTimeout, Rise: DefaultNodeHealthRise, Fall: DefaultNodeHealthFall}
+	if r == nil {
+		return out
+	}
+	before := len(v.errs)
+	setBool(&out.Enabled, r.Enabled)
+	setBool(&out.Local, r.Local)
+	if r.Port != nil {
+		if *r.Port < 0 || *r.Port > 65535 {
+			v.errorf(path+".port", ctx, "port %d is outside 0..65535 (0: no probe for Services with externalTrafficPolicy Cluster)", *r.Port)
+		} else {
+			out.Port = uint16(*r.Port)
+		}
+	}
+	if r.Path != nil {
+		out.Path = *r.Path
+		if !strings.HasPrefix(out.Path, "/") || len(out.Path) > 1024 || strings.ContainsFunc(out.Path, func(c rune) bool { return c <= ' ' || c == 0x7f }) {
+			v.errorf(path+".path", ctx, "path %q must start with / and hold no spaces or control characters", out.Path)
+		}
+	}
+	out.Interval = v.duration(r.Interval, out.Interval, path+".interval", ctx, "interval")
+	out.Timeout = v.duration(r.Timeout, out.Timeout, path+".timeout", ctx, "timeout")
+	if out.Interval < health.MinInterval || out.Interval > time.Hour {
+		v.errorf(path+".interval", ctx, "interval %s is outside %s..1h", out.Interval, health.MinInterval)
+	}
+	if out.Timeout <= 0 || out.Timeout > out.Interval {
+		v.errorf(path+".timeout", ctx, "timeout %s must be above 0 and at most the interval (%s)", out.Timeout, out.Interval)
+	}
+	for _, f := range []struct {
+		raw  *int64
+		out  *int
+		name string
+	}{{r.Rise, &out.Rise, "rise"}, {r.Fall, &out.Fall, "fall"}} {
+		if f.raw == nil {
+			continue
+		}
+		if *f.raw < 1 || *f.raw > 1000 {
+			v.errorf(path+"."+f.name, ctx, "%s %d is outside 1..1000", f.name, *f.raw)
+			continue
+		}
+		*f.out = int(*f.raw)
+	}
+	if len(v.errs) > before {
+		return out
+	}
+	spec := health.Spec{Kind: health.KindHTTP, Port: max(out.Port, 1), Interval: out.Interval, Timeout: out.Timeout,
+		Rise: out.Rise, Fall: out.Fall, HTTP: health.HTTPOptions{Path: out.Path}}
+	for _, err := range unjoin(spec.Validate()) {
+		v.errorf(path, ctx, "%s", strings.TrimSpace(err.Error()))
+	}
+	return out
 }
 
 // ParsePoolRange parses one entry of a pool's addresses: a CIDR

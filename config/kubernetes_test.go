@@ -63,6 +63,14 @@ share_across_namespaces = true
 	if cfg, _ := Parse("t.toml", []byte("[kubernetes]\ndefault_class = true\nmetallb_annotations = true\n[[kubernetes.pool]]\nname = \"p\"\naddresses = [\"192.0.2.32/28\"]\n"+haService)); cfg == nil || !cfg.Kubernetes.MetalLBAnnotations {
 		t.Errorf("metallb_annotations = true: %+v", cfg)
 	}
+	want := KubernetesNodeHealth{Enabled: true, Port: 10256, Path: "/healthz", Local: true, Interval: time.Second,
+		Timeout: 500 * time.Millisecond, Rise: 2, Fall: 2}
+	if k.NodeHealth != want {
+		t.Errorf("node_health defaults %+v, want %+v", k.NodeHealth, want)
+	}
+	if k.Pools[0].SNAT {
+		t.Errorf("pool snat is on by default")
+	}
 	if cfg, _ := Parse("t.toml", []byte(haService)); cfg.Kubernetes.Enabled {
 		t.Error("no [kubernetes], enabled")
 	}
@@ -70,6 +78,75 @@ share_across_namespaces = true
 	_, d, err := ParseFrom(cfg, "t.toml", []byte(strings.Replace(in, `"lb=vipd"`, `"lb=other"`, 1)))
 	if err != nil || !d.Full {
 		t.Errorf("edit: %+v %v", d, err)
+	}
+}
+
+// TestKubernetesNodeHealth: the [kubernetes.node_health] table and a
+// pool's snat, as written and with what each key refuses.
+func TestKubernetesNodeHealth(t *testing.T) {
+	const pool = "\n[[kubernetes.pool]]\nname = \"p\"\naddresses = [\"192.0.2.32/28\"]\n"
+	in := `[daemon]
+manage_iptables = true
+
+[kubernetes]
+default_class = true
+
+[kubernetes.node_health]
+port = 0
+path = "/livez"
+local = false
+interval = "300ms"
+timeout = "200ms"
+rise = 1
+fall = 3
+` + pool + "snat = true\n" + haService
+	cfg, err := Parse("t.toml", []byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := KubernetesNodeHealth{Enabled: true, Port: 0, Path: "/livez", Local: false, Interval: 300 * time.Millisecond,
+		Timeout: 200 * time.Millisecond, Rise: 1, Fall: 3}
+	if got := cfg.Kubernetes.NodeHealth; got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	if !cfg.Kubernetes.Pools[0].SNAT {
+		t.Errorf("pool snat = true: %+v", cfg.Kubernetes.Pools[0])
+	}
+	off, err := Parse("t.toml", []byte("[kubernetes]\ndefault_class = true\n[kubernetes.node_health]\nenabled = false\n"+pool+haService))
+	if err != nil || off.Kubernetes.NodeHealth.Enabled {
+		t.Errorf("enabled = false: %+v %v", off, err)
+	}
+	// A change of the probes is a change of the section's settings (a
+	// restart of the source), not of its pools.
+	edited, _, err := ParseFrom(cfg, "t.toml", []byte(strings.Replace(in, `"/livez"`, `"/readyz"`, 1)))
+	if err != nil || cfg.Kubernetes.EqualBesidesPools(edited.Kubernetes) {
+		t.Errorf("path edited: equal besides pools (%v)", err)
+	}
+	edited, _, err = ParseFrom(cfg, "t.toml", []byte(strings.Replace(in, "snat = true", "snat = false", 1)))
+	if err != nil || !cfg.Kubernetes.EqualBesidesPools(edited.Kubernetes) || cfg.Kubernetes.Equal(edited.Kubernetes) {
+		t.Errorf("pool snat edited: not a change of pools only (%v)", err)
+	}
+
+	head := "[daemon]\nmanage_iptables = true\n[kubernetes]\ndefault_class = true\n[kubernetes.node_health]\n"
+	for _, tt := range []struct{ name, in, want string }{
+		{"port", head + "port = 70000\n" + pool, `t.toml:6: kubernetes.node_health: port 70000 is outside 0..65535`},
+		{"path relative", head + "path = \"healthz\"\n" + pool, `t.toml:6: kubernetes.node_health: path "healthz" must start with /`},
+		{"path space", head + "path = \"/a b\"\n" + pool, `t.toml:6: kubernetes.node_health: path "/a b" must start with /`},
+		{"interval", head + "interval = \"1ms\"\ntimeout = \"1ms\"\n" + pool, `t.toml:6: kubernetes.node_health: interval 1ms is outside 10ms..1h`},
+		{"interval text", head + "interval = \"soon\"\n" + pool, `t.toml:6: kubernetes.node_health: interval: `},
+		{"timeout above interval", head + "timeout = \"2s\"\n" + pool, `t.toml:6: kubernetes.node_health: timeout 2s must be above 0 and at most the interval (1s)`},
+		{"timeout zero", head + "timeout = \"0s\"\n" + pool, `t.toml:6: kubernetes.node_health: timeout 0s must be above 0`},
+		{"rise", head + "rise = 0\n" + pool, `t.toml:6: kubernetes.node_health: rise 0 is outside 1..1000`},
+		{"fall", head + "\nfall = 5000\n" + pool, `t.toml:7: kubernetes.node_health: fall 5000 is outside 1..1000`},
+		{"unknown key", head + "ports = 1\n" + pool, `t.toml:6: `},
+		{"snat without rules", "[daemon]\nmanage_iptables = false\n[kubernetes]\ndefault_class = true\n" + pool + "snat = true\n", `t.toml:9: kubernetes.pool 1: pool "p": snat needs [daemon] manage_iptables = true`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("t.toml", []byte(tt.in+haService))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got %v\nwant %s", err, tt.want)
+			}
+		})
 	}
 }
 

@@ -36,6 +36,7 @@ func openSources(cfg *config.Config, log *slog.Logger) ([]source.Source, error) 
 		Logger:             log.With("source", "kubernetes"),
 	}
 	opts.Pools = kubernetes.PoolsOf(k)
+	opts.NodeHealth = kubernetes.NodeHealthOf(k)
 	src, err := kubernetes.New(opts)
 	if err != nil {
 		return nil, err

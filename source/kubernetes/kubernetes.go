@@ -328,9 +328,20 @@ func PoolsOf(k config.Kubernetes) []Pool {
 		auto := p.AutoAssign
 		out = append(out, Pool{Name: p.Name, Addresses: p.Addresses, AutoAssign: &auto,
 			AvoidNetworkBroadcast: p.AvoidNetworkBroadcast, Namespaces: p.Namespaces, ServiceSelector: p.ServiceSelector,
-			ShareAcrossNamespaces: p.ShareAcrossNamespaces})
+			ShareAcrossNamespaces: p.ShareAcrossNamespaces, SNAT: p.SNAT})
 	}
 	return out
+}
+
+// NodeHealthOf returns the Node probes of k's [kubernetes.node_health]
+// table, nil when it turns them off.
+func NodeHealthOf(k config.Kubernetes) *NodeHealth {
+	nh := k.NodeHealth
+	if !nh.Enabled {
+		return nil
+	}
+	return &NodeHealth{Port: nh.Port, Path: nh.Path, Local: nh.Local, Interval: nh.Interval, Timeout: nh.Timeout,
+		Rise: nh.Rise, Fall: nh.Fall}
 }
 
 // EachPool calls f with the addresses of each pool and family, as the

@@ -114,6 +114,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("Selector", e.testSelector)
 	t.Run("Tenants", e.testTenants)
 	t.Run("PoolsLive", e.testPoolsLive)
+	t.Run("NodeHealth", e.testNodeHealth)
 	// Last: it stops the API server.
 	t.Run("APILoss", e.testAPILoss)
 }

@@ -249,3 +249,46 @@ k8s/ns/routed/http/tcp snat=false`)
 }
 
 func mustAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+// testNodeHealth, against the real API server: a Cluster Service's Nodes
+// are probed at kube-proxy's health port; once the Service turns Local,
+// at the healthCheckNodePort the API server allocated, with each Node
+// weighted by its ready endpoints; a pool's snat makes the Service SNAT
+// and vipd.io/snat "false" takes it back.
+func (e *env) testNodeHealth(t *testing.T) {
+	ns := e.namespace(t)
+	e.node(t, "nh-a", true, "10.0.1.1")
+	e.node(t, "nh-b", true, "10.0.1.2")
+	sink := &fakeSink{}
+	e.run(t, kubernetes.Options{Namespaces: []string{ns}, NodeHealth: testNodeHealth,
+		Pools: []kubernetes.Pool{{Name: "onearm", Addresses: []string{"192.0.2.40/30"}, SNAT: true}}}, sink)
+	svc := e.create(t, lbService(ns, "web", port("http", corev1.ProtocolTCP, 80)))
+	np := svc.Spec.Ports[0].NodePort
+	e.waitStatus(t, ns, "web", "192.0.2.40")
+	waitSnap(t, sink, fmt.Sprintf(`k8s/%[1]s/web/http/tcp tcp 192.0.2.40:80 -> 10.0.1.1:%[2]d/1 10.0.1.2:%[2]d/1`, ns, np))
+	probe := "http/healthz,initial=up,status=200,every=1s,fall=2"
+	waitHealth(t, sink, fmt.Sprintf(`k8s/%s/web/http/tcp snat=true policy=remove/1 10.0.1.1:10256:%[2]s 10.0.1.2:10256:%[2]s`, ns, probe))
+
+	svc = e.update(t, ns, "web", func(s *corev1.Service) {
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	})
+	hc := svc.Spec.HealthCheckNodePort
+	if hc == 0 {
+		t.Fatal("the API server allocated no healthCheckNodePort")
+	}
+	e.slice(t, ns, "web", "web-1", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{epPort("http", corev1.ProtocolTCP, 8080)},
+		ep{addr: "10.244.1.1", node: "nh-a", ready: true, serving: true},
+		ep{addr: "10.244.1.2", node: "nh-a", ready: true, serving: true},
+		ep{addr: "10.244.1.3", node: "nh-a", ready: true, serving: true},
+		ep{addr: "10.244.2.1", node: "nh-b", ready: true, serving: true},
+		ep{addr: "10.244.2.2", node: "nh-b", ready: false, serving: false})
+	waitSnap(t, sink, fmt.Sprintf(`k8s/%[1]s/web/http/tcp tcp 192.0.2.40:80 -> 10.0.1.1:%[2]d/3 10.0.1.2:%[2]d/1`, ns, np))
+	waitHealth(t, sink, fmt.Sprintf(`k8s/%s/web/http/tcp snat=true policy=remove/1 10.0.1.1:%[3]d:%[2]s 10.0.1.2:%[3]d:%[2]s`, ns, probe, hc))
+
+	// The tenant turns SNAT off for its Service (and so keeps the
+	// client's address, at the price of routing replies through vipd).
+	e.update(t, ns, "web", func(s *corev1.Service) {
+		s.Annotations = map[string]string{kubernetes.AnnotationSNAT: "false"}
+	})
+	waitHealth(t, sink, fmt.Sprintf(`k8s/%s/web/http/tcp snat=false policy=remove/1 10.0.1.1:%[3]d:%[2]s 10.0.1.2:%[3]d:%[2]s`, ns, probe, hc))
+}
