@@ -189,16 +189,34 @@ func (tp *Topo) BackendStart(t testing.TB, backend string) {
 	Sh(t, "topo_backend_start "+backend)
 }
 
+// TopoState is topo.sh's state directory in the guest (TOPO_STATE).
+const TopoState = "/run/vipd-rig"
+
 // NodeHealthDown makes node's kube-proxy health stand-in (topo_k8s, port
 // 10256) answer 503 on /healthz, or with a port the one topo_node_healthz
 // started there (a Service's healthCheckNodePort); NodeHealthUp undoes it.
+// Both act at once, as topo_node_health_down/up do, without a shell: a
+// test that times what follows measures from the change itself.
 func (tp *Topo) NodeHealthDown(t testing.TB, node string, port ...int) {
 	t.Helper()
-	Sh(t, "topo_node_health_down "+node+portArg(port))
+	if err := os.WriteFile(nodeHealthFile(node, port), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 func (tp *Topo) NodeHealthUp(t testing.TB, node string, port ...int) {
 	t.Helper()
-	Sh(t, "topo_node_health_up "+node+portArg(port))
+	if err := os.Remove(nodeHealthFile(node, port)); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+}
+
+// nodeHealthFile is the file whose existence makes a health stand-in
+// answer 503 (see topo_node_health_down).
+func nodeHealthFile(node string, port []int) string {
+	if len(port) > 0 {
+		return fmt.Sprintf("%s/%s-health-%d.down", TopoState, node, port[0])
+	}
+	return fmt.Sprintf("%s/%s-health.down", TopoState, node)
 }
 
 // NodeHealthz starts a health server in node's namespace on port, as
@@ -208,22 +226,16 @@ func (tp *Topo) NodeHealthz(t testing.TB, node string, port int) {
 	Sh(t, fmt.Sprintf("topo_node_healthz %s %d", node, port))
 }
 
-func portArg(port []int) string {
-	if len(port) == 0 {
-		return ""
-	}
-	return fmt.Sprintf(" %d", port[0])
-}
-
-// LinkDown cuts the link of namespace name (its bridge port goes down, its
-// eth0 loses carrier); LinkUp restores it.
+// LinkDown cuts the link of namespace name (its bridge port vNAME goes
+// down, its eth0 loses carrier); LinkUp restores it. As topo_link_down/up,
+// with one ip command.
 func (tp *Topo) LinkDown(t testing.TB, name string) {
 	t.Helper()
-	Sh(t, "topo_link_down "+name)
+	Run(t, "ip", "link", "set", "v"+name, "down")
 }
 func (tp *Topo) LinkUp(t testing.TB, name string) {
 	t.Helper()
-	Sh(t, "topo_link_up "+name)
+	Run(t, "ip", "link", "set", "v"+name, "up")
 }
 
 // Hits is what N requests from the client namespace got.

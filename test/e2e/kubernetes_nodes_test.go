@@ -25,12 +25,15 @@ const nodeHealthBound = 3500 * time.Millisecond
 
 // k8sNodesConfig is the config of the nodeport-mode tests: the Kubernetes
 // source with the [daemon] extra lines, the [kubernetes] extra lines
-// (node_health) and the pools. The daemon resyncs at its default 30 s, not
-// the harness's 2 s: a resync pass takes 1-5 s in the emulated guest under
-// load, and a health transition waits for the pass in progress, so passes
-// back to back would add up to one pass to every measured detection.
+// (node_health) and the pools. The daemon does no periodic resync (1 h):
+// its loop runs one pass at a time, so a health transition waits for a
+// resync pass in progress, and in the emulated guest under load a resync
+// pass (which re-reads the sysctls and the iptables and ipset rules) took
+// 1-5.5 s, against tens of milliseconds on a real host; with the harness's
+// 2 s resync the loop was almost always busy, and even at the default 30 s
+// one pass in six overlapped the removal and added its length to it.
 func k8sNodesConfig(d *daemon, tp *Topo, kubeconfig, daemonExtra, extra string, pools string) string {
-	daemonExtra += "\nresync_interval = \"30s\""
+	daemonExtra += "\nresync_interval = \"1h\""
 	return d.header(tp.LBIf, daemonExtra) + fmt.Sprintf(`
 [kubernetes]
 kubeconfig = %q
