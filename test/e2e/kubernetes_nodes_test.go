@@ -68,7 +68,7 @@ func outOfRotation(t *testing.T, vip, addr string) bool {
 // returned (its change, the last thing it does, is then in force); it
 // fails the test when that takes longer than nodeHealthBound, and returns
 // the time it took and when it was seen.
-func leaves(t *testing.T, vip, addr, what string, act func()) (time.Duration, time.Time) {
+func leaves(t *testing.T, d *daemon, vip, addr, what string, act func()) (time.Duration, time.Time) {
 	t.Helper()
 	called := time.Now()
 	act()
@@ -85,6 +85,20 @@ func leaves(t *testing.T, vip, addr, what string, act func()) (time.Duration, ti
 	took := seen.Sub(start)
 	_, listed := destState(t, vip, addr)
 	t.Logf("%s: %s out of rotation after %v (listed at weight 0: %t)", what, addr, took.Round(10*time.Millisecond), listed)
+	// Where the time went: vipd's lines about addr since the change,
+	// with their offsets from it (the probe's verdict, the pass that
+	// applied it).
+	for _, line := range strings.Split(d.logSince(), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(f[0], "time=") || !strings.Contains(line, addr) {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(f[0], "time="))
+		if err != nil || at.Before(start) {
+			continue
+		}
+		t.Logf("%s: +%v %s", what, at.Sub(start).Round(time.Millisecond), strings.Join(f[1:], " "))
+	}
 	if took > nodeHealthBound {
 		t.Errorf("%s: %s left after %v, want at most %v (fall × interval + 1 interval)", what, addr, took.Round(10*time.Millisecond), nodeHealthBound)
 	}
@@ -158,7 +172,7 @@ addresses = [%q]
 	// still serves, so no request may fail, before or after.
 	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 3, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
 	time.Sleep(time.Second)
-	leaves(t, vip, "10.0.2.12:30080", "node2 health 503", func() { tp.NodeHealthDown(t, "node2") })
+	leaves(t, d, vip, "10.0.2.12:30080", "node2 health 503", func() { tp.NodeHealthDown(t, "node2") })
 	time.Sleep(2 * time.Second)
 	if h := tp.Hit(t, HTTPURL(vip, 80, "/"), 12, false); h.Errors != 0 || h.Counts["node2"] != 0 || h.OK != 12 {
 		t.Errorf("with node2 unhealthy: %+v", h)
@@ -172,7 +186,7 @@ addresses = [%q]
 	// 2. node3's link is cut under load.
 	l = startLoadWith(t, tp, loadOptions{Port: 80, Short: 3, ShortEvery: 50 * time.Millisecond})
 	time.Sleep(time.Second)
-	_, gone := leaves(t, vip, "10.0.2.13:30080", "node3 link down", func() { tp.LinkDown(t, "node3") })
+	_, gone := leaves(t, d, vip, "10.0.2.13:30080", "node3 link down", func() { tp.LinkDown(t, "node3") })
 	time.Sleep(3 * time.Second)
 	if h := tp.Hit(t, HTTPURL(vip, 80, "/"), 12, false); h.Errors != 0 || h.Counts["node3"] != 0 || h.OK != 12 {
 		t.Errorf("with node3 cut off: %+v", h)
@@ -272,7 +286,7 @@ addresses = [%q]
 	// node without a ready endpoint): node1 leaves, node2 stays.
 	l := startLoadWith(t, tp, loadOptions{Port: 80, Short: 2, ShortEvery: 50 * time.Millisecond})
 	time.Sleep(time.Second)
-	leaves(t, vip, "10.0.2.11:30080", "node1 healthCheckNodePort 503", func() { tp.NodeHealthDown(t, "node1", hc) })
+	leaves(t, d, vip, "10.0.2.11:30080", "node1 healthCheckNodePort 503", func() { tp.NodeHealthDown(t, "node1", hc) })
 	if w, ok := destState(t, vip, "10.0.2.12:30080"); !ok || w != "1" {
 		t.Errorf("node2 should stay at weight 1: %q", ipvsDests(t, vip))
 	}
