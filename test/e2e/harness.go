@@ -108,8 +108,8 @@ type Topo struct {
 }
 
 // NewTopo builds a topology with topo.sh ("nat 2", "nat 3 onearm", "dr 2",
-// "tun 2 gue", ...) and tears it down (IPVS, iptables, nft, ipsets too) when
-// the test ends.
+// "tun 2 gue", "k8s 3 0 onearm", ...) and tears it down (IPVS, iptables,
+// nft, ipsets too) when the test ends.
 func NewTopo(t testing.TB, spec string) *Topo {
 	t.Helper()
 	// A previous test that crashed may have left one behind.
@@ -187,6 +187,55 @@ func (tp *Topo) BackendStop(t testing.TB, backend string) {
 func (tp *Topo) BackendStart(t testing.TB, backend string) {
 	t.Helper()
 	Sh(t, "topo_backend_start "+backend)
+}
+
+// TopoState is topo.sh's state directory in the guest (TOPO_STATE).
+const TopoState = "/run/vipd-rig"
+
+// NodeHealthDown makes node's kube-proxy health stand-in (topo_k8s, port
+// 10256) answer 503 on /healthz, or with a port the one topo_node_healthz
+// started there (a Service's healthCheckNodePort); NodeHealthUp undoes it.
+// Both act at once, as topo_node_health_down/up do, without a shell: a
+// test that times what follows measures from the change itself.
+func (tp *Topo) NodeHealthDown(t testing.TB, node string, port ...int) {
+	t.Helper()
+	if err := os.WriteFile(nodeHealthFile(node, port), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+func (tp *Topo) NodeHealthUp(t testing.TB, node string, port ...int) {
+	t.Helper()
+	if err := os.Remove(nodeHealthFile(node, port)); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+}
+
+// nodeHealthFile is the file whose existence makes a health stand-in
+// answer 503 (see topo_node_health_down).
+func nodeHealthFile(node string, port []int) string {
+	if len(port) > 0 {
+		return fmt.Sprintf("%s/%s-health-%d.down", TopoState, node, port[0])
+	}
+	return fmt.Sprintf("%s/%s-health.down", TopoState, node)
+}
+
+// NodeHealthz starts a health server in node's namespace on port, as
+// kube-proxy serves a Service's healthCheckNodePort (stopped by topo_down).
+func (tp *Topo) NodeHealthz(t testing.TB, node string, port int) {
+	t.Helper()
+	Sh(t, fmt.Sprintf("topo_node_healthz %s %d", node, port))
+}
+
+// LinkDown cuts the link of namespace name (its bridge port vNAME goes
+// down, its eth0 loses carrier); LinkUp restores it. As topo_link_down/up,
+// with one ip command.
+func (tp *Topo) LinkDown(t testing.TB, name string) {
+	t.Helper()
+	Run(t, "ip", "link", "set", "v"+name, "down")
+}
+func (tp *Topo) LinkUp(t testing.TB, name string) {
+	t.Helper()
+	Run(t, "ip", "link", "set", "v"+name, "up")
 }
 
 // Hits is what N requests from the client namespace got.

@@ -234,9 +234,16 @@ addresses = ["%s-10.0.0.11"]
 		t.Fatal(err)
 	}
 	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-	if _, err := c.cs.CoreV1().Services("default").Update(c.ctx(), s, metav1.UpdateOptions{}); err != nil {
+	s, err = c.cs.CoreV1().Services("default").Update(c.ctx(), s, metav1.UpdateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
+	// kube-proxy's health server of the Service on each node (vipd
+	// probes it): 200 on node1, 503 on node2, which has no ready endpoint.
+	hc := int(s.Spec.HealthCheckNodePort)
+	tp.NodeHealthz(t, "node1", hc)
+	tp.NodeHealthz(t, "node2", hc)
+	tp.NodeHealthDown(t, "node2", hc)
 	waitDests(t, nvip, "10.0.2.11:30080/1")
 	h = tp.Hit(t, HTTPURL(nvip, 80, "/"), 20, false)
 	if h.Errors != 0 || h.Counts["node1"] != 20 {
@@ -248,6 +255,7 @@ addresses = ["%s-10.0.0.11"]
 	}
 	// node2's endpoint becomes ready: node2 is back (and, having had no
 	// connections, takes the next ones under wlc).
+	tp.NodeHealthUp(t, "node2", hc)
 	c.slice("nodes", 8080, endpoint{"10.244.1.5", "node1", "ready"}, endpoint{"10.244.2.5", "node2", "ready"})
 	waitDests(t, nvip, "10.0.2.11:30080/1", "10.0.2.12:30080/1")
 	h = tp.Hit(t, HTTPURL(nvip, 80, "/"), 20, false)

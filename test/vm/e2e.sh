@@ -22,6 +22,8 @@
 #                          must run in the guest, e.g. "./internal/ipvs"
 #   VIPD_GUEST_TAGS        build tags for those packages (default none)
 #   VIPD_E2E_RUN           -test.run pattern passed to every test binary
+#   VIPD_E2E_COUNT         -test.count passed to every test binary (run each
+#                          test N times in a row in the one guest: flakiness)
 #   VIPD_E2E_TAGS          more build tags for ./test/e2e (habench: the failover benchmark)
 #   VIPD_E2E_TEST_TIMEOUT  -test.timeout per binary (default 25m)
 #   VIPD_E2E_TIMEOUT       whole-guest timeout in seconds (default 2400)
@@ -101,7 +103,7 @@ log "built $(wc -l <"$payload/tests/list") test binaries in $(elapsed "$tb") s (
 
 # Guest parameters travel on the kernel command line.
 envs=()
-for v in VIPD_E2E_RUN VIPD_E2E_TEST_TIMEOUT VIPD_E2E_EXPECT_FAIL VIPD_HA_BENCH_N VIPD_HEALTHBENCH_SIZES VIPD_HEALTHBENCH_WINDOW VIPD_HEALTHBENCH_SAMPLES; do
+for v in VIPD_E2E_RUN VIPD_E2E_COUNT VIPD_E2E_TEST_TIMEOUT VIPD_E2E_EXPECT_FAIL VIPD_HA_BENCH_N VIPD_HEALTHBENCH_SIZES VIPD_HEALTHBENCH_WINDOW VIPD_HEALTHBENCH_SAMPLES; do
 	[[ -z ${!v:-} ]] || envs+=(--env "$v=${!v}")
 done
 [[ $k8s != 1 ]] || envs+=(--env VIPD_K8S_ASSETS=/payload/k8s)

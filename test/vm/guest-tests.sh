@@ -11,6 +11,7 @@
 # Environment (from e2e.sh through the kernel command line):
 #   VIPD_E2E_RUN           -test.run pattern for every binary (default: all)
 #   VIPD_E2E_TEST_TIMEOUT  -test.timeout per binary (default 25m)
+#   VIPD_E2E_COUNT         -test.count for every binary (default 1)
 set -u
 fail=0
 while read -r dir bin; do
@@ -19,6 +20,7 @@ while read -r dir bin; do
 	echo "=== vipd-e2e: $dir ($bin)"
 	args=(-test.v "-test.timeout=${VIPD_E2E_TEST_TIMEOUT:-25m}")
 	[[ -z ${VIPD_E2E_RUN:-} ]] || args+=("-test.run=$VIPD_E2E_RUN")
+	[[ -z ${VIPD_E2E_COUNT:-} ]] || args+=("-test.count=$VIPD_E2E_COUNT")
 	start=$EPOCHREALTIME
 	(cd "/payload/tests/$dir" && "./$bin" "${args[@]}")
 	rc=$?

@@ -3,7 +3,7 @@
 #
 #   source /payload/topo.sh
 #   topo_nat 2          # or: topo_nat 2 onearm | topo_dr 2 | topo_tun 2 [ipip|gue|gre] | topo_ha 2 [nat]
-#                       # | topo_bgp 2 | topo_k8s NODES PODS
+#                       # | topo_bgp 2 | topo_k8s NODES PODS [onearm]
 #   topo_vip_add        # put TOPO_VIP/TOPO_VIP6 on dummy 'rigvip0' (plain-ipvsadm tests;
 #                       # vipd adds its VIPs itself)
 #   ipvsadm -A -t "$TOPO_VIP:80" -s rr; ...
@@ -419,17 +419,35 @@ topo_tun() {
 	_topo_finish
 }
 
-# topo_k8s NODES PODS: a cluster behind the LB, for the Kubernetes source's
-# tests: the NAT layout of topo_nat (client, bridge 'brbe' 10.0.2.1), with
-# NODES namespaces 'nodeI' at 10.0.2.(10+I) whose servers also listen on
+# topo_k8s NODES PODS [onearm]: a cluster behind the LB, for the Kubernetes
+# source's tests: the NAT layout of topo_nat (client, bridge 'brbe' 10.0.2.1),
+# with NODES namespaces 'nodeI' at 10.0.2.(10+I) whose servers also listen on
 # TOPO_K8S_NODEPORT (30080, a Service's nodePort, answering with the node's
 # name) and PODS namespaces 'podJ' at 10.0.2.(100+J) (a routed pod network).
 # All default via the LB. TOPO_BACKENDS lists the nodes, then the pods.
+#
+# Every node also runs a stand-in for kube-proxy's health server: rignode on
+# TOPO_K8S_HEALTHZ (10256) whose /healthz answers 200, or 503 while
+# $TOPO_STATE/nodeI-health.down exists (topo_node_health_down/up nodeI).
+# topo_node_healthz nodeI PORT starts another one on PORT (a Service's
+# healthCheckNodePort), down while $TOPO_STATE/nodeI-health-PORT.down exists
+# (topo_node_health_down/up nodeI PORT). topo_link_down/up nodeI cuts/restores
+# a node's link (its bridge port vnodeI). topo_down stops them all.
+#
+# 'onearm': the on-prem layout where the LB is just another host on the
+# nodes' LAN. A gateway namespace 'gw' (eth0 10.0.2.254, fd00:2::fe, no
+# forwarding, no route to the client) is the nodes' and pods' default route
+# instead of the LB, so a reply to the client's address goes to 'gw' and dies
+# there: plain NAT (client address kept) breaks every connection, and only
+# SNAT (the LB's own 10.0.2.1 as the source towards the nodes) works. The
+# LB's own traffic to the nodes (health probes) is on-link and unaffected.
 TOPO_K8S_NODEPORT=30080
+TOPO_K8S_HEALTHZ=10256
 topo_k8s() {
-	local nodes=${1:-2} pods=${2:-2} i ns
+	local nodes=${1:-2} pods=${2:-2} mode=${3:-} i ns gw4=10.0.2.1 gw6=fd00:2::1
 	[[ $pods =~ ^[0-9]+$ ]] || _topo_fail "topo_k8s: bad pod count '$pods'" || return 1
-	_topo_begin k8s "$((nodes + pods))" || return 1
+	[[ -z $mode || $mode == onearm ]] || _topo_fail "topo_k8s: unknown mode '$mode'" || return 1
+	_topo_begin "k8s${mode:+-$mode}" "$((nodes + pods))" || return 1
 	TOPO_BACKENDS=""
 	TOPO_VIP=10.0.0.10 TOPO_VIP6=fd00::10
 	TOPO_LB_IP=10.0.1.1 TOPO_LB_IP6=fd00:1::1 TOPO_LB_IF=lb-c
@@ -442,6 +460,13 @@ topo_k8s() {
 		"route add default via 10.0.1.1" "route add default via fd00:1::1"
 	_topo_bridge brbe
 	_topo_root "addr add 10.0.2.1/24 dev brbe" "addr add fd00:2::1/64 dev brbe nodad"
+	if [[ $mode == onearm ]]; then
+		gw4=10.0.2.254 gw6=fd00:2::fe
+		_topo_ns gw
+		_topo_veth gw vgw brbe
+		_topo_in gw "addr add $gw4/24 dev eth0" "addr add $gw6/64 dev eth0 nodad"
+		_topo_sysctl_in gw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0
+	fi
 	local -a hosts=()
 	for ((i = 1; i <= nodes; i++)); do hosts+=("node$i $((10 + i))"); done
 	for ((i = 1; i <= pods; i++)); do hosts+=("pod$i $((100 + i))"); done
@@ -451,31 +476,69 @@ topo_k8s() {
 		_topo_ns "$ns"
 		_topo_veth "$ns" "v$ns" brbe
 		_topo_in "$ns" "addr add 10.0.2.$host/24 dev eth0" "addr add fd00:2::$host/64 dev eth0 nodad" \
-			"route add default via 10.0.2.1" "route add default via fd00:2::1"
+			"route add default via $gw4" "route add default via $gw6"
 		TOPO_BACKENDS+="${TOPO_BACKENDS:+ }$ns"
 		TOPO_BACKEND_IPS+="${TOPO_BACKEND_IPS:+ }10.0.2.$host"
 		TOPO_BACKEND_IP6S+="${TOPO_BACKEND_IP6S:+ }fd00:2::$host"
 	done
 	_topo_finish || return 1
-	# The nodes' nodePort: a second server per node, stopped by topo_down.
+	# The nodes' nodePort and kube-proxy health servers, stopped by topo_down.
 	for ((i = 1; i <= nodes; i++)); do
 		ns=node$i
-		rm -f "$TOPO_STATE/$ns-nodeport.ready"
+		rm -f "$TOPO_STATE/$ns-nodeport.ready" "$TOPO_STATE/$ns-health.ready" "$TOPO_STATE/$ns-health.down"
 		ip netns exec "$ns" "$TOPO_RIGNODE" serve -name "$ns" -http ":$TOPO_K8S_NODEPORT" \
 			-ready "$TOPO_STATE/$ns-nodeport.ready" >"$TOPO_STATE/$ns-nodeport.log" 2>&1 &
 		echo $! >"$TOPO_STATE/$ns-nodeport.pid"
+		ip netns exec "$ns" "$TOPO_RIGNODE" serve -name "$ns" -http ":$TOPO_K8S_HEALTHZ" \
+			-down "$TOPO_STATE/$ns-health.down" \
+			-ready "$TOPO_STATE/$ns-health.ready" >"$TOPO_STATE/$ns-health.log" 2>&1 &
+		echo $! >"$TOPO_STATE/$ns-health.pid"
 	done
+	local what
 	for ((i = 1; i <= nodes; i++)); do
-		local j
-		for ((j = 0; j < 200; j++)); do
-			[[ -e $TOPO_STATE/node$i-nodeport.ready ]] && continue 2
-			sleep 0.05
+		for what in nodeport health; do
+			_topo_wait_ready "node$i-$what" || return 1
 		done
-		cat "$TOPO_STATE/node$i-nodeport.log" >&2
-		_topo_fail "the nodePort server of node$i did not start"
-		return 1
 	done
 }
+
+# _topo_wait_ready NAME: wait (10 s) for $TOPO_STATE/NAME.ready, which a
+# rignode serve started with -ready writes once it listens.
+_topo_wait_ready() {
+	local j
+	for ((j = 0; j < 200; j++)); do
+		[[ -e $TOPO_STATE/$1.ready ]] && return 0
+		sleep 0.05
+	done
+	cat "$TOPO_STATE/$1.log" >&2
+	_topo_fail "the server $1 did not start"
+}
+
+# topo_node_healthz NODE PORT: start a health server in NODE's namespace on
+# PORT (a Service's healthCheckNodePort, as kube-proxy serves it): /healthz
+# answers 200, or 503 while $TOPO_STATE/NODE-health-PORT.down exists.
+topo_node_healthz() {
+	local node=$1 port=$2 name
+	[[ $port =~ ^[1-9][0-9]*$ ]] || _topo_fail "topo_node_healthz: bad port '$port'" || return 1
+	name=$node-health-$port
+	rm -f "$TOPO_STATE/$name.ready" "$TOPO_STATE/$name.down"
+	ip netns exec "$node" "$TOPO_RIGNODE" serve -name "$node" -http ":$port" -down "$TOPO_STATE/$name.down" \
+		-ready "$TOPO_STATE/$name.ready" >"$TOPO_STATE/$name.log" 2>&1 &
+	echo $! >"$TOPO_STATE/$name.pid"
+	_topo_wait_ready "$name"
+}
+
+# topo_node_health_down NODE [PORT] / topo_node_health_up NODE [PORT]: make
+# NODE's health server (kube-proxy's on 10256 without PORT, else the one of
+# topo_node_healthz) answer 503 / 200.
+topo_node_health_down() { touch "$TOPO_STATE/$1-health${2:+-$2}.down"; }
+topo_node_health_up() { rm -f "$TOPO_STATE/$1-health${2:+-$2}.down"; }
+
+# topo_link_down NAME / topo_link_up NAME: cut / restore the link of
+# namespace NAME (a node, a pod, a backend): its bridge port vNAME goes down
+# (and with it the carrier of its eth0), or up again.
+topo_link_down() { ip link set "v$1" down; }
+topo_link_up() { ip link set "v$1" up; }
 
 # topo_env: print the TOPO_* variables as KEY=VALUE lines (for the Go harness).
 topo_env() {
