@@ -70,31 +70,40 @@ func (l *ifaceLink) state() (index int, up, running bool, err error) {
 // the interface's index and, unless it was configured, its primary
 // address (invalid when configured).
 func (l *ifaceLink) open() (c conn, index int, src netip.Addr, err error) {
+	err = l.inNS(func() error {
+		ifi, err := net.InterfaceByName(l.name)
+		if err != nil {
+			return fmt.Errorf("interface %q: %w", l.name, err)
+		}
+		if l.source {
+			if src, err = primaryAddr(ifi, l.v6); err != nil {
+				return err
+			}
+		}
+		index = ifi.Index
+		c, err = listen(ifi, l.v6)
+		return err
+	})
+	return c, index, src, err
+}
+
+// inNS runs f on a thread of its own in the router's network namespace
+// and returns its error. The thread may end in another namespace: it is
+// never unlocked, so it dies with the goroutine.
+func (l *ifaceLink) inNS(f func() error) error {
+	var err error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		// The thread may end in another namespace: it is never
-		// unlocked, so it dies with the goroutine.
 		runtime.LockOSThread()
 		if err = netns.Set(l.ns); err != nil {
 			err = fmt.Errorf("enter the network namespace: %w", err)
 			return
 		}
-		var ifi *net.Interface
-		if ifi, err = net.InterfaceByName(l.name); err != nil {
-			err = fmt.Errorf("interface %q: %w", l.name, err)
-			return
-		}
-		if l.source {
-			if src, err = primaryAddr(ifi, l.v6); err != nil {
-				return
-			}
-		}
-		index = ifi.Index
-		c, err = listen(ifi, l.v6)
+		err = f()
 	}()
 	<-done
-	return c, index, src, err
+	return err
 }
 
 // resubscribeAfter is how long the watch waits before it subscribes to
@@ -198,25 +207,15 @@ func (l *ifaceLink) resolve(src netip.Addr, peers []netip.Addr) error {
 		}
 		return a
 	}
-	var err error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// Never unlocked, as in open.
-		runtime.LockOSThread()
-		if err = netns.Set(l.ns); err != nil {
-			err = fmt.Errorf("enter the network namespace: %w", err)
-			return
-		}
-		var c *icmp.PacketConn
-		if c, err = icmp.ListenPacket(network, zoned(src).String()); err != nil {
-			return
+	return l.inNS(func() error {
+		c, err := icmp.ListenPacket(network, zoned(src).String())
+		if err != nil {
+			return err
 		}
 		defer c.Close()
-		b, merr := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: os.Getpid() & 0xffff, Seq: 1, Data: []byte("vipd vrrp")}}).Marshal(nil)
-		if merr != nil {
-			err = merr
-			return
+		b, err := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: os.Getpid() & 0xffff, Seq: 1, Data: []byte("vipd vrrp")}}).Marshal(nil)
+		if err != nil {
+			return err
 		}
 		var errs []error
 		for _, p := range peers {
@@ -225,10 +224,8 @@ func (l *ifaceLink) resolve(src netip.Addr, peers []netip.Addr) error {
 				errs = append(errs, fmt.Errorf("echo request to %v: %w", p, werr))
 			}
 		}
-		err = errors.Join(errs...)
-	}()
-	<-done
-	return err
+		return errors.Join(errs...)
+	})
 }
 
 func (l *ifaceLink) Close() {
