@@ -273,7 +273,6 @@ func tableOf(k string) string {
 	return k[:i]
 }
 
-
 // TestDocumentParser checks the reference's parser on a small document:
 // nested and repeated tables, several keys to a row, a key table under a
 // heading without a table, a row that names no key, and code blocks and
