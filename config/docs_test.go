@@ -34,9 +34,14 @@ func TestReferenceListsEveryKey(t *testing.T) {
 				referenceFile, k, tableOf(k))
 		}
 	}
+	types := keyTypes()
 	for _, k := range slices.Sorted(maps.Keys(documented)) {
-		if !accepted[k] {
-			t.Errorf("%s:%d: key %s is documented but the decoder refuses it", referenceFile, documented[k], k)
+		d := documented[k]
+		switch {
+		case !accepted[k]:
+			t.Errorf("%s:%d: key %s is documented but the decoder refuses it", referenceFile, d.line, k)
+		case d.typ != types[k]:
+			t.Errorf("%s:%d: key %s is documented as %q but the decoder takes %q", referenceFile, d.line, k, d.typ, types[k])
 		}
 	}
 	if len(accepted) < 100 {
@@ -82,11 +87,44 @@ func TestAcceptedKeysAreTheDecoders(t *testing.T) {
 // and a map of values (headers) is one key.
 func acceptedKeys() map[string]bool {
 	out := map[string]bool{}
+	for k := range keyTypes() {
+		out[k] = true
+	}
+	return out
+}
+
+// keyTypes returns the type of every key acceptedKeys returns, in the
+// words of the reference's type column.
+func keyTypes() map[string]string {
+	out := map[string]string{}
 	walkKeys(reflect.TypeFor[rawConfig](), "", out)
 	return out
 }
 
-func walkKeys(t reflect.Type, prefix string, out map[string]bool) {
+// typeNames are the reference's words for the raw structures' types.
+var typeNames = map[reflect.Type]string{
+	reflect.TypeFor[string]():            "string",
+	reflect.TypeFor[int64]():             "integer",
+	reflect.TypeFor[float64]():           "number",
+	reflect.TypeFor[number]():            "number",
+	reflect.TypeFor[bool]():              "boolean",
+	reflect.TypeFor[duration]():          "duration",
+	reflect.TypeFor[[]string]():          "array of strings",
+	reflect.TypeFor[map[string]string](): "table of strings",
+}
+
+// typeName returns the reference's word for a key's type.
+func typeName(t reflect.Type) string {
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if n, ok := typeNames[t]; ok {
+		return n
+	}
+	return "unknown type " + t.String()
+}
+
+func walkKeys(t reflect.Type, prefix string, out map[string]string) {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
@@ -101,7 +139,7 @@ func walkKeys(t reflect.Type, prefix string, out map[string]bool) {
 			walkKeys(sub.t, path+sub.suffix, out)
 			continue
 		}
-		out[path] = true
+		out[path] = typeName(f.Type)
 	}
 }
 
@@ -179,19 +217,27 @@ var (
 	keyRe     = regexp.MustCompile(`^[a-z0-9_]+$`)
 )
 
+// docKey is a key as the reference documents it: the line of its row
+// and the type the row gives it.
+type docKey struct {
+	line int
+	typ  string
+}
+
 // documentedKeys reads the reference: a heading names the tables its
 // rows belong to in backticks (`[daemon]`, `[[bgp.peer]]`,
-// `[bgp.service.NAME]`; "Top level" for keys outside any table), and the
-// first column of every table headed "key" names keys in backticks. It
-// returns each key's dotted path with the line that documents it, and
-// the format's errors.
-func documentedKeys(t *testing.T, file string) (map[string]int, []string) {
+// `[bgp.service.NAME]`; "Top level" for keys outside any table), and
+// every table headed "key | type" names keys in backticks in its first
+// column and their type in its second: one type for all the row's keys,
+// or one per key, separated by commas. It returns each key's dotted path
+// with its row's line and type, and the format's errors.
+func documentedKeys(t *testing.T, file string) (map[string]docKey, []string) {
 	t.Helper()
 	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int{}
+	out := map[string]docKey{}
 	var errs []string
 	var tables []string // nil: the heading names no table
 	heading := ""
@@ -233,6 +279,9 @@ func documentedKeys(t *testing.T, file string) (map[string]int, []string) {
 		switch {
 		case first == "key":
 			inKeyTable = true
+			if len(cells) < 2 || strings.TrimSpace(cells[1]) != "type" {
+				errs = append(errs, fmt.Sprintf("%s:%d: a table of keys without a type column second", file, n))
+			}
 			if tables == nil {
 				errs = append(errs, fmt.Sprintf("%s:%d: a table of keys under the heading %q, which names no table (such as `[daemon]`)", file, n, heading))
 			}
@@ -244,7 +293,15 @@ func documentedKeys(t *testing.T, file string) (map[string]int, []string) {
 		if len(spans) == 0 {
 			errs = append(errs, fmt.Sprintf("%s:%d: the row names no key in backticks", file, n))
 		}
-		for _, c := range spans {
+		var typs []string
+		if len(cells) > 1 {
+			typs = strings.Split(strings.TrimSpace(cells[1]), ", ")
+		}
+		if len(typs) != 1 && len(typs) != len(spans) {
+			errs = append(errs, fmt.Sprintf("%s:%d: %d keys and %d types: give one type for all or one per key", file, n, len(spans), len(typs)))
+			continue
+		}
+		for j, c := range spans {
 			if !keyRe.MatchString(c[1]) {
 				errs = append(errs, fmt.Sprintf("%s:%d: %q in the key column is not a key", file, n, c[1]))
 				continue
@@ -255,9 +312,9 @@ func documentedKeys(t *testing.T, file string) (map[string]int, []string) {
 					k = tb + "." + k
 				}
 				if prev, dup := out[k]; dup {
-					errs = append(errs, fmt.Sprintf("%s:%d: key %s is documented twice (also at line %d)", file, n, k, prev))
+					errs = append(errs, fmt.Sprintf("%s:%d: key %s is documented twice (also at line %d)", file, n, k, prev.line))
 				}
-				out[k] = n
+				out[k] = docKey{n, typs[min(j, len(typs)-1)]}
 			}
 		}
 	}
@@ -278,22 +335,30 @@ func tableOf(k string) string {
 // heading without a table, a row that names no key, and code blocks and
 // comments left alone.
 func TestDocumentParser(t *testing.T) {
-	doc := "# Reference\n\n## Top level\n\n| key | default |\n| --- | --- |\n| `include` | x |\n\n" +
-		"```toml\n| key |\n| `not_read` |\n```\n\n<!-- | key |\n| `nor_this` | -->\n\n" +
-		"## `[bgp]`\n\n| key | d |\n|---|---|\n| `asn`, `router_id` | — |\n\n" +
-		"### `[bgp.service.NAME]`\n\n| key | d |\n| --- | --- |\n| `med` | |\n\n" +
-		"### `[service.check]` and `[service.backend.check]`\n\n| key | d |\n| --- | --- |\n| `type` | |\n| no key | |\n| `a b` | |\n\n" +
+	doc := "# Reference\n\n## Top level\n\n| key | type | default |\n| --- | --- | --- |\n| `include` | array of strings | x |\n\n" +
+		"```toml\n| key | type |\n| `not_read` | string |\n```\n\n<!-- | key | type |\n| `nor_this` | string | -->\n\n" +
+		"## `[bgp]`\n\n| key | type | d |\n|---|---|---|\n| `asn`, `router_id` | integer, string | — |\n| `a`, `b`, `c` | x, y | |\n\n" +
+		"### `[bgp.service.NAME]`\n\n| key | type | d |\n| --- | --- | --- |\n| `med` | integer | |\n\n" +
+		"### `[service.check]` and `[service.backend.check]`\n\n| key | type | d |\n| --- | --- | --- |\n| `type`, `path` | string | |\n| no key | | |\n| `a b` | string | |\n\n" +
 		"### Notes\n\n| key | d |\n| --- | --- |\n| `x` | |\n"
 	f := filepath.Join(t.TempDir(), "ref.md")
 	if err := os.WriteFile(f, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	got, errs := documentedKeys(t, f)
-	want := []string{"bgp.asn", "bgp.router_id", "bgp.service.NAME.med", "include", "service.backend.check.type", "service.check.type"}
-	if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, want) {
-		t.Errorf("keys %v, want %v", keys, want)
+	want := map[string]string{
+		"bgp.asn": "integer", "bgp.router_id": "string", "bgp.service.NAME.med": "integer", "include": "array of strings",
+		"service.backend.check.path": "string", "service.backend.check.type": "string", "service.check.path": "string", "service.check.type": "string",
 	}
-	wantErrs := []string{"the row names no key", `"a b" in the key column is not a key`, `under the heading "Notes", which names no table`}
+	gotTypes := map[string]string{}
+	for k, d := range got {
+		gotTypes[k] = d.typ
+	}
+	if !maps.Equal(gotTypes, want) {
+		t.Errorf("keys %v, want %v", gotTypes, want)
+	}
+	wantErrs := []string{"3 keys and 2 types", "the row names no key", `"a b" in the key column is not a key`,
+		"without a type column", `under the heading "Notes", which names no table`}
 	if len(errs) != len(wantErrs) {
 		t.Fatalf("errors %q, want %d", errs, len(wantErrs))
 	}
