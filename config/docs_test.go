@@ -369,15 +369,15 @@ func TestDocumentParser(t *testing.T) {
 	}
 }
 
-// TestDocsLinks checks every relative link of README.md and docs/*.md:
-// the file it names exists, and an anchor into a markdown file matches
-// one of its headings.
+// TestDocsLinks checks every relative link of README.md, docs/*.md and
+// the benchmark's history: the file it names exists, and an anchor into
+// a markdown file matches one of its headings.
 func TestDocsLinks(t *testing.T) {
 	files, err := filepath.Glob("../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	files = append([]string{"../README.md"}, files...)
+	files = append([]string{"../README.md", "../test/bench/results/history.md"}, files...)
 	if len(files) < 3 {
 		t.Fatalf("found only %v", files)
 	}
