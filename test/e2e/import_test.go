@@ -116,7 +116,7 @@ func stripChecks(conf string, keys ...string) string {
 
 // keepalivedTable runs keepalived's checker alone on conf with
 // --dont-release-ipvs, waits for its table to settle and stops it with
-// SIGTERM, which then leaves the table: the switch-over of the README.
+// SIGTERM, which then leaves the table: the switch-over of docs/migrating.md.
 func keepalivedTable(t *testing.T, bin, conf, dir string) []string {
 	t.Helper()
 	Run(t, "ipvsadm", "-C")
