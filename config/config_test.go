@@ -27,7 +27,7 @@ backend = [{ address = "10.0.0.11" }, { address = "10.0.0.12" }]
 	}
 	d := cfg.Daemon
 	if d.Interface != "vipd0" || !d.StrictARP || !d.ManageSysctls || !d.ManageIPTables || d.OnStop != StopKeep ||
-		d.ResyncInterval != 30*time.Second || !d.Drain || d.GARP.Count != 3 || d.MetricsListen != DefaultMetricsListen {
+		d.ResyncInterval != 30*time.Second || !d.Removal.Drain || d.GARP.Count != 3 || d.MetricsListen != DefaultMetricsListen {
 		t.Errorf("daemon defaults = %+v", d)
 	}
 	if len(cfg.Spec.Services) != 1 {
@@ -106,7 +106,7 @@ backend = [{ address = "10.0.0.3", port = 0 }]
 		t.Fatal(err)
 	}
 	d := cfg.Daemon
-	if d.Interface != "lb0" || d.StrictARP || d.OnStop != StopClean || d.ResyncInterval != 10*time.Second || d.DrainTimeout != 90*time.Second || d.DrainGrace != 3*time.Second || d.StatsInterval != 2*time.Second {
+	if d.Interface != "lb0" || d.StrictARP || d.OnStop != StopClean || d.ResyncInterval != 10*time.Second || d.Removal.DrainTimeout != 90*time.Second || d.Removal.Grace != 3*time.Second || d.StatsInterval != 2*time.Second {
 		t.Errorf("daemon = %+v", d)
 	}
 	if cfg.Spec.Rules.Enabled {

@@ -431,9 +431,7 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 		StateDir:       DefaultStateDir,
 		ResyncInterval: 30 * time.Second,
 		StatsInterval:  DefaultStatsInterval,
-		Drain:          true,
-		DrainTimeout:   5 * time.Minute,
-		DrainGrace:     DefaultDrainGrace,
+		Removal:        lb.RemovalPolicy{Drain: true, DrainTimeout: 5 * time.Minute, Grace: DefaultDrainGrace},
 		GARP:           GARP{Count: 3, Interval: time.Second},
 		Watch:          true,
 		ReloadGuard:    0.5,
@@ -458,8 +456,8 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 	setBool(&out.StrictARP, d.StrictARP)
 	setBool(&out.ManageSysctls, d.ManageSysctls)
 	setBool(&out.ManageIPTables, d.ManageIPTables)
-	setBool(&out.Drain, d.Drain)
-	setBool(&out.DrainServices, d.DrainServices)
+	setBool(&out.Removal.Drain, d.Drain)
+	setBool(&out.Removal.DrainServices, d.DrainServices)
 	setBool(&out.StatusPage, d.StatusPage)
 	filter := true
 	setBool(&filter, d.FilterVIPPorts)
@@ -508,10 +506,10 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 	if d.StatsInterval != nil && (out.StatsInterval < time.Second || out.StatsInterval > 10*time.Minute) {
 		v.errorf("daemon.stats_interval", ctx, "stats_interval %s is outside 1s..10m", out.StatsInterval)
 	}
-	out.DrainTimeout = v.duration(d.DrainTimeout, out.DrainTimeout, "daemon.drain_timeout", ctx, "drain_timeout")
-	out.DrainGrace = v.duration(d.DrainGrace, out.DrainGrace, "daemon.drain_grace", ctx, "drain_grace")
-	if d.DrainGrace != nil && out.DrainGrace > 10*time.Minute {
-		v.errorf("daemon.drain_grace", ctx, "drain_grace %s is above 10m", out.DrainGrace)
+	out.Removal.DrainTimeout = v.duration(d.DrainTimeout, out.Removal.DrainTimeout, "daemon.drain_timeout", ctx, "drain_timeout")
+	out.Removal.Grace = v.duration(d.DrainGrace, out.Removal.Grace, "daemon.drain_grace", ctx, "drain_grace")
+	if d.DrainGrace != nil && out.Removal.Grace > 10*time.Minute {
+		v.errorf("daemon.drain_grace", ctx, "drain_grace %s is above 10m", out.Removal.Grace)
 	}
 	if d.GARPCount != nil {
 		if *d.GARPCount < 0 || *d.GARPCount > 100 {

@@ -188,7 +188,9 @@ func (op Op) String() string {
 	return op.Kind.String()
 }
 
-// PlanOptions tune how Plan removes backends.
+// RemovalPolicy says how backends and services leave the kernel. It is one
+// value from the configuration (config.Daemon.Removal) to the planner: the
+// daemon, a reload and "vipd plan" all hand the same value on.
 //
 // A TCP or SCTP backend never leaves in the pass that takes it out of
 // rotation: IPVS counts a connection whose handshake is still in flight as
@@ -201,7 +203,7 @@ func (op Op) String() string {
 // are counted as inactive for minutes, and a reset after a close costs the
 // client nothing). UDP backends have no handshake and go at once: the next
 // datagram of a flow to a deleted backend is scheduled again.
-type PlanOptions struct {
+type RemovalPolicy struct {
 	// Drain makes a leaving backend wait for its active (established)
 	// connections to end, up to DrainTimeout. Without Drain, a leaving
 	// backend is deleted after the grace whatever its connections.
@@ -213,14 +215,20 @@ type PlanOptions struct {
 	// before it is deleted while the kernel still counts connections to
 	// it that are not established.
 	Grace time.Duration
-	// Leaving reports how long a backend has been leaving, at weight 0;
-	// the first call for a backend starts its clock and returns zero.
-	// Nil means every leaving backend has just started.
-	Leaving func(ServiceKey, netip.AddrPort) time.Duration
 	// DrainServices makes a removed TCP or SCTP service leave like its
 	// backends: at weight 0 first, with its VIP, until its backends may
 	// go. Without it a removed service is deleted at once.
 	DrainServices bool
+}
+
+// PlanOptions tune how Plan removes backends.
+type PlanOptions struct {
+	// Removal says how backends and services leave.
+	Removal RemovalPolicy
+	// Leaving reports how long a backend has been leaving, at weight 0;
+	// the first call for a backend starts its clock and returns zero.
+	// Nil means every leaving backend has just started.
+	Leaving func(ServiceKey, netip.AddrPort) time.Duration
 }
 
 // leaving returns how long (svc, addr) has been leaving.
@@ -234,13 +242,14 @@ func (opts PlanOptions) leaving(svc ServiceKey, addr netip.AddrPort) time.Durati
 // mayGo reports whether a backend at weight 0 that has been leaving for age
 // may be deleted.
 func (opts PlanOptions) mayGo(d Destination, age time.Duration) bool {
-	if opts.Drain && opts.DrainTimeout > 0 && age >= opts.DrainTimeout {
+	rm := opts.Removal
+	if rm.Drain && rm.DrainTimeout > 0 && age >= rm.DrainTimeout {
 		return true
 	}
-	if opts.Drain && d.ActiveConns > 0 {
+	if rm.Drain && d.ActiveConns > 0 {
 		return false
 	}
-	return d.InactiveConns == 0 && d.ActiveConns == 0 || age >= opts.Grace
+	return d.InactiveConns == 0 && d.ActiveConns == 0 || age >= rm.Grace
 }
 
 // waits reports whether backends of services of protocol p leave by
@@ -405,7 +414,7 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 		if _, ok := desired.Services[key]; ok || !observed.Owns(key) {
 			continue
 		}
-		if opts.DrainServices && waits(key.Proto) && !serviceMayGo(key, have, opts) {
+		if opts.Removal.DrainServices && waits(key.Proto) && !serviceMayGo(key, have, opts) {
 			for _, hd := range have.Dests {
 				if hd.Weight != 0 {
 					b[OpDrainDest] = append(b[OpDrainDest], drainOp(have.Service, hd))

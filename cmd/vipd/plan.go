@@ -76,7 +76,7 @@ admin drains included.`,
 // from this host's interfaces.
 func planEmpty(cfg *config.Config) []lb.Op {
 	host := lb.Host{Dummy: cfg.Daemon.Interface, Addrs: localAddrs()}
-	return lb.Plan(lb.Desired(&cfg.Spec, host), lb.NewState(), lb.PlanOptions{})
+	return lb.Plan(lb.Desired(&cfg.Spec, host), lb.NewState(), lb.PlanOptions{Removal: cfg.Daemon.Removal})
 }
 
 // localAddrs lists this host's addresses through the standard library, so
@@ -108,6 +108,12 @@ func planLive(ctx context.Context, cfg *config.Config) ([]lb.Op, error) {
 		return nil, err
 	}
 	defer closeFn()
+	return planOn(ctx, cfg, k)
+}
+
+// planOn plans cfg against the kernel k with the daemon's reconciler
+// options, so that a removal plans as the daemon would do it.
+func planOn(ctx context.Context, cfg *config.Config, k lb.Kernel) ([]lb.Op, error) {
 	r := lb.NewReconciler(reconcilerOptions(cfg, k, slog.New(slog.DiscardHandler)))
 	return r.Plan(ctx, &cfg.Spec)
 }
