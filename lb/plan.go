@@ -284,6 +284,35 @@ func serviceMayGo(key ServiceKey, s *ServiceState, opts PlanOptions) bool {
 	return true
 }
 
+// setDiff returns the keys of want that have lacks (add) and the keys of
+// have that want lacks (del), in no particular order. Either map may be
+// nil.
+func setDiff[K comparable, V, W any](want map[K]V, have map[K]W) (add, del []K) {
+	for k := range want {
+		if _, ok := have[k]; !ok {
+			add = append(add, k)
+		}
+	}
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			del = append(del, k)
+		}
+	}
+	return add, del
+}
+
+// opsFor returns op(k) for each of keys, or nil for none.
+func opsFor[K any](keys []K, op func(K) Op) []Op {
+	if len(keys) == 0 {
+		return nil
+	}
+	out := make([]Op, len(keys))
+	for i, k := range keys {
+		out[i] = op(k)
+	}
+	return out
+}
+
 // Plan returns the operations that take the kernel from observed to
 // desired, in application order. It only ever removes what observed says
 // vipd owns (see State.Owns), so foreign services survive. Equal states
@@ -304,37 +333,15 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 	case !dp.Enabled && op.Enabled:
 		b[OpRemoveChains] = append(b[OpRemoveChains], Op{Kind: OpRemoveChains, Was: &Was{Policy: op}})
 	}
-	for e := range desired.Rules.Entries {
-		if _, ok := observed.Rules.Entries[e]; !ok {
-			b[OpAddEntry] = append(b[OpAddEntry], Op{Kind: OpAddEntry, Host: &HostChange{Entry: e}})
-		}
-	}
-	for e := range observed.Rules.Entries {
-		if _, ok := desired.Rules.Entries[e]; !ok {
-			b[OpDelEntry] = append(b[OpDelEntry], Op{Kind: OpDelEntry, Host: &HostChange{Entry: e}})
-		}
-	}
-
-	for a := range desired.VIPs {
-		if _, ok := observed.VIPs[a]; !ok {
-			b[OpBindVIP] = append(b[OpBindVIP], Op{Kind: OpBindVIP, Addr: a})
-		}
-	}
-	for a := range observed.VIPs {
-		if _, ok := desired.VIPs[a]; !ok {
-			b[OpUnbindVIP] = append(b[OpUnbindVIP], Op{Kind: OpUnbindVIP, Addr: a})
-		}
-	}
-	for a := range desired.Announce {
-		if _, ok := observed.Announce[a]; !ok {
-			b[OpAnnounce] = append(b[OpAnnounce], Op{Kind: OpAnnounce, Addr: a})
-		}
-	}
-	for a := range observed.Announce {
-		if _, ok := desired.Announce[a]; !ok {
-			b[OpWithdraw] = append(b[OpWithdraw], Op{Kind: OpWithdraw, Addr: a})
-		}
-	}
+	add, del := setDiff(desired.Rules.Entries, observed.Rules.Entries)
+	b[OpAddEntry] = opsFor(add, func(e SetEntry) Op { return Op{Kind: OpAddEntry, Host: &HostChange{Entry: e}} })
+	b[OpDelEntry] = opsFor(del, func(e SetEntry) Op { return Op{Kind: OpDelEntry, Host: &HostChange{Entry: e}} })
+	bind, unbind := setDiff(desired.VIPs, observed.VIPs)
+	b[OpBindVIP] = opsFor(bind, func(a netip.Addr) Op { return Op{Kind: OpBindVIP, Addr: a} })
+	b[OpUnbindVIP] = opsFor(unbind, func(a netip.Addr) Op { return Op{Kind: OpUnbindVIP, Addr: a} })
+	announce, withdraw := setDiff(desired.Announce, observed.Announce)
+	b[OpAnnounce] = opsFor(announce, func(a netip.Addr) Op { return Op{Kind: OpAnnounce, Addr: a} })
+	b[OpWithdraw] = opsFor(withdraw, func(a netip.Addr) Op { return Op{Kind: OpWithdraw, Addr: a} })
 
 	// Services are walked in key order and each one's backends in address
 	// order, which is the order a plan applies them in: a cold start's
