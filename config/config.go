@@ -17,7 +17,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 // Config is a validated configuration.
@@ -51,7 +51,7 @@ type Config struct {
 	// execCounted; execUser is CheckUser looked up, when execN > 0.
 	execN       int
 	execCounted bool
-	execUser    *health.User
+	execUser    *check.User
 	// unchecked lists the host lookups an offline load skipped (see
 	// LoadOptions).
 	unchecked []string
@@ -211,7 +211,7 @@ type Daemon struct {
 	// OnApplyError says what a reload does when operations fail.
 	OnApplyError ApplyErrorMode
 	// CheckUser is the user, "user" or "user:group", exec checks run as
-	// (see health.LookupUser); never root. It is looked up when the
+	// (see LookupUser); never root. It is looked up when the
 	// configuration has exec checks.
 	CheckUser string
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 // The raw structures mirror the file. Optional values are pointers so that
@@ -324,7 +324,7 @@ func (v *validator) services(raw []rawService, cfg *Config, x *cross) {
 				v.errorf(path+".vip", ctx, "%s", msg)
 			}
 		}
-		if h, ok := v.serviceHealth(i, &raw[i], &vs); ok && (len(h.Checks) > 0 || h.Policy != (health.Policy{})) {
+		if h, ok := v.serviceHealth(i, &raw[i], &vs); ok && (len(h.Checks) > 0 || h.Policy != (check.Policy{})) {
 			if cfg.Health == nil {
 				cfg.Health = map[string]ServiceHealth{}
 			}
@@ -541,7 +541,7 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 	}
 	if d.CheckUser != nil {
 		out.CheckUser = *d.CheckUser
-		if _, _, err := health.ParseUserSpec(*d.CheckUser); err != nil {
+		if _, _, err := check.ParseUserSpec(*d.CheckUser); err != nil {
 			v.errorf("daemon.check_user", ctx, "check_user %q: %v", *d.CheckUser, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package health
+package check
 
 import (
 	"crypto/sha256"
@@ -20,6 +20,9 @@ type CABundle struct {
 
 	pool *x509.CertPool
 }
+
+// Pool returns the bundle's certificates.
+func (b *CABundle) Pool() *x509.CertPool { return b.pool }
 
 // NewCABundle parses data, the content of file, as PEM certificates. It
 // refuses data that holds no certificate.
