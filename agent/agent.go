@@ -376,9 +376,9 @@ func (a *Agent) setup(ctx context.Context, cfg *config.Config, drained map[statu
 	a.stats = status.NewCache(status.CacheOptions{Interval: cfg.Daemon.StatsInterval, Take: func() (*status.Snapshot, error) {
 		return a.takeStatus(ctx)
 	}})
-	var announcerStats func() arp.Stats
+	var announcerStats func() metrics.AnnouncerStats
 	if an, ok := k.Announcer.(interface{ Stats() arp.Stats }); ok {
-		announcerStats = an.Stats
+		announcerStats = func() metrics.AnnouncerStats { return metrics.AnnouncerStats(an.Stats()) }
 	}
 	a.m = metrics.New(metrics.Options{
 		Version:   a.opts.Version,

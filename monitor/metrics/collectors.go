@@ -5,7 +5,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/vipd/vipd/kernel/arp"
 	"github.com/vipd/vipd/monitor/health"
 	"github.com/vipd/vipd/monitor/status"
 )
@@ -165,8 +164,21 @@ var (
 		"ARP and neighbour discovery packets for VIPs that could not be sent.", nil, nil)
 )
 
+// AnnouncerStats are the announcer's packet counts, as plain numbers: the
+// agent copies them from the announcer (kernel/arp's Stats), so that
+// metrics needs no kernel adapter.
+type AnnouncerStats struct {
+	// Announcements counts gratuitous ARP packets and unsolicited
+	// neighbour advertisements.
+	Announcements uint64
+	// Replies counts ARP replies and solicited neighbour advertisements.
+	Replies uint64
+	// Errors counts packets that could not be sent.
+	Errors uint64
+}
+
 // announcerCollector exports the announcer's counts, read at each scrape.
-type announcerCollector func() arp.Stats
+type announcerCollector func() AnnouncerStats
 
 // Describe implements prometheus.Collector.
 func (c announcerCollector) Describe(ch chan<- *prometheus.Desc) {
