@@ -847,7 +847,7 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 	svc.Scheduler = DefaultScheduler
 	if r.Scheduler != "" {
 		svc.Scheduler = r.Scheduler
-		if !slices.Contains(lb.Schedulers, r.Scheduler) {
+		if !knownScheduler(r.Scheduler) {
 			v.errorf(path+".scheduler", ctx, "unknown scheduler %q (want one of %s)", r.Scheduler, strings.Join(lb.Schedulers, " "))
 		}
 	}
