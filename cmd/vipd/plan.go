@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/vipd/vipd/control"
+
 	"github.com/spf13/cobra"
 
 	"github.com/vipd/vipd/config"
@@ -31,7 +33,7 @@ admin drains included.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				rep, err := callControl(socket, "GET", "/v1/plan")
+				rep, err := control.Call(socket, "GET", "/v1/plan")
 				if err != nil {
 					return err
 				}

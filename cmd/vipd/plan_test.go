@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vipd/vipd/control"
+
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
 )
@@ -29,14 +31,14 @@ func TestPlanRemovesLikeTheDaemon(t *testing.T) {
 	})
 	removed := strings.Replace(twoServices, `, { address = "10.0.0.2" }]`, `]`, 1)
 	h.write(h.header("watch = false") + removed)
-	if rep, err := callControl(h.socket, "POST", "/v1/reload"); err != nil || rep.Error != "" {
+	if rep, err := control.Call(h.socket, "POST", "/v1/reload"); err != nil || rep.Error != "" {
 		t.Fatalf("reload = %+v %v", rep, err)
 	}
 	h.eventually("the backend out of rotation", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.2:80 masq weight=0") })
 
 	// The file now also removes 10.0.0.4; the daemon has not read it.
 	h.write(h.header("watch = false") + strings.Replace(removed, `, { address = "10.0.0.4" }]`, `]`, 1))
-	rep, err := callControl(h.socket, "GET", "/v1/plan")
+	rep, err := control.Call(h.socket, "GET", "/v1/plan")
 	if err != nil || rep.Error != "" {
 		t.Fatalf("daemon plan = %+v %v", rep, err)
 	}

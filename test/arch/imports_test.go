@@ -72,6 +72,8 @@ var rules = []rule{
 	// The agent wires the rooms together; main wires the agent.
 	{Room: "agent/ledger", May: []string{"lb"}},
 	{Room: "agent", May: []string{"agent/ledger", "config", "lb", "monitor/...", "source/...", "kernel/...", "ha/..."}},
+	// The control API: the daemon's socket server, its wire and client.
+	{Room: "control", May: []string{"agent", "lb", "monitor/metrics", "monitor/status"}},
 	{Room: "cmd/...", May: []string{"*"}},
 	// Test rigs and benchmark tools build whole daemons.
 	{Room: "test/...", May: []string{"*"}},
