@@ -15,7 +15,7 @@ type CABundle struct {
 	// File is the file the bundle was read from, for messages.
 	File string
 	// Sum is the SHA-256 of the file's content: checks of a file whose
-	// content changed ask another question (see keyOf).
+	// content changed ask another question (see monitor/health's keyOf).
 	Sum [sha256.Size]byte
 
 	pool *x509.CertPool

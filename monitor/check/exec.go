@@ -20,14 +20,14 @@ type ExecOptions struct {
 	// Args are its arguments.
 	Args []string
 	// Env adds "NAME=value" variables to the command's fixed environment
-	// (see ExecCheck). It may set neither PATH nor a VIPD_ variable, which
+	// (see monitor/health.ExecCheck). It may set neither PATH nor a VIPD_ variable, which
 	// vipd sets, nor a variable that makes the loader, the C library or a
 	// shell run code that the command does not name (see CheckExecEnv).
 	// It may override HOME and LANG.
 	Env []string
 	// User is the identity the command runs as. It is not part of the
 	// configuration of a check but of the daemon (check_user): the config
-	// package sets it on the Targets it returns. NewExecCheck refuses an
+	// package sets it on the Targets it returns. health.NewExecCheck refuses an
 	// exec check without one; there is no default, and never root.
 	User *User
 }
