@@ -371,16 +371,14 @@ func (a *Agent) Run(ctx context.Context) error {
 // drains drained and the kernel k.
 func (a *Agent) setup(ctx context.Context, cfg *config.Config, drained map[status.Ref]struct{}, k lb.Kernel) {
 	log := a.log
-	ropts := removalOptions(cfg)
-	ropts.Kernel, ropts.Logger, ropts.KernelRelease, ropts.Dummy = k, log, a.opts.KernelRelease, cfg.Daemon.Interface
-	a.r = lb.NewReconciler(ropts)
+	a.r = lb.NewReconciler(lb.Options{Kernel: k, Logger: log, KernelRelease: a.opts.KernelRelease, Dummy: cfg.Daemon.Interface, Removal: cfg.Daemon.Removal})
 	a.cfg, a.drained = cfg, drained
 	a.stats = status.NewCache(status.CacheOptions{Interval: cfg.Daemon.StatsInterval, Take: func() (*status.Snapshot, error) {
 		return a.takeStatus(ctx)
 	}})
-	var announcerStats func() arp.Stats
+	var announcerStats func() metrics.AnnouncerStats
 	if an, ok := k.Announcer.(interface{ Stats() arp.Stats }); ok {
-		announcerStats = an.Stats
+		announcerStats = func() metrics.AnnouncerStats { return metrics.AnnouncerStats(an.Stats()) }
 	}
 	a.m = metrics.New(metrics.Options{
 		Version:   a.opts.Version,
@@ -617,15 +615,4 @@ func (a *Agent) stop() error {
 		return errors.New("clean up on stop: cannot read the kernel")
 	}
 	return res.Err()
-}
-
-// removalOptions returns the reconciler options that say how cfg removes
-// backends and services (see lb.Reconciler.SetRemoval).
-func removalOptions(cfg *config.Config) lb.Options {
-	return lb.Options{
-		Drain:         cfg.Daemon.Drain,
-		DrainTimeout:  cfg.Daemon.DrainTimeout,
-		Grace:         cfg.Daemon.DrainGrace,
-		DrainServices: cfg.Daemon.DrainServices,
-	}
 }

@@ -319,7 +319,7 @@ func (a *Agent) drainPass(ctx context.Context) {
 func (a *Agent) replace(cfg *config.Config) {
 	if cfg != a.cfg {
 		a.cfg = cfg
-		a.r.SetRemoval(removalOptions(cfg))
+		a.r.SetRemoval(cfg.Daemon.Removal)
 		a.stats.SetInterval(cfg.Daemon.StatsInterval)
 		a.stats.Invalidate()
 	}

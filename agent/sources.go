@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -103,7 +102,7 @@ func (s *sources) rebuild(cfg *config.Config, refuse func([]lb.VirtualService) m
 		taken[name] = map[string]bool{}
 		for i := range st.snap.Services {
 			vs := &st.snap.Services[i]
-			if st.taken[vs.Name] && valid(vs) == nil {
+			if st.taken[vs.Name] && config.CheckSourceService(vs) == nil {
 				if _, ok := o.claim(name, vs); ok {
 					taken[name][vs.Name] = true
 				}
@@ -117,7 +116,7 @@ func (s *sources) rebuild(cfg *config.Config, refuse func([]lb.VirtualService) m
 			if taken[name][vs.Name] {
 				continue
 			}
-			if err := valid(vs); err != nil {
+			if err := config.CheckSourceService(vs); err != nil {
 				conflicts[name] = append(conflicts[name], source.Conflict{Service: vs.Name, Reason: "invalid service: " + err.Error()})
 				continue
 			}
@@ -162,35 +161,6 @@ func (s *sources) rebuild(cfg *config.Config, refuse func([]lb.VirtualService) m
 		}
 	}
 	return conflicts
-}
-
-// valid returns an error when a source's service is not one the agent
-// can program: the source validates what it makes; this keeps one
-// source's mistake from failing every pass.
-func valid(vs *lb.VirtualService) error {
-	k := vs.Service.Key
-	switch {
-	case vs.Name == "":
-		return errors.New("no name")
-	case vs.NodePort:
-		return errors.New("a source cannot make NodePort services")
-	case k.FWMark == 0 && (!k.Addr.IsValid() || k.Addr != vs.VIP):
-		return fmt.Errorf("key %s does not have the vip %s", k, vs.VIP)
-	case k.FWMark == 0 && (k.Port == 0 || k.Proto == 0):
-		return fmt.Errorf("key %s has no port or protocol", k)
-	case vs.VIP.IsValid() && lb.FamilyOf(vs.VIP) != k.Family:
-		return fmt.Errorf("key %s is not of the vip's family %s", k, lb.FamilyOf(vs.VIP))
-	case !slices.Contains(lb.Schedulers, vs.Service.Scheduler):
-		return fmt.Errorf("unknown scheduler %q", vs.Service.Scheduler)
-	}
-	seen := map[netip.AddrPort]bool{}
-	for _, b := range vs.Backends {
-		if !b.Addr.IsValid() || seen[b.Addr] || b.Weight < 0 || b.Forward < lb.Masq || b.Forward > lb.Tunnel {
-			return fmt.Errorf("backend %s: invalid or repeated", b.Addr)
-		}
-		seen[b.Addr] = true
-	}
-	return nil
 }
 
 // claimedByOthers returns an error when a service of the configuration
@@ -325,7 +295,7 @@ func (a *Agent) publishChanged(ctx context.Context, name string, st *sourceState
 			return false
 		}
 		nv, ov := snap.Services[i], ss.extra[p]
-		if nv.Service.Key != ov.Service.Key || nv.VIP != ov.VIP || valid(&nv) != nil {
+		if nv.Service.Key != ov.Service.Key || nv.VIP != ov.VIP || config.CheckSourceService(&nv) != nil {
 			return false
 		}
 		if _, ok := snap.Health[n]; ok {

@@ -10,14 +10,14 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 // MaxCheckText bounds the text ParseCheck takes.
 const MaxCheckText = 4096
 
 // MinAnnotationInterval is the shortest interval an annotation's check
-// may ask for (a file's may go down to health.MinInterval): whoever may
+// may ask for (a file's may go down to check.MinInterval): whoever may
 // annotate a Service must not make the load balancer probe each of its
 // backends a hundred times a second.
 const MinAnnotationInterval = time.Second
@@ -50,7 +50,7 @@ var annotationCheckKeys = map[string]bool{
 // run commands on the load balancer). A port other than the backend's
 // is taken (a health port on the backend's address); the caller decides
 // whether the backends allow it.
-func ParseCheck(text string) (*health.Spec, error) {
+func ParseCheck(text string) (*check.Spec, error) {
 	if len(text) > MaxCheckText {
 		return nil, fmt.Errorf("longer than %d bytes", MaxCheckText)
 	}
@@ -91,7 +91,7 @@ func ParseCheck(text string) (*health.Spec, error) {
 	if spec != nil && spec.Interval != 0 && spec.Interval < MinAnnotationInterval {
 		return nil, fmt.Errorf("interval %s is shorter than %s, the least an annotation's check may ask for", spec.Interval, MinAnnotationInterval)
 	}
-	if spec != nil && (spec.Kind == health.KindExec || spec.Addr.IsValid() || spec.Dial != (health.DialOptions{}) || spec.HTTP.CAFile != "") {
+	if spec != nil && (spec.Kind == check.KindExec || spec.Addr.IsValid() || spec.Dial != (check.DialOptions{}) || spec.HTTP.CAFile != "") {
 		// The keys were refused above; this guards the spec itself.
 		return nil, errors.New("an annotation's check probes the backend's address and sets nothing of the load balancer's own")
 	}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 func TestParseCheck(t *testing.T) {
@@ -15,7 +15,7 @@ func TestParseCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Kind != health.KindHTTP || s.HTTP.Path != "/healthz" || s.Interval != 2*time.Second || s.Rise != 2 || s.Fall != 3 {
+	if s.Kind != check.KindHTTP || s.HTTP.Path != "/healthz" || s.Interval != 2*time.Second || s.Rise != 2 || s.Fall != 3 {
 		t.Errorf("got %+v", s)
 	}
 	if s, err := ParseCheck(`{ type = "none" }`); s != nil || err != nil {
@@ -57,10 +57,10 @@ func FuzzParseCheck(f *testing.F) {
 	f.Add(`{ type = "tcp", address = "127.0.0.1", mark = 1 }`)
 	f.Fuzz(func(t *testing.T, in string) {
 		s, err := ParseCheck(in)
-		if err == nil && s != nil && s.Kind == health.KindExec {
+		if err == nil && s != nil && s.Kind == check.KindExec {
 			t.Fatalf("%q: an exec check", in)
 		}
-		if err == nil && s != nil && (s.Addr.IsValid() || s.Dial != (health.DialOptions{}) || s.HTTP.CAFile != "") {
+		if err == nil && s != nil && (s.Addr.IsValid() || s.Dial != (check.DialOptions{}) || s.HTTP.CAFile != "") {
 			t.Fatalf("%q: a check aimed away from the backend: %+v", in, s)
 		}
 	})

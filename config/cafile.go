@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 // MaxCAFileSize is the largest ca_file vipd reads: 1 MiB, five times
@@ -37,7 +37,7 @@ func (c *Config) resolveCAFiles(d Delta) error {
 	if d.Full {
 		from, to = 0, len(c.Spec.Services)
 	}
-	read := map[string]*health.CABundle{}
+	read := map[string]*check.CABundle{}
 	failed := map[string]error{}
 	var errs Errors
 	copied := false
@@ -47,7 +47,7 @@ func (c *Config) resolveCAFiles(d Delta) error {
 		if !ok {
 			continue
 		}
-		var checks map[netip.AddrPort]health.Spec
+		var checks map[netip.AddrPort]check.Spec
 		for j := range vs.Backends {
 			addr := vs.Backends[j].Addr
 			spec, ok := h.Checks[addr]
@@ -96,12 +96,12 @@ func (c *Config) resolveCAFiles(d Delta) error {
 }
 
 // readCAFile reads and parses the ca_file file.
-func readCAFile(file string) (*health.CABundle, error) {
+func readCAFile(file string) (*check.CABundle, error) {
 	data, err := readFileLimit(file, MaxCAFileSize)
 	if err != nil {
 		return nil, err
 	}
-	return health.NewCABundle(file, data)
+	return check.NewCABundle(file, data)
 }
 
 // caFileRef returns where the check of backend j of service i names its

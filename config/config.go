@@ -17,7 +17,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 // Config is a validated configuration.
@@ -51,7 +51,7 @@ type Config struct {
 	// execCounted; execUser is CheckUser looked up, when execN > 0.
 	execN       int
 	execCounted bool
-	execUser    *health.User
+	execUser    *check.User
 	// unchecked lists the host lookups an offline load skipped (see
 	// LoadOptions).
 	unchecked []string
@@ -195,17 +195,11 @@ type Daemon struct {
 	// StatsInterval is how long the status that "vipd status" and the
 	// metrics show is served before a request reads the kernel again.
 	StatsInterval time.Duration
-	// Drain makes removed backends go to weight 0 before deletion.
-	Drain bool
-	// DrainServices drains a removed service's connections before
-	// deleting it (its VIP stays bound meanwhile).
-	DrainServices bool
-	// DrainTimeout bounds a drain; zero waits for the last connection.
-	DrainTimeout time.Duration
-	// DrainGrace is how long a removed TCP or SCTP backend stays at
-	// weight 0 before it is deleted while the kernel still lists
-	// connections to it that are not established (see lb.PlanOptions).
-	DrainGrace time.Duration
+	// Removal says how removed backends and services leave the kernel:
+	// drain (Drain), drain_services (DrainServices), drain_timeout
+	// (DrainTimeout) and drain_grace (Grace). The daemon, a reload and
+	// "vipd plan" hand this one value to the planner.
+	Removal lb.RemovalPolicy
 	// GARP says how VIPs are announced.
 	GARP GARP
 	// Watch reloads the file when it changes (SIGHUP always does).
@@ -217,7 +211,7 @@ type Daemon struct {
 	// OnApplyError says what a reload does when operations fail.
 	OnApplyError ApplyErrorMode
 	// CheckUser is the user, "user" or "user:group", exec checks run as
-	// (see health.LookupUser); never root. It is looked up when the
+	// (see LookupUser); never root. It is looked up when the
 	// configuration has exec checks.
 	CheckUser string
 }

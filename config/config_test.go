@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 func TestMinimalDefaults(t *testing.T) {
@@ -27,7 +27,7 @@ backend = [{ address = "10.0.0.11" }, { address = "10.0.0.12" }]
 	}
 	d := cfg.Daemon
 	if d.Interface != "vipd0" || !d.StrictARP || !d.ManageSysctls || !d.ManageIPTables || d.OnStop != StopKeep ||
-		d.ResyncInterval != 30*time.Second || !d.Drain || d.GARP.Count != 3 || d.MetricsListen != DefaultMetricsListen {
+		d.ResyncInterval != 30*time.Second || !d.Removal.Drain || d.GARP.Count != 3 || d.MetricsListen != DefaultMetricsListen {
 		t.Errorf("daemon defaults = %+v", d)
 	}
 	if len(cfg.Spec.Services) != 1 {
@@ -106,7 +106,7 @@ backend = [{ address = "10.0.0.3", port = 0 }]
 		t.Fatal(err)
 	}
 	d := cfg.Daemon
-	if d.Interface != "lb0" || d.StrictARP || d.OnStop != StopClean || d.ResyncInterval != 10*time.Second || d.DrainTimeout != 90*time.Second || d.DrainGrace != 3*time.Second || d.StatsInterval != 2*time.Second {
+	if d.Interface != "lb0" || d.StrictARP || d.OnStop != StopClean || d.ResyncInterval != 10*time.Second || d.Removal.DrainTimeout != 90*time.Second || d.Removal.Grace != 3*time.Second || d.StatsInterval != 2*time.Second {
 		t.Errorf("daemon = %+v", d)
 	}
 	if cfg.Spec.Rules.Enabled {
@@ -510,18 +510,18 @@ check = { type = "none" }
 		t.Fatal(err)
 	}
 	h := cfg.Health["web"]
-	if h.Policy.Action != health.Remove || h.Policy.Quorum != 1 || h.Policy.Sorry.Addr != netip.MustParseAddrPort("10.0.0.99:8080") {
+	if h.Policy.Action != check.Remove || h.Policy.Quorum != 1 || h.Policy.Sorry.Addr != netip.MustParseAddrPort("10.0.0.99:8080") {
 		t.Errorf("policy = %+v", h.Policy)
 	}
 	if len(h.Checks) != 2 {
 		t.Fatalf("checks = %+v", h.Checks)
 	}
 	c1 := h.Checks[netip.MustParseAddrPort("10.0.0.1:80")]
-	if c1.Kind != health.KindHTTP || c1.HTTP.Path != "/healthz" || c1.Interval != time.Second || c1.Rise != 2 {
+	if c1.Kind != check.KindHTTP || c1.HTTP.Path != "/healthz" || c1.Interval != time.Second || c1.Rise != 2 {
 		t.Errorf("service check = %+v", c1)
 	}
 	c2 := h.Checks[netip.MustParseAddrPort("10.0.0.2:80")]
-	if c2.Kind != health.KindTCP || c2.Port != 8081 || c2.Initial != health.Up {
+	if c2.Kind != check.KindTCP || c2.Port != 8081 || c2.Initial != check.Up {
 		t.Errorf("backend override = %+v", c2)
 	}
 	if targets := cfg.Targets(); len(targets) != 2 {
@@ -547,7 +547,7 @@ half_open = true
 	}
 	h := cfg.Health["s"]
 	c1 := h.Checks[netip.MustParseAddrPort("10.0.0.1:80")]
-	if c1.Kind != health.KindTCP || !c1.TCP.HalfOpen {
+	if c1.Kind != check.KindTCP || !c1.TCP.HalfOpen {
 		t.Errorf("service check = %+v", c1)
 	}
 	c2 := h.Checks[netip.MustParseAddrPort("10.0.0.2:80")]

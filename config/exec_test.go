@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 // The tests of this file look users up in this host's /etc/passwd, which
@@ -81,7 +81,7 @@ func TestExecTargetsRunAsCheckUser(t *testing.T) {
 		t.Fatalf("targets = %+v", targets)
 	}
 	e := targets[0].Spec.Exec
-	if e.User == nil || *e.User != (health.User{Name: "nobody", UID: 65534, GID: 65534}) || e.Command != "/usr/lib/check" {
+	if e.User == nil || *e.User != (check.User{Name: "nobody", UID: 65534, GID: 65534}) || e.Command != "/usr/lib/check" {
 		t.Errorf("exec options = %+v, user %+v", e, e.User)
 	}
 	if u, ok := cfg.ExecUser(); !ok || u.UID != 65534 {

@@ -9,25 +9,25 @@ import (
 	"strings"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 // ServiceHealth is the health checking of one service.
 type ServiceHealth struct {
 	// Policy says what failures do to the service.
-	Policy health.Policy
+	Policy check.Policy
 	// Checks holds the check of each checked backend. A backend without
 	// one is always up.
-	Checks map[netip.AddrPort]health.Spec
+	Checks map[netip.AddrPort]check.Spec
 }
 
 // Targets returns the health-check targets of every service, for
 // health.Manager.Update. Exec checks get the user check_user names.
-func (c *Config) Targets() []health.Target {
+func (c *Config) Targets() []check.Target {
 	if len(c.Health) == 0 {
 		return nil
 	}
-	var out []health.Target
+	var out []check.Target
 	for i := range c.Spec.Services {
 		vs := &c.Spec.Services[i]
 		h, ok := c.Health[vs.Name]
@@ -36,10 +36,10 @@ func (c *Config) Targets() []health.Target {
 		}
 		for _, b := range vs.Backends {
 			if spec, ok := h.Checks[b.Addr]; ok {
-				if spec.Kind == health.KindExec {
+				if spec.Kind == check.KindExec {
 					spec.Exec.User = c.execUser
 				}
-				out = append(out, health.Target{Service: vs.Name, Backend: b.Addr, Spec: spec})
+				out = append(out, check.Target{Service: vs.Name, Backend: b.Addr, Spec: spec})
 			}
 		}
 	}
@@ -47,8 +47,8 @@ func (c *Config) Targets() []health.Target {
 }
 
 // Policies returns each service's failure policy by name.
-func (c *Config) Policies() map[string]health.Policy {
-	out := make(map[string]health.Policy, len(c.Health))
+func (c *Config) Policies() map[string]check.Policy {
+	out := make(map[string]check.Policy, len(c.Health))
 	for name, h := range c.Health {
 		out[name] = h.Policy
 	}
@@ -97,18 +97,18 @@ type rawCheck struct {
 }
 
 // check validates a check table. It returns nil for type = "none".
-func (v *validator) check(path, ctx string, r *rawCheck) (*health.Spec, bool) {
+func (v *validator) check(path, ctx string, r *rawCheck) (*check.Spec, bool) {
 	before := len(v.errs)
 	ctx += ": check"
 	if r.Type == "none" {
 		return nil, true
 	}
-	var s health.Spec
+	var s check.Spec
 	if r.Type == "" {
 		v.errorf(path, ctx, "type is missing (tcp, http, https, udp, dns, exec or none)")
 		return nil, false
 	}
-	k, err := health.ParseKind(r.Type)
+	k, err := check.ParseKind(r.Type)
 	if err != nil {
 		v.errorf(path+".type", ctx, "type %q must be tcp, http, https, udp, dns, exec or none", r.Type)
 		return nil, false
@@ -121,7 +121,7 @@ func (v *validator) check(path, ctx string, r *rawCheck) (*health.Spec, bool) {
 	}
 	s.Rise, s.Fall = int(r.Rise), int(r.Fall)
 	if r.Initial != "" {
-		st, err := health.ParseState(r.Initial)
+		st, err := check.ParseState(r.Initial)
 		if err != nil {
 			v.errorf(path+".initial", ctx, "initial %q must be \"down\" or \"up\"", r.Initial)
 		}
@@ -129,8 +129,8 @@ func (v *validator) check(path, ctx string, r *rawCheck) (*health.Spec, bool) {
 	}
 	if r.Jitter != nil {
 		switch j := float64(*r.Jitter); {
-		case j < 0 || j > health.MaxJitter:
-			v.errorf(path+".jitter", ctx, "jitter %g is outside 0..%g", j, health.MaxJitter)
+		case j < 0 || j > check.MaxJitter:
+			v.errorf(path+".jitter", ctx, "jitter %g is outside 0..%g", j, check.MaxJitter)
 		case j == 0:
 			s.Jitter = -1 // an explicit 0 turns jitter off
 		default:
@@ -164,7 +164,7 @@ func (v *validator) check(path, ctx string, r *rawCheck) (*health.Spec, bool) {
 	}
 	if r.HalfOpen {
 		// Each refusal on the line of the key it names.
-		if k != health.KindTCP {
+		if k != check.KindTCP {
 			v.errorf(path+".half_open", ctx, "half_open applies to tcp checks only, not %s", k)
 		}
 		const why = "a half-open check's SYNs leave from one raw socket that all checks share, which cannot carry one check's %s"
@@ -176,30 +176,30 @@ func (v *validator) check(path, ctx string, r *rawCheck) (*health.Spec, bool) {
 		}
 		s.TCP.HalfOpen = true
 	}
-	s.HTTP = health.HTTPOptions{Method: r.Method, Path: r.Path, Host: r.Host, SNI: r.SNI, Header: r.Headers,
+	s.HTTP = check.HTTPOptions{Method: r.Method, Path: r.Path, Host: r.Host, SNI: r.SNI, Header: r.Headers,
 		Body: r.Body, BodyRegexp: r.BodyRegexp, InsecureSkipVerify: r.Insecure, CAFile: r.CAFile}
 	if r.Status != "" {
-		st, err := health.ParseStatusRanges(r.Status)
+		st, err := check.ParseStatusRanges(r.Status)
 		if err != nil {
 			v.errorf(path+".status", ctx, "status: %v", err)
 		}
 		s.HTTP.Status = st
 	}
 	if r.Payload != "" || r.Expect != "" {
-		s.UDP = health.UDPOptions{Payload: []byte(r.Payload), Expect: []byte(r.Expect)}
+		s.UDP = check.UDPOptions{Payload: []byte(r.Payload), Expect: []byte(r.Expect)}
 	}
-	s.DNS = health.DNSOptions{Name: r.Name, Type: r.Record, TCP: r.TCP, ExpectAnswer: r.ExpectAnswer, NoRecursion: r.NoRecursion}
-	s.Exec = health.ExecOptions{Command: r.Command, Args: r.Args, Env: r.Env}
-	if k == health.KindExec {
+	s.DNS = check.DNSOptions{Name: r.Name, Type: r.Record, TCP: r.TCP, ExpectAnswer: r.ExpectAnswer, NoRecursion: r.NoRecursion}
+	s.Exec = check.ExecOptions{Command: r.Command, Args: r.Args, Env: r.Env}
+	if k == check.KindExec {
 		// Each error on the line of its key; Validate would name the
 		// check's.
-		if err := health.CheckExecCommand(r.Command); err != nil {
+		if err := check.CheckExecCommand(r.Command); err != nil {
 			v.errorf(path+".command", ctx, "%v", err)
 		}
 		seen := map[string]bool{}
 		for _, kv := range r.Env {
 			name, _, _ := strings.Cut(kv, "=")
-			switch err := health.CheckExecEnv(kv); {
+			switch err := check.CheckExecEnv(kv); {
 			case err != nil:
 				v.errorf(path+".env", ctx, "%v", err)
 			case seen[name]:
@@ -235,9 +235,9 @@ func unjoin(err error) []error {
 func (v *validator) serviceHealth(i int, r *rawService, vs *lb.VirtualService) (ServiceHealth, bool) {
 	path := "service." + strconv.Itoa(i)
 	ctx := "service " + strconv.Quote(vs.Name)
-	h := ServiceHealth{Checks: map[netip.AddrPort]health.Spec{}}
+	h := ServiceHealth{Checks: map[netip.AddrPort]check.Spec{}}
 	if r.OnFailure != "" {
-		a, err := health.ParseAction(r.OnFailure)
+		a, err := check.ParseAction(r.OnFailure)
 		if err != nil {
 			v.errorf(path+".on_failure", ctx, "on_failure %q must be \"quiesce\" or \"remove\"", r.OnFailure)
 		}
@@ -263,7 +263,7 @@ func (v *validator) serviceHealth(i int, r *rawService, vs *lb.VirtualService) (
 		}
 		h.Policy.Sorry = d
 	}
-	var def *health.Spec
+	var def *check.Spec
 	if r.Check != nil {
 		s, ok := v.check(path+".check", ctx, r.Check)
 		if !ok {
@@ -337,9 +337,9 @@ func (n *number) UnmarshalTOML(v any) error {
 
 // ExecUser returns the user exec checks run as, check_user looked up; ok
 // is false when the configuration has no exec check.
-func (c *Config) ExecUser() (u health.User, ok bool) {
+func (c *Config) ExecUser() (u check.User, ok bool) {
 	if c.execUser == nil {
-		return health.User{}, false
+		return check.User{}, false
 	}
 	return *c.execUser, true
 }
@@ -374,7 +374,7 @@ func (c *Config) HalfOpen() (v4, v6 bool) {
 // hasExec reports whether h has an exec check.
 func hasExec(h ServiceHealth) bool {
 	for _, s := range h.Checks {
-		if s.Kind == health.KindExec {
+		if s.Kind == check.KindExec {
 			return true
 		}
 	}
@@ -409,12 +409,12 @@ func (c *Config) resolveExec(base *Config, d Delta) error {
 			}
 		}
 	}
-	var u *health.User
+	var u *check.User
 	if n > 0 {
 		if base != nil && base.execUser != nil && base.Daemon.CheckUser == c.Daemon.CheckUser {
 			u = base.execUser
 		} else {
-			lu, err := health.LookupUser(c.Daemon.CheckUser)
+			lu, err := LookupUser(c.Daemon.CheckUser)
 			if err != nil {
 				return Errors{c.checkUserError(err)}
 			}
@@ -432,9 +432,9 @@ func (c *Config) checkUserError(err error) *Error {
 	fix := ""
 	name, group, _ := strings.Cut(c.Daemon.CheckUser, ":")
 	switch {
-	case errors.Is(err, health.ErrUnknownUser):
+	case errors.Is(err, ErrUnknownUser):
 		fix = "; create it (useradd --system --user-group --no-create-home --shell /usr/sbin/nologin " + name + ")"
-	case errors.Is(err, health.ErrUnknownGroup):
+	case errors.Is(err, ErrUnknownGroup):
 		fix = "; create it (groupadd --system " + group + ")"
 	}
 	main := &validator{file: c.File, src: c.Source()}
@@ -449,7 +449,7 @@ func (c *Config) checkUserError(err error) *Error {
 			vs := &c.Spec.Services[i]
 			h := c.Health[vs.Name]
 			for j, b := range vs.Backends {
-				if h.Checks[b.Addr].Kind != health.KindExec {
+				if h.Checks[b.Addr].Kind != check.KindExec {
 					continue
 				}
 				pos := (&validator{file: p.file, src: p.src}).positions()

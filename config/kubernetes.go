@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 // Kubernetes is the [kubernetes] section: vipd as the LoadBalancer
@@ -455,8 +455,8 @@ func (v *validator) nodeHealth(r *rawNodeHealth) KubernetesNodeHealth {
 	}
 	out.Interval = v.duration(r.Interval, out.Interval, path+".interval", ctx, "interval")
 	out.Timeout = v.duration(r.Timeout, out.Timeout, path+".timeout", ctx, "timeout")
-	if out.Interval < health.MinInterval || out.Interval > time.Hour {
-		v.errorf(path+".interval", ctx, "interval %s is outside %s..1h", out.Interval, health.MinInterval)
+	if out.Interval < check.MinInterval || out.Interval > time.Hour {
+		v.errorf(path+".interval", ctx, "interval %s is outside %s..1h", out.Interval, check.MinInterval)
 	}
 	if out.Timeout <= 0 || out.Timeout > out.Interval {
 		v.errorf(path+".timeout", ctx, "timeout %s must be above 0 and at most the interval (%s)", out.Timeout, out.Interval)
@@ -478,8 +478,8 @@ func (v *validator) nodeHealth(r *rawNodeHealth) KubernetesNodeHealth {
 	if len(v.errs) > before {
 		return out
 	}
-	spec := health.Spec{Kind: health.KindHTTP, Port: max(out.Port, 1), Interval: out.Interval, Timeout: out.Timeout,
-		Rise: out.Rise, Fall: out.Fall, HTTP: health.HTTPOptions{Path: out.Path}}
+	spec := check.Spec{Kind: check.KindHTTP, Port: max(out.Port, 1), Interval: out.Interval, Timeout: out.Timeout,
+		Rise: out.Rise, Fall: out.Fall, HTTP: check.HTTPOptions{Path: out.Path}}
 	for _, err := range unjoin(spec.Validate()) {
 		v.errorf(path, ctx, "%s", strings.TrimSpace(err.Error()))
 	}

@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 // Delta says how a Config differs from the base it was parsed from.
@@ -665,7 +665,7 @@ func decodeBlock(file string, data []byte, i int, cfg *Config) (block, bool) {
 		return block{}, false
 	}
 	b := block{vs: vs}
-	if ok && (len(h.Checks) > 0 || h.Policy != (health.Policy{})) {
+	if ok && (len(h.Checks) > 0 || h.Policy != (check.Policy{})) {
 		b.health = &h
 	}
 	return b, true

@@ -17,7 +17,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/monitor/health"
+	"github.com/vipd/vipd/monitor/check"
 )
 
 // The raw structures mirror the file. Optional values are pointers so that
@@ -324,7 +324,7 @@ func (v *validator) services(raw []rawService, cfg *Config, x *cross) {
 				v.errorf(path+".vip", ctx, "%s", msg)
 			}
 		}
-		if h, ok := v.serviceHealth(i, &raw[i], &vs); ok && (len(h.Checks) > 0 || h.Policy != (health.Policy{})) {
+		if h, ok := v.serviceHealth(i, &raw[i], &vs); ok && (len(h.Checks) > 0 || h.Policy != (check.Policy{})) {
 			if cfg.Health == nil {
 				cfg.Health = map[string]ServiceHealth{}
 			}
@@ -431,9 +431,7 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 		StateDir:       DefaultStateDir,
 		ResyncInterval: 30 * time.Second,
 		StatsInterval:  DefaultStatsInterval,
-		Drain:          true,
-		DrainTimeout:   5 * time.Minute,
-		DrainGrace:     DefaultDrainGrace,
+		Removal:        lb.RemovalPolicy{Drain: true, DrainTimeout: 5 * time.Minute, Grace: DefaultDrainGrace},
 		GARP:           GARP{Count: 3, Interval: time.Second},
 		Watch:          true,
 		ReloadGuard:    0.5,
@@ -458,8 +456,8 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 	setBool(&out.StrictARP, d.StrictARP)
 	setBool(&out.ManageSysctls, d.ManageSysctls)
 	setBool(&out.ManageIPTables, d.ManageIPTables)
-	setBool(&out.Drain, d.Drain)
-	setBool(&out.DrainServices, d.DrainServices)
+	setBool(&out.Removal.Drain, d.Drain)
+	setBool(&out.Removal.DrainServices, d.DrainServices)
 	setBool(&out.StatusPage, d.StatusPage)
 	filter := true
 	setBool(&filter, d.FilterVIPPorts)
@@ -508,10 +506,10 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 	if d.StatsInterval != nil && (out.StatsInterval < time.Second || out.StatsInterval > 10*time.Minute) {
 		v.errorf("daemon.stats_interval", ctx, "stats_interval %s is outside 1s..10m", out.StatsInterval)
 	}
-	out.DrainTimeout = v.duration(d.DrainTimeout, out.DrainTimeout, "daemon.drain_timeout", ctx, "drain_timeout")
-	out.DrainGrace = v.duration(d.DrainGrace, out.DrainGrace, "daemon.drain_grace", ctx, "drain_grace")
-	if d.DrainGrace != nil && out.DrainGrace > 10*time.Minute {
-		v.errorf("daemon.drain_grace", ctx, "drain_grace %s is above 10m", out.DrainGrace)
+	out.Removal.DrainTimeout = v.duration(d.DrainTimeout, out.Removal.DrainTimeout, "daemon.drain_timeout", ctx, "drain_timeout")
+	out.Removal.Grace = v.duration(d.DrainGrace, out.Removal.Grace, "daemon.drain_grace", ctx, "drain_grace")
+	if d.DrainGrace != nil && out.Removal.Grace > 10*time.Minute {
+		v.errorf("daemon.drain_grace", ctx, "drain_grace %s is above 10m", out.Removal.Grace)
 	}
 	if d.GARPCount != nil {
 		if *d.GARPCount < 0 || *d.GARPCount > 100 {
@@ -543,7 +541,7 @@ func (v *validator) daemon(d *rawDaemon, cfg *Config) {
 	}
 	if d.CheckUser != nil {
 		out.CheckUser = *d.CheckUser
-		if _, _, err := health.ParseUserSpec(*d.CheckUser); err != nil {
+		if _, _, err := check.ParseUserSpec(*d.CheckUser); err != nil {
 			v.errorf("daemon.check_user", ctx, "check_user %q: %v", *d.CheckUser, err)
 		}
 	}
@@ -742,12 +740,44 @@ func validServiceName(s string) error {
 
 // service validates one [[service]] table.
 func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualService, bool) {
-	path := "service." + strconv.Itoa(i)
 	before := len(v.errs)
 	vs := lb.VirtualService{Name: r.Name}
-	svc := &vs.Service
-
 	// Identify the service first, so that later errors can name it.
+	sv := v.serviceKey(i, r, &vs)
+	v.serviceScheduler(sv, r, &vs.Service)
+	fwd := lb.Masq
+	if r.Forward != "" {
+		f, ok := parseForward(r.Forward)
+		if !ok {
+			v.errorf(sv.path+".forward", sv.ctx, "forward %q must be masq, droute or tunnel", r.Forward)
+		}
+		fwd = f
+	}
+	tun := v.tunnel(sv.path, sv.ctx, fwd, r.Tunnel, r.TunnelPort, r.TunnelChecksum, lb.Destination{})
+	v.servicePersistence(sv, r, &vs)
+	v.serviceExposure(sv, r, &vs, fwd, cfg)
+	v.serviceBackends(sv, r, &vs, fwd, tun)
+	return vs, len(v.errs) == before
+}
+
+// serviceKey is what validator.service's helpers share about a service
+// once it is identified.
+type serviceKey struct {
+	// path is the service's key path ("service.3"), ctx its name for
+	// messages.
+	path, ctx string
+	proto     lb.Proto
+	fam       lb.Family
+	port      uint16
+	// portOK says that port was set, to a valid port.
+	portOK bool
+}
+
+// serviceKey identifies the service r, the i-th of the file: protocol,
+// VIP, port, name, family and the kernel key (a VIP and port, NodePort,
+// or a firewall mark), and the NodePort interfaces.
+func (v *validator) serviceKey(i int, r *rawService, vs *lb.VirtualService) serviceKey {
+	path := "service." + strconv.Itoa(i)
 	proto := lb.TCP
 	if r.Protocol != "" {
 		p, err := lb.ParseProto(r.Protocol)
@@ -781,6 +811,26 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 	}
 	ctx := "service " + strconv.Quote(vs.Name)
 
+	sv := serviceKey{path: path, ctx: ctx, proto: proto, port: port, portOK: portOK}
+	sv.fam = v.serviceFamily(sv, r, vs)
+	v.kernelKey(sv, r, vs)
+	for _, name := range r.Interfaces {
+		if err := validIfName(name); err != nil {
+			v.errorf(path+".interfaces", ctx, "interfaces: %v", err)
+		}
+	}
+	if len(r.Interfaces) > 0 && !r.NodePort {
+		v.errorf(path+".interfaces", ctx, "interfaces only applies to nodeport services")
+	}
+	vs.Interfaces = r.Interfaces
+
+	return sv
+}
+
+// serviceFamily returns the service's address family: the family
+// setting, or else the VIP's, or else the first backend's.
+func (v *validator) serviceFamily(sv serviceKey, r *rawService, vs *lb.VirtualService) lb.Family {
+	path, ctx := sv.path, sv.ctx
 	fam := lb.IPv4
 	switch r.Family {
 	case "":
@@ -803,6 +853,14 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 		v.errorf(path+".family", ctx, "family %s does not match vip %s", fam, vs.VIP)
 	}
 
+	return fam
+}
+
+// kernelKey sets the service's kernel key: a VIP and port, a NodePort
+// port on the host's addresses, or a firewall mark.
+func (v *validator) kernelKey(sv serviceKey, r *rawService, vs *lb.VirtualService) {
+	path, ctx, proto, port, fam := sv.path, sv.ctx, sv.proto, sv.port, sv.fam
+	svc := &vs.Service
 	switch {
 	case r.FWMark != 0:
 		if r.FWMark < 0 || r.FWMark > math.MaxUint32 {
@@ -836,20 +894,15 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 		}
 		svc.Key = lb.ServiceKey{Family: fam, Proto: proto, Addr: vs.VIP, Port: port}
 	}
-	for _, name := range r.Interfaces {
-		if err := validIfName(name); err != nil {
-			v.errorf(path+".interfaces", ctx, "interfaces: %v", err)
-		}
-	}
-	if len(r.Interfaces) > 0 && !r.NodePort {
-		v.errorf(path+".interfaces", ctx, "interfaces only applies to nodeport services")
-	}
-	vs.Interfaces = r.Interfaces
+}
 
+// serviceScheduler sets the scheduler and its flags.
+func (v *validator) serviceScheduler(sv serviceKey, r *rawService, svc *lb.Service) {
+	path, ctx := sv.path, sv.ctx
 	svc.Scheduler = DefaultScheduler
 	if r.Scheduler != "" {
 		svc.Scheduler = r.Scheduler
-		if !slices.Contains(lb.Schedulers, r.Scheduler) {
+		if !knownScheduler(r.Scheduler) {
 			v.errorf(path+".scheduler", ctx, "unknown scheduler %q (want one of %s)", r.Scheduler, strings.Join(lb.Schedulers, " "))
 		}
 	}
@@ -865,16 +918,13 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 		}
 	}
 
-	fwd := lb.Masq
-	if r.Forward != "" {
-		f, ok := parseForward(r.Forward)
-		if !ok {
-			v.errorf(path+".forward", ctx, "forward %q must be masq, droute or tunnel", r.Forward)
-		}
-		fwd = f
-	}
-	tun := v.tunnel(path, ctx, fwd, r.Tunnel, r.TunnelPort, r.TunnelChecksum, lb.Destination{})
+}
 
+// servicePersistence sets persistence, its netmask and one-packet
+// scheduling, which port 0 (all ports) depends on.
+func (v *validator) servicePersistence(sv serviceKey, r *rawService, vs *lb.VirtualService) {
+	path, ctx, fam, proto, port, portOK := sv.path, sv.ctx, sv.fam, sv.proto, sv.port, sv.portOK
+	svc := &vs.Service
 	if r.Persistence != nil {
 		p := v.duration(r.Persistence, 0, path+".persistence", ctx, "persistence")
 		switch {
@@ -918,6 +968,13 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 		svc.OnePacket = true
 	}
 
+}
+
+// serviceExposure sets how the service meets its clients: announcement
+// of its VIP, SNAT, and its allow list.
+func (v *validator) serviceExposure(sv serviceKey, r *rawService, vs *lb.VirtualService, fwd lb.Forward, cfg *Config) {
+	path, ctx, port, portOK := sv.path, sv.ctx, sv.port, sv.portOK
+	svc := &vs.Service
 	vs.Announce = vs.VIP.IsValid()
 	if r.Announce != nil {
 		if !vs.VIP.IsValid() && *r.Announce {
@@ -950,6 +1007,11 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 		vs.Allow = v.allow(path+".allow", ctx, r.Allow, svc.Key, portOK && port == 0, cfg.Daemon.ManageIPTables)
 	}
 
+}
+
+// serviceBackends validates the backends, each once.
+func (v *validator) serviceBackends(sv serviceKey, r *rawService, vs *lb.VirtualService, fwd lb.Forward, tun lb.Destination) {
+	path, ctx := sv.path, sv.ctx
 	if len(r.Backend) == 0 {
 		v.errorf(path, ctx, "no backends (add [[service.backend]] tables)")
 	}
@@ -958,7 +1020,7 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 		vs.Backends = make([]lb.Destination, 0, len(r.Backend))
 	}
 	for j := range r.Backend {
-		d, ok := v.backend(path, ctx, j, &r.Backend[j], vs, fwd, tun)
+		d, ok := v.backend(path, ctx, j, &r.Backend[j], *vs, fwd, tun)
 		if !ok {
 			continue
 		}
@@ -969,7 +1031,6 @@ func (v *validator) service(i int, r *rawService, cfg *Config) (lb.VirtualServic
 		seen[d.Addr] = j
 		vs.Backends = append(vs.Backends, d)
 	}
-	return vs, len(v.errs) == before
 }
 
 func (v *validator) svcCtx(i int, r *rawService) string {

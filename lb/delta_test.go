@@ -61,7 +61,7 @@ func newPair(t *testing.T, src string) (delta, full *lb.Reconciler, kd, kf *lbte
 	t.Helper()
 	mk := func() (*lb.Reconciler, *lbtest.Kernel) {
 		k := lbtest.New()
-		r := lb.NewReconciler(lb.Options{Kernel: k.Interface(), Dummy: "vipd0", KernelRelease: "6.1.0-27-cloud-amd64", Drain: true})
+		r := lb.NewReconciler(lb.Options{Kernel: k.Interface(), Dummy: "vipd0", KernelRelease: "6.1.0-27-cloud-amd64", Removal: lb.RemovalPolicy{Drain: true}})
 		res, err := r.Reconcile(context.Background(), &mustParse(t, src).Spec)
 		if err != nil || len(res.Failed) > 0 {
 			t.Fatalf("first pass: %v %v", err, res.Failed)

@@ -199,7 +199,7 @@ func TestDumpMissesOwnedService(t *testing.T) {
 		}
 	})
 	t.Run("drained", func(t *testing.T) {
-		opts := lb.Options{Drain: true, DrainServices: true, DrainTimeout: time.Hour}
+		opts := lb.Options{Removal: lb.RemovalPolicy{Drain: true, DrainServices: true, DrainTimeout: time.Hour}}
 		tw := newTwins(t, opts)
 		tw.edit(setConns(apiKey, "10.0.1.1:443", 3))
 		tw.k.MissNext(apiKey)

@@ -36,22 +36,22 @@ func TestPlanGrace(t *testing.T) {
 		opts    lb.PlanOptions
 		want    string // the plan's backend operations, "" for none
 	}{
-		{"idle: out of rotation first", lb.TCP, 0, conns{1, 0, 0}, 0, lb.PlanOptions{Drain: true}, "drain-backend"},
-		{"handshakes in flight: out of rotation first", lb.TCP, 0, conns{1, 0, 3}, 0, lb.PlanOptions{Drain: true}, "drain-backend"},
-		{"established: out of rotation first", lb.TCP, 0, conns{1, 4, 0}, 0, lb.PlanOptions{Drain: true}, "drain-backend"},
+		{"idle: out of rotation first", lb.TCP, 0, conns{1, 0, 0}, 0, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, "drain-backend"},
+		{"handshakes in flight: out of rotation first", lb.TCP, 0, conns{1, 0, 3}, 0, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, "drain-backend"},
+		{"established: out of rotation first", lb.TCP, 0, conns{1, 4, 0}, 0, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, "drain-backend"},
 		{"without drain: out of rotation first", lb.TCP, 0, conns{1, 4, 0}, 0, lb.PlanOptions{}, "drain-backend"},
-		{"sctp: out of rotation first", lb.SCTP, 0, conns{1, 0, 0}, 0, lb.PlanOptions{Drain: true}, "drain-backend"},
-		{"fwmark: out of rotation first", 0, 7, conns{1, 0, 0}, 0, lb.PlanOptions{Drain: true}, "drain-backend"},
-		{"at weight 0, no connection at all: goes", lb.TCP, 0, conns{0, 0, 0}, 0, lb.PlanOptions{Drain: true}, "delete-backend"},
-		{"at weight 0, a handshake in flight: waits", lb.TCP, 0, conns{0, 0, 1}, 0, lb.PlanOptions{Drain: true}, ""},
-		{"at weight 0, not established, within the grace: waits", lb.TCP, 0, conns{0, 0, 1}, grace - time.Millisecond, lb.PlanOptions{Drain: true}, ""},
-		{"at weight 0, not established, grace over: goes", lb.TCP, 0, conns{0, 0, 1}, grace, lb.PlanOptions{Drain: true}, "delete-backend"},
-		{"established, grace over: waits for them", lb.TCP, 0, conns{0, 2, 1}, time.Hour, lb.PlanOptions{Drain: true}, ""},
-		{"established, drain timeout over: goes", lb.TCP, 0, conns{0, 2, 1}, time.Minute, lb.PlanOptions{Drain: true, DrainTimeout: time.Minute}, "delete-backend"},
+		{"sctp: out of rotation first", lb.SCTP, 0, conns{1, 0, 0}, 0, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, "drain-backend"},
+		{"fwmark: out of rotation first", 0, 7, conns{1, 0, 0}, 0, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, "drain-backend"},
+		{"at weight 0, no connection at all: goes", lb.TCP, 0, conns{0, 0, 0}, 0, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, "delete-backend"},
+		{"at weight 0, a handshake in flight: waits", lb.TCP, 0, conns{0, 0, 1}, 0, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, ""},
+		{"at weight 0, not established, within the grace: waits", lb.TCP, 0, conns{0, 0, 1}, grace - time.Millisecond, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, ""},
+		{"at weight 0, not established, grace over: goes", lb.TCP, 0, conns{0, 0, 1}, grace, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, "delete-backend"},
+		{"established, grace over: waits for them", lb.TCP, 0, conns{0, 2, 1}, time.Hour, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, ""},
+		{"established, drain timeout over: goes", lb.TCP, 0, conns{0, 2, 1}, time.Minute, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true, DrainTimeout: time.Minute}}, "delete-backend"},
 		{"without drain, established, within the grace: waits", lb.TCP, 0, conns{0, 2, 0}, time.Second, lb.PlanOptions{}, ""},
 		{"without drain, established, grace over: goes", lb.TCP, 0, conns{0, 2, 0}, grace, lb.PlanOptions{}, "delete-backend"},
-		{"sctp at weight 0, grace over: goes", lb.SCTP, 0, conns{0, 0, 5}, grace, lb.PlanOptions{Drain: true}, "delete-backend"},
-		{"udp: goes at once", lb.UDP, 0, conns{1, 0, 9}, 0, lb.PlanOptions{Drain: true}, "delete-backend"},
+		{"sctp at weight 0, grace over: goes", lb.SCTP, 0, conns{0, 0, 5}, grace, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, "delete-backend"},
+		{"udp: goes at once", lb.UDP, 0, conns{1, 0, 9}, 0, lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true}}, "delete-backend"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -66,7 +66,7 @@ func TestPlanGrace(t *testing.T) {
 			desired.Services[key] = &lb.ServiceState{Service: svc, Dests: map[netip.AddrPort]lb.Destination{kept: k}}
 			observed.Services[key] = &lb.ServiceState{Service: svc, Dests: map[netip.AddrPort]lb.Destination{kept: k, gone: g}}
 			opts := tt.opts
-			opts.Grace = grace
+			opts.Removal.Grace = grace
 			var asked []string
 			opts.Leaving = func(s lb.ServiceKey, a netip.AddrPort) time.Duration {
 				asked = append(asked, fmt.Sprintf("%s %s", s, a))
@@ -119,7 +119,7 @@ func TestPlanGraceServices(t *testing.T) {
 				a: {Addr: a, Weight: tt.weights[0], Forward: lb.Masq, InactiveConns: tt.inact[0]},
 				b: {Addr: b, Weight: tt.weights[1], Forward: lb.Masq, InactiveConns: tt.inact[1]},
 			}}
-			opts := lb.PlanOptions{Drain: true, Grace: grace, DrainServices: tt.drainServices}
+			opts := lb.PlanOptions{Removal: lb.RemovalPolicy{Drain: true, Grace: grace, DrainServices: tt.drainServices}}
 			opts.Leaving = func(_ lb.ServiceKey, addr netip.AddrPort) time.Duration {
 				if addr == a {
 					return tt.ages[0]
@@ -147,7 +147,7 @@ func kinds(ops []lb.Op) string {
 // the daemon's once-a-second drain passes stop.
 func TestReconcilerForgetsLeaving(t *testing.T) {
 	k := lbtest.New()
-	r := lb.NewReconciler(lb.Options{Kernel: k.Interface(), Dummy: "vipd0", Drain: true, Grace: time.Second})
+	r := lb.NewReconciler(lb.Options{Kernel: k.Interface(), Dummy: "vipd0", Removal: lb.RemovalPolicy{Drain: true, Grace: time.Second}})
 	pass := func(src string) {
 		t.Helper()
 		if res, err := r.Reconcile(context.Background(), &mustParse(t, src).Spec); err != nil || len(res.Failed) > 0 {

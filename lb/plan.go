@@ -188,7 +188,9 @@ func (op Op) String() string {
 	return op.Kind.String()
 }
 
-// PlanOptions tune how Plan removes backends.
+// RemovalPolicy says how backends and services leave the kernel. It is one
+// value from the configuration (config.Daemon.Removal) to the planner: the
+// daemon, a reload and "vipd plan" all hand the same value on.
 //
 // A TCP or SCTP backend never leaves in the pass that takes it out of
 // rotation: IPVS counts a connection whose handshake is still in flight as
@@ -201,7 +203,7 @@ func (op Op) String() string {
 // are counted as inactive for minutes, and a reset after a close costs the
 // client nothing). UDP backends have no handshake and go at once: the next
 // datagram of a flow to a deleted backend is scheduled again.
-type PlanOptions struct {
+type RemovalPolicy struct {
 	// Drain makes a leaving backend wait for its active (established)
 	// connections to end, up to DrainTimeout. Without Drain, a leaving
 	// backend is deleted after the grace whatever its connections.
@@ -213,14 +215,20 @@ type PlanOptions struct {
 	// before it is deleted while the kernel still counts connections to
 	// it that are not established.
 	Grace time.Duration
-	// Leaving reports how long a backend has been leaving, at weight 0;
-	// the first call for a backend starts its clock and returns zero.
-	// Nil means every leaving backend has just started.
-	Leaving func(ServiceKey, netip.AddrPort) time.Duration
 	// DrainServices makes a removed TCP or SCTP service leave like its
 	// backends: at weight 0 first, with its VIP, until its backends may
 	// go. Without it a removed service is deleted at once.
 	DrainServices bool
+}
+
+// PlanOptions tune how Plan removes backends.
+type PlanOptions struct {
+	// Removal says how backends and services leave.
+	Removal RemovalPolicy
+	// Leaving reports how long a backend has been leaving, at weight 0;
+	// the first call for a backend starts its clock and returns zero.
+	// Nil means every leaving backend has just started.
+	Leaving func(ServiceKey, netip.AddrPort) time.Duration
 }
 
 // leaving returns how long (svc, addr) has been leaving.
@@ -234,13 +242,14 @@ func (opts PlanOptions) leaving(svc ServiceKey, addr netip.AddrPort) time.Durati
 // mayGo reports whether a backend at weight 0 that has been leaving for age
 // may be deleted.
 func (opts PlanOptions) mayGo(d Destination, age time.Duration) bool {
-	if opts.Drain && opts.DrainTimeout > 0 && age >= opts.DrainTimeout {
+	rm := opts.Removal
+	if rm.Drain && rm.DrainTimeout > 0 && age >= rm.DrainTimeout {
 		return true
 	}
-	if opts.Drain && d.ActiveConns > 0 {
+	if rm.Drain && d.ActiveConns > 0 {
 		return false
 	}
-	return d.InactiveConns == 0 && d.ActiveConns == 0 || age >= opts.Grace
+	return d.InactiveConns == 0 && d.ActiveConns == 0 || age >= rm.Grace
 }
 
 // waits reports whether backends of services of protocol p leave by
@@ -275,6 +284,35 @@ func serviceMayGo(key ServiceKey, s *ServiceState, opts PlanOptions) bool {
 	return true
 }
 
+// setDiff returns the keys of want that have lacks (add) and the keys of
+// have that want lacks (del), in no particular order. Either map may be
+// nil.
+func setDiff[K comparable, V, W any](want map[K]V, have map[K]W) (add, del []K) {
+	for k := range want {
+		if _, ok := have[k]; !ok {
+			add = append(add, k)
+		}
+	}
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			del = append(del, k)
+		}
+	}
+	return add, del
+}
+
+// opsFor returns op(k) for each of keys, or nil for none.
+func opsFor[K any](keys []K, op func(K) Op) []Op {
+	if len(keys) == 0 {
+		return nil
+	}
+	out := make([]Op, len(keys))
+	for i, k := range keys {
+		out[i] = op(k)
+	}
+	return out
+}
+
 // Plan returns the operations that take the kernel from observed to
 // desired, in application order. It only ever removes what observed says
 // vipd owns (see State.Owns), so foreign services survive. Equal states
@@ -295,37 +333,15 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 	case !dp.Enabled && op.Enabled:
 		b[OpRemoveChains] = append(b[OpRemoveChains], Op{Kind: OpRemoveChains, Was: &Was{Policy: op}})
 	}
-	for e := range desired.Rules.Entries {
-		if _, ok := observed.Rules.Entries[e]; !ok {
-			b[OpAddEntry] = append(b[OpAddEntry], Op{Kind: OpAddEntry, Host: &HostChange{Entry: e}})
-		}
-	}
-	for e := range observed.Rules.Entries {
-		if _, ok := desired.Rules.Entries[e]; !ok {
-			b[OpDelEntry] = append(b[OpDelEntry], Op{Kind: OpDelEntry, Host: &HostChange{Entry: e}})
-		}
-	}
-
-	for a := range desired.VIPs {
-		if _, ok := observed.VIPs[a]; !ok {
-			b[OpBindVIP] = append(b[OpBindVIP], Op{Kind: OpBindVIP, Addr: a})
-		}
-	}
-	for a := range observed.VIPs {
-		if _, ok := desired.VIPs[a]; !ok {
-			b[OpUnbindVIP] = append(b[OpUnbindVIP], Op{Kind: OpUnbindVIP, Addr: a})
-		}
-	}
-	for a := range desired.Announce {
-		if _, ok := observed.Announce[a]; !ok {
-			b[OpAnnounce] = append(b[OpAnnounce], Op{Kind: OpAnnounce, Addr: a})
-		}
-	}
-	for a := range observed.Announce {
-		if _, ok := desired.Announce[a]; !ok {
-			b[OpWithdraw] = append(b[OpWithdraw], Op{Kind: OpWithdraw, Addr: a})
-		}
-	}
+	add, del := setDiff(desired.Rules.Entries, observed.Rules.Entries)
+	b[OpAddEntry] = opsFor(add, func(e SetEntry) Op { return Op{Kind: OpAddEntry, Host: &HostChange{Entry: e}} })
+	b[OpDelEntry] = opsFor(del, func(e SetEntry) Op { return Op{Kind: OpDelEntry, Host: &HostChange{Entry: e}} })
+	bind, unbind := setDiff(desired.VIPs, observed.VIPs)
+	b[OpBindVIP] = opsFor(bind, func(a netip.Addr) Op { return Op{Kind: OpBindVIP, Addr: a} })
+	b[OpUnbindVIP] = opsFor(unbind, func(a netip.Addr) Op { return Op{Kind: OpUnbindVIP, Addr: a} })
+	announce, withdraw := setDiff(desired.Announce, observed.Announce)
+	b[OpAnnounce] = opsFor(announce, func(a netip.Addr) Op { return Op{Kind: OpAnnounce, Addr: a} })
+	b[OpWithdraw] = opsFor(withdraw, func(a netip.Addr) Op { return Op{Kind: OpWithdraw, Addr: a} })
 
 	// Services are walked in key order and each one's backends in address
 	// order, which is the order a plan applies them in: a cold start's
@@ -405,7 +421,7 @@ func Plan(desired, observed *State, opts PlanOptions) []Op {
 		if _, ok := desired.Services[key]; ok || !observed.Owns(key) {
 			continue
 		}
-		if opts.DrainServices && waits(key.Proto) && !serviceMayGo(key, have, opts) {
+		if opts.Removal.DrainServices && waits(key.Proto) && !serviceMayGo(key, have, opts) {
 			for _, hd := range have.Dests {
 				if hd.Weight != 0 {
 					b[OpDrainDest] = append(b[OpDrainDest], drainOp(have.Service, hd))

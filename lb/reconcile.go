@@ -103,16 +103,8 @@ type Options struct {
 	// KernelRelease and Dummy describe the host (see Host).
 	KernelRelease string
 	Dummy         string
-	// Drain makes removed backends wait for their established
-	// connections (see PlanOptions).
-	Drain bool
-	// DrainTimeout bounds a drain; zero waits for the last connection.
-	DrainTimeout time.Duration
-	// Grace is how long a removed TCP or SCTP backend stays at weight 0
-	// while the kernel still lists connections to it (see PlanOptions).
-	Grace time.Duration
-	// DrainServices drains removed services too (see PlanOptions).
-	DrainServices bool
+	// Removal says how backends and services leave (see RemovalPolicy).
+	Removal RemovalPolicy
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -139,12 +131,11 @@ type Reconciler struct {
 }
 
 // SetRemoval makes the passes that follow remove backends and services as
-// opts' Drain, DrainTimeout, Grace and DrainServices say (a reload that
-// changes them); opts' other fields are ignored.
-func (r *Reconciler) SetRemoval(opts Options) {
+// rm says (a reload that changes it).
+func (r *Reconciler) SetRemoval(rm RemovalPolicy) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.opts.Drain, r.opts.DrainTimeout, r.opts.Grace, r.opts.DrainServices = opts.Drain, opts.DrainTimeout, opts.Grace, opts.DrainServices
+	r.opts.Removal = rm
 }
 
 // Refresh makes the next pass read sysctls and rules from the kernel
@@ -409,13 +400,7 @@ func (r *Reconciler) Plan(ctx context.Context, spec *Spec) ([]Op, error) {
 }
 
 func (r *Reconciler) planOptions() PlanOptions {
-	return PlanOptions{
-		Drain:         r.opts.Drain,
-		DrainTimeout:  r.opts.DrainTimeout,
-		Grace:         r.opts.Grace,
-		Leaving:       r.leaving,
-		DrainServices: r.opts.DrainServices,
-	}
+	return PlanOptions{Removal: r.opts.Removal, Leaving: r.leaving}
 }
 
 // leaving returns how long a backend has been leaving, starting its clock

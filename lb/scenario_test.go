@@ -218,7 +218,7 @@ func TestScenarios(t *testing.T) {
 			{"move the service to a new VIP", strings.Replace(base[:strings.Index(base, "[[service]]\nname = \"dns\"")], "192.0.2.10", "192.0.2.11", 1), nil},
 			{"remove everything", "[daemon]\nuplinks = [\"eth0\"]\n", nil},
 		}},
-		{"drain", lb.Options{Drain: true, DrainTimeout: time.Minute}, []step{
+		{"drain", lb.Options{Removal: lb.RemovalPolicy{Drain: true, DrainTimeout: time.Minute}}, []step{
 			{"two backends", base, nil},
 			{"remove a backend with connections", strings.Replace(base, `, { address = "10.0.0.2" }]`, `]`, 1), func(k *lbtest.Kernel) {
 				k.Edit(func(s *lb.State) {
@@ -245,7 +245,7 @@ func TestScenarios(t *testing.T) {
 			}},
 			{"re-add the backend", base, nil},
 		}},
-		{"grace", lb.Options{Drain: true, DrainTimeout: time.Minute, Grace: 2 * time.Second, Now: clock}, []step{
+		{"grace", lb.Options{Removal: lb.RemovalPolicy{Drain: true, DrainTimeout: time.Minute, Grace: 2 * time.Second}, Now: clock}, []step{
 			{"two backends", base, nil},
 			{"remove an idle backend: out of rotation, not deleted", removed, nil},
 			{"no connection at all: deleted", removed, wait(time.Second)},
@@ -256,7 +256,7 @@ func TestScenarios(t *testing.T) {
 			{"a second later, still not established: it stays", removed, wait(time.Second)},
 			{"the grace is over: deleted", removed, wait(time.Second)},
 		}},
-		{"drain-services", lb.Options{Drain: true, DrainServices: true, DrainTimeout: time.Minute}, []step{
+		{"drain-services", lb.Options{Removal: lb.RemovalPolicy{Drain: true, DrainServices: true, DrainTimeout: time.Minute}}, []step{
 			{"two services", base, nil},
 			{"remove the udp service while the tcp one has connections", base[:strings.Index(base, "[[service]]\nname = \"dns\"")], func(k *lbtest.Kernel) {
 				k.Edit(func(s *lb.State) {

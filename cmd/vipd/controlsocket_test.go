@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/vipd/vipd/control"
+
 	"github.com/vipd/vipd/lb/lbtest"
 )
 
@@ -79,7 +81,7 @@ func TestControlSocketPath(t *testing.T) {
 		staleSocket(t, sock)
 		in := launch(t, "vipd", lbtest.New(), launchOptions{path: path})
 		in.mustRun()
-		if rep, err := callControl(sock, "GET", "/v1/status"); err != nil || rep.Status == nil {
+		if rep, err := control.Call(sock, "GET", "/v1/status"); err != nil || rep.Status == nil {
 			t.Fatalf("status on the replaced socket: %+v %v", rep, err)
 		}
 	})

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/control"
+
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
@@ -39,9 +41,9 @@ func TestDaemonIncludedFIFO(t *testing.T) {
 	}
 	h.eventually("the watcher's rejection", h.logHas("err=\"read config: "+fifo+": not a regular file (a FIFO)\""))
 
-	replied := make(chan reply, 1)
+	replied := make(chan control.Reply, 1)
 	go func() {
-		rep, err := callControl(h.socket, "POST", "/v1/reload")
+		rep, err := control.Call(h.socket, "POST", "/v1/reload")
 		if err != nil {
 			rep.Error = err.Error()
 		}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vipd/vipd/control"
+
 	"github.com/vipd/vipd/lb/lbtest"
 )
 
@@ -52,7 +54,7 @@ func TestDaemonGuardIncluded(t *testing.T) {
 		t.Fatalf("a truncated included file changed the kernel:\n%s\nwant\n%s", got, good)
 	}
 	// Forced, the truncated file applies.
-	rep, err := callControl(h.socket, "POST", "/v1/reload?force=1")
+	rep, err := control.Call(h.socket, "POST", "/v1/reload?force=1")
 	if err != nil || rep.Error != "" {
 		t.Fatalf("forced reload: %+v %v", rep, err)
 	}

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/vipd/vipd/control"
+
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
 	"github.com/vipd/vipd/monitor/status"
@@ -94,7 +96,7 @@ func checkedServices(srv [2]*checkServer, settings string, skip2 bool) string {
 // reports it.
 func (h *harness) health(service string) map[netip.AddrPort]status.Health {
 	h.t.Helper()
-	rep, err := callControl(h.socket, "GET", "/v1/status")
+	rep, err := control.Call(h.socket, "GET", "/v1/status")
 	if err != nil || rep.Status == nil {
 		h.t.Fatalf("status: %+v %v", rep, err)
 	}
@@ -302,7 +304,7 @@ func TestDaemonHealthSurvivesUnreadableKernel(t *testing.T) {
 
 	// The kernel is back: reloading the file applies it, changing no
 	// weight.
-	rep, err := callControl(h.socket, "POST", "/v1/reload")
+	rep, err := control.Call(h.socket, "POST", "/v1/reload")
 	if err != nil || rep.Error != "" {
 		t.Fatalf("reload: %+v %v", rep, err)
 	}

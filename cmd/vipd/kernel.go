@@ -89,13 +89,14 @@ func openKernel(cfg *config.Config, log *slog.Logger, opts kernelOptions) (k lb.
 }
 
 // reconcilerOptions returns the reconciler options for planning cfg on
-// the kernel k.
+// the kernel k: the daemon's own (see agent), removal policy included, so
+// that "vipd plan" drains where the daemon would.
 func reconcilerOptions(cfg *config.Config, k lb.Kernel, log *slog.Logger) lb.Options {
 	release, err := link.KernelRelease()
 	if err != nil {
 		log.Warn("cannot read the kernel release; conn_reuse_mode will be 0", "err", err)
 	}
-	return lb.Options{Kernel: k, Logger: log, KernelRelease: release, Dummy: cfg.Daemon.Interface}
+	return lb.Options{Kernel: k, Logger: log, KernelRelease: release, Dummy: cfg.Daemon.Interface, Removal: cfg.Daemon.Removal}
 }
 
 // ledgerVIPs returns the addresses of the services in vipd's ledger: on an

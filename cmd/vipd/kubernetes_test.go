@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/control"
+
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -86,7 +88,7 @@ avoid_network_broadcast = true
 		d := h.k.Dump()
 		return strings.Contains(d, "service tcp "+ip+":80") && strings.Contains(d, fmt.Sprintf("-> 10.1.0.5:%d masq weight=1", nodePort))
 	})
-	rep, err := callControl(h.socket, "GET", "/v1/status")
+	rep, err := control.Call(h.socket, "GET", "/v1/status")
 	if err != nil || rep.Status == nil {
 		t.Fatalf("status: %v %+v", err, rep)
 	}
@@ -241,7 +243,7 @@ addresses = ["192.0.2.208/30"]
 		if err != nil {
 			t.Fatal(err)
 		}
-		rep, err := callControl(h.socket, "GET", "/v1/status")
+		rep, err := control.Call(h.socket, "GET", "/v1/status")
 		if err != nil || rep.Status == nil || len(rep.Status.Sources) != 1 {
 			t.Fatalf("status: %v %+v", err, rep)
 		}
@@ -302,7 +304,7 @@ addresses = ["192.0.2.208/30"]
 	h2 := startDaemonAt(t, dir, k)
 	h2.eventually("the source in step after the restart", h2.logHas("kubernetes: waiting for the caches"))
 	rep := func() string {
-		r, err := callControl(h2.socket, "GET", "/v1/status")
+		r, err := control.Call(h2.socket, "GET", "/v1/status")
 		if err != nil || r.Status == nil || len(r.Status.Sources) != 1 {
 			return ""
 		}
@@ -344,7 +346,7 @@ addresses = ["192.0.2.208/30"]
 		t.Fatal(err)
 	}
 	h3.eventually("the source in step with its service", func() bool {
-		r, err := callControl(h3.socket, "GET", "/v1/status")
+		r, err := control.Call(h3.socket, "GET", "/v1/status")
 		if err != nil || r.Status == nil || len(r.Status.Sources) != 1 {
 			return false
 		}

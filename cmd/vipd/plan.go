@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/vipd/vipd/control"
+
 	"github.com/spf13/cobra"
 
 	"github.com/vipd/vipd/config"
@@ -31,7 +33,7 @@ admin drains included.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				rep, err := callControl(socket, "GET", "/v1/plan")
+				rep, err := control.Call(socket, "GET", "/v1/plan")
 				if err != nil {
 					return err
 				}
@@ -76,7 +78,7 @@ admin drains included.`,
 // from this host's interfaces.
 func planEmpty(cfg *config.Config) []lb.Op {
 	host := lb.Host{Dummy: cfg.Daemon.Interface, Addrs: localAddrs()}
-	return lb.Plan(lb.Desired(&cfg.Spec, host), lb.NewState(), lb.PlanOptions{})
+	return lb.Plan(lb.Desired(&cfg.Spec, host), lb.NewState(), lb.PlanOptions{Removal: cfg.Daemon.Removal})
 }
 
 // localAddrs lists this host's addresses through the standard library, so
@@ -108,6 +110,12 @@ func planLive(ctx context.Context, cfg *config.Config) ([]lb.Op, error) {
 		return nil, err
 	}
 	defer closeFn()
+	return planOn(ctx, cfg, k)
+}
+
+// planOn plans cfg against the kernel k with the daemon's reconciler
+// options, so that a removal plans as the daemon would do it.
+func planOn(ctx context.Context, cfg *config.Config, k lb.Kernel) ([]lb.Op, error) {
 	r := lb.NewReconciler(reconcilerOptions(cfg, k, slog.New(slog.DiscardHandler)))
 	return r.Plan(ctx, &cfg.Spec)
 }

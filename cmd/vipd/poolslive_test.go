@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vipd/vipd/control"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -72,7 +74,7 @@ addresses = [%s]
 		if force {
 			path += "?force=1"
 		}
-		rep, err := callControl(h.socket, "POST", path)
+		rep, err := control.Call(h.socket, "POST", path)
 		if err != nil {
 			t.Fatal(err)
 		}

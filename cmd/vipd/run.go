@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vipd/vipd/control"
+
 	"github.com/spf13/cobra"
 
 	"github.com/vipd/vipd/agent"
@@ -94,7 +96,7 @@ type daemonOptions struct {
 	// ControlLimits and MetricsLimits bound the control socket's and
 	// the metrics endpoint's servers; zero values mean controlLimits
 	// and metricsLimits. Tests shorten them.
-	ControlLimits, MetricsLimits serverLimits
+	ControlLimits, MetricsLimits control.Limits
 }
 
 // runDaemon runs the agent until ctx ends, with the real kernel unless
@@ -133,10 +135,10 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		}
 		aopts.KernelRelease = release
 	}
-	if opts.ControlLimits == (serverLimits{}) {
+	if opts.ControlLimits == (control.Limits{}) {
 		opts.ControlLimits = controlLimits
 	}
-	if opts.MetricsLimits == (serverLimits{}) {
+	if opts.MetricsLimits == (control.Limits{}) {
 		opts.MetricsLimits = metricsLimits
 	}
 	aopts.Serve = func(ctx context.Context, a *agent.Agent, d config.Daemon) (func(), error) {
@@ -144,7 +146,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		if err != nil {
 			return nil, err
 		}
-		stopControl, err := serveControl(a, d.ControlSocket, opts.ControlLimits, log)
+		stopControl, err := control.Serve(a, d.ControlSocket, opts.ControlLimits, log)
 		if err != nil {
 			stopMetrics()
 			return nil, err
@@ -174,7 +176,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 // serveMetrics serves a's metrics on addr, and the status page's routes
 // (page, nil for none); "" serves nothing. The server is bound by lim,
 // its connections by connSlots.
-func serveMetrics(a *agent.Agent, addr string, page map[string]http.Handler, lim serverLimits, log *slog.Logger) (stop func(), err error) {
+func serveMetrics(a *agent.Agent, addr string, page map[string]http.Handler, lim control.Limits, log *slog.Logger) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
 	}
@@ -188,14 +190,14 @@ func serveMetrics(a *agent.Agent, addr string, page map[string]http.Handler, lim
 	}
 	h := a.Metrics()
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", limiter(lim.MaxRequests, lim.RequestWait, busy)(h.ServeHTTP))
+	mux.Handle("GET /metrics", control.Limiter(lim.MaxRequests, lim.RequestWait, busy)(h.ServeHTTP))
 	// The status page has limits of its own: pages cannot starve scrapes.
-	pageLimit := limiter(lim.MaxRequests, lim.RequestWait, busy)
+	pageLimit := control.Limiter(lim.MaxRequests, lim.RequestWait, busy)
 	for pattern, h := range page {
 		mux.Handle(pattern, pageLimit(h.ServeHTTP))
 	}
 	slots := newConnSlots(lim.MaxConns, lim.MaxConnsPerClient, slowHeaders)
-	srv := lim.server(slots.serving(mux), log)
+	srv := lim.Server(slots.serving(mux), log)
 	srv.ConnState, srv.ConnContext = slots.state, slots.context
 	go srv.Serve(slots.listener(l))
 	log.Info("serving metrics", "addr", l.Addr().String())

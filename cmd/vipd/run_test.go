@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -20,6 +19,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vipd/vipd/control"
 
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
@@ -242,7 +243,7 @@ func TestDaemonReloadPath(t *testing.T) {
 	// A truncated file: the guard refuses, over the control socket too.
 	h.write("")
 	h.eventually("the guard", h.logHas("reload_guard"))
-	rep, err := callControl(h.socket, "POST", "/v1/reload")
+	rep, err := control.Call(h.socket, "POST", "/v1/reload")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +260,7 @@ func TestDaemonReloadPath(t *testing.T) {
 	// Forced: the deletion goes through.
 	h.write(h.header("") + twoServices[:strings.Index(twoServices, "[[service]]\nname = \"api\"")])
 	h.eventually("the guard again", func() bool { return strings.Count(h.log.String(), "reload_guard") >= 2 })
-	rep, err = callControl(h.socket, "POST", "/v1/reload?force=1")
+	rep, err = control.Call(h.socket, "POST", "/v1/reload?force=1")
 	if err != nil || rep.Error != "" {
 		t.Fatalf("forced reload: %+v %v", rep, err)
 	}
@@ -289,7 +290,7 @@ func TestDaemonReloadPath(t *testing.T) {
 
 	// The control socket's plan shows what the file would do.
 	h.k.FailWith(nil)
-	rep, err = callControl(h.socket, "GET", "/v1/plan")
+	rep, err = control.Call(h.socket, "GET", "/v1/plan")
 	if err != nil || len(rep.Planned) == 0 || !strings.Contains(strings.Join(rep.Planned, "\n"), "add service tcp 192.0.2.12:80") {
 		t.Fatalf("plan = %+v %v", rep, err)
 	}
@@ -383,7 +384,7 @@ func TestDaemonObservability(t *testing.T) {
 	h := startDaemon(t, "", twoServices)
 	h.eventually("programming", func() bool { return strings.Contains(h.k.Dump(), "10.0.0.4:443") })
 
-	rep, err := callControl(h.socket, "GET", "/v1/status")
+	rep, err := control.Call(h.socket, "GET", "/v1/status")
 	if err != nil || rep.Status == nil {
 		t.Fatalf("status: %+v %v", rep, err)
 	}
@@ -395,14 +396,14 @@ func TestDaemonObservability(t *testing.T) {
 		t.Errorf("table: %v\n%s", err, table.String())
 	}
 
-	rep, err = callControl(h.socket, "POST", "/v1/drain?service=web&backend=10.0.0.2:80")
+	rep, err = control.Call(h.socket, "POST", "/v1/drain?service=web&backend=10.0.0.2:80")
 	if err != nil || rep.Error != "" {
 		t.Fatalf("drain: %+v %v", rep, err)
 	}
 	if !strings.Contains(h.k.Dump(), "10.0.0.2:80 masq weight=0") {
 		t.Fatalf("drain did not quiesce the backend:\n%s", h.k.Dump())
 	}
-	if rep, _ := callControl(h.socket, "POST", "/v1/drain?service=web&backend=10.9.9.9:80"); !strings.Contains(rep.Error, "no backend") {
+	if rep, _ := control.Call(h.socket, "POST", "/v1/drain?service=web&backend=10.9.9.9:80"); !strings.Contains(rep.Error, "no backend") {
 		t.Errorf("draining an unknown backend: %+v", rep)
 	}
 	// A reload keeps the drain.
@@ -415,7 +416,7 @@ func TestDaemonObservability(t *testing.T) {
 	if err != nil || !strings.Contains(string(data), "10.0.0.2:80") {
 		t.Fatalf("drains not stored: %q %v", data, err)
 	}
-	rep, err = callControl(h.socket, "POST", "/v1/undrain?service=web&backend=10.0.0.2:80")
+	rep, err = control.Call(h.socket, "POST", "/v1/undrain?service=web&backend=10.0.0.2:80")
 	if err != nil || rep.Error != "" || !strings.Contains(h.k.Dump(), "10.0.0.2:80 masq weight=1") {
 		t.Fatalf("undrain: %+v %v\n%s", rep, err, h.k.Dump())
 	}
@@ -667,9 +668,11 @@ func TestStatusCommand(t *testing.T) {
 		t.Errorf("the command's table:\n%s\nwant the table of -o json's snapshot:\n%s", table, want.String())
 	}
 	// The daemon rendered it.
-	a, err := callControlRaw(h.socket, "GET", "/v1/status?format=table")
-	if served := string(bytes.Join(a.pieces, nil)); err != nil || a.contentType != tableType || served != want.String() {
-		t.Errorf("GET /v1/status?format=table: %v, %q:\n%s", err, a.contentType, served)
+	a, err := control.CallRaw(h.socket, "GET", "/v1/status?format=table")
+	var served strings.Builder
+	a.Copy(&served, 0, 0)
+	if err != nil || a.ContentType != control.TableType || served.String() != want.String() {
+		t.Errorf("GET /v1/status?format=table: %v, %q:\n%s", err, a.ContentType, served.String())
 	}
 
 	// An older daemon answers JSON to ?format=table.
@@ -687,7 +690,7 @@ func TestStatusCommand(t *testing.T) {
 		if pretty.Load() {
 			enc.SetIndent("", "\t")
 		}
-		enc.Encode(reply{Status: &snap})
+		enc.Encode(control.Reply{Status: &snap})
 	})}
 	go srv.Serve(l)
 	defer srv.Close()
@@ -702,37 +705,5 @@ func TestStatusCommand(t *testing.T) {
 	pretty.Store(true)
 	if got := statusCmd(old, "-o", "json"); got != wantJSON.String() {
 		t.Errorf("-o json of an indented answer:\n%s\nwant:\n%s", got, wantJSON.String())
-	}
-}
-
-// TestAnswerPieces checks the status answer's head and tail wherever the
-// pieces it was read in are cut.
-func TestAnswerPieces(t *testing.T) {
-	body := []byte(`{"status":{"a":[1,{}],"b":"}\n"}}` + "\n")
-	want := "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": \"}\\n\"\n}\n"
-	for i := 1; i < len(body); i++ {
-		for j := i; j < len(body); j++ {
-			a := answer{ok: true, pieces: [][]byte{body[:i], body[i:j], body[j:]}}
-			head, tail, ok := a.statusJSON()
-			if !ok {
-				t.Fatalf("cut at %d and %d: not a status answer", i, j)
-			}
-			var b strings.Builder
-			w := bufio.NewWriter(&b)
-			x := &indenter{w: w}
-			a.writeTo(x, head, tail)
-			if err := x.Close(); err != nil {
-				t.Fatalf("cut at %d and %d: %v", i, j, err)
-			}
-			w.Flush()
-			if b.String() != want {
-				t.Fatalf("cut at %d and %d:\n%s\nwant:\n%s", i, j, b.String(), want)
-			}
-		}
-	}
-	for _, body := range []string{`{"error":"no"}` + "\n", `{"status":{}}`, `{"status":`, ""} {
-		if _, _, ok := (answer{ok: true, pieces: [][]byte{[]byte(body)}}).statusJSON(); ok {
-			t.Errorf("%q taken for a status answer", body)
-		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/control"
+
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
@@ -239,7 +241,7 @@ func TestSecondDaemonRefused(t *testing.T) {
 				if after := k.Dump(); after != before {
 					t.Errorf("kernel changed:\n%s\nwant\n%s", after, before)
 				}
-				if rep, err := callControl(sock, "GET", "/v1/status"); err != nil || rep.Status == nil {
+				if rep, err := control.Call(sock, "GET", "/v1/status"); err != nil || rep.Status == nil {
 					t.Errorf("the first vipd's control socket: %+v, %v", rep, err)
 				}
 				if strings.Contains(two.log.String(), "msg=starting") {

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/control"
+
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
 	"github.com/vipd/vipd/monitor/status"
@@ -136,7 +138,7 @@ func TestStatsFlood(t *testing.T) {
 		}
 	}
 	statusOnce := func() {
-		rep, err := callControl(h.socket, "GET", "/v1/status")
+		rep, err := control.Call(h.socket, "GET", "/v1/status")
 		switch {
 		case err == nil && rep.Error == "" && rep.Status != nil && len(rep.Status.Services) == 2:
 			statusN.ok.Add(1)
@@ -202,7 +204,7 @@ func TestStatsAbandoned(t *testing.T) {
 	h.dumps()
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
-	ctl := controlClient(h.socket)
+	ctl := control.Client(h.socket)
 	// Ten waves of four of each, within the limit, each given up after
 	// 20 ms. Refused (503) is fine too: that costs nothing either.
 	var abandoned, refused atomic.Int64
@@ -251,7 +253,7 @@ func TestStatsAbandoned(t *testing.T) {
 		t.Errorf("the table was read %d times after the abandoned requests ended", n)
 	}
 	// The read they started serves the next request.
-	if rep, err := callControl(h.socket, "GET", "/v1/status"); err != nil || rep.Status == nil {
+	if rep, err := control.Call(h.socket, "GET", "/v1/status"); err != nil || rep.Status == nil {
 		t.Fatalf("status: %+v %v", rep, err)
 	}
 	if n := h.dumps(); n != 0 {
@@ -265,7 +267,7 @@ func TestStatsShowChanges(t *testing.T) {
 	h, _ := startMetricsDaemon(t, "stats_interval = \"1m\"\nresync_interval = \"1h\"\nwatch = false", 0, nil)
 	weight := func() int {
 		t.Helper()
-		rep, err := callControl(h.socket, "GET", "/v1/status")
+		rep, err := control.Call(h.socket, "GET", "/v1/status")
 		if err != nil || rep.Status == nil {
 			t.Fatalf("status: %+v %v", rep, err)
 		}
@@ -281,17 +283,17 @@ func TestStatsShowChanges(t *testing.T) {
 	if w := weight(); w != 1 {
 		t.Fatalf("weight before the drain = %d", w)
 	}
-	if rep, err := callControl(h.socket, "POST", "/v1/drain?service=web&backend=10.0.0.2:80"); err != nil || rep.Error != "" {
+	if rep, err := control.Call(h.socket, "POST", "/v1/drain?service=web&backend=10.0.0.2:80"); err != nil || rep.Error != "" {
 		t.Fatalf("drain: %+v %v", rep, err)
 	}
 	if w := weight(); w != 0 {
 		t.Errorf("status after the drain shows weight %d, want 0", w)
 	}
 	h.write(h.header("stats_interval = \"1m\"\nresync_interval = \"1h\"\nwatch = false") + strings.Replace(twoServices, `{ address = "10.0.0.2" }]`, `{ address = "10.0.0.2" }, { address = "10.0.0.5" }]`, 1))
-	if rep, err := callControl(h.socket, "POST", "/v1/reload"); err != nil || rep.Error != "" {
+	if rep, err := control.Call(h.socket, "POST", "/v1/reload"); err != nil || rep.Error != "" {
 		t.Fatalf("reload: %+v %v", rep, err)
 	}
-	rep, err := callControl(h.socket, "GET", "/v1/status")
+	rep, err := control.Call(h.socket, "GET", "/v1/status")
 	if err != nil || rep.Status == nil {
 		t.Fatalf("status: %+v %v", rep, err)
 	}
@@ -333,7 +335,7 @@ func TestReloadDuringFlood(t *testing.T) {
 					return
 				default:
 				}
-				if rep, err := callControl(h.socket, "GET", "/v1/status"); err == nil && rep.Status != nil {
+				if rep, err := control.Call(h.socket, "GET", "/v1/status"); err == nil && rep.Status != nil {
 					served.Add(1)
 				}
 			}
@@ -342,7 +344,7 @@ func TestReloadDuringFlood(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	h.write(h.header(extra) + strings.Replace(twoServices, `{ address = "10.0.0.2" }]`, `{ address = "10.0.0.2" }, { address = "10.0.0.5" }]`, 1))
 	began := time.Now()
-	rep, err := callControl(h.socket, "POST", "/v1/reload")
+	rep, err := control.Call(h.socket, "POST", "/v1/reload")
 	took := time.Since(began)
 	time.Sleep(1500 * time.Millisecond)
 	close(stop)
@@ -367,7 +369,7 @@ func TestReloadDuringFlood(t *testing.T) {
 }
 
 // testLimits are short server limits for the timeout tests.
-var testLimits = serverLimits{ReadHeaderTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 2 * time.Second,
+var testLimits = control.Limits{ReadHeaderTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 2 * time.Second,
 	IdleTimeout: 300 * time.Millisecond, MaxHeaderBytes: 4 << 10, MaxConns: 4, MaxRequests: 4}
 
 // TestServerLimits: on both servers, a client that never finishes its

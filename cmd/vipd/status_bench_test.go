@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vipd/vipd/control"
+
 	"github.com/vipd/vipd/lb/lbtest"
 	"github.com/vipd/vipd/monitor/status"
 	"github.com/vipd/vipd/test/bench"
@@ -25,7 +27,7 @@ func TestMain(m *testing.M) {
 			// The command as it was before the daemon rendered the
 			// table and before -o json indented the answer as it
 			// came: the JSON answer decoded, rendered here.
-			rep, err := callControl(os.Args[2], "GET", "/v1/status")
+			rep, err := control.Call(os.Args[2], "GET", "/v1/status")
 			if err != nil || rep.Status == nil {
 				fmt.Fprintln(os.Stderr, "status:", err, rep.Error)
 				os.Exit(1)

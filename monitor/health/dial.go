@@ -2,10 +2,11 @@ package health
 
 import (
 	"net"
+	"syscall"
 )
 
-// dialer returns a dialer for network ("tcp" or "udp") that applies o.
-func (o DialOptions) dialer(network string) *net.Dialer {
+// dialerFor returns a dialer for network ("tcp" or "udp") that applies o.
+func dialerFor(o DialOptions, network string) *net.Dialer {
 	d := &net.Dialer{KeepAlive: -1}
 	if o.Source.IsValid() {
 		ip := net.IP(o.Source.AsSlice())
@@ -16,7 +17,7 @@ func (o DialOptions) dialer(network string) *net.Dialer {
 		}
 	}
 	if o.Mark != 0 || o.Device != "" {
-		d.Control = o.control
+		d.Control = func(network, address string, c syscall.RawConn) error { return dialControl(o, network, address, c) }
 	}
 	return d
 }

@@ -14,67 +14,6 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 )
 
-// DNSOptions configure dns checks.
-type DNSOptions struct {
-	// Name is the name queried; empty means the root, ".".
-	Name string
-	// Type is the record type queried, such as "A" or "AAAA"; empty
-	// means "SOA".
-	Type string
-	// TCP queries over TCP instead of UDP.
-	TCP bool
-	// ExpectAnswer requires at least one record of Type in the answer;
-	// otherwise any NOERROR reply passes.
-	ExpectAnswer bool
-	// NoRecursion clears the recursion-desired bit, for authoritative
-	// servers that refuse recursive queries.
-	NoRecursion bool
-}
-
-var dnsTypes = map[string]dnsmessage.Type{
-	"A":     dnsmessage.TypeA,
-	"AAAA":  dnsmessage.TypeAAAA,
-	"CNAME": dnsmessage.TypeCNAME,
-	"MX":    dnsmessage.TypeMX,
-	"NS":    dnsmessage.TypeNS,
-	"PTR":   dnsmessage.TypePTR,
-	"SOA":   dnsmessage.TypeSOA,
-	"SRV":   dnsmessage.TypeSRV,
-	"TXT":   dnsmessage.TypeTXT,
-}
-
-func (o DNSOptions) withDefaults() DNSOptions {
-	if o.Name == "" {
-		o.Name = "."
-	}
-	if o.Type == "" {
-		o.Type = "SOA"
-	}
-	o.Type = strings.ToUpper(o.Type)
-	return o
-}
-
-func (o DNSOptions) validate() error {
-	var errs []error
-	if _, ok := dnsTypes[o.Type]; !ok {
-		errs = append(errs, fmt.Errorf("dns type %q is not one of A, AAAA, CNAME, MX, NS, PTR, SOA, SRV, TXT", o.Type))
-	}
-	// Packing a query checks the name's label lengths too.
-	if name, err := dnsmessage.NewName(fqdn(o.Name)); err != nil {
-		errs = append(errs, fmt.Errorf("dns name %q: %w", o.Name, err))
-	} else if _, err := (&dnsmessage.Message{Questions: []dnsmessage.Question{{Name: name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET}}}).Pack(); err != nil {
-		errs = append(errs, fmt.Errorf("dns name %q: %w", o.Name, err))
-	}
-	return errors.Join(errs...)
-}
-
-func fqdn(name string) string {
-	if strings.HasSuffix(name, ".") {
-		return name
-	}
-	return name + "."
-}
-
 // DNSCheck is up when a DNS server at its address answers a query with
 // NOERROR (and, if asked, with a record of the queried type).
 type DNSCheck struct {
@@ -86,20 +25,21 @@ type DNSCheck struct {
 
 // NewDNSCheck returns a check that queries the server at addr.
 func NewDNSCheck(addr netip.AddrPort, opts DNSOptions, dial DialOptions) (*DNSCheck, error) {
-	opts = opts.withDefaults()
-	if err := opts.validate(); err != nil {
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	name := dnsmessage.MustNewName(fqdn(opts.Name))
+	qtype, _ := dnsType(opts.Type) // Validate checked it
 	network := "udp"
 	if opts.TCP {
 		network = "tcp"
 	}
 	return &DNSCheck{
 		addr:   addr.String(),
-		q:      dnsmessage.Question{Name: name, Type: dnsTypes[opts.Type], Class: dnsmessage.ClassINET},
+		q:      dnsmessage.Question{Name: name, Type: qtype, Class: dnsmessage.ClassINET},
 		opts:   opts,
-		dialer: dial.dialer(network),
+		dialer: dialerFor(dial, network),
 	}, nil
 }
 

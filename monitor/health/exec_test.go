@@ -1,7 +1,6 @@
 package health
 
 import (
-	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -9,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vipd/vipd/config"
 )
 
 // testUser returns the user exec checks of the tests run as: nobody when
@@ -19,7 +20,7 @@ func testUser(t *testing.T) *User {
 	if os.Geteuid() != 0 {
 		return &User{Name: "current", UID: uint32(os.Geteuid()), GID: uint32(os.Getegid())}
 	}
-	u, err := LookupUser("nobody")
+	u, err := config.LookupUser("nobody")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,65 +241,5 @@ func TestExecCheckRefusesReplaceableCommand(t *testing.T) {
 				t.Fatalf("probe: %v, want an error containing %q", err, tt.err)
 			}
 		})
-	}
-}
-
-func TestParseUserSpec(t *testing.T) {
-	for _, tt := range []struct{ spec, user, group, err string }{
-		{"vipd-check", "vipd-check", "", ""},
-		{"nobody:nogroup", "nobody", "nogroup", ""},
-		{"65534:65534", "65534", "65534", ""},
-		{"svc$", "svc$", "", ""},
-		{"", "", "", "the user is empty"},
-		{"nobody:", "", "", "the group is empty"},
-		{"root", "", "", "the user is root: exec checks never run as root"},
-		{"0", "", "", "the user is root"},
-		{"000", "", "", "the user is root"},
-		{"nobody:root", "", "", "the group is root"},
-		{"nobody:0", "", "", "the group is root"},
-		{"-x", "", "", "is not a user or group name"},
-		{"a b", "", "", "is not a user or group name"},
-		{"a:b:c", "", "", "is not a user or group name"},
-	} {
-		u, g, err := ParseUserSpec(tt.spec)
-		if tt.err == "" && (err != nil || u != tt.user || g != tt.group) {
-			t.Errorf("%q: %q %q %v", tt.spec, u, g, err)
-		}
-		if tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)) {
-			t.Errorf("%q: %v, want an error containing %q", tt.spec, err, tt.err)
-		}
-	}
-}
-
-// TestLookupUser reads this host's /etc/passwd and /etc/group: Debian's,
-// where nobody is uid 65534 in group nogroup (65534) and root is uid 0.
-func TestLookupUser(t *testing.T) {
-	for _, tt := range []struct {
-		spec     string
-		uid, gid uint32
-		err      string
-	}{
-		{spec: "nobody", uid: 65534, gid: 65534},
-		{spec: "65534", uid: 65534, gid: 65534},
-		{spec: "nobody:daemon", uid: 65534, gid: 1},
-		{spec: "nobody:4242", uid: 65534, gid: 4242},
-		{spec: "4242:4243", uid: 4242, gid: 4243},
-		{spec: "4242", err: "uid 4242 has no passwd entry: name its group too (\"4242:GROUP\")"},
-		{spec: "vipd-no-such-user", err: `user "vipd-no-such-user": no such user`},
-		{spec: "nobody:vipd-no-such-group", err: `group "vipd-no-such-group": no such group`},
-		{spec: "root", err: "the user is root"},
-		{spec: "daemon:root", err: "the group is root"},
-	} {
-		u, err := LookupUser(tt.spec)
-		if tt.err == "" && (err != nil || u.UID != tt.uid || u.GID != tt.gid || u.Name != tt.spec) {
-			t.Errorf("%q: %+v %v", tt.spec, u, err)
-		}
-		if tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)) {
-			t.Errorf("%q: %v, want an error containing %q", tt.spec, err, tt.err)
-		}
-		if strings.Contains(tt.err, "no such user") && !errors.Is(err, ErrUnknownUser) ||
-			strings.Contains(tt.err, "no such group") && !errors.Is(err, ErrUnknownGroup) {
-			t.Errorf("%q: %v does not wrap the sentinel", tt.spec, err)
-		}
 	}
 }

@@ -409,7 +409,7 @@ func (c *HalfOpenCheck) dialError(err error) error {
 	if err == nil {
 		return nil
 	}
-	return c.dial.dialError(c.target, err)
+	return dialErr(c.dial, c.target, err)
 }
 
 // source returns the source address of c's SYNs: Dial.Source, or the one

@@ -22,8 +22,6 @@ package health
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"time"
 )
 
@@ -41,84 +39,6 @@ type ProberFunc func(ctx context.Context) error
 
 // Probe calls f.
 func (f ProberFunc) Probe(ctx context.Context) error { return f(ctx) }
-
-// Kind is the type of a health check.
-type Kind uint8
-
-// The kinds of health check.
-const (
-	KindTCP Kind = iota + 1
-	KindHTTP
-	KindHTTPS
-	KindUDP
-	KindDNS
-	KindExec
-)
-
-var kindNames = [...]string{
-	KindTCP:   "tcp",
-	KindHTTP:  "http",
-	KindHTTPS: "https",
-	KindUDP:   "udp",
-	KindDNS:   "dns",
-	KindExec:  "exec",
-}
-
-// String returns the kind's configuration name, such as "https".
-func (k Kind) String() string {
-	if int(k) < len(kindNames) && kindNames[k] != "" {
-		return kindNames[k]
-	}
-	return fmt.Sprintf("kind(%d)", uint8(k))
-}
-
-// ParseKind parses a check type name.
-func ParseKind(s string) (Kind, error) {
-	for k, name := range kindNames {
-		if name != "" && strings.EqualFold(s, name) {
-			return Kind(k), nil
-		}
-	}
-	return 0, fmt.Errorf("unknown check type %q (want tcp, http, https, udp, dns or exec)", s)
-}
-
-// MarshalText implements encoding.TextMarshaler.
-func (k Kind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
-
-// State is the health of a check or a backend.
-type State uint8
-
-// The states. Down is the zero value: a check starts down unless its Spec
-// says otherwise.
-const (
-	Down State = iota
-	Up
-)
-
-// String returns "up" or "down".
-func (s State) String() string {
-	switch s {
-	case Down:
-		return "down"
-	case Up:
-		return "up"
-	}
-	return fmt.Sprintf("state(%d)", uint8(s))
-}
-
-// ParseState parses "up" or "down".
-func ParseState(s string) (State, error) {
-	switch strings.ToLower(s) {
-	case "down":
-		return Down, nil
-	case "up":
-		return Up, nil
-	}
-	return 0, fmt.Errorf("unknown state %q (want up or down)", s)
-}
-
-// MarshalText implements encoding.TextMarshaler.
-func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // pollProber is a Prober that can also probe on a poller, which the
 // Manager prefers: without a goroutine of its own.

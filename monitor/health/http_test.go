@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	checkdesc "github.com/vipd/vipd/monitor/check"
 )
 
 // backendMux serves the paths the http tests probe.
@@ -71,7 +73,7 @@ func serverAddr(t *testing.T, srv *httptest.Server) netip.AddrPort {
 
 func mustRanges(t *testing.T, s string) []StatusRange {
 	t.Helper()
-	r, err := ParseStatusRanges(s)
+	r, err := checkdesc.ParseStatusRanges(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +173,7 @@ func TestHTTPSCheck(t *testing.T) {
 	// example.com.
 	ca := filepath.Join(t.TempDir(), "ca.pem")
 	pemCert := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
-	bundle, err := NewCABundle(ca, pemCert)
+	bundle, err := checkdesc.NewCABundle(ca, pemCert)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +213,7 @@ func TestHTTPSCheck(t *testing.T) {
 	if _, err := NewHTTPCheck(addr, true, HTTPOptions{CAFile: ca}, DialOptions{}); err == nil {
 		t.Error("CA file not read with the configuration accepted")
 	}
-	if _, err := NewCABundle("empty.pem", []byte("not pem")); err == nil {
+	if _, err := checkdesc.NewCABundle("empty.pem", []byte("not pem")); err == nil {
 		t.Error("CA file without certificates accepted")
 	}
 }
@@ -227,7 +229,7 @@ func TestParseStatusRanges(t *testing.T) {
 		{"2xx,4XX", "200-299,400-499"},
 	}
 	for _, tt := range tests {
-		rs, err := ParseStatusRanges(tt.in)
+		rs, err := checkdesc.ParseStatusRanges(tt.in)
 		if err != nil {
 			t.Errorf("%q: %v", tt.in, err)
 			continue
@@ -241,7 +243,7 @@ func TestParseStatusRanges(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "abc", "399-200", "99", "600", "6xx", "200-", "200,,300"} {
-		if _, err := ParseStatusRanges(bad); err == nil {
+		if _, err := checkdesc.ParseStatusRanges(bad); err == nil {
 			t.Errorf("%q parsed", bad)
 		}
 	}

@@ -81,9 +81,9 @@ func (c *HTTPCheck) start(p *poller, deadline time.Time, done func(error)) bool 
 	if c.sa.len == 0 {
 		c.sa = rawAddrOf(c.target)
 	}
-	fd, err := c.dial.connect(c.target, &c.sa)
+	fd, err := dialConnect(c.dial, c.target, &c.sa)
 	if err != nil {
-		done(c.urlError(c.dial.dialError(c.target, err)))
+		done(c.urlError(dialErr(c.dial, c.target, err)))
 		return true
 	}
 	op := &pollOp{fd: fd, deadline: p.at(deadline), handler: c, done: done}
@@ -100,7 +100,7 @@ func (c *HTTPCheck) start(p *poller, deadline time.Time, done func(error)) bool 
 			}
 		default:
 			rawClose(fd)
-			done(c.urlError(c.dial.dialError(c.target, os.NewSyscallError("connect", err))))
+			done(c.urlError(dialErr(c.dial, c.target, os.NewSyscallError("connect", err))))
 			return true
 		}
 	} else {
@@ -130,7 +130,7 @@ func (c *HTTPCheck) urlError(err error) error {
 func (c *HTTPCheck) event(op *pollOp, events uint32) (bool, error) {
 	if op.state == httpConnecting {
 		if err := connected(op.fd, events); err != nil {
-			return true, c.urlError(c.dial.dialError(c.target, err))
+			return true, c.urlError(dialErr(c.dial, c.target, err))
 		}
 		if events&unix.EPOLLOUT == 0 {
 			return false, nil
@@ -232,7 +232,7 @@ func (c *HTTPCheck) release(op *pollOp) {
 func (c *HTTPCheck) timeout(op *pollOp) error {
 	c.release(op)
 	if op.state == httpConnecting {
-		return c.urlError(c.dial.dialError(c.target, os.ErrDeadlineExceeded))
+		return c.urlError(dialErr(c.dial, c.target, os.ErrDeadlineExceeded))
 	}
 	return c.urlError(context.DeadlineExceeded)
 }

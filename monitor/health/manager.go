@@ -23,18 +23,6 @@ const (
 	DefaultSlack       = 10 * time.Millisecond
 )
 
-// Target asks for one check of one backend of one service. A backend may
-// have several targets (say a tcp and an http check): it is up when all
-// of its checks are.
-type Target struct {
-	// Service is the service's name (lb.VirtualService.Name).
-	Service string
-	// Backend is the backend's address (lb.Destination.Addr).
-	Backend netip.AddrPort
-	// Spec is the check.
-	Spec Spec
-}
-
 // Transition reports that a backend of a service changed state.
 type Transition struct {
 	Service string

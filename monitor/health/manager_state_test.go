@@ -26,7 +26,7 @@ var settingEdits = []struct {
 	{"jitter", func(s *Spec) { s.Jitter = 0.2 }, false},
 	{"initial", func(s *Spec) { s.Initial = Up }, false},
 	{"http path", func(s *Spec) { s.HTTP.Path = "/ready" }, true},
-	{"expected status", func(s *Spec) { s.HTTP.Status = []StatusRange{{200, 204}} }, true},
+	{"expected status", func(s *Spec) { s.HTTP.Status = []StatusRange{{Lo: 200, Hi: 204}} }, true},
 	{"http host", func(s *Spec) { s.HTTP.Host = "www.example.com" }, true},
 }
 

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	checkdesc "github.com/vipd/vipd/monitor/check"
+
 	"github.com/vipd/vipd/lb"
 )
 
@@ -116,7 +118,7 @@ func TestPolicyValidate(t *testing.T) {
 	if err := (Policy{Quorum: 2, Hysteresis: 1, Action: Remove}).Validate(); err != nil {
 		t.Error(err)
 	}
-	if a, err := ParseAction("Remove"); err != nil || a != Remove {
+	if a, err := checkdesc.ParseAction("Remove"); err != nil || a != Remove {
 		t.Errorf("ParseAction: %v %v", a, err)
 	}
 }

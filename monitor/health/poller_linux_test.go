@@ -397,7 +397,7 @@ func TestPollTCPCheckMarkDevice(t *testing.T) {
 		}
 	})
 	sa := rawAddrOf(up)
-	fd, err := opts.connect(up, &sa)
+	fd, err := dialConnect(opts, up, &sa)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,19 +8,21 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	checkdesc "github.com/vipd/vipd/monitor/check"
 )
 
 func TestParseKind(t *testing.T) {
 	for k := KindTCP; k <= KindExec; k++ {
-		got, err := ParseKind(strings.ToUpper(k.String()))
+		got, err := checkdesc.ParseKind(strings.ToUpper(k.String()))
 		if err != nil || got != k {
-			t.Errorf("ParseKind(%q) = %v, %v", k, got, err)
+			t.Errorf("checkdesc.ParseKind(%q) = %v, %v", k, got, err)
 		}
 	}
-	if _, err := ParseKind("icmp"); err == nil {
+	if _, err := checkdesc.ParseKind("icmp"); err == nil {
 		t.Error("icmp parsed")
 	}
-	if s, err := ParseState("UP"); err != nil || s != Up {
+	if s, err := checkdesc.ParseState("UP"); err != nil || s != Up {
 		t.Errorf("ParseState: %v %v", s, err)
 	}
 }
@@ -40,7 +42,7 @@ func TestSpecValidate(t *testing.T) {
 		{Spec{Kind: KindExec, Dial: DialOptions{Mark: 1}, Exec: ExecOptions{Command: "/bin/true"}}, "dial options do not apply to exec checks"},
 		{Spec{Kind: KindUDP, DNS: DNSOptions{Name: "x"}}, "dns options do not apply to udp checks"},
 		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Method: "GE T"}}, "http method"},
-		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Status: []StatusRange{{300, 200}}}}, "status range"},
+		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Status: []StatusRange{{Lo: 300, Hi: 200}}}}, "status range"},
 		{Spec{Kind: KindHTTPS, HTTP: HTTPOptions{BodyRegexp: "("}}, "body regexp"},
 		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Header: map[string]string{"Bad Name": "x"}}}, "header"},
 		{Spec{Kind: KindHTTP, HTTP: HTTPOptions{Header: map[string]string{"host": "x"}}}, "set by the host option"},
@@ -105,7 +107,7 @@ func TestCheckKey(t *testing.T) {
 	a := netip.MustParseAddrPort("127.0.0.1:80")
 	implicit := Spec{Kind: KindHTTP}
 	explicit := Spec{Kind: KindHTTP, Interval: DefaultInterval, Timeout: DefaultTimeout, Rise: DefaultRise, Fall: DefaultFall,
-		HTTP: HTTPOptions{Method: "GET", Path: "/", Status: []StatusRange{{200, 399}}}}
+		HTTP: HTTPOptions{Method: "GET", Path: "/", Status: []StatusRange{{Lo: 200, Hi: 399}}}}
 	if keyOnly(implicit, a) != keyOnly(explicit, a) {
 		t.Error("a spec with defaults spelled out is a different check")
 	}
@@ -231,7 +233,7 @@ func setNonDefault(t *testing.T, name string, v reflect.Value) {
 	case netip.Addr:
 		v.Set(reflect.ValueOf(netip.MustParseAddr("127.0.0.9")))
 	case []StatusRange:
-		v.Set(reflect.ValueOf([]StatusRange{{204, 204}}))
+		v.Set(reflect.ValueOf([]StatusRange{{Lo: 204, Hi: 204}}))
 	case map[string]string:
 		v.Set(reflect.ValueOf(map[string]string{"X-Check": "1"}))
 	case []string:

@@ -15,11 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const socketOptionsSupported = true
-
-// control sets the socket options of o on a probe's socket before it
+// dialControl sets the socket options of o on a probe's socket before it
 // connects.
-func (o DialOptions) control(_, _ string, c syscall.RawConn) error {
+func dialControl(o DialOptions, _, _ string, c syscall.RawConn) error {
 	var serr error
 	err := c.Control(func(fd uintptr) {
 		if o.Mark != 0 {

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vipd/vipd/config"
 )
 
 func needRoot(t *testing.T) {
@@ -29,7 +31,7 @@ func TestDialMark(t *testing.T) {
 		t.Fatalf("marked probe bound to lo: %v", err)
 	}
 	// The probe's socket carries the mark.
-	conn, err := opts.dialer("tcp").DialContext(probeCtx(t, 5*time.Second), "tcp", up.String())
+	conn, err := dialerFor(opts, "tcp").DialContext(probeCtx(t, 5*time.Second), "tcp", up.String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +81,7 @@ func TestExecCheckRunsAsUser(t *testing.T) {
 	if groups, err := os.Getgroups(); err != nil || !slices.Contains(groups, 4242) {
 		t.Fatalf("the test process's groups: %v %v, want 4242 among them", groups, err)
 	}
-	u, err := LookupUser("nobody")
+	u, err := config.LookupUser("nobody")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +186,7 @@ func TestExecCheckDiesWithVipd(t *testing.T) {
 	if os.Getenv("VIPD_TEST_EXEC_HELPER") != "" {
 		return // the helper runs TestExecHelper only
 	}
-	u, err := LookupUser("nobody")
+	u, err := config.LookupUser("nobody")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +224,7 @@ func TestExecHelper(t *testing.T) {
 	if pidFile == "" {
 		return // only as a helper
 	}
-	u, err := LookupUser("nobody")
+	u, err := config.LookupUser("nobody")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,9 +10,7 @@ import (
 	"syscall"
 )
 
-const socketOptionsSupported = false
-
-func (o DialOptions) control(_, _ string, _ syscall.RawConn) error {
+func dialControl(_ DialOptions, _, _ string, _ syscall.RawConn) error {
 	return errors.New("socket marks and devices need Linux")
 }
 

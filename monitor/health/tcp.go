@@ -29,7 +29,7 @@ type TCPCheck struct {
 
 // NewTCPCheck returns a check that connects to addr.
 func NewTCPCheck(addr netip.AddrPort, dial DialOptions) *TCPCheck {
-	return &TCPCheck{target: addr, dial: dial, addr: addr.String(), dialer: dial.dialer("tcp")}
+	return &TCPCheck{target: addr, dial: dial, addr: addr.String(), dialer: dialerFor(dial, "tcp")}
 }
 
 // Probe connects and closes the connection.

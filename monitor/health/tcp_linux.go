@@ -27,7 +27,7 @@ func (c *TCPCheck) start(p *poller, deadline time.Time, done func(error)) bool {
 	if c.sa.len == 0 {
 		c.sa = rawAddrOf(c.target)
 	}
-	fd, err := c.dial.connect(c.target, &c.sa)
+	fd, err := dialConnect(c.dial, c.target, &c.sa)
 	if err != nil {
 		done(c.dialError(err))
 		return true
@@ -73,11 +73,11 @@ func (c *TCPCheck) dialError(err error) error {
 	if err == nil {
 		return nil
 	}
-	return c.dial.dialError(c.target, err)
+	return dialErr(c.dial, c.target, err)
 }
 
 // dialError wraps err in a net.OpError for a dial of target.
-func (o DialOptions) dialError(target netip.AddrPort, err error) error {
+func dialErr(o DialOptions, target netip.AddrPort, err error) error {
 	e := &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(target), Err: err}
 	if o.Source.IsValid() {
 		e.Source = net.TCPAddrFromAddrPort(netip.AddrPortFrom(o.Source, 0))
@@ -109,12 +109,12 @@ func connected(fd int, events uint32) error {
 // connect opens a non-blocking TCP socket with o's options, closing with
 // a reset, and starts connecting it to target. It returns the socket,
 // whose connect may be under way still.
-func (o DialOptions) connect(target netip.AddrPort, sa *rawAddr) (int, error) {
+func dialConnect(o DialOptions, target netip.AddrPort, sa *rawAddr) (int, error) {
 	fd, err := rawSocket(sa.family())
 	if err != nil {
 		return -1, os.NewSyscallError("socket", err)
 	}
-	if err := o.prepare(fd, target); err != nil {
+	if err := dialPrepare(o, fd, target); err != nil {
 		rawClose(fd)
 		return -1, err
 	}
@@ -127,7 +127,7 @@ func (o DialOptions) connect(target netip.AddrPort, sa *rawAddr) (int, error) {
 
 // prepare sets the options of fd, a socket to connect to
 // target: a reset on close, o's mark and device, and o's source address.
-func (o DialOptions) prepare(fd int, target netip.AddrPort) error {
+func dialPrepare(o DialOptions, fd int, target netip.AddrPort) error {
 	if err := rawResetOnClose(fd); err != nil {
 		return os.NewSyscallError("setsockopt", err)
 	}

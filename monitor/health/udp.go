@@ -14,14 +14,6 @@ import (
 // maxReply is the largest reply a udp or dns probe reads over UDP.
 const maxReply = 4096
 
-// UDPOptions configure udp checks.
-type UDPOptions struct {
-	// Payload is the datagram sent; it may be empty.
-	Payload []byte
-	// Expect, when set, must occur in the reply.
-	Expect []byte
-}
-
 // UDPCheck is up when a datagram sent to its address is answered. An
 // ICMP port-unreachable reply (a closed port) fails at once; silence
 // fails at the timeout, so only services that answer the payload can be
@@ -34,7 +26,7 @@ type UDPCheck struct {
 
 // NewUDPCheck returns a check that sends opts.Payload to addr.
 func NewUDPCheck(addr netip.AddrPort, opts UDPOptions, dial DialOptions) *UDPCheck {
-	return &UDPCheck{addr: addr.String(), opts: opts, dialer: dial.dialer("udp")}
+	return &UDPCheck{addr: addr.String(), opts: opts, dialer: dialerFor(dial, "udp")}
 }
 
 // Probe sends the payload and waits for one reply.

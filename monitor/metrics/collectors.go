@@ -5,87 +5,67 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/vipd/vipd/kernel/arp"
 	"github.com/vipd/vipd/monitor/health"
 	"github.com/vipd/vipd/monitor/status"
 )
 
 // statusCollector exports the services and backends of a status snapshot
-// taken at each scrape.
+// taken at each scrape, as statusMetrics describes them.
 type statusCollector struct {
 	snapshot func() (*status.Snapshot, error)
 	log      *slog.Logger
 	errors   prometheus.Counter
-
-	serviceState, serviceConns, servicePackets, serviceBytes         *prometheus.Desc
-	backendConns, backendPackets, backendBytes                       *prometheus.Desc
-	backendActive, backendInactive, backendWeight, backendConfWeight *prometheus.Desc
-	backendUp, foreign, taken                                        *prometheus.Desc
-}
-
-// statusHelp is the help of each family of the status metrics, which
-// the collector and the text writer (statustext.go) share.
-var statusHelp = map[string]string{
-	"vipd_backend_active_connections":   "Active (established) connections to a backend.",
-	"vipd_backend_bytes_total":          "Bytes of a backend, by direction: in from clients, out to them.",
-	"vipd_backend_configured_weight":    "A backend's configured weight; absent when only the kernel has it (draining after removal, say).",
-	"vipd_backend_connections_total":    "Connections the kernel scheduled to a backend.",
-	"vipd_backend_inactive_connections": "Inactive connections to a backend: closing, or UDP flows.",
-	"vipd_backend_packets_total":        "Packets of a backend, by direction: in from clients, out to them.",
-	"vipd_backend_up":                   "1 when a configured backend passes its health checks or has none, 0 when it fails them.",
-	"vipd_backend_weight":               "A backend's weight in the kernel; absent when the kernel lacks it.",
-	"vipd_foreign_services":             "IPVS services vipd does not own.",
-	"vipd_service_bytes_total":          "Bytes of a service, by direction: in from clients, out to them.",
-	"vipd_service_connections_total":    "Connections the kernel scheduled for a service.",
-	"vipd_service_packets_total":        "Packets of a service, by direction: in from clients, out to them.",
-	"vipd_service_state":                "State of a service: 1 for its current state (ok, degraded, down, missing in the kernel), 0 for the others.",
-	"vipd_status_errors_total":          "Scrapes that could not read the status of vipd's services, and so lack their metrics.",
-	"vipd_status_timestamp_seconds":     "When the status behind the service and backend metrics was taken, as a Unix time; vipd takes it again at most once per stats_interval.",
+	// descs holds the Desc of each of statusMetrics, by index; nil for
+	// the error counter.
+	descs []*prometheus.Desc
+	// up, state, foreign and taken are the descs of the families that
+	// are one of a kind.
+	up, state, foreign, taken *prometheus.Desc
 }
 
 var serviceStates = []status.State{status.OK, status.Degraded, status.Down, status.Missing}
 
 func newStatusCollector(snapshot func() (*status.Snapshot, error), log *slog.Logger) *statusCollector {
-	svc := []string{"service", "vip"}
-	be := []string{"service", "vip", "backend"}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	with := func(l []string, extra string) []string { return append(append([]string(nil), l...), extra) }
-	return &statusCollector{
+	c := &statusCollector{
 		snapshot: snapshot,
 		log:      log,
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "vipd_status_errors_total",
-			Help: statusHelp["vipd_status_errors_total"],
+			Name: statusErrors,
+			Help: statusHelp[statusErrors],
 		}),
-		serviceState:      prometheus.NewDesc("vipd_service_state", statusHelp["vipd_service_state"], with(svc, "state"), nil),
-		serviceConns:      prometheus.NewDesc("vipd_service_connections_total", statusHelp["vipd_service_connections_total"], svc, nil),
-		servicePackets:    prometheus.NewDesc("vipd_service_packets_total", statusHelp["vipd_service_packets_total"], with(svc, "direction"), nil),
-		serviceBytes:      prometheus.NewDesc("vipd_service_bytes_total", statusHelp["vipd_service_bytes_total"], with(svc, "direction"), nil),
-		backendConns:      prometheus.NewDesc("vipd_backend_connections_total", statusHelp["vipd_backend_connections_total"], be, nil),
-		backendPackets:    prometheus.NewDesc("vipd_backend_packets_total", statusHelp["vipd_backend_packets_total"], with(be, "direction"), nil),
-		backendBytes:      prometheus.NewDesc("vipd_backend_bytes_total", statusHelp["vipd_backend_bytes_total"], with(be, "direction"), nil),
-		backendActive:     prometheus.NewDesc("vipd_backend_active_connections", statusHelp["vipd_backend_active_connections"], be, nil),
-		backendInactive:   prometheus.NewDesc("vipd_backend_inactive_connections", statusHelp["vipd_backend_inactive_connections"], be, nil),
-		backendWeight:     prometheus.NewDesc("vipd_backend_weight", statusHelp["vipd_backend_weight"], be, nil),
-		backendConfWeight: prometheus.NewDesc("vipd_backend_configured_weight", statusHelp["vipd_backend_configured_weight"], be, nil),
-		backendUp:         prometheus.NewDesc("vipd_backend_up", statusHelp["vipd_backend_up"], []string{"service", "backend"}, nil),
-		foreign:           prometheus.NewDesc("vipd_foreign_services", statusHelp["vipd_foreign_services"], nil, nil),
-		taken:             prometheus.NewDesc("vipd_status_timestamp_seconds", statusHelp["vipd_status_timestamp_seconds"], nil, nil),
+		descs: make([]*prometheus.Desc, len(statusMetrics)),
 	}
+	for i := range statusMetrics {
+		m := &statusMetrics[i]
+		if m.name == statusErrors {
+			continue
+		}
+		d := prometheus.NewDesc(m.name, m.help, m.labels(), nil)
+		c.descs[i] = d
+		switch {
+		case m.scope == backendUp:
+			c.up = d
+		case m.scope == serviceState:
+			c.state = d
+		case m.name == "vipd_foreign_services":
+			c.foreign = d
+		case m.name == "vipd_status_timestamp_seconds":
+			c.taken = d
+		}
+	}
+	return c
 }
 
 // Describe implements prometheus.Collector.
 func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.errors.Describe(ch)
-	for _, d := range []*prometheus.Desc{
-		c.serviceState, c.serviceConns, c.servicePackets, c.serviceBytes,
-		c.backendConns, c.backendPackets, c.backendBytes,
-		c.backendActive, c.backendInactive, c.backendWeight, c.backendConfWeight,
-		c.backendUp, c.foreign, c.taken,
-	} {
-		ch <- d
+	for _, d := range c.descs {
+		if d != nil {
+			ch <- d
+		}
 	}
 }
 
@@ -101,11 +81,8 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	if snap == nil {
 		return
 	}
-	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
-	}
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	sample := func(i int, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(c.descs[i], statusMetrics[i].typ, v, labels...)
 	}
 	ch <- prometheus.MustNewConstMetric(c.foreign, prometheus.GaugeValue, float64(snap.Foreign))
 	ch <- prometheus.MustNewConstMetric(c.taken, prometheus.GaugeValue, unix(snap.Time))
@@ -115,36 +92,41 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	for i := range snap.Services {
 		s := &snap.Services[i]
 		for _, st := range serviceStates {
-			gauge(c.serviceState, b2f(s.State == st), s.Name, s.Key, string(st))
+			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, b2f(s.State == st), s.Name, s.Key, string(st))
 		}
-		if s.State != status.Missing {
-			counter(c.serviceConns, s.Stats.Conns, s.Name, s.Key)
-			counter(c.servicePackets, s.Stats.InPackets, s.Name, s.Key, "in")
-			counter(c.servicePackets, s.Stats.OutPackets, s.Name, s.Key, "out")
-			counter(c.serviceBytes, s.Stats.InBytes, s.Name, s.Key, "in")
-			counter(c.serviceBytes, s.Stats.OutBytes, s.Name, s.Key, "out")
+		for k := range statusMetrics {
+			m := &statusMetrics[k]
+			if m.scope != perService || !m.service(s) {
+				continue
+			}
+			if m.serviceIn != nil {
+				sample(k, float64(m.serviceIn(s)), s.Name, s.Key, "in")
+				sample(k, float64(m.serviceOut(s)), s.Name, s.Key, "out")
+			} else {
+				sample(k, m.serviceValue(s), s.Name, s.Key)
+			}
 		}
 		for j := range s.Backends {
 			b := &s.Backends[j]
 			addr := b.Address.String()
 			if b.Configured {
-				gauge(c.backendConfWeight, float64(b.ConfiguredWeight), s.Name, s.Key, addr)
 				if k := [2]string{s.Name, addr}; !up[k] {
 					up[k] = true
-					gauge(c.backendUp, b2f(b.Health == nil || b.Health.State != "down"), s.Name, addr)
+					ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, b2f(b.Health == nil || b.Health.State != "down"), s.Name, addr)
 				}
 			}
-			if !b.InKernel {
-				continue
+			for k := range statusMetrics {
+				m := &statusMetrics[k]
+				if m.scope != perBackend || !m.backend(b) {
+					continue
+				}
+				if m.backendIn != nil {
+					sample(k, float64(m.backendIn(b)), s.Name, s.Key, addr, "in")
+					sample(k, float64(m.backendOut(b)), s.Name, s.Key, addr, "out")
+				} else {
+					sample(k, m.backendValue(b), s.Name, s.Key, addr)
+				}
 			}
-			gauge(c.backendWeight, float64(b.Weight), s.Name, s.Key, addr)
-			gauge(c.backendActive, float64(b.ActiveConns), s.Name, s.Key, addr)
-			gauge(c.backendInactive, float64(b.InactiveConns), s.Name, s.Key, addr)
-			counter(c.backendConns, b.Stats.Conns, s.Name, s.Key, addr)
-			counter(c.backendPackets, b.Stats.InPackets, s.Name, s.Key, addr, "in")
-			counter(c.backendPackets, b.Stats.OutPackets, s.Name, s.Key, addr, "out")
-			counter(c.backendBytes, b.Stats.InBytes, s.Name, s.Key, addr, "in")
-			counter(c.backendBytes, b.Stats.OutBytes, s.Name, s.Key, addr, "out")
 		}
 	}
 }
@@ -165,8 +147,21 @@ var (
 		"ARP and neighbour discovery packets for VIPs that could not be sent.", nil, nil)
 )
 
+// AnnouncerStats are the announcer's packet counts, as plain numbers: the
+// agent copies them from the announcer (kernel/arp's Stats), so that
+// metrics needs no kernel adapter.
+type AnnouncerStats struct {
+	// Announcements counts gratuitous ARP packets and unsolicited
+	// neighbour advertisements.
+	Announcements uint64
+	// Replies counts ARP replies and solicited neighbour advertisements.
+	Replies uint64
+	// Errors counts packets that could not be sent.
+	Errors uint64
+}
+
 // announcerCollector exports the announcer's counts, read at each scrape.
-type announcerCollector func() arp.Stats
+type announcerCollector func() AnnouncerStats
 
 // Describe implements prometheus.Collector.
 func (c announcerCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/kernel/arp"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/monitor/health"
 )
@@ -22,7 +21,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 	m := New(Options{
 		Version:   "test",
 		Status:    fixed(fakeStatus()),
-		Announcer: func() arp.Stats { return arp.Stats{} },
+		Announcer: func() AnnouncerStats { return AnnouncerStats{} },
 		Health:    func() health.Stats { return health.Stats{} },
 		Logger:    discard(),
 		Now:       func() time.Time { return time.Unix(0, 0) },

@@ -30,7 +30,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/vipd/vipd/kernel/arp"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/monitor/health"
 	"github.com/vipd/vipd/monitor/status"
@@ -48,9 +47,9 @@ type Options struct {
 	// nothing; an error counts in vipd_status_errors_total and leaves the
 	// scrape without those metrics.
 	Status func() (*status.Snapshot, error)
-	// Announcer returns the announcer's packet counts (arp.Announcer's
-	// Stats) on every scrape; nil exports none.
-	Announcer func() arp.Stats
+	// Announcer returns the announcer's packet counts on every scrape;
+	// nil exports none.
+	Announcer func() AnnouncerStats
 	// Health returns the health checker's counters (health.Manager's
 	// Stats) on every scrape; nil exports none.
 	Health func() health.Stats

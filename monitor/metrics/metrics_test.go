@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/vipd/vipd/kernel/arp"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/monitor/health"
 	"github.com/vipd/vipd/monitor/status"
@@ -208,8 +207,8 @@ vipd_status_errors_total 1
 }
 
 func TestAnnouncerCollector(t *testing.T) {
-	stats := arp.Stats{Announcements: 12, Replies: 340, Errors: 1}
-	c := announcerCollector(func() arp.Stats { return stats })
+	stats := AnnouncerStats{Announcements: 12, Replies: 340, Errors: 1}
+	c := announcerCollector(func() AnnouncerStats { return stats })
 	want := `
 # HELP vipd_arp_replies_sent_total ARP replies and solicited IPv6 neighbour advertisements sent for VIPs.
 # TYPE vipd_arp_replies_sent_total counter
@@ -285,7 +284,7 @@ func newTest() *Metrics {
 	return New(Options{
 		Version:   "1.2.3",
 		Status:    fixed(fakeStatus()),
-		Announcer: func() arp.Stats { return arp.Stats{Announcements: 3} },
+		Announcer: func() AnnouncerStats { return AnnouncerStats{Announcements: 3} },
 		Health:    func() health.Stats { return health.Stats{Checks: 1} },
 		Now:       func() time.Time { return now },
 		NoRuntime: true,
@@ -296,7 +295,7 @@ func TestLint(t *testing.T) {
 	m := New(Options{
 		Version:   "1.2.3",
 		Status:    fixed(fakeStatus()),
-		Announcer: func() arp.Stats { return arp.Stats{Announcements: 3} },
+		Announcer: func() AnnouncerStats { return AnnouncerStats{Announcements: 3} },
 		Health:    func() health.Stats { return health.Stats{Checks: 1} },
 		Now:       func() time.Time { return now },
 	})
@@ -313,7 +312,7 @@ func TestLint(t *testing.T) {
 		"reload failures": m.reloadFailures, "stale": m.stale, "transitions": m.transitions, "drift": m.drift,
 		"rejected": m.rejected, "watch up": m.watchUp, "watch failures": m.watchFailures,
 		"status":    newStatusCollector(fixed(fakeStatus()), nil),
-		"announcer": announcerCollector(func() arp.Stats { return arp.Stats{} }),
+		"announcer": announcerCollector(func() AnnouncerStats { return AnnouncerStats{} }),
 		"health":    healthCollector(func() health.Stats { return health.Stats{} }),
 	} {
 		lint(t, name, c)

@@ -27,12 +27,12 @@ type textFamily struct {
 // const metrics, gathering and encoding them takes many seconds and
 // gigabytes of allocations.
 func statusFamilies(snap *status.Snapshot, errors float64) []textFamily {
-	out := []textFamily{{"vipd_status_errors_total", func(w *textWriter) {
-		w.header("vipd_status_errors_total", "counter")
-		w.sample("vipd_status_errors_total", errors)
-	}}}
+	errorsFamily := textFamily{statusErrors, func(w *textWriter) {
+		w.header(statusErrors, "counter")
+		w.sample(statusErrors, errors)
+	}}
 	if snap == nil {
-		return out
+		return []textFamily{errorsFamily}
 	}
 
 	// Backends by (backend, service, vip), services by (service, vip):
@@ -62,35 +62,36 @@ func statusFamilies(snap *status.Snapshot, errors float64) []textFamily {
 	nameGroups := runs(len(svcs), func(i, j int) bool { return svcs[i].Name == svcs[j].Name })
 
 	// backendFamily writes a family labelled backend, service, vip with
-	// a sample for each backend keep accepts.
-	backendFamily := func(name, typ string, keep func(*status.Backend) bool, v func(*status.Backend) float64) textFamily {
-		return textFamily{name, func(w *textWriter) {
+	// a sample for each backend m keeps.
+	backendFamily := func(m *statusMetric) textFamily {
+		return textFamily{m.name, func(w *textWriter) {
 			first := true
 			for _, r := range bes {
-				if !keep(r.b) {
+				if !m.backend(r.b) {
 					continue
 				}
 				if first {
-					w.header(name, typ)
+					w.header(m.name, m.typeName())
 					first = false
 				}
-				w.sample(name, v(r.b), "backend", r.addr, "service", r.s.Name, "vip", r.s.Key)
+				w.sample(m.name, m.backendValue(r.b), "backend", r.addr, "service", r.s.Name, "vip", r.s.Key)
 			}
 		}}
 	}
-	// backendDirFamily writes a counter labelled backend, direction,
-	// service, vip for the backends in the kernel.
-	backendDirFamily := func(name string, in, out func(*status.Backend) uint64) textFamily {
+	// backendDirFamily writes a family labelled backend, direction,
+	// service, vip for the backends m keeps.
+	backendDirFamily := func(m *statusMetric) textFamily {
+		name, in, out := m.name, m.backendIn, m.backendOut
 		return textFamily{name, func(w *textWriter) {
 			first := true
 			for _, g := range addrGroups {
 				for _, dir := range [...]string{"in", "out"} {
 					for _, r := range bes[g[0]:g[1]] {
-						if !r.b.InKernel {
+						if !m.backend(r.b) {
 							continue
 						}
 						if first {
-							w.header(name, "counter")
+							w.header(name, m.typeName())
 							first = false
 						}
 						v := in(r.b)
@@ -103,18 +104,19 @@ func statusFamilies(snap *status.Snapshot, errors float64) []textFamily {
 			}
 		}}
 	}
-	inKernel := func(b *status.Backend) bool { return b.InKernel }
-	present := func(s *status.Service) bool { return s.State != status.Missing }
-	serviceDirFamily := func(name string, in, out func(*status.Service) uint64) textFamily {
+	// serviceDirFamily writes a family labelled direction, service, vip
+	// for the services m keeps.
+	serviceDirFamily := func(m *statusMetric) textFamily {
+		name, in, out := m.name, m.serviceIn, m.serviceOut
 		return textFamily{name, func(w *textWriter) {
 			first := true
 			for _, dir := range [...]string{"in", "out"} {
 				for _, s := range svcs {
-					if !present(s) {
+					if !m.service(s) {
 						continue
 					}
 					if first {
-						w.header(name, "counter")
+						w.header(name, m.typeName())
 						first = false
 					}
 					v := in(s)
@@ -143,69 +145,81 @@ func statusFamilies(snap *status.Snapshot, errors float64) []textFamily {
 	}
 	states := slices.Sorted(slices.Values(serviceStates))
 
-	out = append(out,
-		backendFamily("vipd_backend_active_connections", "gauge", inKernel, func(b *status.Backend) float64 { return float64(b.ActiveConns) }),
-		backendDirFamily("vipd_backend_bytes_total", func(b *status.Backend) uint64 { return b.Stats.InBytes }, func(b *status.Backend) uint64 { return b.Stats.OutBytes }),
-		backendFamily("vipd_backend_configured_weight", "gauge", func(b *status.Backend) bool { return b.Configured }, func(b *status.Backend) float64 { return float64(b.ConfiguredWeight) }),
-		backendFamily("vipd_backend_connections_total", "counter", inKernel, func(b *status.Backend) float64 { return float64(b.Stats.Conns) }),
-		backendFamily("vipd_backend_inactive_connections", "gauge", inKernel, func(b *status.Backend) float64 { return float64(b.InactiveConns) }),
-		backendDirFamily("vipd_backend_packets_total", func(b *status.Backend) uint64 { return b.Stats.InPackets }, func(b *status.Backend) uint64 { return b.Stats.OutPackets }),
-		textFamily{"vipd_backend_up", func(w *textWriter) {
-			first := true
-			for _, g := range addrGroups {
-				// Within an address, by service name, each name once.
-				last := ""
-				for i, r := range bes[g[0]:g[1]] {
-					v, ok := up[upKey{r.s.Name, r.addr}]
-					if !ok || (i > 0 && r.s.Name == last) {
+	out := make([]textFamily, 0, len(statusMetrics))
+	for i := range statusMetrics {
+		m := &statusMetrics[i]
+		var f textFamily
+		switch {
+		case m.name == statusErrors:
+			f = errorsFamily
+		case m.scope == perBackend && m.backendIn != nil:
+			f = backendDirFamily(m)
+		case m.scope == perBackend:
+			f = backendFamily(m)
+		case m.scope == perService && m.serviceIn != nil:
+			f = serviceDirFamily(m)
+		case m.scope == perService:
+			f = textFamily{m.name, func(w *textWriter) {
+				first := true
+				for _, s := range svcs {
+					if !m.service(s) {
 						continue
 					}
-					last = r.s.Name
 					if first {
-						w.header("vipd_backend_up", "gauge")
+						w.header(m.name, m.typeName())
 						first = false
 					}
-					w.sample("vipd_backend_up", v, "backend", r.addr, "service", r.s.Name)
+					w.sample(m.name, m.serviceValue(s), "service", s.Name, "vip", s.Key)
 				}
-			}
-		}},
-		backendFamily("vipd_backend_weight", "gauge", inKernel, func(b *status.Backend) float64 { return float64(b.Weight) }),
-		textFamily{"vipd_foreign_services", func(w *textWriter) {
-			w.header("vipd_foreign_services", "gauge")
-			w.sample("vipd_foreign_services", float64(snap.Foreign))
-		}},
-		serviceDirFamily("vipd_service_bytes_total", func(s *status.Service) uint64 { return s.Stats.InBytes }, func(s *status.Service) uint64 { return s.Stats.OutBytes }),
-		textFamily{"vipd_service_connections_total", func(w *textWriter) {
-			first := true
-			for _, s := range svcs {
-				if !present(s) {
-					continue
-				}
-				if first {
-					w.header("vipd_service_connections_total", "counter")
-					first = false
-				}
-				w.sample("vipd_service_connections_total", float64(s.Stats.Conns), "service", s.Name, "vip", s.Key)
-			}
-		}},
-		serviceDirFamily("vipd_service_packets_total", func(s *status.Service) uint64 { return s.Stats.InPackets }, func(s *status.Service) uint64 { return s.Stats.OutPackets }),
-		textFamily{"vipd_service_state", func(w *textWriter) {
-			for i, g := range nameGroups {
-				if i == 0 {
-					w.header("vipd_service_state", "gauge")
-				}
-				for _, st := range states {
-					for _, s := range svcs[g[0]:g[1]] {
-						w.sample("vipd_service_state", b2f(s.State == st), "service", s.Name, "state", string(st), "vip", s.Key)
+			}}
+		case m.scope == backendUp:
+			f = textFamily{m.name, func(w *textWriter) {
+				first := true
+				for _, g := range addrGroups {
+					// Within an address, by service name, each name once.
+					last := ""
+					for i, r := range bes[g[0]:g[1]] {
+						v, ok := up[upKey{r.s.Name, r.addr}]
+						if !ok || (i > 0 && r.s.Name == last) {
+							continue
+						}
+						last = r.s.Name
+						if first {
+							w.header(m.name, m.typeName())
+							first = false
+						}
+						w.sample(m.name, v, "backend", r.addr, "service", r.s.Name)
 					}
 				}
-			}
-		}},
-		textFamily{"vipd_status_timestamp_seconds", func(w *textWriter) {
-			w.header("vipd_status_timestamp_seconds", "gauge")
-			w.sample("vipd_status_timestamp_seconds", unix(snap.Time))
-		}},
-	)
+			}}
+		case m.name == "vipd_foreign_services":
+			f = textFamily{m.name, func(w *textWriter) {
+				w.header(m.name, m.typeName())
+				w.sample(m.name, float64(snap.Foreign))
+			}}
+		case m.scope == serviceState:
+			f = textFamily{m.name, func(w *textWriter) {
+				for i, g := range nameGroups {
+					if i == 0 {
+						w.header(m.name, m.typeName())
+					}
+					for _, st := range states {
+						for _, s := range svcs[g[0]:g[1]] {
+							w.sample(m.name, b2f(s.State == st), "service", s.Name, "state", string(st), "vip", s.Key)
+						}
+					}
+				}
+			}}
+		case m.name == "vipd_status_timestamp_seconds":
+			f = textFamily{m.name, func(w *textWriter) {
+				w.header(m.name, m.typeName())
+				w.sample(m.name, unix(snap.Time))
+			}}
+		default:
+			panic("metrics: no text writer for status metric " + m.name)
+		}
+		out = append(out, f)
+	}
 	slices.SortFunc(out, func(x, y textFamily) int { return strings.Compare(x.name, y.name) })
 	return out
 }

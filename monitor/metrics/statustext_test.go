@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/kernel/arp"
 	"github.com/vipd/vipd/monitor/health"
 	"github.com/vipd/vipd/monitor/status"
 )
@@ -112,7 +111,7 @@ func TestStatusTextMatchesRegistry(t *testing.T) {
 			m := New(Options{
 				Version:   "1.2.3",
 				Status:    fixed(snap),
-				Announcer: func() arp.Stats { return arp.Stats{Announcements: 3} },
+				Announcer: func() AnnouncerStats { return AnnouncerStats{Announcements: 3} },
 				Health:    func() health.Stats { return health.Stats{Checks: 1} },
 				Now:       func() time.Time { return now },
 				NoRuntime: true,

@@ -1,4 +1,4 @@
-package health
+package check
 
 import (
 	"crypto/sha256"
@@ -15,11 +15,14 @@ type CABundle struct {
 	// File is the file the bundle was read from, for messages.
 	File string
 	// Sum is the SHA-256 of the file's content: checks of a file whose
-	// content changed ask another question (see keyOf).
+	// content changed ask another question (see monitor/health's keyOf).
 	Sum [sha256.Size]byte
 
 	pool *x509.CertPool
 }
+
+// Pool returns the bundle's certificates.
+func (b *CABundle) Pool() *x509.CertPool { return b.pool }
 
 // NewCABundle parses data, the content of file, as PEM certificates. It
 // refuses data that holds no certificate.
