@@ -17,6 +17,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/vipd/vipd/config"
@@ -341,6 +342,13 @@ func (a *Agent) loop(ctx context.Context, l started) error {
 	if a.opts.WatchLinks != nil && (a.ha != nil || a.bgp != nil) {
 		links = a.opts.WatchLinks(ctx)
 	}
+	// A resync reads the sysctls and rules (iptables-save, its slowest
+	// part) beside the loop, which meanwhile goes on with health
+	// verdicts and requests; the pass that follows trusts the read.
+	fresh := make(chan freshRead, 1)
+	reading := false
+	var readers sync.WaitGroup
+	defer readers.Wait()
 	log.Info("ready", "watch", a.cfg.Daemon.Watch, "control_socket", a.cfg.Daemon.ControlSocket)
 	a.notify(a.n.Ready(a.status("serving")))
 	for {
@@ -382,10 +390,31 @@ func (a *Agent) loop(ctx context.Context, l started) error {
 		case <-resync.C:
 			// Sysctls and rules are re-read only here: other passes
 			// trust what vipd last wrote, which keeps reloads cheap.
-			a.r.Refresh()
+			if !reading {
+				reading = true
+				readers.Go(func() {
+					f, err := a.r.ReadFresh()
+					fresh <- freshRead{f: f, err: err}
+				})
+			}
+		case fr := <-fresh:
+			reading = false
+			if fr.err != nil || !a.r.UseFresh(fr.f) {
+				// The read failed, or a pass wrote sysctls or rules
+				// meanwhile: the pass reads them itself, and reports
+				// what fails.
+				a.r.Refresh()
+			}
 			a.remember(a.reconcile(ctx, "resync", a.effective(a.cfg)))
 		}
 	}
+}
+
+// freshRead is the outcome of a resync's read of sysctls and rules (see
+// lb.Reconciler.ReadFresh).
+type freshRead struct {
+	f   *lb.Fresh
+	err error
 }
 
 // setup makes the agent's parts for the configuration cfg, the admin
