@@ -17,6 +17,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/vipd/vipd/config"
@@ -189,8 +190,46 @@ const defaultMemoryLimit = 112 << 20
 // resync_interval. It then stops as on_stop says.
 func (a *Agent) Run(ctx context.Context) error {
 	defer close(a.done)
+	l, cleanup, err := a.start(ctx)
+	defer cleanup()
+	if err != nil {
+		return err
+	}
+	return a.loop(ctx, l)
+}
+
+// started is what the start hands the main loop: the channels it
+// selects on besides its own tickers.
+type started struct {
+	// w watches the configuration's files.
+	w *watch
+	// sourceErrs receives the error that ends a source.
+	sourceErrs <-chan error
+	// roles is signalled on every change of role ([ha]), or nil.
+	roles <-chan struct{}
+}
+
+// cleanups is a stack of the start's cleanups, which run last first.
+type cleanups []func()
+
+func (c *cleanups) push(f func()) { *c = append(*c, f) }
+
+func (c *cleanups) run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+}
+
+// start loads the configuration, takes the locks, opens the kernel, the
+// sources, health checking, high availability and BGP, runs the first
+// pass and starts the servers, the watch and the sources. cleanup, never
+// nil, undoes whatever the start did, last first, whether it failed or
+// not; the caller runs it when the agent ends.
+func (a *Agent) start(ctx context.Context) (l started, cleanup func(), err error) {
+	var c cleanups
+	cleanup = c.run
 	if a.opts.OpenKernel == nil {
-		return errors.New("agent: no kernel (Options.OpenKernel)")
+		return l, cleanup, errors.New("agent: no kernel (Options.OpenKernel)")
 	}
 	log := a.log
 	if os.Getenv("GOMEMLIMIT") == "" {
@@ -198,89 +237,66 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	cfg, err := config.Load(a.opts.Path)
 	if err != nil {
-		return err
+		return l, cleanup, err
 	}
 	if err := canRunChecks(cfg); err != nil {
-		return err
+		return l, cleanup, err
 	}
 	// Nothing is touched before this vipd holds its locks and has read
 	// its state: a second vipd, or a corrupt state file, ends the start
 	// with the kernel and the files as they were.
 	unlock, err := lockDaemon(cfg, a.opts.KernelLock)
 	if err != nil {
-		return err
+		return l, cleanup, err
 	}
-	defer unlock()
+	c.push(unlock)
 	drained, err := loadState(cfg)
 	if err != nil {
-		return err
+		return l, cleanup, err
 	}
 	if a.opts.OpenSources != nil {
 		srcs, err := a.opts.OpenSources(cfg, log)
 		if err != nil {
-			return fmt.Errorf("%s: %w", cfg.File, err)
+			return l, cleanup, fmt.Errorf("%s: %w", cfg.File, err)
 		}
 		a.opts.Sources = append(slices.Clone(a.opts.Sources), srcs...)
 	}
 	k, closeKernel, err := a.opts.OpenKernel(cfg, log)
 	if err != nil {
-		return err
+		return l, cleanup, err
 	}
-	defer closeKernel()
+	c.push(closeKernel)
 	if err := a.openHA(cfg); err != nil {
-		return err
+		return l, cleanup, err
 	}
-	if a.ha != nil && k.Announcer != nil {
-		// The node starts as a backup: nothing on the wire until the
-		// elector says otherwise.
-		a.ha.gate = newRoleGate(k.Announcer)
-		if _, err := a.ha.gate.setRole(false); err != nil {
-			return fmt.Errorf("high availability: withdraw announcements: %w", err)
-		}
-		k.Announcer = a.ha.gate
+	if err := a.gateHA(&k); err != nil {
+		return l, cleanup, err
 	}
 	a.setup(ctx, cfg, drained, k)
 	if err := a.refuseHostVIPs(cfg, cfg.Spec.Services); err != nil {
-		return err
+		return l, cleanup, err
 	}
 	a.check(cfg)
 	hctx, stopHealth := context.WithCancel(ctx)
-	defer stopHealth()
+	c.push(stopHealth)
 	go a.hm.Run(hctx)
-	var roles <-chan struct{}
-	if a.ha != nil {
-		if err := a.startSync(k); err != nil {
-			return err
-		}
-		roles = a.ha.changed
-		// The election outlives ctx: a stopping node resigns through it
-		// (see resign) before it ends.
-		ectx, stopElector := context.WithCancel(context.WithoutCancel(ctx))
-		electorDone := make(chan struct{})
-		go func() {
-			defer close(electorDone)
-			if err := a.ha.el.Run(ectx); err != nil {
-				a.log.Error("high availability: the election stopped; this node serves no VIP", "err", err)
-			}
-		}()
-		defer func() { stopElector(); <-electorDone }()
-		a.m.HA(a.ha.master, a.priority(), "")
-		if a.ha.drained {
-			a.log.Info("high availability: the node is drained (vipd undrain --node puts it back)")
-			if err := a.ha.el.Resign(ctx, "drained by the operator"); err != nil {
-				return err
-			}
-		}
+	roles, stopHA, err := a.startHA(ctx, k)
+	if stopHA != nil {
+		c.push(stopHA)
 	}
+	if err != nil {
+		return l, cleanup, err
+	}
+	l.roles = roles
 	if err := a.openBGP(ctx, cfg); err != nil {
-		return err
+		return l, cleanup, err
 	}
-	defer a.stopBGP()
+	c.push(a.stopBGP)
 	log.Info("starting", "version", a.opts.Version, "config", a.opts.Path, "services", len(cfg.Spec.Services), "pid", os.Getpid())
 	first := a.effective(cfg)
 	res, err := a.firstPass(ctx, first)
 	if err != nil {
-		return err
+		return l, cleanup, err
 	}
 	a.last = first
 	a.track(first)
@@ -291,20 +307,26 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.opts.Serve != nil {
 		stop, err := a.opts.Serve(ctx, a, cfg.Daemon)
 		if err != nil {
-			return err
+			return l, cleanup, err
 		}
-		defer stop()
+		c.push(stop)
 	}
-	w := &watch{a: a}
-	defer w.close()
+	l.w = &watch{a: a}
+	c.push(l.w.close)
 	if cfg.Daemon.Watch {
-		w.start(ctx)
+		l.w.start(ctx)
 	}
 	sourceErrs := make(chan error, 1)
-	stopSources := a.runSources(ctx, sourceErrs)
-	defer stopSources()
+	c.push(a.runSources(ctx, sourceErrs))
+	l.sourceErrs = sourceErrs
+	return l, cleanup, nil
+}
 
-	resync := time.NewTicker(cfg.Daemon.ResyncInterval)
+// loop reports the agent ready and runs its main loop until ctx ends or a
+// source fails; it then stops as on_stop says.
+func (a *Agent) loop(ctx context.Context, l started) error {
+	log, w := a.log, l.w
+	resync := time.NewTicker(a.cfg.Daemon.ResyncInterval)
 	defer resync.Stop()
 	var watchdog <-chan time.Time
 	if iv := a.n.WatchdogInterval(); iv > 0 {
@@ -320,7 +342,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.opts.WatchLinks != nil && (a.ha != nil || a.bgp != nil) {
 		links = a.opts.WatchLinks(ctx)
 	}
-	log.Info("ready", "watch", cfg.Daemon.Watch, "control_socket", cfg.Daemon.ControlSocket)
+	// A resync reads the sysctls and rules (iptables-save, its slowest
+	// part) beside the loop, which meanwhile goes on with health
+	// verdicts and requests; the pass that follows trusts the read.
+	fresh := make(chan freshRead, 1)
+	reading := false
+	var readers sync.WaitGroup
+	defer readers.Wait()
+	log.Info("ready", "watch", a.cfg.Daemon.Watch, "control_socket", a.cfg.Daemon.ControlSocket)
 	a.notify(a.n.Ready(a.status("serving")))
 	for {
 		a.announce()
@@ -334,14 +363,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.linksChanged()
 		case <-a.healthChanged:
 			a.remember(a.reconcile(ctx, "health", a.effective(a.cfg)))
-		case <-roles:
+		case <-l.roles:
 			a.roleChanged()
 		case <-ctx.Done():
 			a.notify(a.n.Stopping())
 			a.resign()
 			a.stopBGP()
 			return a.stop()
-		case err := <-sourceErrs:
+		case err := <-l.sourceErrs:
 			a.notify(a.n.Stopping())
 			return errors.Join(err, a.stop())
 		case <-watchdog:
@@ -361,10 +390,31 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-resync.C:
 			// Sysctls and rules are re-read only here: other passes
 			// trust what vipd last wrote, which keeps reloads cheap.
-			a.r.Refresh()
+			if !reading {
+				reading = true
+				readers.Go(func() {
+					f, err := a.r.ReadFresh()
+					fresh <- freshRead{f: f, err: err}
+				})
+			}
+		case fr := <-fresh:
+			reading = false
+			if fr.err != nil || !a.r.UseFresh(fr.f) {
+				// The read failed, or a pass wrote sysctls or rules
+				// meanwhile: the pass reads them itself, and reports
+				// what fails.
+				a.r.Refresh()
+			}
 			a.remember(a.reconcile(ctx, "resync", a.effective(a.cfg)))
 		}
 	}
+}
+
+// freshRead is the outcome of a resync's read of sysctls and rules (see
+// lb.Reconciler.ReadFresh).
+type freshRead struct {
+	f   *lb.Fresh
+	err error
 }
 
 // setup makes the agent's parts for the configuration cfg, the admin

@@ -598,3 +598,52 @@ func (a *Agent) startSync(k lb.Kernel) error {
 	}
 	return nil
 }
+
+// gateHA puts the role gate in front of the kernel's announcer when the
+// [ha] section is on (a.ha, see openHA): the node starts as a backup,
+// with nothing on the wire until the elector says otherwise.
+func (a *Agent) gateHA(k *lb.Kernel) error {
+	if a.ha == nil || k.Announcer == nil {
+		return nil
+	}
+	a.ha.gate = newRoleGate(k.Announcer)
+	if _, err := a.ha.gate.setRole(false); err != nil {
+		return fmt.Errorf("high availability: withdraw announcements: %w", err)
+	}
+	k.Announcer = a.ha.gate
+	return nil
+}
+
+// startHA starts high availability once health checking runs: the
+// kernel's connection synchronization, then the election, and resigns at
+// once if an operator drained the node. roles is signalled on every
+// change of role; stop ends the election and waits for it, and is not
+// nil once the election runs, even with an error. Without [ha] it does
+// nothing.
+func (a *Agent) startHA(ctx context.Context, k lb.Kernel) (roles <-chan struct{}, stop func(), err error) {
+	if a.ha == nil {
+		return nil, nil, nil
+	}
+	if err := a.startSync(k); err != nil {
+		return nil, nil, err
+	}
+	// The election outlives ctx: a stopping node resigns through it
+	// (see resign) before it ends.
+	ectx, stopElector := context.WithCancel(context.WithoutCancel(ctx))
+	electorDone := make(chan struct{})
+	go func() {
+		defer close(electorDone)
+		if err := a.ha.el.Run(ectx); err != nil {
+			a.log.Error("high availability: the election stopped; this node serves no VIP", "err", err)
+		}
+	}()
+	stop = func() { stopElector(); <-electorDone }
+	a.m.HA(a.ha.master, a.priority(), "")
+	if a.ha.drained {
+		a.log.Info("high availability: the node is drained (vipd undrain --node puts it back)")
+		if err := a.ha.el.Resign(ctx, "drained by the operator"); err != nil {
+			return a.ha.changed, stop, err
+		}
+	}
+	return a.ha.changed, stop, nil
+}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -128,6 +129,9 @@ type Reconciler struct {
 	// periodic resync (which calls Refresh) repairs drift.
 	sysctls map[string]string
 	rules   *Rules
+	// hostWrites counts the operations on sysctls and rules, done or
+	// failed (see UseFresh).
+	hostWrites atomic.Uint64
 }
 
 // SetRemoval makes the passes that follow remove backends and services as
@@ -594,6 +598,10 @@ func intended(key ServiceKey, st *ServiceState, ops [][]Op) *ServiceState {
 // remember keeps the cached sysctls and rules in step with an operation;
 // after a failure it forgets them, so the next pass reads the kernel.
 func (r *Reconciler) remember(op Op, err error) {
+	switch op.Kind {
+	case OpSetSysctl, OpSyncChains, OpRemoveChains, OpAddEntry, OpDelEntry:
+		r.hostWrites.Add(1)
+	}
 	switch op.Kind {
 	case OpSetSysctl:
 		if err != nil || r.sysctls == nil {

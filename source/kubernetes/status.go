@@ -2,11 +2,15 @@ package kubernetes
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // statusWrite is a status the leader writes: svc's addresses become
@@ -257,4 +261,65 @@ func (w *statusWriter) work() {
 		// A write of key may wait for this one.
 		w.cond.Broadcast()
 	}
+}
+
+// writeStatus sets svc's status.loadBalancer.ingress to addrs (none to
+// clear it) through the status subresource, in the leader's term ctx: it
+// returns errNotLeading when the term has ended. The write carries the
+// resourceVersion vipd saw, so that it fails should another instance have
+// written since. The status writer's workers call it.
+func (c *controller) writeStatus(ctx context.Context, svc *corev1.Service, addrs []netip.Addr) error {
+	if ctx == nil || ctx.Err() != nil {
+		return errNotLeading
+	}
+	up := svc.DeepCopy()
+	up.Status.LoadBalancer.Ingress = nil
+	for _, a := range addrs {
+		mode := corev1.LoadBalancerIPModeVIP
+		up.Status.LoadBalancer.Ingress = append(up.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: a.String(), IPMode: &mode})
+	}
+	_, err := c.cs.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, up, metav1.UpdateOptions{FieldManager: "vipd"})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", errNotLeading, err)
+	}
+	return err
+}
+
+// statusResults handles the writes the status writer made since the last
+// call: it logs each, records the Event of an address assigned, and
+// forgets a Service whose status it cleared. It reports whether a full
+// sync must come to retry a failure: the full sync reads the Service
+// again from the informer's cache, so that a write that failed on a
+// conflict (another writer changed the Service) is made again from the
+// newer object once the cache holds it, never from the stale one.
+func (c *controller) statusResults() (again bool) {
+	for _, r := range c.status.take() {
+		switch {
+		case r.err == nil && len(r.addrs) == 0:
+			c.s.log.Info("kubernetes: released", "service", r.key)
+			if len(c.alloc.Held(r.key)) == 0 {
+				delete(c.written, r.key)
+			}
+		case r.err == nil:
+			c.s.log.Info("kubernetes: assigned", "service", r.key, "addresses", joinAddrs(r.addrs))
+			c.event(r.svc, corev1.EventTypeNormal, "AddressAssigned", "assigned "+joinAddrs(r.addrs))
+			if r.current && !sameAddrs(c.alloc.Held(r.key), r.addrs) {
+				// The Service changed while its write was in flight:
+				// write what is held now.
+				c.pokeAll()
+			}
+		case !r.current || errors.Is(r.err, errNotLeading):
+			// The term ended: the next leader takes the statuses as they
+			// are.
+		case apierrors.IsNotFound(r.err):
+			// Deleted: its deletion makes a full sync of its own.
+		case len(r.addrs) == 0:
+			c.s.log.Warn("kubernetes: clearing status failed", "service", r.key, "err", r.err)
+			again = true
+		default:
+			c.s.log.Warn("kubernetes: writing status failed", "service", r.key, "err", r.err)
+			again = true
+		}
+	}
+	return again
 }
