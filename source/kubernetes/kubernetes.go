@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/config"
-	"github.com/vipd/vipd/monitor/health"
+	checkdesc "github.com/vipd/vipd/monitor/check"
 	"github.com/vipd/vipd/source"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -145,11 +145,11 @@ const kubeProxyHealthzPath = "/healthz"
 
 // nodeHealthPolicy is what a failed Node probe does: the Node leaves the
 // Service, unless every Node fails.
-var nodeHealthPolicy = health.Policy{Action: health.Remove, Quorum: 1}
+var nodeHealthPolicy = checkdesc.Policy{Action: checkdesc.Remove, Quorum: 1}
 
 // check returns the probe of svc's Nodes, or nil when they are not
 // probed: not in nodeport mode, no NodeHealth, or nothing to probe.
-func (nh *NodeHealth) check(svc *corev1.Service, st settings) *health.Spec {
+func (nh *NodeHealth) check(svc *corev1.Service, st settings) *checkdesc.Spec {
 	if nh == nil || st.mode != BackendsNodePort {
 		return nil
 	}
@@ -161,11 +161,11 @@ func (nh *NodeHealth) check(svc *corev1.Service, st settings) *health.Spec {
 	if port == 0 {
 		return nil
 	}
-	return &health.Spec{Kind: health.KindHTTP, Port: port, Interval: nh.Interval, Timeout: nh.Timeout, Rise: nh.Rise, Fall: nh.Fall,
+	return &checkdesc.Spec{Kind: checkdesc.KindHTTP, Port: port, Interval: nh.Interval, Timeout: nh.Timeout, Rise: nh.Rise, Fall: nh.Fall,
 		// The Node's Ready condition vouches for it until a probe says
 		// otherwise, so that a restart of vipd keeps serving.
-		Initial: health.Up,
-		HTTP:    health.HTTPOptions{Path: path, Status: []health.StatusRange{{Lo: 200, Hi: 200}}}}
+		Initial: checkdesc.Up,
+		HTTP:    checkdesc.HTTPOptions{Path: path, Status: []checkdesc.StatusRange{{Lo: 200, Hi: 200}}}}
 }
 
 // The default rate limit of the requests to the API server: client-go's

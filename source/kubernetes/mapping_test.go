@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/vipd/vipd/monitor/health"
+	checkdesc "github.com/vipd/vipd/monitor/check"
 )
 
 func testNode(name string, ready bool, labels map[string]string, addrs ...string) *corev1.Node {
@@ -147,7 +147,7 @@ func TestCheckAnnotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.check == nil || st.check.Kind != health.KindHTTP || st.check.HTTP.Path != "/healthz" || st.check.Interval != 2*time.Second {
+	if st.check == nil || st.check.Kind != checkdesc.KindHTTP || st.check.HTTP.Path != "/healthz" || st.check.Interval != 2*time.Second {
 		t.Errorf("check %+v", st.check)
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/monitor/health"
+	checkdesc "github.com/vipd/vipd/monitor/check"
 	"github.com/vipd/vipd/source/kubernetes"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -18,10 +18,10 @@ import (
 
 // lastHealth returns the health checks of the last snapshot, by virtual
 // service name.
-func (f *fakeSink) lastHealth() map[string][]health.Spec {
+func (f *fakeSink) lastHealth() map[string][]checkdesc.Spec {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := map[string][]health.Spec{}
+	out := map[string][]checkdesc.Spec{}
 	if len(f.snaps) == 0 {
 		return out
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
-	"github.com/vipd/vipd/monitor/health"
+	checkdesc "github.com/vipd/vipd/monitor/check"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 )
@@ -90,7 +90,7 @@ func (c *controller) servicesOf(svc *corev1.Service, held []netip.Addr, st setti
 		return nil, nil
 	}
 	c.warn(svc, "snat", nil)
-	check, policy := st.check, health.Policy{}
+	check, policy := st.check, checkdesc.Policy{}
 	if check == nil {
 		check, policy = c.s.opts.NodeHealth.check(svc, st), nodeHealthPolicy
 	}
@@ -99,7 +99,7 @@ func (c *controller) servicesOf(svc *corev1.Service, held []netip.Addr, st setti
 	}
 	hs := make(map[string]config.ServiceHealth, len(vss))
 	for _, vs := range vss {
-		h := config.ServiceHealth{Policy: policy, Checks: make(map[netip.AddrPort]health.Spec, len(vs.Backends))}
+		h := config.ServiceHealth{Policy: policy, Checks: make(map[netip.AddrPort]checkdesc.Spec, len(vs.Backends))}
 		for _, b := range vs.Backends {
 			h.Checks[b.Addr] = *check
 		}
@@ -116,7 +116,7 @@ type settings struct {
 	// forward is the forwarding method of every backend.
 	forward lb.Forward
 	// check is the health check of every backend, from vipd.io/check.
-	check *health.Spec
+	check *checkdesc.Spec
 	// snat, from vipd.io/snat, says whether traffic to the backends
 	// comes from the load balancer's address; nil leaves it to the pool.
 	snat *bool

@@ -64,9 +64,7 @@ var rules = []rule{
 	{Room: "ha/bgp", May: []string{"config"}},
 	// Sources turn the world into services.
 	{Room: "source", May: []string{"config", "lb"}},
-	// TODO(arch37): source/kubernetes uses monitor/health's description
-	// names only (Spec, HTTPOptions); it should import monitor/check.
-	{Room: "source/kubernetes/...", May: []string{"config", "lb", "source", "monitor/check", "monitor/health"}},
+	{Room: "source/kubernetes/...", May: []string{"config", "lb", "source", "monitor/check"}},
 	{Room: "migrate", May: []string{"config", "lb"}},
 	{Room: "systemd", May: nil},
 	// The agent wires the rooms together; main wires the agent.
