@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,7 +15,9 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/source/kubernetes/apitest"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -156,116 +159,172 @@ func runCleanups(tb *clusterTB) {
 // baseNamespaces are the namespaces kube-apiserver makes itself.
 var baseNamespaces = []string{"default", "kube-node-lease", "kube-public", "kube-system"}
 
-// leaseKept says whether a Lease is the API server's own (its identity
-// leases in kube-system), which a reset leaves.
-func leaseKept(ns string) bool { return ns == "kube-system" || ns == "kube-node-lease" }
+// leftover is an object the tests or vipd made: its kind, namespace
+// (none for Nodes and Namespaces) and name, and whether it has
+// finalizers.
+type leftover struct {
+	kind, ns, name string
+	finalizers     bool
+}
 
-// resetCluster deletes every object the tests and vipd make (Services
-// but default/kubernetes, EndpointSlices, Events, Leases outside
-// kube-system and kube-node-lease, Nodes, namespaces but the API
-// server's own: each stripped of its finalizers, as there is no
-// namespace controller), then checks that the cluster is at the
-// baseline. It returns what it deleted, as "KIND NAMESPACE/NAME".
-func resetCluster(ctx context.Context, cs kubernetes.Interface) ([]string, error) {
-	var deleted []string
+func (o leftover) String() string {
+	if o.ns == "" {
+		return o.kind + " " + o.name
+	}
+	return o.kind + " " + o.ns + "/" + o.name
+}
+
+// clusterLeftovers lists what differs from the baseline: Services but
+// default/kubernetes, EndpointSlices but its own, Events, Leases outside
+// kube-system and kube-node-lease (the API server's identity leases),
+// Nodes, namespaces beyond the API server's own.
+func clusterLeftovers(ctx context.Context, cs kubernetes.Interface) ([]leftover, error) {
+	var left []leftover
+	svcs, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing Services: %w", err)
+	}
+	for _, s := range svcs.Items {
+		if s.Namespace != "default" || s.Name != "kubernetes" {
+			left = append(left, leftover{"Service", s.Namespace, s.Name, len(s.Finalizers) > 0})
+		}
+	}
+	ess, err := cs.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing EndpointSlices: %w", err)
+	}
+	for _, es := range ess.Items {
+		if es.Namespace != "default" || es.Labels[discoveryv1.LabelServiceName] != "kubernetes" {
+			left = append(left, leftover{"EndpointSlice", es.Namespace, es.Name, len(es.Finalizers) > 0})
+		}
+	}
+	evs, err := cs.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing Events: %w", err)
+	}
+	for _, ev := range evs.Items {
+		left = append(left, leftover{"Event", ev.Namespace, ev.Name, len(ev.Finalizers) > 0})
+	}
+	ls, err := cs.CoordinationV1().Leases("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing Leases: %w", err)
+	}
+	for _, l := range ls.Items {
+		if l.Namespace != "kube-system" && l.Namespace != "kube-node-lease" {
+			left = append(left, leftover{"Lease", l.Namespace, l.Name, len(l.Finalizers) > 0})
+		}
+	}
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing Nodes: %w", err)
+	}
+	for _, nd := range nodes.Items {
+		left = append(left, leftover{"Node", "", nd.Name, len(nd.Finalizers) > 0})
+	}
 	nss, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing namespaces: %w", err)
 	}
 	for _, ns := range nss.Items {
-		n := ns.Name
-		svcs, err := cs.CoreV1().Services(n).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return deleted, fmt.Errorf("listing Services of %s: %w", n, err)
+		if !slices.Contains(baseNamespaces, ns.Name) {
+			left = append(left, leftover{"Namespace", "", ns.Name, true})
 		}
-		for _, s := range svcs.Items {
-			if n == "default" && s.Name == "kubernetes" {
-				continue
-			}
-			if len(s.Finalizers) > 0 {
+	}
+	return left, nil
+}
+
+// remove deletes o, first removing its finalizers (there are no
+// controllers to act on them). A namespace is finalized once deleted:
+// without a namespace controller it would stay Terminating; its objects
+// are deleted beside it (clusterLeftovers lists them all).
+func remove(ctx context.Context, cs kubernetes.Interface, o leftover) error {
+	var err error
+	switch o.kind {
+	case "Service":
+		api := cs.CoreV1().Services(o.ns)
+		if o.finalizers {
+			err = stripFinalizers(ctx, o, func() error {
+				s, err := api.Get(ctx, o.name, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
 				s.Finalizers = nil
-				if _, err := cs.CoreV1().Services(n).Update(ctx, &s, metav1.UpdateOptions{}); err != nil {
-					return deleted, fmt.Errorf("removing the finalizers of Service %s/%s: %w", n, s.Name, err)
-				}
-			}
-			if err := cs.CoreV1().Services(n).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil {
-				return deleted, fmt.Errorf("deleting Service %s/%s: %w", n, s.Name, err)
-			}
-			deleted = append(deleted, "Service "+n+"/"+s.Name)
+				_, err = api.Update(ctx, s, metav1.UpdateOptions{})
+				return err
+			})
 		}
-		ess, err := cs.DiscoveryV1().EndpointSlices(n).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return deleted, fmt.Errorf("listing EndpointSlices of %s: %w", n, err)
+		if err == nil {
+			err = api.Delete(ctx, o.name, metav1.DeleteOptions{})
 		}
-		for _, es := range ess.Items {
-			if n == "default" && es.Labels[discoveryv1.LabelServiceName] == "kubernetes" {
-				continue
-			}
-			if err := cs.DiscoveryV1().EndpointSlices(n).Delete(ctx, es.Name, metav1.DeleteOptions{}); err != nil {
-				return deleted, fmt.Errorf("deleting EndpointSlice %s/%s: %w", n, es.Name, err)
-			}
-			deleted = append(deleted, "EndpointSlice "+n+"/"+es.Name)
-		}
-		evs, err := cs.CoreV1().Events(n).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return deleted, fmt.Errorf("listing Events of %s: %w", n, err)
-		}
-		if len(evs.Items) > 0 {
-			if err := cs.CoreV1().Events(n).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-				return deleted, fmt.Errorf("deleting the Events of %s: %w", n, err)
-			}
-			deleted = append(deleted, fmt.Sprintf("%d Events in %s", len(evs.Items), n))
-		}
-		if !leaseKept(n) {
-			ls, err := cs.CoordinationV1().Leases(n).List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return deleted, fmt.Errorf("listing Leases of %s: %w", n, err)
-			}
-			for _, l := range ls.Items {
-				if err := cs.CoordinationV1().Leases(n).Delete(ctx, l.Name, metav1.DeleteOptions{}); err != nil {
-					return deleted, fmt.Errorf("deleting Lease %s/%s: %w", n, l.Name, err)
-				}
-				deleted = append(deleted, "Lease "+n+"/"+l.Name)
+	case "EndpointSlice":
+		err = cs.DiscoveryV1().EndpointSlices(o.ns).Delete(ctx, o.name, metav1.DeleteOptions{})
+	case "Event":
+		err = cs.CoreV1().Events(o.ns).Delete(ctx, o.name, metav1.DeleteOptions{})
+	case "Lease":
+		err = cs.CoordinationV1().Leases(o.ns).Delete(ctx, o.name, metav1.DeleteOptions{})
+	case "Node":
+		err = cs.CoreV1().Nodes().Delete(ctx, o.name, metav1.DeleteOptions{})
+	case "Namespace":
+		api := cs.CoreV1().Namespaces()
+		err = api.Delete(ctx, o.name, metav1.DeleteOptions{})
+		if err == nil || apierrors.IsConflict(err) {
+			var ns *corev1.Namespace
+			if ns, err = api.Get(ctx, o.name, metav1.GetOptions{}); err == nil {
+				ns.Spec.Finalizers = nil
+				_, err = api.Finalize(ctx, ns, metav1.UpdateOptions{})
 			}
 		}
+	default:
+		err = fmt.Errorf("no way to delete a %s", o.kind)
 	}
-	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
 	if err != nil {
-		return deleted, fmt.Errorf("listing Nodes: %w", err)
+		return fmt.Errorf("deleting %s: %w", o, err)
 	}
-	for _, nd := range nodes.Items {
-		if err := cs.CoreV1().Nodes().Delete(ctx, nd.Name, metav1.DeleteOptions{}); err != nil {
-			return deleted, fmt.Errorf("deleting Node %s: %w", nd.Name, err)
+	return nil
+}
+
+// stripFinalizers runs update, which removes o's finalizers, again when
+// it conflicts with another writer.
+func stripFinalizers(ctx context.Context, o leftover, update func() error) error {
+	var err error
+	for range 5 {
+		if err = update(); !apierrors.IsConflict(err) {
+			break
 		}
-		deleted = append(deleted, "Node "+nd.Name)
 	}
-	for _, ns := range nss.Items {
-		if slices.Contains(baseNamespaces, ns.Name) {
-			continue
-		}
-		if ns.DeletionTimestamp == nil {
-			if err := cs.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{}); err != nil {
-				return deleted, fmt.Errorf("deleting namespace %s: %w", ns.Name, err)
-			}
-		}
-		// No namespace controller empties it and drops its finalizer:
-		// its objects are gone (above), so the finalizer goes here.
-		cur, err := cs.CoreV1().Namespaces().Get(ctx, ns.Name, metav1.GetOptions{})
-		if err != nil {
-			return deleted, fmt.Errorf("reading namespace %s: %w", ns.Name, err)
-		}
-		cur.Spec.Finalizers = nil
-		if _, err := cs.CoreV1().Namespaces().Finalize(ctx, cur, metav1.UpdateOptions{}); err != nil {
-			return deleted, fmt.Errorf("finalizing namespace %s: %w", ns.Name, err)
-		}
-		deleted = append(deleted, "Namespace "+ns.Name)
+	if err != nil {
+		return fmt.Errorf("removing the finalizers of %s: %w", o, err)
+	}
+	return nil
+}
+
+// resetCluster deletes every leftover (clusterLeftovers) at once, then
+// waits until the cluster is at its baseline. It returns what it deleted.
+func resetCluster(ctx context.Context, cs kubernetes.Interface) ([]string, error) {
+	left, err := clusterLeftovers(ctx, cs)
+	if err != nil || len(left) == 0 {
+		return nil, err
+	}
+	deleted := make([]string, len(left))
+	errs := make([]error, len(left))
+	var wg sync.WaitGroup
+	for i, o := range left {
+		deleted[i] = o.String()
+		wg.Go(func() { errs[i] = remove(ctx, cs, o) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return deleted, err
 	}
 	// Deletions of objects without finalizers are done when the call
-	// returns; a namespace goes once finalized. Wait for the baseline.
-	var left []string
+	// returns, a namespace's once finalized; this proves it.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if left, err = clusterLeftovers(ctx, cs); err == nil && len(left) == 0 {
+		left, err = clusterLeftovers(ctx, cs)
+		if err == nil && len(left) == 0 {
 			return deleted, nil
 		}
 		if time.Now().After(deadline) {
@@ -276,64 +335,11 @@ func resetCluster(ctx context.Context, cs kubernetes.Interface) ([]string, error
 	if err != nil {
 		return deleted, err
 	}
-	return deleted, fmt.Errorf("the cluster is not at its baseline after the reset: %s", strings.Join(left, ", "))
-}
-
-// clusterLeftovers lists what differs from the baseline: objects the
-// tests or vipd made, namespaces beyond the API server's own.
-func clusterLeftovers(ctx context.Context, cs kubernetes.Interface) ([]string, error) {
-	var left []string
-	nss, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing namespaces: %w", err)
+	names := make([]string, len(left))
+	for i, o := range left {
+		names[i] = o.String()
 	}
-	for _, ns := range nss.Items {
-		if !slices.Contains(baseNamespaces, ns.Name) {
-			left = append(left, "Namespace "+ns.Name)
-		}
-	}
-	svcs, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing Services: %w", err)
-	}
-	for _, s := range svcs.Items {
-		if s.Namespace != "default" || s.Name != "kubernetes" {
-			left = append(left, "Service "+s.Namespace+"/"+s.Name)
-		}
-	}
-	ess, err := cs.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing EndpointSlices: %w", err)
-	}
-	for _, es := range ess.Items {
-		if es.Namespace != "default" || es.Labels[discoveryv1.LabelServiceName] != "kubernetes" {
-			left = append(left, "EndpointSlice "+es.Namespace+"/"+es.Name)
-		}
-	}
-	evs, err := cs.CoreV1().Events("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing Events: %w", err)
-	}
-	for _, ev := range evs.Items {
-		left = append(left, "Event "+ev.Namespace+"/"+ev.Name)
-	}
-	ls, err := cs.CoordinationV1().Leases("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing Leases: %w", err)
-	}
-	for _, l := range ls.Items {
-		if !leaseKept(l.Namespace) {
-			left = append(left, "Lease "+l.Namespace+"/"+l.Name)
-		}
-	}
-	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing Nodes: %w", err)
-	}
-	for _, nd := range nodes.Items {
-		left = append(left, "Node "+nd.Name)
-	}
-	return left, nil
+	return deleted, fmt.Errorf("the cluster is not at its baseline after the reset: %s", strings.Join(names, ", "))
 }
 
 // resetFor resets the shared cluster for test t (when is "before" or

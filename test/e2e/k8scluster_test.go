@@ -34,8 +34,12 @@ func TestKubernetesSharedCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		slices.Sort(left)
-		return left
+		var names []string
+		for _, o := range left {
+			names = append(names, o.String())
+		}
+		slices.Sort(names)
+		return names
 	}
 	sorted := slices.Sorted(slices.Values(want))
 	t.Run("leaves-objects-behind", func(t *testing.T) {
