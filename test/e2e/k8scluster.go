@@ -24,8 +24,9 @@ import (
 )
 
 // The guest's Kubernetes tests share one etcd and kube-apiserver: under
-// the guest's emulation each takes 30-50 s to start. The first test that
-// asks for the cluster starts it; TestMain stops it (stopSharedCluster).
+// the guest's emulation a start takes 30 s to over 2 minutes, by the
+// host's load. The first test that asks for the cluster starts it;
+// TestMain stops it (stopSharedCluster).
 // Each test starts from the baseline (resetCluster, before the test and
 // again at its end): no Nodes, no Services but default/kubernetes, no
 // EndpointSlices, Events or Leases, no namespaces but the API server's
