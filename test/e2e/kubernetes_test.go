@@ -5,8 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,27 +18,28 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// k8sCluster is a real etcd and kube-apiserver in the guest, with the
-// client the test creates objects through.
+// k8sCluster is the guest's real etcd and kube-apiserver, shared by the
+// Kubernetes tests (k8scluster.go), with the client test t creates
+// objects through.
 type k8sCluster struct {
 	t   *testing.T
 	srv *apitest.Server
 	cs  *kubernetes.Clientset
 }
 
-// startCluster starts etcd and kube-apiserver from /payload/k8s (e2e.sh
-// puts them there with VIPD_E2E_K8S=1): without them the test fails.
+// startCluster returns the shared etcd and kube-apiserver from
+// /payload/k8s (e2e.sh puts them there with VIPD_E2E_K8S=1; without them
+// the test fails), started on first use, at its baseline: whatever an
+// earlier test left is deleted first, and what this one makes is deleted
+// when it ends, after its vipd stopped (cleanups run last-in first-out,
+// and the tests start their vipd after this).
 func startCluster(t *testing.T) *k8sCluster {
 	t.Helper()
-	for _, bin := range []string{"etcd", "kube-apiserver"} {
-		if _, err := os.Stat(filepath.Join(apitest.AssetsDir(), bin)); err != nil {
-			t.Fatalf("no %s in the guest (test/vm/e2e.sh puts it in /payload/k8s with VIPD_E2E_K8S=1): %v", bin, err)
-		}
-	}
-	start := time.Now()
-	srv := apitest.Start(t)
-	t.Logf("etcd and kube-apiserver ready in %v", time.Since(start).Round(100*time.Millisecond))
-	return &k8sCluster{t: t, srv: srv, cs: kubernetes.NewForConfigOrDie(srv.Config)}
+	srv, cs := sharedCluster(t)
+	t.Logf("etcd and kube-apiserver: shared, started by %s", shared.starter)
+	resetFor(t, "before")
+	t.Cleanup(func() { resetFor(t, "after") })
+	return &k8sCluster{t: t, srv: srv, cs: cs}
 }
 
 func (c *k8sCluster) ctx() context.Context {

@@ -15,7 +15,13 @@ import (
 // vipd. If these fail, the rig (kernel, modules, topologies, tools) is
 // broken, not vipd.
 
-func TestMain(m *testing.M) { os.Exit(GuestMain(m)) }
+// TestMain runs the tests in the guest only, and stops the Kubernetes
+// tests' shared etcd and kube-apiserver after them.
+func TestMain(m *testing.M) {
+	code := GuestMain(m)
+	stopSharedCluster(code != 0)
+	os.Exit(code)
+}
 
 // schedulers are all IPVS schedulers of the guest's 6.1 kernel.
 var schedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh"}

@@ -13,7 +13,7 @@
 #      topo.sh, guest-tests.sh
 # 3. boots one guest that runs every test binary in turn with -test.v
 #    (guest-tests.sh), streaming the console here;
-# 4. prints each binary's result and duration, and a final summary line
+# 4. prints each binary's result and duration, the slowest tests, and a final summary line
 #    "e2e: N passed, N failed" (top-level tests). Exits non-zero if anything
 #    failed or the guest did not finish.
 #
@@ -37,6 +37,7 @@
 #                          Default 1 when VIPD_E2E_RUN is empty or names
 #                          Kubernetes, else 0.
 #   VIPD_E2E_MEM           guest memory in MB (default 1024; 2048 with VIPD_E2E_K8S)
+#   VIPD_E2E_SLOWEST       how many of the slowest tests the summary lists (default 12)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -131,6 +132,11 @@ while read -r dir _; do
 	secs=$(sed -n 's/.* secs=\([0-9.]*\).*/\1/p' <<<"$line")
 	printf '  %-40s %-4s %6s s\n' "$dir" "$([[ $brc == 0 ]] && echo ok || echo FAIL)" "$secs"
 done <"$payload/tests/list"
+# The slowest top-level tests (go test -v's "--- PASS: TestX (12.34s)"):
+# where the suite's time goes.
+echo "  slowest tests:"
+sed -nE 's/^--- (PASS|FAIL|SKIP): ([^ ]+) \(([0-9.]+)s\)$/\3 \2 \1/p' "$clean" | sort -rn | head -n "${VIPD_E2E_SLOWEST:-12}" |
+	awk '{ printf "    %8.1f s  %s%s\n", $1, $2, ($3 == "PASS" ? "" : " (" $3 ")") }'
 passed=$(grep -cE '^--- PASS: ' "$clean" || true)
 failed=$(grep -cE '^--- FAIL: ' "$clean" || true)
 if ((failed)); then
