@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb/lbtest/nstest"
 )
 
@@ -262,17 +261,23 @@ func (b *bird) route(prefix string, within time.Duration, want ...string) {
 }
 
 // testBGP is a [bgp] section towards the peers, with short timers.
-func testBGP(peers ...config.BGPPeer) config.BGP {
+func testBGP(peers ...PeerOptions) Options {
 	for i := range peers {
 		peers[i].Port, peers[i].HoldTime, peers[i].Keepalive = 179, 9*time.Second, 3*time.Second
 	}
-	return config.BGP{Enabled: true, ASN: 65001, RouterID: vipd4, Peers: peers, WithdrawWait: time.Second}
+	return Options{ASN: 65001, RouterID: vipd4, Peers: peers, WithdrawWait: time.Second}
 }
 
-func startSpeaker(t *testing.T, b config.BGP, onPeer func(Peer)) *Speaker {
+// withRun returns o, the session's options, with run's logger, callback
+// and timers.
+func withRun(o, run Options) Options {
+	o.Logger, o.OnPeer, o.ConnectRetry, o.MaxPrefixesHold = run.Logger, run.OnPeer, run.ConnectRetry, run.MaxPrefixesHold
+	return o
+}
+
+func startSpeaker(t *testing.T, o Options, onPeer func(Peer)) *Speaker {
 	t.Helper()
-	sp, err := Start(context.Background(), Options{BGP: b, ConnectRetry: time.Second, OnPeer: onPeer,
-		Logger: testLogger(t)})
+	sp, err := Start(context.Background(), withRun(o, Options{ConnectRetry: time.Second, OnPeer: onPeer, Logger: testLogger(t)}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +297,7 @@ func TestBird(t *testing.T) {
 		birdPeer{name: "vipd6", local: bird6, remote: vipd6, asn: 65001, remoteASN: 65001})
 	var mu sync.Mutex
 	var events []Peer
-	cfg := testBGP(config.BGPPeer{Address: bird4, ASN: 65000}, config.BGPPeer{Address: bird6, ASN: 65001})
+	cfg := testBGP(PeerOptions{Address: bird4, ASN: 65000}, PeerOptions{Address: bird6, ASN: 65001})
 	cfg.GracefulShutdown, cfg.GracefulShutdownWait, cfg.WithdrawWait = true, time.Second, 2*time.Second
 	sp := startSpeaker(t, cfg, func(p Peer) {
 		mu.Lock()
@@ -314,10 +319,10 @@ func TestBird(t *testing.T) {
 	}
 	mu.Unlock()
 
-	web := config.BGPAttrs{Communities: []uint32{65000<<16 | 100, 0xFFFFFF01}, LargeCommunities: []config.LargeCommunity{{Global: 4200000001, Local1: 1, Local2: 2}},
+	web := Attrs{Communities: []uint32{65000<<16 | 100, 0xFFFFFF01}, LargeCommunities: []LargeCommunity{{Global: 4200000001, Local1: 1, Local2: 2}},
 		MED: 10, HasMED: true}
-	v6 := config.BGPAttrs{LocalPref: 300, HasLocalPref: true, Communities: []uint32{65001<<16 | 6}}
-	routes := map[netip.Prefix]config.BGPAttrs{
+	v6 := Attrs{LocalPref: 300, HasLocalPref: true, Communities: []uint32{65001<<16 | 6}}
+	routes := map[netip.Prefix]Attrs{
 		netip.MustParsePrefix("192.0.2.10/32"):      web,
 		netip.MustParsePrefix("192.0.2.11/32"):      {},
 		netip.MustParsePrefix("2001:db8:10::a/128"): v6,
@@ -345,7 +350,7 @@ func TestBird(t *testing.T) {
 	}
 	br.route("192.0.2.11/32", 5*time.Second)
 	br.route("192.0.2.10/32", time.Second, `BGP\.med: 10\n`)
-	routes[netip.MustParsePrefix("192.0.2.11/32")] = config.BGPAttrs{MED: 5, HasMED: true}
+	routes[netip.MustParsePrefix("192.0.2.11/32")] = Attrs{MED: 5, HasMED: true}
 	if err := sp.Set(routes); err != nil {
 		t.Fatal(err)
 	}
@@ -403,8 +408,8 @@ func TestBirdMD5(t *testing.T) {
 	br := startBird(t, p,
 		birdPeer{name: "vipd4", local: bird4, remote: vipd4, asn: 65000, remoteASN: 65001, password: "s3cret"},
 		birdPeer{name: "vipd6", local: bird6, remote: vipd6, asn: 65000, remoteASN: 65001, password: "s3cret"})
-	startSpeaker(t, testBGP(config.BGPPeer{Address: bird4, ASN: 65000, Password: "s3cret"},
-		config.BGPPeer{Address: bird6, ASN: 65000, Password: "wrong"}), nil)
+	startSpeaker(t, testBGP(PeerOptions{Address: bird4, ASN: 65000, Password: "s3cret"},
+		PeerOptions{Address: bird6, ASN: 65000, Password: "wrong"}), nil)
 	br.waitFor("the session with the password up", 20*time.Second, func() (bool, string) { return br.established("vipd4") })
 	// bird tries to connect every second: four seconds with the wrong
 	// password are four failures.
@@ -419,9 +424,9 @@ func TestBirdMD5(t *testing.T) {
 func TestRetireAndSet(t *testing.T) {
 	p := newLink(t)
 	br := startBird(t, p, birdPeer{name: "vipd4", local: bird4, remote: vipd4, asn: 65000, remoteASN: 65001})
-	sp := startSpeaker(t, testBGP(config.BGPPeer{Address: bird4, ASN: 65000}), nil)
+	sp := startSpeaker(t, testBGP(PeerOptions{Address: bird4, ASN: 65000}), nil)
 	br.waitFor("bird's session up", 20*time.Second, func() (bool, string) { return br.established("vipd4") })
-	routes := map[netip.Prefix]config.BGPAttrs{netip.MustParsePrefix("192.0.2.10/32"): {}}
+	routes := map[netip.Prefix]Attrs{netip.MustParsePrefix("192.0.2.10/32"): {}}
 	if err := sp.Set(routes); err != nil {
 		t.Fatal(err)
 	}
@@ -441,7 +446,7 @@ func TestRetireAndSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	br.route("192.0.2.10/32", 5*time.Second, `BGP\.origin: IGP`)
-	if err := sp.Set(map[netip.Prefix]config.BGPAttrs{netip.MustParsePrefix("192.0.2.0/24"): {}}); err == nil {
+	if err := sp.Set(map[netip.Prefix]Attrs{netip.MustParsePrefix("192.0.2.0/24"): {}}); err == nil {
 		t.Error("Set of a /24: no error")
 	}
 }

@@ -38,14 +38,27 @@ import (
 	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
 	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v3/pkg/server"
-
-	"github.com/vipd/vipd/config"
 )
 
 // Options configure a Speaker.
 type Options struct {
-	// BGP is the configuration's [bgp] section.
-	BGP config.BGP
+	// ASN is the node's autonomous system number; RouterID its BGP
+	// identifier, an IPv4 address.
+	ASN      uint32
+	RouterID netip.Addr
+	// ListenPort is the port the speaker takes sessions on; 0 takes
+	// none (it connects to its peers).
+	ListenPort uint16
+	// Peers are the routers the routes are announced to.
+	Peers []PeerOptions
+	// GracefulShutdown makes Retire first announce the routes again with
+	// the GRACEFUL_SHUTDOWN community (RFC 8326) and wait
+	// GracefulShutdownWait.
+	GracefulShutdown     bool
+	GracefulShutdownWait time.Duration
+	// WithdrawWait is how long Stop waits after the withdrawal, while
+	// the routers converge, before it ends the sessions.
+	WithdrawWait time.Duration
 	// Logger receives the speaker's log and GoBGP's; nil discards it.
 	Logger *slog.Logger
 	// OnPeer is called, from GoBGP's goroutine, on every change of a
@@ -58,6 +71,51 @@ type Options struct {
 	// max_prefixes stays down before vipd connects again; zero means
 	// DefaultMaxPrefixesHold.
 	MaxPrefixesHold time.Duration
+}
+
+// PeerOptions configure the session with one peer.
+type PeerOptions struct {
+	Address netip.Addr
+	ASN     uint32
+	// Port is the peer's port; 0 is 179.
+	Port uint16
+	// Source is the local address of the session; unset, the kernel's
+	// choice.
+	Source netip.Addr
+	// Password turns on TCP MD5 signatures (RFC 2385).
+	Password string
+	// Multihop is the TTL of the session's packets for a peer that is
+	// not directly connected; 0 keeps eBGP's TTL of 1.
+	Multihop uint8
+	// HoldTime and Keepalive are the timers proposed, whole seconds.
+	HoldTime, Keepalive time.Duration
+	// Passive waits for the peer to connect.
+	Passive bool
+	// MaxPrefixes is the most routes of one family the peer may send;
+	// 0 is DefaultMaxPrefixes.
+	MaxPrefixes uint32
+}
+
+// Attrs are the attributes of an announcement.
+type Attrs struct {
+	// Communities are RFC 1997 communities, each ASN<<16 | value.
+	Communities []uint32
+	// LargeCommunities are RFC 8092 communities.
+	LargeCommunities []LargeCommunity
+	// LocalPref and MED are set when HasLocalPref and HasMED say so.
+	LocalPref, MED       uint32
+	HasLocalPref, HasMED bool
+}
+
+// LargeCommunity is an RFC 8092 community.
+type LargeCommunity struct {
+	Global, Local1, Local2 uint32
+}
+
+// Equal reports whether two sets of attributes are the same.
+func (a Attrs) Equal(o Attrs) bool {
+	return slices.Equal(a.Communities, o.Communities) && slices.Equal(a.LargeCommunities, o.LargeCommunities) &&
+		a.LocalPref == o.LocalPref && a.MED == o.MED && a.HasLocalPref == o.HasLocalPref && a.HasMED == o.HasMED
 }
 
 // Peer is the state of one session.
@@ -113,8 +171,11 @@ type Speaker struct {
 // its max_prefixes stays down.
 const DefaultMaxPrefixesHold = time.Minute
 
+// DefaultMaxPrefixes is a peer's MaxPrefixes when it has none.
+const DefaultMaxPrefixes = 1000
+
 type route struct {
-	attrs config.BGPAttrs
+	attrs Attrs
 	uuid  []byte
 	// gshut says the route carries GRACEFUL_SHUTDOWN (Retire).
 	gshut bool
@@ -132,7 +193,7 @@ func Start(ctx context.Context, opts Options) (*Speaker, error) {
 	if opts.MaxPrefixesHold == 0 {
 		opts.MaxPrefixesHold = DefaultMaxPrefixesHold
 	}
-	b := opts.BGP
+	b := opts
 	if !b.RouterID.Is4() {
 		return nil, fmt.Errorf("router id %s is not an IPv4 address", b.RouterID)
 	}
@@ -219,7 +280,7 @@ func (sp *Speaker) policies(ctx context.Context) error {
 }
 
 // apiPeer returns GoBGP's form of a configured peer.
-func apiPeer(p config.BGPPeer, retry time.Duration) *api.Peer {
+func apiPeer(p PeerOptions, retry time.Duration) *api.Peer {
 	family := &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
 	if p.Address.Is6() {
 		family.Afi = api.Family_AFI_IP6
@@ -250,9 +311,9 @@ const limitWarnPct = 80
 
 // maxPrefixes returns p's max_prefixes, the default if unset: never
 // GoBGP's 0, no limit.
-func maxPrefixes(p config.BGPPeer) uint32 {
+func maxPrefixes(p PeerOptions) uint32 {
 	if p.MaxPrefixes == 0 {
-		return config.DefaultBGPMaxPrefixes
+		return DefaultMaxPrefixes
 	}
 	return p.MaxPrefixes
 }
@@ -269,8 +330,8 @@ func (sp *Speaker) overLimit(key, family string, crossed bool) {
 		return
 	}
 	addr = addr.Unmap()
-	var cfg config.BGPPeer
-	for _, p := range sp.opts.BGP.Peers {
+	var cfg PeerOptions
+	for _, p := range sp.opts.Peers {
 		if p.Address == addr {
 			cfg = p
 		}
@@ -415,7 +476,7 @@ func (sp *Speaker) count(pfx netip.Prefix, d int64) {
 // attributes: it announces the new and changed ones and withdraws those
 // no longer there. It is level-triggered: a Set with what is announced
 // already sends nothing. A Set after Retire announces again.
-func (sp *Speaker) Set(routes map[netip.Prefix]config.BGPAttrs) error {
+func (sp *Speaker) Set(routes map[netip.Prefix]Attrs) error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	if sp.stopped {
@@ -438,10 +499,10 @@ func (sp *Speaker) Set(routes map[netip.Prefix]config.BGPAttrs) error {
 }
 
 // Routes returns the routes announced.
-func (sp *Speaker) Routes() map[netip.Prefix]config.BGPAttrs {
+func (sp *Speaker) Routes() map[netip.Prefix]Attrs {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	out := make(map[netip.Prefix]config.BGPAttrs, len(sp.routes))
+	out := make(map[netip.Prefix]Attrs, len(sp.routes))
 	for p, r := range sp.routes {
 		out[p] = r.attrs
 	}
@@ -451,7 +512,7 @@ func (sp *Speaker) Routes() map[netip.Prefix]config.BGPAttrs {
 // gshutCommunity is GRACEFUL_SHUTDOWN (RFC 8326), 65535:0.
 const gshutCommunity = 0xFFFF0000
 
-func (sp *Speaker) announceLocked(pfx netip.Prefix, attrs config.BGPAttrs, gshut bool) error {
+func (sp *Speaker) announceLocked(pfx netip.Prefix, attrs Attrs, gshut bool) error {
 	if !pfx.IsSingleIP() || pfx.Addr().Zone() != "" {
 		return fmt.Errorf("bgp: %s is not a host route", pfx)
 	}
@@ -483,7 +544,7 @@ func (sp *Speaker) withdrawLocked(pfx netip.Prefix) error {
 // apiPath returns GoBGP's form of an announcement of pfx: origin IGP and
 // an unspecified next hop, which GoBGP replaces with the session's local
 // address.
-func apiPath(pfx netip.Prefix, a config.BGPAttrs, gshut bool) (*api.Path, error) {
+func apiPath(pfx netip.Prefix, a Attrs, gshut bool) (*api.Path, error) {
 	addr := pfx.Addr()
 	var nlri bgp.AddrPrefixInterface
 	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)}
@@ -532,7 +593,7 @@ func (sp *Speaker) Retire(ctx context.Context) error {
 }
 
 func (sp *Speaker) retireLocked(ctx context.Context) error {
-	b := sp.opts.BGP
+	b := sp.opts
 	var errs []error
 	if b.GracefulShutdown && len(sp.routes) > 0 {
 		for _, pfx := range slices.SortedFunc(maps.Keys(sp.routes), netip.Prefix.Compare) {
@@ -563,7 +624,7 @@ func (sp *Speaker) Stop(ctx context.Context) error {
 	n := len(sp.routes)
 	err := sp.retireLocked(ctx)
 	if n > 0 {
-		sleep(ctx, sp.opts.BGP.WithdrawWait)
+		sleep(ctx, sp.opts.WithdrawWait)
 	}
 	sp.stopped = true
 	sp.pmu.Lock()

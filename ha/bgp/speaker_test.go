@@ -7,15 +7,13 @@ import (
 	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
-
-	"github.com/vipd/vipd/config"
 )
 
 // TestPolicies: a speaker rejects, on import and on export, every route
 // but the host routes it originates, whatever its peers: GoBGP's global
 // policy assignments say so. (TestBirdTwoRouters proves it on the wire.)
 func TestPolicies(t *testing.T) {
-	sp, err := Start(context.Background(), Options{BGP: config.BGP{Enabled: true, ASN: 65001, RouterID: netip.MustParseAddr("192.0.2.1")}})
+	sp, err := Start(context.Background(), Options{ASN: 65001, RouterID: netip.MustParseAddr("192.0.2.1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,11 +42,11 @@ func TestPolicies(t *testing.T) {
 // the default, never GoBGP's 0 (no limit).
 func TestAPIPeerLimit(t *testing.T) {
 	for _, tt := range []struct {
-		peer config.BGPPeer
+		peer PeerOptions
 		want uint32
 	}{
-		{config.BGPPeer{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000}, config.DefaultBGPMaxPrefixes},
-		{config.BGPPeer{Address: netip.MustParseAddr("2001:db8::fe"), ASN: 65000, MaxPrefixes: 5}, 5},
+		{PeerOptions{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000}, DefaultMaxPrefixes},
+		{PeerOptions{Address: netip.MustParseAddr("2001:db8::fe"), ASN: 65000, MaxPrefixes: 5}, 5},
 	} {
 		p := apiPeer(tt.peer, time.Second)
 		if len(p.AfiSafis) != 1 {
