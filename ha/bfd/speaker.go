@@ -65,7 +65,7 @@ type Speaker struct {
 	log  *slog.Logger
 
 	sessions map[netip.Addr]*peer
-	conns    []*net.UDPConn
+	conns    []*listener
 	in       chan received
 
 	stats struct{ received, sent, unknown, lowTTL, malformed, wrongDisc atomic.Uint64 }
@@ -73,6 +73,7 @@ type Speaker struct {
 	mu     sync.Mutex // guards the sessions' state for State
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	stop   sync.Once
 }
 
 type peer struct {
@@ -193,36 +194,41 @@ func (sp *Speaker) sender(a, src netip.Addr) (*net.UDPConn, error) {
 	return nil, fmt.Errorf("bfd: socket to %s: %w", a, err)
 }
 
-// listener returns the socket that receives every peer's packets of a
-// family, with their TTL or hop limit.
-func (sp *Speaker) listener(network string) (*net.UDPConn, error) {
+// listener is the socket that receives every peer's packets of one
+// family; p4 or p6 reads them with their TTL or hop limit.
+type listener struct {
+	c  *net.UDPConn
+	p4 *ipv4.PacketConn
+	p6 *ipv6.PacketConn
+}
+
+func (l *listener) Close() error { return l.c.Close() }
+
+// listener opens the listening socket of a family.
+func (sp *Speaker) listener(network string) (*listener, error) {
 	c, err := net.ListenUDP(network, &net.UDPAddr{Port: int(sp.opts.Port)})
 	if err != nil {
 		return nil, fmt.Errorf("bfd: listen on %s port %d: %w", network, sp.opts.Port, err)
 	}
+	l := &listener{c: c}
 	if network == "udp4" {
-		err = ipv4.NewPacketConn(c).SetControlMessage(ipv4.FlagTTL, true)
+		l.p4 = ipv4.NewPacketConn(c)
+		err = l.p4.SetControlMessage(ipv4.FlagTTL, true)
 	} else {
-		err = ipv6.NewPacketConn(c).SetControlMessage(ipv6.FlagHopLimit, true)
+		l.p6 = ipv6.NewPacketConn(c)
+		err = l.p6.SetControlMessage(ipv6.FlagHopLimit, true)
 	}
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("bfd: %s: ask for the received TTL: %w", network, err)
 	}
-	return c, nil
+	return l, nil
 }
 
 // read hands the packets of one listening socket to the loop.
-func (sp *Speaker) read(c *net.UDPConn) {
+func (sp *Speaker) read(l *listener) {
 	defer sp.wg.Done()
-	v4 := c.LocalAddr().(*net.UDPAddr).IP.To4() != nil
-	var p4 *ipv4.PacketConn
-	var p6 *ipv6.PacketConn
-	if v4 {
-		p4 = ipv4.NewPacketConn(c)
-	} else {
-		p6 = ipv6.NewPacketConn(c)
-	}
+	v4, p4, p6 := l.p4 != nil, l.p4, l.p6
 	buf := make([]byte, 1500)
 	for {
 		var (
@@ -375,7 +381,9 @@ func (sp *Speaker) Stats() Stats {
 // Stop tells every peer the sessions go AdminDown (RFC 5882 §3.2: the
 // peer does not take that as a failure of the path) and closes the
 // sockets.
-func (sp *Speaker) Stop() {
+func (sp *Speaker) Stop() { sp.stop.Do(sp.doStop) }
+
+func (sp *Speaker) doStop() {
 	sp.cancel()
 	for _, c := range sp.conns {
 		c.Close()
