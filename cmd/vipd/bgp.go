@@ -40,6 +40,7 @@ func bgpOptions(b config.BGP) bgp.Options {
 		out.Peers = append(out.Peers, bgp.PeerOptions{
 			Address: p.Address, ASN: p.ASN, Port: p.Port, Source: p.Source, Password: p.Password, Multihop: p.Multihop,
 			HoldTime: p.HoldTime, Keepalive: p.Keepalive, Passive: p.Passive, MaxPrefixes: p.MaxPrefixes,
+			BFD: p.BFD, BFDInterval: p.BFDInterval, BFDMultiplier: p.BFDMultiplier,
 		})
 	}
 	return out

@@ -23,6 +23,17 @@ type Change struct {
 	From, To State
 	// Diag is why the session went down.
 	Diag Diag
+	// Remote is the peer's state as last heard: AdminDown when the peer
+	// took the session down on purpose, which its clients must not take
+	// for a failure of the path (RFC 5882 §3.2).
+	Remote State
+}
+
+// Failed reports whether the change is a failure of the path: the
+// session was up and went down, by silence or because the peer saw it
+// down, not because the peer took it administratively down.
+func (c Change) Failed() bool {
+	return c.From == Up && c.To == Down && c.Remote != AdminDown
 }
 
 // Session is one BFD session's state machine (RFC 5880 §6.8), with no
@@ -152,7 +163,7 @@ func (s *Session) Receive(p *Packet, now time.Time) (taken bool, ch Change, chan
 		}
 	}
 	if s.state != from {
-		return true, Change{From: from, To: s.state, Diag: s.diag}, true
+		return true, Change{From: from, To: s.state, Diag: s.diag, Remote: p.State}, true
 	}
 	return true, ch, false
 }
@@ -215,7 +226,7 @@ func (s *Session) Tick(now time.Time) (out *Packet, ch Change, changed bool) {
 		from := s.state
 		if s.state == Init || s.state == Up {
 			s.down(DiagTimeExpired, now)
-			ch, changed = Change{From: from, To: Down, Diag: DiagTimeExpired}, true
+			ch, changed = Change{From: from, To: Down, Diag: DiagTimeExpired, Remote: s.remoteState}, true
 		}
 		// The peer is gone: forget it (§6.8.1).
 		s.remoteDisc, s.remoteState, s.remoteMinRx, s.remoteMinTx, s.remoteMult = 0, Down, time.Microsecond, 0, 0

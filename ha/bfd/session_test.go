@@ -144,7 +144,7 @@ func TestSessionDetectsSilence(t *testing.T) {
 		t.Errorf("a still has a detection time %v for a peer it forgot", p.a.DetectionTime())
 	}
 	ch := p.changes[p.a][0]
-	if ch.From != Up || ch.To != Down || ch.Diag != DiagTimeExpired {
+	if ch.From != Up || ch.To != Down || ch.Diag != DiagTimeExpired || !ch.Failed() {
 		t.Errorf("change %+v, want up → down, time expired", ch)
 	}
 	// b went down too: a's packets told it, diag neighbor down, or... b
@@ -191,15 +191,15 @@ func TestSessionNeighborDown(t *testing.T) {
 	if ch, _ := recv(Up, 7); ch.To != Up {
 		t.Fatalf("init + peer up: %+v, want up", ch)
 	}
-	if ch, _ := recv(Down, 7); ch.To != Down || ch.Diag != DiagNeighborDown {
-		t.Fatalf("up + peer down: %+v, want down, neighbor signaled", ch)
+	if ch, _ := recv(Down, 7); ch.To != Down || ch.Diag != DiagNeighborDown || !ch.Failed() {
+		t.Fatalf("up + peer down: %+v, want down, neighbor signaled, a failure", ch)
 	}
 	recv(Init, 7)
 	if s.State() != Up {
 		t.Fatalf("down + peer init: %v, want up", s.State())
 	}
-	if ch, _ := recv(AdminDown, 7); ch.To != Down || ch.Diag != DiagNeighborDown {
-		t.Fatalf("up + peer admin down: %+v, want down", ch)
+	if ch, _ := recv(AdminDown, 7); ch.To != Down || ch.Diag != DiagNeighborDown || ch.Failed() {
+		t.Fatalf("up + peer admin down: %+v, want down, not a failure", ch)
 	}
 	// From down, a peer that says up does not bring the session up
 	// (§6.8.6: only down → init, init → up).

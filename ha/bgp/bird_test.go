@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -95,6 +96,8 @@ type birdPeer struct {
 	local, remote  netip.Addr
 	asn, remoteASN uint32
 	password       string
+	// bfd turns on BFD for the session (bird's `bfd on`).
+	bfd bool
 }
 
 // bird is a bird process in the peer namespace.
@@ -131,6 +134,9 @@ func newLink(t *testing.T) *nstest.Peer {
 func startBird(t *testing.T, p *nstest.Peer, peers ...birdPeer) *bird {
 	t.Helper()
 	var c strings.Builder
+	if slices.ContainsFunc(peers, func(bp birdPeer) bool { return bp.bfd }) {
+		c.WriteString("protocol bfd {\n  interface \"vp\" { interval 100 ms; multiplier 3; };\n}\n")
+	}
 	for _, bp := range peers {
 		family := "ipv4"
 		if bp.remote.Is6() {
@@ -140,6 +146,9 @@ func startBird(t *testing.T, p *nstest.Peer, peers ...birdPeer) *bird {
 		fmt.Fprintf(&c, "  hold time 9;\n  keepalive time 3;\n  connect delay time 1;\n  connect retry time 1;\n  error wait time 1, 2;\n")
 		if bp.password != "" {
 			fmt.Fprintf(&c, "  password %q;\n", bp.password)
+		}
+		if bp.bfd {
+			c.WriteString("  bfd on;\n")
 		}
 		fmt.Fprintf(&c, "  %s { import all; export none; gateway direct; };\n}\n", family)
 	}
@@ -448,5 +457,100 @@ func TestRetireAndSet(t *testing.T) {
 	br.route("192.0.2.10/32", 5*time.Second, `BGP\.origin: IGP`)
 	if err := sp.Set(map[netip.Prefix]Attrs{netip.MustParsePrefix("192.0.2.0/24"): {}}); err == nil {
 		t.Error("Set of a /24: no error")
+	}
+}
+
+// TestBirdBFD: with BFD on both sides, the silence of the node (a dead node:
+// no NOTIFICATION, no withdrawal) takes the node's routes out of bird
+// within about BFD's detection time (3 × 100 ms), not the hold time (9
+// s); vipd sees BFD go down and resets its side of the BGP session; when
+// the path is back, both sessions come up again and the routes return.
+func TestBirdBFD(t *testing.T) {
+	p := newLink(t)
+	br := startBird(t, p,
+		birdPeer{name: "vipd4", local: bird4, remote: vipd4, asn: 65000, remoteASN: 65001, bfd: true},
+		birdPeer{name: "vipd6", local: bird6, remote: vipd6, asn: 65000, remoteASN: 65001, bfd: true})
+	var mu sync.Mutex
+	var bfdStates []string
+	cfg := testBGP(PeerOptions{Address: bird4, ASN: 65000, BFD: true, BFDInterval: 100 * time.Millisecond, BFDMultiplier: 3},
+		PeerOptions{Address: bird6, ASN: 65000, BFD: true, BFDInterval: 100 * time.Millisecond, BFDMultiplier: 3})
+	log, logs := captureLogger(t)
+	sp, err := Start(context.Background(), withRun(cfg, Options{ConnectRetry: time.Second, Logger: log, OnPeer: func(p Peer) {
+		if p.Address == bird4 {
+			mu.Lock()
+			bfdStates = append(bfdStates, p.BFD)
+			mu.Unlock()
+		}
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sp.Stop(context.Background()) })
+	up := func() (bool, string) {
+		ps := sp.Peers()
+		ok4, out4 := br.established("vipd4")
+		ok6, out6 := br.established("vipd6")
+		return ok4 && ok6 && ps[0].BFD == "up" && ps[1].BFD == "up", fmt.Sprint(ps) + out4 + out6 + must(br.ctl("show bfd sessions"))
+	}
+	br.waitFor("BGP and BFD up", 20*time.Second, up)
+	vip := netip.MustParsePrefix("192.0.2.10/32")
+	vip6 := netip.MustParsePrefix("2001:db8:10::a/128")
+	if err := sp.Set(map[netip.Prefix]Attrs{vip: {}, vip6: {}}); err != nil {
+		t.Fatal(err)
+	}
+	br.route(vip.String(), 5*time.Second, `unicast \[vipd4 `)
+	br.route(vip6.String(), 5*time.Second, `unicast \[vipd6 `)
+
+	cut := time.Now()
+	lift := silence(t, "vb")
+	br.route(vip.String(), 2*time.Second)
+	took := time.Since(cut)
+	br.route(vip6.String(), time.Second)
+	t.Logf("silence: bird dropped the node's route after %v (BFD 3 × 100 ms; hold time 9 s)", took.Round(time.Millisecond))
+	if took > time.Second {
+		t.Errorf("bird took %v to drop the route, want under 1 s", took)
+	}
+	br.waitFor("vipd's reset of the BGP session", 2*time.Second, func() (bool, string) {
+		return strings.Contains(logs.String(), `msg="bgp: BFD session down; resetting the BGP session" peer=10.99.0.2`), logs.String()
+	})
+	lift()
+	br.waitFor("BGP and BFD up again", 20*time.Second, up)
+	br.route(vip.String(), 5*time.Second, `unicast \[vipd4 `)
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Contains(bfdStates, "down") || bfdStates[len(bfdStates)-1] != "up" {
+		t.Errorf("OnPeer's BFD states %v: want a down, ending up", bfdStates)
+	}
+}
+
+func must(s string, _ error) string { return s }
+
+// silence drops every packet in and out of link in the test's namespace
+// (a dead node: the link keeps its carrier, so the peer learns nothing
+// from the link itself), until the returned function lifts it.
+func silence(t *testing.T, link string) (lift func()) {
+	t.Helper()
+	rules := [][]string{{"INPUT", "-i", link}, {"OUTPUT", "-o", link}}
+	for _, cmd := range []string{"iptables", "ip6tables"} {
+		for _, r := range rules {
+			if out, err := exec.Command(cmd, append([]string{"-I", r[0]}, append(r[1:], "-j", "DROP")...)...).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v: %s", cmd, err, out)
+			}
+		}
+	}
+	var once sync.Once
+	lift = func() { once.Do(func() { unsilence(t, rules) }) }
+	t.Cleanup(lift)
+	return lift
+}
+
+// unsilence deletes silence's rules.
+func unsilence(t *testing.T, rules [][]string) {
+	for _, cmd := range []string{"iptables", "ip6tables"} {
+		for _, r := range rules {
+			if out, err := exec.Command(cmd, append([]string{"-D", r[0]}, append(r[1:], "-j", "DROP")...)...).CombinedOutput(); err != nil {
+				t.Errorf("%s: %v: %s", cmd, err, out)
+			}
+		}
 	}
 }

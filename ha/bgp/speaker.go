@@ -38,6 +38,8 @@ import (
 	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
 	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v3/pkg/server"
+
+	"github.com/vipd/vipd/ha/bfd"
 )
 
 // Options configure a Speaker.
@@ -71,6 +73,9 @@ type Options struct {
 	// max_prefixes stays down before vipd connects again; zero means
 	// DefaultMaxPrefixesHold.
 	MaxPrefixesHold time.Duration
+	// BFDPort is the UDP port of the BFD sessions; 0 is 3784 (tests
+	// use another).
+	BFDPort uint16
 }
 
 // PeerOptions configure the session with one peer.
@@ -94,6 +99,12 @@ type PeerOptions struct {
 	// MaxPrefixes is the most routes of one family the peer may send;
 	// 0 is DefaultMaxPrefixes.
 	MaxPrefixes uint32
+	// BFD runs a single-hop BFD session with the peer (package
+	// ha/bfd), every BFDInterval once up, declared down after
+	// BFDMultiplier intervals without a packet.
+	BFD           bool
+	BFDInterval   time.Duration
+	BFDMultiplier uint8
 }
 
 // Attrs are the attributes of an announcement.
@@ -133,6 +144,9 @@ type Peer struct {
 	// Limited is when the peer last sent more routes than its
 	// max_prefixes and its session was cut; zero if it never did.
 	Limited time.Time
+	// BFD is the state of the peer's BFD session ("down", "init", "up",
+	// "admindown"), empty without one.
+	BFD string
 }
 
 // Established reports whether the session is up.
@@ -165,6 +179,9 @@ type Speaker struct {
 	closing bool
 	done    chan struct{}
 	holds   sync.WaitGroup
+
+	// bfd runs the peers' BFD sessions; nil when no peer has one.
+	bfd *bfd.Speaker
 }
 
 // DefaultMaxPrefixesHold is how long a peer that sent more routes than
@@ -219,6 +236,9 @@ func Start(ctx context.Context, opts Options) (*Speaker, error) {
 	}
 	for _, p := range b.Peers {
 		sp.peers[p.Address] = &Peer{Address: p.Address, ASN: p.ASN, State: "idle"}
+		if p.BFD {
+			sp.peers[p.Address].BFD = bfd.Down.String()
+		}
 	}
 	// The watch is in place before the peers are added, so that no
 	// change of state is missed.
@@ -232,8 +252,70 @@ func Start(ctx context.Context, opts Options) (*Speaker, error) {
 			return nil, fmt.Errorf("bgp peer %s: %w", p.Address, err)
 		}
 	}
+	if err := sp.startBFD(); err != nil {
+		sp.s.Stop()
+		return nil, err
+	}
 	sp.log.Info("bgp: started", "asn", b.ASN, "router_id", b.RouterID, "listen_port", b.ListenPort, "peers", len(b.Peers))
 	return sp, nil
+}
+
+// startBFD starts the BFD sessions of the peers that have one.
+func (sp *Speaker) startBFD() error {
+	var peers []bfd.PeerOptions
+	for _, p := range sp.opts.Peers {
+		if p.BFD {
+			peers = append(peers, bfd.PeerOptions{Address: p.Address, Source: p.Source,
+				Config: bfd.Config{Interval: p.BFDInterval, DetectMult: p.BFDMultiplier}})
+		}
+	}
+	if len(peers) == 0 {
+		return nil
+	}
+	b, err := bfd.Start(bfd.Options{Peers: peers, Port: sp.opts.BFDPort, Logger: sp.log, OnChange: sp.bfdChange})
+	if err != nil {
+		return err
+	}
+	sp.bfd = b
+	return nil
+}
+
+// bfdChange is called, from the BFD speaker's goroutine, on every change
+// of a BFD session's state. When a session that was up fails (silence,
+// or the peer saw it fail; not when the peer took it down on purpose),
+// the BGP session with that peer is reset at once: a router that runs
+// BFD for its BGP session has dropped the node already (that is what
+// BFD is for), so vipd's side of the session is dead too, and a reset
+// lets the two connect again as soon as the path is back instead of
+// after the hold time; and vipd status says what the router sees.
+func (sp *Speaker) bfdChange(addr netip.Addr, ch bfd.Change) {
+	sp.pmu.Lock()
+	p, ok := sp.peers[addr]
+	if !ok {
+		sp.pmu.Unlock()
+		return
+	}
+	p.BFD = ch.To.String()
+	cp := sp.peerCopy(p)
+	reset := ch.Failed() && !sp.closing
+	if reset {
+		sp.holds.Add(1)
+	}
+	sp.pmu.Unlock()
+	if sp.opts.OnPeer != nil {
+		sp.opts.OnPeer(cp)
+	}
+	if !reset {
+		return
+	}
+	go func() {
+		defer sp.holds.Done()
+		sp.log.Warn("bgp: BFD session down; resetting the BGP session", "peer", addr, "diag", ch.Diag)
+		if err := sp.s.ResetPeer(context.Background(), &api.ResetPeerRequest{Address: addr.String(),
+			Communication: "BFD session down: " + ch.Diag.String()}); err != nil {
+			sp.log.Warn("bgp: reset the session after BFD went down", "peer", addr, "err", err)
+		}
+	}()
 }
 
 // The names of the policy vipd gives GoBGP and of its defined sets.
@@ -290,6 +372,10 @@ func apiPeer(p PeerOptions, retry time.Duration) *api.Peer {
 		Timers: &api.Timers{Config: &api.TimersConfig{
 			HoldTime: uint64(p.HoldTime / time.Second), KeepaliveInterval: uint64(p.Keepalive / time.Second),
 			ConnectRetry: uint64(max(retry/time.Second, 1)),
+			// After a reset (a BFD session down) vipd connects again
+			// as soon as it would after a failed attempt, not after
+			// GoBGP's 30 s.
+			IdleHoldTimeAfterReset: uint64(max(retry/time.Second, 1)),
 		}},
 		Transport: &api.Transport{PassiveMode: p.Passive, RemotePort: uint32(p.Port)},
 		AfiSafis: []*api.AfiSafi{{
@@ -632,6 +718,11 @@ func (sp *Speaker) Stop(ctx context.Context) error {
 	close(sp.done)
 	sp.pmu.Unlock()
 	sp.holds.Wait()
+	if sp.bfd != nil {
+		// AdminDown first: the routers do not take the end of the
+		// sessions for a failure (RFC 5882 §3.2); the Cease follows.
+		sp.bfd.Stop()
+	}
 	sp.s.Stop()
 	sp.log.Info("bgp: stopped")
 	return err
