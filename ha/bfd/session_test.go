@@ -1,6 +1,7 @@
 package bfd
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 )
@@ -301,4 +302,39 @@ func TestSessionAdminDown(t *testing.T) {
 	if _, ch, changed := s.Receive(&Packet{State: Up, DetectMult: 3, MyDisc: 9, YourDisc: 7}, t0); changed {
 		t.Fatalf("an admin down session changed: %+v", ch)
 	}
+}
+
+// TestStartRefuses: a speaker refuses a peer listed twice, an invalid
+// address, and timers that are not positive.
+func TestStartRefuses(t *testing.T) {
+	a := netip.MustParseAddr("192.0.2.1")
+	ok := Config{Interval: 100 * time.Millisecond, DetectMult: 3}
+	for _, tt := range []struct {
+		name  string
+		peers []PeerOptions
+		want  string
+	}{
+		{"twice", []PeerOptions{{Address: a, Config: ok}, {Address: a, Config: ok}}, "bfd: peer 192.0.2.1 is invalid or listed twice"},
+		{"invalid", []PeerOptions{{Config: ok}}, "bfd: peer invalid IP is invalid or listed twice"},
+		{"interval", []PeerOptions{{Address: a, Config: Config{DetectMult: 3}}}, "bfd: peer 192.0.2.1: interval 0s and multiplier 3 must be positive"},
+		{"multiplier", []PeerOptions{{Address: a, Config: Config{Interval: time.Second}}}, "bfd: peer 192.0.2.1: interval 1s and multiplier 0 must be positive"},
+	} {
+		sp, err := Start(Options{Peers: tt.peers, Port: 1})
+		if err == nil {
+			sp.Stop()
+			t.Errorf("%s: started", tt.name)
+		} else if err.Error() != tt.want {
+			t.Errorf("%s: %v, want %s", tt.name, err, tt.want)
+		}
+	}
+	// A peer without a route (its link is not up yet) is no reason to
+	// refuse to start: the sends fail until it has one.
+	sp, err := Start(Options{Peers: []PeerOptions{{Address: a, Config: ok}}, Port: 47841})
+	if err != nil {
+		t.Fatalf("a peer without a route: %v", err)
+	}
+	if st, known := sp.State(a); !known || st != Down {
+		t.Errorf("state %v %v, want down", st, known)
+	}
+	sp.Stop()
 }

@@ -80,6 +80,8 @@ type peer struct {
 	PeerOptions
 	s    *Session
 	conn *net.UDPConn
+	// to is the peer's BFD address and port.
+	to netip.AddrPort
 }
 
 type received struct {
@@ -102,22 +104,26 @@ func Start(opts Options) (*Speaker, error) {
 	sp := &Speaker{opts: opts, log: opts.Logger, sessions: map[netip.Addr]*peer{}, in: make(chan received, 64)}
 	now := time.Now()
 	var has4, has6 bool
+	seen := map[netip.Addr]bool{}
 	for _, p := range opts.Peers {
 		a := p.Address.Unmap()
-		if _, dup := sp.sessions[a]; dup || !a.IsValid() {
-			sp.close()
+		if seen[a] || !a.IsValid() {
 			return nil, fmt.Errorf("bfd: peer %s is invalid or listed twice", p.Address)
 		}
+		seen[a] = true
 		if p.Interval <= 0 || p.DetectMult == 0 {
-			sp.close()
 			return nil, fmt.Errorf("bfd: peer %s: interval %s and multiplier %d must be positive", a, p.Interval, p.DetectMult)
 		}
+	}
+	for _, p := range opts.Peers {
+		a := p.Address.Unmap()
 		conn, err := sp.sender(a, p.Source)
 		if err != nil {
 			sp.close()
 			return nil, err
 		}
-		sp.sessions[a] = &peer{PeerOptions: p, s: NewSession(p.Config, sp.disc(), mrand.Float64, now), conn: conn}
+		sp.sessions[a] = &peer{PeerOptions: p, s: NewSession(p.Config, sp.disc(), mrand.Float64, now), conn: conn,
+			to: netip.AddrPortFrom(a, opts.Port)}
 		has4, has6 = has4 || a.Is4(), has6 || a.Is6()
 	}
 	for _, fam := range []struct {
@@ -161,8 +167,11 @@ func (sp *Speaker) disc() uint32 {
 	}
 }
 
-// sender returns a socket connected to the peer's BFD port, from a
-// source port in 49152..65535, sending with TTL 255.
+// sender returns the socket of the session with a, bound to a source
+// port in 49152..65535 (and to src when set), sending with TTL 255. It
+// is not connected: a peer without a route yet (its link is down at
+// start) is a failed send, retried at the next packet, not a failed
+// start.
 func (sp *Speaker) sender(a, src netip.Addr) (*net.UDPConn, error) {
 	network := "udp4"
 	if a.Is6() {
@@ -172,8 +181,7 @@ func (sp *Speaker) sender(a, src netip.Addr) (*net.UDPConn, error) {
 	for range 64 {
 		var c *net.UDPConn
 		port := 49152 + mrand.IntN(65536-49152)
-		c, err = net.DialUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, uint16(port))),
-			net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, sp.opts.Port)))
+		c, err = net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, uint16(port))))
 		if errors.Is(err, syscall.EADDRINUSE) {
 			continue
 		}
@@ -351,7 +359,7 @@ func (sp *Speaker) changed(a netip.Addr, p *peer, ch Change) {
 }
 
 func (sp *Speaker) send(p *peer, pkt *Packet) {
-	if _, err := p.conn.Write(pkt.Marshal()); err != nil {
+	if _, err := p.conn.WriteToUDPAddrPort(pkt.Marshal(), p.to); err != nil {
 		sp.log.Debug("bfd: send", "peer", p.Address, "err", err)
 		return
 	}

@@ -516,6 +516,24 @@ func TestBirdBFD(t *testing.T) {
 	lift()
 	br.waitFor("BGP and BFD up again", 20*time.Second, up)
 	br.route(vip.String(), 5*time.Second, `unicast \[vipd4 `)
+
+	// bird restarts its BGP session, and with it its BFD session (a new
+	// discriminator): vipd sees the old BFD session fail while its BGP
+	// session is down or being set up, and leaves that alone; the
+	// sessions come back and stay up.
+	resets := strings.Count(logs.String(), "resetting the BGP session")
+	if out, err := br.ctl("restart vipd4"); err != nil {
+		t.Fatalf("birdc restart: %v: %s", err, out)
+	}
+	time.Sleep(time.Second)
+	br.waitFor("BGP and BFD up after bird's restart", 20*time.Second, up)
+	time.Sleep(3 * time.Second)
+	if ok, out := up(); !ok {
+		t.Errorf("the sessions did not stay up after bird's restart:\n%s", out)
+	}
+	if n := strings.Count(logs.String(), "resetting the BGP session"); n > resets+1 {
+		t.Errorf("bird's restart made vipd reset %d times", n-resets)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if !slices.Contains(bfdStates, "down") || bfdStates[len(bfdStates)-1] != "up" {

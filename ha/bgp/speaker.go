@@ -281,13 +281,8 @@ func (sp *Speaker) startBFD() error {
 }
 
 // bfdChange is called, from the BFD speaker's goroutine, on every change
-// of a BFD session's state. When a session that was up fails (silence,
-// or the peer saw it fail; not when the peer took it down on purpose),
-// the BGP session with that peer is reset at once: a router that runs
-// BFD for its BGP session has dropped the node already (that is what
-// BFD is for), so vipd's side of the session is dead too, and a reset
-// lets the two connect again as soon as the path is back instead of
-// after the hold time; and vipd status says what the router sees.
+// of a BFD session's state; when resetOnBFD says so, the BGP session
+// with that peer is reset at once.
 func (sp *Speaker) bfdChange(addr netip.Addr, ch bfd.Change) {
 	sp.pmu.Lock()
 	p, ok := sp.peers[addr]
@@ -297,7 +292,7 @@ func (sp *Speaker) bfdChange(addr netip.Addr, ch bfd.Change) {
 	}
 	p.BFD = ch.To.String()
 	cp := sp.peerCopy(p)
-	reset := ch.Failed() && !sp.closing
+	reset := resetOnBFD(*p, ch) && !sp.closing
 	if reset {
 		sp.holds.Add(1)
 	}
@@ -316,6 +311,25 @@ func (sp *Speaker) bfdChange(addr netip.Addr, ch bfd.Change) {
 			sp.log.Warn("bgp: reset the session after BFD went down", "peer", addr, "err", err)
 		}
 	}()
+}
+
+// resetOnBFD reports whether a change of the BFD session with peer p
+// resets p's BGP session: when the BFD session failed (silence, or the
+// peer saw it fail; not when the peer took it down on purpose, RFC 5882
+// §3.2) while the BGP session is established.
+//
+// A router that runs BFD for its BGP session has dropped the session and
+// the node's routes when BFD fails (that is what it runs BFD for), so
+// vipd's side of the session is dead too: a reset lets the two connect
+// again as soon as the path is back, instead of after the hold time (90
+// s by default; vipd may not listen, and then only it can connect), and
+// vipd status says what the router sees. A BGP session that is not
+// established is left alone: a router such as bird starts a new BFD
+// session with each BGP session and drops the old one, which vipd then
+// sees fail; resetting the BGP session being set up then would only
+// delay it, again and again.
+func resetOnBFD(p Peer, ch bfd.Change) bool {
+	return ch.Failed() && p.Established()
 }
 
 // The names of the policy vipd gives GoBGP and of its defined sets.
