@@ -18,6 +18,12 @@
 // (Maximum Number of Prefixes Reached, RFC 4486), what it sent is
 // dropped, a warning is logged, and the session stays down for
 // Options.MaxPrefixesHold before vipd connects again.
+//
+// A peer with BFD (PeerOptions.BFD) also gets a single-hop BFD session
+// (package ha/bfd), so that a router that runs BFD for the BGP session
+// drops a node that dies within BFD's detection time rather than its
+// hold time; when that BFD session fails while the BGP session is
+// established, the speaker resets the BGP session (see resetOnBFD).
 package bgp
 
 import (
