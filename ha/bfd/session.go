@@ -120,6 +120,7 @@ func (s *Session) Receive(p *Packet, now time.Time) (taken bool, ch Change, chan
 	if p.YourDisc != 0 && p.YourDisc != s.localDisc {
 		return false, ch, false
 	}
+	prevMinTx, prevMult := s.remoteMinTx, s.remoteMult
 	s.remoteDisc = p.MyDisc
 	s.remoteState = p.State
 	s.remoteMinRx = p.RequiredMinRx
@@ -129,7 +130,14 @@ func (s *Session) Receive(p *Packet, now time.Time) (taken bool, ch Change, chan
 		s.polling = false
 		s.txInterval = s.desiredMinTx
 	}
-	s.detectAt = now.Add(s.DetectionTime())
+	detect := s.DetectionTime()
+	if prevMult != 0 && p.DesiredMinTx < prevMinTx {
+		// The peer sends faster from now on (the poll of a session
+		// that came up), but its next packet may still be due at the
+		// old interval, armed before: wait for it by the old one once.
+		detect = max(detect, time.Duration(prevMult)*max(s.cfg.Interval, prevMinTx))
+	}
+	s.detectAt = now.Add(detect)
 	if iv := s.TxInterval(); iv > 0 && s.state != AdminDown && (s.nextTx.IsZero() || s.nextTx.After(now.Add(iv))) {
 		// The peer asked for no packets before, or asks for them more
 		// often now.

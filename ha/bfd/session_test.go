@@ -338,3 +338,27 @@ func TestStartRefuses(t *testing.T) {
 	}
 	sp.Stop()
 }
+
+// TestSessionPeerSpeedsUp: when the peer lowers its DesiredMinTx (its
+// poll once up), the packet that says so is waited for by the old
+// interval once: the peer's next packet may be due at the old one. The
+// packet after it uses the new.
+func TestSessionPeerSpeedsUp(t *testing.T) {
+	s := NewSession(Config{Interval: 100 * time.Millisecond, DetectMult: 3}, 7, func() float64 { return 0 }, t0)
+	recv := func(at time.Time, minTx time.Duration) {
+		s.Receive(&Packet{State: Up, DetectMult: 3, MyDisc: 9, YourDisc: 7, DesiredMinTx: minTx, RequiredMinRx: 100 * time.Millisecond}, at)
+	}
+	s.Receive(&Packet{State: Init, DetectMult: 3, MyDisc: 9, YourDisc: 7, DesiredMinTx: time.Second, RequiredMinRx: 100 * time.Millisecond}, t0)
+	recv(t0.Add(100*time.Millisecond), 100*time.Millisecond)
+	// 900 ms later the old interval's packet is not overdue.
+	if _, _, changed := s.Tick(t0.Add(1000 * time.Millisecond)); changed || s.State() != Up {
+		t.Fatalf("down %v after the peer sped up: %v", 900*time.Millisecond, s.State())
+	}
+	recv(t0.Add(1050*time.Millisecond), 100*time.Millisecond)
+	if _, _, changed := s.Tick(t0.Add(1300 * time.Millisecond)); changed {
+		t.Fatal("down before the new detection time")
+	}
+	if _, ch, changed := s.Tick(t0.Add(1350 * time.Millisecond)); !changed || ch.Diag != DiagTimeExpired {
+		t.Fatalf("not down 300 ms after the last packet at the new interval: %+v", ch)
+	}
+}
