@@ -178,6 +178,13 @@ func (c *changes) add(a netip.Addr, ch Change) {
 	c.got = append(c.got, fmt.Sprintf("%s %s>%s %s", a, ch.From, ch.To, ch.Diag))
 }
 
+// list returns a copy of the changes.
+func (c *changes) list() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.got)
+}
+
 func (c *changes) has(s string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -216,11 +223,8 @@ func TestBird(t *testing.T) {
 	if !strings.Contains(b.run("show", "bfd", "sessions"), "0.100") {
 		t.Errorf("bird does not use the 100 ms interval:\n%s", b.run("show", "bfd", "sessions"))
 	}
-	c.mu.Lock()
-	flaps := slices.ContainsFunc(c.got, func(s string) bool { return strings.Contains(s, "up>down") })
-	c.mu.Unlock()
-	if flaps {
-		t.Fatalf("a session flapped: %v", c.got)
+	if got := c.list(); slices.ContainsFunc(got, func(s string) bool { return strings.Contains(s, "up>down") }) {
+		t.Fatalf("a session flapped: %v", got)
 	}
 
 	// The path goes silent (the link keeps its carrier, as a dead
@@ -231,7 +235,7 @@ func TestBird(t *testing.T) {
 	eventually(t, 2*time.Second, func() bool { return b.state(self4) == "Down" }, "bird's session with %s did not go down", self4)
 	birdTook := time.Since(cut)
 	eventually(t, 2*time.Second, func() bool { return c.has(bird4.String() + " up>down control detection time expired") },
-		"the speaker did not see bird's silence: %v", c.got)
+		"the speaker did not see bird's silence: %v", c.list())
 	t.Logf("silence: bird saw the session down after %v (detection time 300 ms)", birdTook.Round(time.Millisecond))
 	if birdTook > 1500*time.Millisecond {
 		t.Errorf("bird took %v to see the session down, want about 300 ms", birdTook)
@@ -295,7 +299,7 @@ func TestRefusals(t *testing.T) {
 	eventually(t, time.Second, func() bool { return sp.Stats().WrongDisc == 1 }, "the packet for another discriminator was not counted: %+v", sp.Stats())
 	time.Sleep(300 * time.Millisecond)
 	if st, _ := sp.State(bird4); st != Up || c.has(bird4.String()+" up>down neighbor signaled session down") {
-		t.Fatalf("a refused packet took the session down: %v %v", st, c.got)
+		t.Fatalf("a refused packet took the session down: %v %v", st, c.list())
 	}
 	if _, ok := sp.State(other4); ok {
 		t.Fatal("a session exists for an address that is no peer")
@@ -303,7 +307,7 @@ func TestRefusals(t *testing.T) {
 
 	sendFrom(t, p, bird4, 255, down)
 	eventually(t, time.Second, func() bool { return c.has(bird4.String() + " up>down neighbor signaled session down") },
-		"the same packet with TTL 255 from the peer did not take the session down: %v", c.got)
+		"the same packet with TTL 255 from the peer did not take the session down: %v", c.list())
 	_ = b
 }
 
