@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/ha/bgp"
 	"github.com/vipd/vipd/kernel/link"
 	"github.com/vipd/vipd/lb/lbtest/nstest"
@@ -22,6 +24,26 @@ import (
 // speakerAnnouncer is a bgp.Speaker as the agent's Announcer, as the
 // daemon wires it (cmd/vipd).
 type speakerAnnouncer struct{ *bgp.Speaker }
+
+func (s speakerAnnouncer) Set(routes map[netip.Prefix]config.BGPAttrs) error {
+	out := make(map[netip.Prefix]bgp.Attrs, len(routes))
+	for p, a := range routes {
+		out[p] = bgp.Attrs{Communities: a.Communities, LocalPref: a.LocalPref, MED: a.MED, HasLocalPref: a.HasLocalPref, HasMED: a.HasMED}
+	}
+	return s.Speaker.Set(out)
+}
+
+// speakerOptions maps the [bgp] section as cmd/vipd's bgpOptions does,
+// for the keys this file's tests use.
+func speakerOptions(b config.BGP) bgp.Options {
+	o := bgp.Options{ASN: b.ASN, RouterID: b.RouterID, ListenPort: b.ListenPort, WithdrawWait: b.WithdrawWait,
+		ConnectRetry: time.Second, Logger: slog.New(slog.DiscardHandler)}
+	for _, p := range b.Peers {
+		o.Peers = append(o.Peers, bgp.PeerOptions{Address: p.Address, ASN: p.ASN, Port: p.Port, HoldTime: p.HoldTime,
+			Keepalive: p.Keepalive, MaxPrefixes: p.MaxPrefixes})
+	}
+	return o
+}
 
 func (s speakerAnnouncer) Peers() []BGPPeer {
 	var out []BGPPeer
@@ -135,7 +157,7 @@ hold_time = "9s"
 `
 	r := newRigWith(t, section+services(1, 1), func(o *Options) {
 		o.OpenAnnouncer = func(ctx context.Context, ao AnnouncerOptions) (Announcer, error) {
-			sp, err := bgp.Start(ctx, bgp.Options{BGP: ao.BGP, ConnectRetry: time.Second, Logger: slog.New(slog.DiscardHandler)})
+			sp, err := bgp.Start(ctx, speakerOptions(ao.BGP))
 			if err != nil {
 				return nil, err
 			}

@@ -75,6 +75,17 @@ type BGPPeer struct {
 	// more is sent a Cease (Maximum Number of Prefixes Reached, RFC 4486)
 	// and its session stays down for a minute (see ha/bgp).
 	MaxPrefixes uint32
+	// BFD runs a BFD session (RFC 5880/5881, single hop) with the peer,
+	// so that a router that runs BFD sees the node die within
+	// BFDMultiplier × BFDInterval instead of its hold time; when the
+	// session goes down vipd resets the BGP session (see ha/bgp).
+	BFD bool
+	// BFDInterval is how often vipd sends BFD packets once the session
+	// is up and how often it asks the peer to; BFDMultiplier the number
+	// of intervals without a packet after which either side declares
+	// the session down.
+	BFDInterval   time.Duration
+	BFDMultiplier uint8
 }
 
 // BGPAttrs are the attributes of an announcement.
@@ -112,6 +123,13 @@ const (
 	// MaxBGPMaxPrefixes is the largest max_prefixes, about a full
 	// Internet table of one family: vipd has no use for more.
 	MaxBGPMaxPrefixes = 1_000_000
+	// DefaultBFDInterval and DefaultBFDMultiplier detect a dead node in
+	// 600 ms; MinBFDInterval is the shortest interval offered: below it
+	// a busy node's scheduling delays make false failures likely.
+	DefaultBFDInterval   = 200 * time.Millisecond
+	DefaultBFDMultiplier = 3
+	MinBFDInterval       = 50 * time.Millisecond
+	MaxBFDInterval       = 10 * time.Second
 )
 
 // Attrs returns the attributes of the announcements of service name.
@@ -181,7 +199,10 @@ type rawBGPPeer struct {
 	Keepalive *duration `toml:"keepalive"`
 	Passive   *bool     `toml:"passive"`
 	// MaxPrefixes is max_prefixes.
-	MaxPrefixes *int64 `toml:"max_prefixes"`
+	MaxPrefixes   *int64    `toml:"max_prefixes"`
+	BFD           *bool     `toml:"bfd"`
+	BFDInterval   *duration `toml:"bfd_interval"`
+	BFDMultiplier *int64    `toml:"bfd_multiplier"`
 }
 
 type rawBGPAttrs struct {
@@ -369,7 +390,37 @@ func (v *validator) bgpPeer(p *rawBGPPeer, path, ctx string) (BGPPeer, bool) {
 		v.errorf(path+".keepalive", ctx, "keepalive %s must be whole seconds, at least 1s and less than hold_time %s", out.Keepalive, out.HoldTime)
 	}
 	setBool(&out.Passive, p.Passive)
+	v.bfd(p, &out, path, ctx)
 	return out, ok
+}
+
+// bfd validates a peer's BFD keys.
+func (v *validator) bfd(p *rawBGPPeer, out *BGPPeer, path, ctx string) {
+	setBool(&out.BFD, p.BFD)
+	if !out.BFD {
+		if p.BFDInterval != nil {
+			v.errorf(path+".bfd_interval", ctx, "bfd_interval without bfd = true: no BFD session runs")
+		}
+		if p.BFDMultiplier != nil {
+			v.errorf(path+".bfd_multiplier", ctx, "bfd_multiplier without bfd = true: no BFD session runs")
+		}
+		return
+	}
+	if out.Multihop > 0 {
+		v.errorf(path+".bfd", ctx, "bfd with multihop: vipd runs single-hop BFD (RFC 5881, TTL 255), for a directly connected peer only")
+	}
+	out.BFDInterval = v.duration(p.BFDInterval, DefaultBFDInterval, path+".bfd_interval", ctx, "bfd_interval")
+	if out.BFDInterval < MinBFDInterval || out.BFDInterval > MaxBFDInterval || out.BFDInterval%time.Millisecond != 0 {
+		v.errorf(path+".bfd_interval", ctx, "bfd_interval %s must be whole milliseconds from %s to %s", out.BFDInterval, MinBFDInterval, MaxBFDInterval)
+	}
+	out.BFDMultiplier = DefaultBFDMultiplier
+	if p.BFDMultiplier != nil {
+		if *p.BFDMultiplier < 2 || *p.BFDMultiplier > 255 {
+			v.errorf(path+".bfd_multiplier", ctx, "bfd_multiplier %d is outside 2..255 (1 would declare the node dead on one lost packet)", *p.BFDMultiplier)
+		} else {
+			out.BFDMultiplier = uint8(*p.BFDMultiplier)
+		}
+	}
 }
 
 // bgpAttrs validates announcement attributes; the keys r leaves unset are

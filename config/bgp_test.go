@@ -61,6 +61,9 @@ address = "2001:db8::fe"
 asn = 65000
 port = 1790
 passive = true
+bfd = true
+bfd_interval = "100ms"
+bfd_multiplier = 4
 
 [bgp.service.web]
 communities = ["65000:200"]
@@ -79,7 +82,7 @@ med = 20
 			{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000, Port: 179, Source: netip.MustParseAddr("192.0.2.1"),
 				Password: "s3cret", Multihop: 2, HoldTime: 9 * time.Second, Keepalive: 3 * time.Second, MaxPrefixes: 5},
 			{Address: netip.MustParseAddr("2001:db8::fe"), ASN: 65000, Port: 1790, HoldTime: 90 * time.Second, Keepalive: 30 * time.Second, Passive: true,
-				MaxPrefixes: 1000},
+				MaxPrefixes: 1000, BFD: true, BFDInterval: 100 * time.Millisecond, BFDMultiplier: 4},
 		},
 		Default: def, Services: map[string]BGPAttrs{"web": web},
 		GracefulShutdown: true, GracefulShutdownWait: 10 * time.Second, WithdrawWait: 3 * time.Second,
@@ -111,9 +114,26 @@ med = 20
 	if err != nil || !cfg5.BGP.SessionsEqual(cfg.BGP) || cfg5.BGP.Equal(cfg.BGP) {
 		t.Errorf("edit of track_interfaces: %+v %v", cfg5.BGP, err)
 	}
+	// A change of BFD's timers changes the sessions.
+	cfg6, _, err := ParseFrom(cfg, "t.toml", []byte(strings.Replace(in, `bfd_interval = "100ms"`, `bfd_interval = "300ms"`, 1)))
+	if err != nil || cfg6.BGP.SessionsEqual(cfg.BGP) {
+		t.Errorf("edit of a peer's bfd_interval: %+v %v", cfg6.BGP, err)
+	}
 	cfg4, _, err := ParseFrom(cfg, "t.toml", []byte(strings.Replace(in, "max_prefixes = 5", "max_prefixes = 6", 1)))
 	if err != nil || cfg4.BGP.SessionsEqual(cfg.BGP) || cfg4.BGP.Peers[0].MaxPrefixes != 6 {
 		t.Errorf("edit of a peer's max_prefixes: %+v %v", cfg4.BGP, err)
+	}
+}
+
+// TestBGPBFDDefaults: bfd = true alone runs BFD at 200 ms × 3.
+func TestBGPBFDDefaults(t *testing.T) {
+	cfg, err := Parse("t.toml", []byte("[bgp]\nasn = 65001\nrouter_id = \"192.0.2.1\"\n[[bgp.peer]]\naddress = \"192.0.2.254\"\nasn = 65000\nbfd = true\n"+haService))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := cfg.BGP.Peers[0]
+	if !p.BFD || p.BFDInterval != 200*time.Millisecond || p.BFDMultiplier != 3 {
+		t.Errorf("bfd = true: %+v, want 200ms × 3", p)
 	}
 }
 
@@ -159,6 +179,16 @@ func TestBGPErrors(t *testing.T) {
 		{"gshut wait alone", head + "graceful_shutdown_wait = \"1s\"\n" + peer, `t.toml:4: bgp: graceful_shutdown_wait without graceful_shutdown = true`},
 		{"withdraw wait", head + "withdraw_wait = \"11m\"\n" + peer, `t.toml:4: bgp: withdraw_wait 11m0s is outside 0..10m`},
 		{"unknown key", head + peer + "ttl = 3\n", `t.toml:7: `},
+		{"bfd interval alone", head + peer + "bfd_interval = \"100ms\"\n", `t.toml:7: bgp.peer 1: bfd_interval without bfd = true`},
+		{"bfd multiplier alone", head + peer + "bfd_multiplier = 3\n", `t.toml:7: bgp.peer 1: bfd_multiplier without bfd = true`},
+		{"bfd multihop", head + peer + "multihop = 2\nbfd = true\n", `t.toml:8: bgp.peer 1: bfd with multihop: vipd runs single-hop BFD`},
+		{"bfd interval short", head + peer + "bfd = true\nbfd_interval = \"10ms\"\n", `t.toml:8: bgp.peer 1: bfd_interval 10ms must be whole milliseconds from 50ms to 10s`},
+		{"bfd interval long", head + peer + "bfd = true\nbfd_interval = \"11s\"\n", `t.toml:8: bgp.peer 1: bfd_interval 11s must be whole milliseconds`},
+		{"bfd interval fraction", head + peer + "bfd = true\nbfd_interval = \"100500us\"\n", `t.toml:8: bgp.peer 1: bfd_interval 100.5ms must be whole milliseconds`},
+		{"bfd interval syntax", head + peer + "bfd = true\nbfd_interval = \"fast\"\n", `t.toml:8: bgp.peer 1: bfd_interval: `},
+		{"bfd multiplier 1", head + peer + "bfd = true\nbfd_multiplier = 1\n", `t.toml:8: bgp.peer 1: bfd_multiplier 1 is outside 2..255`},
+		{"bfd multiplier big", head + peer + "bfd = true\nbfd_multiplier = 256\n", `t.toml:8: bgp.peer 1: bfd_multiplier 256 is outside 2..255`},
+		{"bfd type", head + peer + "bfd = \"yes\"\n", `t.toml:7: `},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Parse("t.toml", []byte(tt.in+haService))

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
-
-	"github.com/vipd/vipd/config"
 )
 
 // floodPrefix is the i-th of a flood of /24s from 16.0.0.0 on.
@@ -69,12 +67,12 @@ func TestBirdFlood(t *testing.T) {
 	pa, pb := twoRouters(t)
 	ra := startBirdConf(t, pa, routerA, routerConf(routerA, vipdA, 65001, n, floodPrefix))
 	startBirdConf(t, pb, routerB, routerConf(routerB, vipdB, 65002, 0, nil))
-	cfg := testBGP(config.BGPPeer{Address: routerA, ASN: 65001}, config.BGPPeer{Address: routerB, ASN: 65002})
+	cfg := testBGP(PeerOptions{Address: routerA, ASN: 65001}, PeerOptions{Address: routerB, ASN: 65002})
 	cfg.ASN, cfg.RouterID = 65100, vipdA
 	base := heapInuse()
 	stopHeap := heapWatch(base)
 	log, logs := captureLogger(t)
-	sp, err := Start(context.Background(), Options{BGP: cfg, ConnectRetry: time.Second, Logger: log})
+	sp, err := Start(context.Background(), withRun(cfg, Options{ConnectRetry: time.Second, Logger: log}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,6 @@ import (
 
 	api "github.com/osrg/gobgp/v3/api"
 
-	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb/lbtest/nstest"
 )
 
@@ -124,13 +123,13 @@ func TestBirdTwoRouters(t *testing.T) {
 	pa, pb := twoRouters(t)
 	ra := startBirdConf(t, pa, routerA, routerConf(routerA, vipdA, 65001, 1001, aPrefix))
 	rb := startBirdConf(t, pb, routerB, routerConf(routerB, vipdB, 65002, 10, bPrefix))
-	cfg := testBGP(config.BGPPeer{Address: routerA, ASN: 65001, MaxPrefixes: 2000}, config.BGPPeer{Address: routerB, ASN: 65002})
+	cfg := testBGP(PeerOptions{Address: routerA, ASN: 65001, MaxPrefixes: 2000}, PeerOptions{Address: routerB, ASN: 65002})
 	cfg.ASN, cfg.RouterID = 65100, vipdA
 	sp := startSpeaker(t, cfg, nil)
 	for _, r := range []*bird{ra, rb} {
 		r.waitFor("bird's session up", 20*time.Second, func() (bool, string) { return r.established("vipd") })
 	}
-	if err := sp.Set(map[netip.Prefix]config.BGPAttrs{vip: {}}); err != nil {
+	if err := sp.Set(map[netip.Prefix]Attrs{vip: {}}); err != nil {
 		t.Fatal(err)
 	}
 	// Every route of A's reached vipd: its adj-rib-in (what a peer sent,
@@ -180,26 +179,26 @@ func TestBirdMaxPrefixes(t *testing.T) {
 	pa, pb := twoRouters(t)
 	ra := startBirdConf(t, pa, routerA, routerConf(routerA, vipdA, 65001, 1001, aPrefix))
 	rb := startBirdConf(t, pb, routerB, routerConf(routerB, vipdB, 65002, 10, bPrefix))
-	cfg := testBGP(config.BGPPeer{Address: routerA, ASN: 65001, MaxPrefixes: 100}, config.BGPPeer{Address: routerB, ASN: 65002})
+	cfg := testBGP(PeerOptions{Address: routerA, ASN: 65001, MaxPrefixes: 100}, PeerOptions{Address: routerB, ASN: 65002})
 	cfg.ASN, cfg.RouterID = 65100, vipdA
 	var mu sync.Mutex
 	ups := 0
 	log, logs := captureLogger(t)
 	const hold = 4 * time.Second
-	sp, err := Start(context.Background(), Options{BGP: cfg, ConnectRetry: time.Second, Logger: log, MaxPrefixesHold: hold,
+	sp, err := Start(context.Background(), withRun(cfg, Options{ConnectRetry: time.Second, Logger: log, MaxPrefixesHold: hold,
 		OnPeer: func(p Peer) {
 			if p.Address == routerA && p.Established() {
 				mu.Lock()
 				ups++
 				mu.Unlock()
 			}
-		}})
+		}}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sp.Stop(context.Background()) })
 	rb.waitFor("B's session up", 20*time.Second, func() (bool, string) { return rb.established("vipd") })
-	if err := sp.Set(map[netip.Prefix]config.BGPAttrs{vip: {}}); err != nil {
+	if err := sp.Set(map[netip.Prefix]Attrs{vip: {}}); err != nil {
 		t.Fatal(err)
 	}
 	rb.route(vip.String(), 5*time.Second, `unicast \[vipd `)

@@ -18,6 +18,12 @@
 // (Maximum Number of Prefixes Reached, RFC 4486), what it sent is
 // dropped, a warning is logged, and the session stays down for
 // Options.MaxPrefixesHold before vipd connects again.
+//
+// A peer with BFD (PeerOptions.BFD) also gets a single-hop BFD session
+// (package ha/bfd), so that a router that runs BFD for the BGP session
+// drops a node that dies within BFD's detection time rather than its
+// hold time; when that BFD session fails while the BGP session is
+// established, the speaker resets the BGP session (see resetOnBFD).
 package bgp
 
 import (
@@ -39,13 +45,28 @@ import (
 	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v3/pkg/server"
 
-	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/ha/bfd"
 )
 
 // Options configure a Speaker.
 type Options struct {
-	// BGP is the configuration's [bgp] section.
-	BGP config.BGP
+	// ASN is the node's autonomous system number; RouterID its BGP
+	// identifier, an IPv4 address.
+	ASN      uint32
+	RouterID netip.Addr
+	// ListenPort is the port the speaker takes sessions on; 0 takes
+	// none (it connects to its peers).
+	ListenPort uint16
+	// Peers are the routers the routes are announced to.
+	Peers []PeerOptions
+	// GracefulShutdown makes Retire first announce the routes again with
+	// the GRACEFUL_SHUTDOWN community (RFC 8326) and wait
+	// GracefulShutdownWait.
+	GracefulShutdown     bool
+	GracefulShutdownWait time.Duration
+	// WithdrawWait is how long Stop waits after the withdrawal, while
+	// the routers converge, before it ends the sessions.
+	WithdrawWait time.Duration
 	// Logger receives the speaker's log and GoBGP's; nil discards it.
 	Logger *slog.Logger
 	// OnPeer is called, from GoBGP's goroutine, on every change of a
@@ -58,6 +79,60 @@ type Options struct {
 	// max_prefixes stays down before vipd connects again; zero means
 	// DefaultMaxPrefixesHold.
 	MaxPrefixesHold time.Duration
+	// BFDPort is the UDP port of the BFD sessions; 0 is 3784 (tests
+	// use another).
+	BFDPort uint16
+}
+
+// PeerOptions configure the session with one peer.
+type PeerOptions struct {
+	Address netip.Addr
+	ASN     uint32
+	// Port is the peer's port; 0 is 179.
+	Port uint16
+	// Source is the local address of the session; unset, the kernel's
+	// choice.
+	Source netip.Addr
+	// Password turns on TCP MD5 signatures (RFC 2385).
+	Password string
+	// Multihop is the TTL of the session's packets for a peer that is
+	// not directly connected; 0 keeps eBGP's TTL of 1.
+	Multihop uint8
+	// HoldTime and Keepalive are the timers proposed, whole seconds.
+	HoldTime, Keepalive time.Duration
+	// Passive waits for the peer to connect.
+	Passive bool
+	// MaxPrefixes is the most routes of one family the peer may send;
+	// 0 is DefaultMaxPrefixes.
+	MaxPrefixes uint32
+	// BFD runs a single-hop BFD session with the peer (package
+	// ha/bfd), every BFDInterval once up, declared down after
+	// BFDMultiplier intervals without a packet.
+	BFD           bool
+	BFDInterval   time.Duration
+	BFDMultiplier uint8
+}
+
+// Attrs are the attributes of an announcement.
+type Attrs struct {
+	// Communities are RFC 1997 communities, each ASN<<16 | value.
+	Communities []uint32
+	// LargeCommunities are RFC 8092 communities.
+	LargeCommunities []LargeCommunity
+	// LocalPref and MED are set when HasLocalPref and HasMED say so.
+	LocalPref, MED       uint32
+	HasLocalPref, HasMED bool
+}
+
+// LargeCommunity is an RFC 8092 community.
+type LargeCommunity struct {
+	Global, Local1, Local2 uint32
+}
+
+// Equal reports whether two sets of attributes are the same.
+func (a Attrs) Equal(o Attrs) bool {
+	return slices.Equal(a.Communities, o.Communities) && slices.Equal(a.LargeCommunities, o.LargeCommunities) &&
+		a.LocalPref == o.LocalPref && a.MED == o.MED && a.HasLocalPref == o.HasLocalPref && a.HasMED == o.HasMED
 }
 
 // Peer is the state of one session.
@@ -75,6 +150,9 @@ type Peer struct {
 	// Limited is when the peer last sent more routes than its
 	// max_prefixes and its session was cut; zero if it never did.
 	Limited time.Time
+	// BFD is the state of the peer's BFD session ("down", "init", "up",
+	// "admindown"), empty without one.
+	BFD string
 }
 
 // Established reports whether the session is up.
@@ -107,14 +185,20 @@ type Speaker struct {
 	closing bool
 	done    chan struct{}
 	holds   sync.WaitGroup
+
+	// bfd runs the peers' BFD sessions; nil when no peer has one.
+	bfd *bfd.Speaker
 }
 
 // DefaultMaxPrefixesHold is how long a peer that sent more routes than
 // its max_prefixes stays down.
 const DefaultMaxPrefixesHold = time.Minute
 
+// DefaultMaxPrefixes is a peer's MaxPrefixes when it has none.
+const DefaultMaxPrefixes = 1000
+
 type route struct {
-	attrs config.BGPAttrs
+	attrs Attrs
 	uuid  []byte
 	// gshut says the route carries GRACEFUL_SHUTDOWN (Retire).
 	gshut bool
@@ -132,7 +216,7 @@ func Start(ctx context.Context, opts Options) (*Speaker, error) {
 	if opts.MaxPrefixesHold == 0 {
 		opts.MaxPrefixesHold = DefaultMaxPrefixesHold
 	}
-	b := opts.BGP
+	b := opts
 	if !b.RouterID.Is4() {
 		return nil, fmt.Errorf("router id %s is not an IPv4 address", b.RouterID)
 	}
@@ -158,6 +242,9 @@ func Start(ctx context.Context, opts Options) (*Speaker, error) {
 	}
 	for _, p := range b.Peers {
 		sp.peers[p.Address] = &Peer{Address: p.Address, ASN: p.ASN, State: "idle"}
+		if p.BFD {
+			sp.peers[p.Address].BFD = bfd.Down.String()
+		}
 	}
 	// The watch is in place before the peers are added, so that no
 	// change of state is missed.
@@ -171,8 +258,84 @@ func Start(ctx context.Context, opts Options) (*Speaker, error) {
 			return nil, fmt.Errorf("bgp peer %s: %w", p.Address, err)
 		}
 	}
+	if err := sp.startBFD(); err != nil {
+		sp.s.Stop()
+		return nil, err
+	}
 	sp.log.Info("bgp: started", "asn", b.ASN, "router_id", b.RouterID, "listen_port", b.ListenPort, "peers", len(b.Peers))
 	return sp, nil
+}
+
+// startBFD starts the BFD sessions of the peers that have one.
+func (sp *Speaker) startBFD() error {
+	var peers []bfd.PeerOptions
+	for _, p := range sp.opts.Peers {
+		if p.BFD {
+			peers = append(peers, bfd.PeerOptions{Address: p.Address, Source: p.Source,
+				Config: bfd.Config{Interval: p.BFDInterval, DetectMult: p.BFDMultiplier}})
+		}
+	}
+	if len(peers) == 0 {
+		return nil
+	}
+	b, err := bfd.Start(bfd.Options{Peers: peers, Port: sp.opts.BFDPort, Logger: sp.log, OnChange: sp.bfdChange})
+	if err != nil {
+		return err
+	}
+	sp.bfd = b
+	return nil
+}
+
+// bfdChange is called, from the BFD speaker's goroutine, on every change
+// of a BFD session's state; when resetOnBFD says so, the BGP session
+// with that peer is reset at once.
+func (sp *Speaker) bfdChange(addr netip.Addr, ch bfd.Change) {
+	sp.pmu.Lock()
+	p, ok := sp.peers[addr]
+	if !ok {
+		sp.pmu.Unlock()
+		return
+	}
+	p.BFD = ch.To.String()
+	cp := sp.peerCopy(p)
+	reset := resetOnBFD(*p, ch) && !sp.closing
+	if reset {
+		sp.holds.Add(1)
+	}
+	sp.pmu.Unlock()
+	if sp.opts.OnPeer != nil {
+		sp.opts.OnPeer(cp)
+	}
+	if !reset {
+		return
+	}
+	go func() {
+		defer sp.holds.Done()
+		sp.log.Warn("bgp: BFD session down; resetting the BGP session", "peer", addr, "diag", ch.Diag)
+		if err := sp.s.ResetPeer(context.Background(), &api.ResetPeerRequest{Address: addr.String(),
+			Communication: "BFD session down: " + ch.Diag.String()}); err != nil {
+			sp.log.Warn("bgp: reset the session after BFD went down", "peer", addr, "err", err)
+		}
+	}()
+}
+
+// resetOnBFD reports whether a change of the BFD session with peer p
+// resets p's BGP session: when the BFD session failed (silence, or the
+// peer saw it fail; not when the peer took it down on purpose, RFC 5882
+// §3.2) while the BGP session is established.
+//
+// A router that runs BFD for its BGP session has dropped the session and
+// the node's routes when BFD fails (that is what it runs BFD for), so
+// vipd's side of the session is dead too: a reset lets the two connect
+// again as soon as the path is back, instead of after the hold time (90
+// s by default; vipd may not listen, and then only it can connect), and
+// vipd status says what the router sees. A BGP session that is not
+// established is left alone: a router such as bird starts a new BFD
+// session with each BGP session and drops the old one, which vipd then
+// sees fail; resetting the BGP session being set up then would only
+// delay it, again and again.
+func resetOnBFD(p Peer, ch bfd.Change) bool {
+	return ch.Failed() && p.Established()
 }
 
 // The names of the policy vipd gives GoBGP and of its defined sets.
@@ -219,7 +382,7 @@ func (sp *Speaker) policies(ctx context.Context) error {
 }
 
 // apiPeer returns GoBGP's form of a configured peer.
-func apiPeer(p config.BGPPeer, retry time.Duration) *api.Peer {
+func apiPeer(p PeerOptions, retry time.Duration) *api.Peer {
 	family := &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
 	if p.Address.Is6() {
 		family.Afi = api.Family_AFI_IP6
@@ -229,6 +392,10 @@ func apiPeer(p config.BGPPeer, retry time.Duration) *api.Peer {
 		Timers: &api.Timers{Config: &api.TimersConfig{
 			HoldTime: uint64(p.HoldTime / time.Second), KeepaliveInterval: uint64(p.Keepalive / time.Second),
 			ConnectRetry: uint64(max(retry/time.Second, 1)),
+			// After a reset (a BFD session down) vipd connects again
+			// as soon as it would after a failed attempt, not after
+			// GoBGP's 30 s.
+			IdleHoldTimeAfterReset: uint64(max(retry/time.Second, 1)),
 		}},
 		Transport: &api.Transport{PassiveMode: p.Passive, RemotePort: uint32(p.Port)},
 		AfiSafis: []*api.AfiSafi{{
@@ -250,9 +417,9 @@ const limitWarnPct = 80
 
 // maxPrefixes returns p's max_prefixes, the default if unset: never
 // GoBGP's 0, no limit.
-func maxPrefixes(p config.BGPPeer) uint32 {
+func maxPrefixes(p PeerOptions) uint32 {
 	if p.MaxPrefixes == 0 {
-		return config.DefaultBGPMaxPrefixes
+		return DefaultMaxPrefixes
 	}
 	return p.MaxPrefixes
 }
@@ -269,8 +436,8 @@ func (sp *Speaker) overLimit(key, family string, crossed bool) {
 		return
 	}
 	addr = addr.Unmap()
-	var cfg config.BGPPeer
-	for _, p := range sp.opts.BGP.Peers {
+	var cfg PeerOptions
+	for _, p := range sp.opts.Peers {
 		if p.Address == addr {
 			cfg = p
 		}
@@ -415,7 +582,7 @@ func (sp *Speaker) count(pfx netip.Prefix, d int64) {
 // attributes: it announces the new and changed ones and withdraws those
 // no longer there. It is level-triggered: a Set with what is announced
 // already sends nothing. A Set after Retire announces again.
-func (sp *Speaker) Set(routes map[netip.Prefix]config.BGPAttrs) error {
+func (sp *Speaker) Set(routes map[netip.Prefix]Attrs) error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	if sp.stopped {
@@ -438,10 +605,10 @@ func (sp *Speaker) Set(routes map[netip.Prefix]config.BGPAttrs) error {
 }
 
 // Routes returns the routes announced.
-func (sp *Speaker) Routes() map[netip.Prefix]config.BGPAttrs {
+func (sp *Speaker) Routes() map[netip.Prefix]Attrs {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	out := make(map[netip.Prefix]config.BGPAttrs, len(sp.routes))
+	out := make(map[netip.Prefix]Attrs, len(sp.routes))
 	for p, r := range sp.routes {
 		out[p] = r.attrs
 	}
@@ -451,7 +618,7 @@ func (sp *Speaker) Routes() map[netip.Prefix]config.BGPAttrs {
 // gshutCommunity is GRACEFUL_SHUTDOWN (RFC 8326), 65535:0.
 const gshutCommunity = 0xFFFF0000
 
-func (sp *Speaker) announceLocked(pfx netip.Prefix, attrs config.BGPAttrs, gshut bool) error {
+func (sp *Speaker) announceLocked(pfx netip.Prefix, attrs Attrs, gshut bool) error {
 	if !pfx.IsSingleIP() || pfx.Addr().Zone() != "" {
 		return fmt.Errorf("bgp: %s is not a host route", pfx)
 	}
@@ -483,7 +650,7 @@ func (sp *Speaker) withdrawLocked(pfx netip.Prefix) error {
 // apiPath returns GoBGP's form of an announcement of pfx: origin IGP and
 // an unspecified next hop, which GoBGP replaces with the session's local
 // address.
-func apiPath(pfx netip.Prefix, a config.BGPAttrs, gshut bool) (*api.Path, error) {
+func apiPath(pfx netip.Prefix, a Attrs, gshut bool) (*api.Path, error) {
 	addr := pfx.Addr()
 	var nlri bgp.AddrPrefixInterface
 	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)}
@@ -532,7 +699,7 @@ func (sp *Speaker) Retire(ctx context.Context) error {
 }
 
 func (sp *Speaker) retireLocked(ctx context.Context) error {
-	b := sp.opts.BGP
+	b := sp.opts
 	var errs []error
 	if b.GracefulShutdown && len(sp.routes) > 0 {
 		for _, pfx := range slices.SortedFunc(maps.Keys(sp.routes), netip.Prefix.Compare) {
@@ -563,7 +730,7 @@ func (sp *Speaker) Stop(ctx context.Context) error {
 	n := len(sp.routes)
 	err := sp.retireLocked(ctx)
 	if n > 0 {
-		sleep(ctx, sp.opts.BGP.WithdrawWait)
+		sleep(ctx, sp.opts.WithdrawWait)
 	}
 	sp.stopped = true
 	sp.pmu.Lock()
@@ -571,6 +738,11 @@ func (sp *Speaker) Stop(ctx context.Context) error {
 	close(sp.done)
 	sp.pmu.Unlock()
 	sp.holds.Wait()
+	if sp.bfd != nil {
+		// AdminDown first: the routers do not take the end of the
+		// sessions for a failure (RFC 5882 §3.2); the Cease follows.
+		sp.bfd.Stop()
+	}
 	sp.s.Stop()
 	sp.log.Info("bgp: stopped")
 	return err

@@ -8,14 +8,14 @@ import (
 
 	api "github.com/osrg/gobgp/v3/api"
 
-	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/ha/bfd"
 )
 
 // TestPolicies: a speaker rejects, on import and on export, every route
 // but the host routes it originates, whatever its peers: GoBGP's global
 // policy assignments say so. (TestBirdTwoRouters proves it on the wire.)
 func TestPolicies(t *testing.T) {
-	sp, err := Start(context.Background(), Options{BGP: config.BGP{Enabled: true, ASN: 65001, RouterID: netip.MustParseAddr("192.0.2.1")}})
+	sp, err := Start(context.Background(), Options{ASN: 65001, RouterID: netip.MustParseAddr("192.0.2.1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,11 +44,11 @@ func TestPolicies(t *testing.T) {
 // the default, never GoBGP's 0 (no limit).
 func TestAPIPeerLimit(t *testing.T) {
 	for _, tt := range []struct {
-		peer config.BGPPeer
+		peer PeerOptions
 		want uint32
 	}{
-		{config.BGPPeer{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000}, config.DefaultBGPMaxPrefixes},
-		{config.BGPPeer{Address: netip.MustParseAddr("2001:db8::fe"), ASN: 65000, MaxPrefixes: 5}, 5},
+		{PeerOptions{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000}, DefaultMaxPrefixes},
+		{PeerOptions{Address: netip.MustParseAddr("2001:db8::fe"), ASN: 65000, MaxPrefixes: 5}, 5},
 	} {
 		p := apiPeer(tt.peer, time.Second)
 		if len(p.AfiSafis) != 1 {
@@ -57,6 +57,32 @@ func TestAPIPeerLimit(t *testing.T) {
 		l := p.AfiSafis[0].PrefixLimits
 		if l.GetMaxPrefixes() != tt.want || l.GetShutdownThresholdPct() != limitWarnPct || l.GetFamily().GetAfi() != p.AfiSafis[0].Config.Family.Afi {
 			t.Errorf("%s: prefix limit %v, want %d", tt.peer.Address, l, tt.want)
+		}
+	}
+}
+
+// TestResetOnBFD: a failed BFD session resets an established BGP
+// session; not one that is not established, and not for the peer's
+// AdminDown.
+func TestResetOnBFD(t *testing.T) {
+	est := Peer{State: "established"}
+	failed := bfd.Change{From: bfd.Up, To: bfd.Down, Diag: bfd.DiagTimeExpired, Remote: bfd.Up}
+	for _, tt := range []struct {
+		name string
+		p    Peer
+		ch   bfd.Change
+		want bool
+	}{
+		{"silence", est, failed, true},
+		{"peer saw it down", est, bfd.Change{From: bfd.Up, To: bfd.Down, Diag: bfd.DiagNeighborDown, Remote: bfd.Down}, true},
+		{"peer's admin down", est, bfd.Change{From: bfd.Up, To: bfd.Down, Diag: bfd.DiagNeighborDown, Remote: bfd.AdminDown}, false},
+		{"BGP not established", Peer{State: "active"}, failed, false},
+		{"BGP opensent", Peer{State: "opensent"}, failed, false},
+		{"init to down", est, bfd.Change{From: bfd.Init, To: bfd.Down, Diag: bfd.DiagTimeExpired}, false},
+		{"up", est, bfd.Change{From: bfd.Init, To: bfd.Up}, false},
+	} {
+		if got := resetOnBFD(tt.p, tt.ch); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }

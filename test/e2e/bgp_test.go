@@ -30,6 +30,12 @@ type bgpNode struct {
 // bgpNodeConfig is a node's configuration: [bgp] towards the router, and
 // the one service.
 func bgpNodeConfig(d *daemon, tp *Topo, ip, svcExtra, bgpExtra string) string {
+	return bgpNodeConfigPeer(d, tp, ip, svcExtra, bgpExtra, "")
+}
+
+// bgpNodeConfigPeer is bgpNodeConfig with peerExtra in the router's
+// [[bgp.peer]].
+func bgpNodeConfigPeer(d *daemon, tp *Topo, ip, svcExtra, bgpExtra, peerExtra string) string {
 	return fmt.Sprintf(`[daemon]
 state_dir = %q
 control_socket = %q
@@ -47,16 +53,24 @@ address = "10.0.3.254"
 asn = 65000
 hold_time = "3s"
 keepalive = "1s"
-`, filepath.Join(d.dir, "state"), filepath.Join(d.dir, "vipd.sock"), ip, bgpExtra) +
+%s
+`, filepath.Join(d.dir, "state"), filepath.Join(d.dir, "vipd.sock"), ip, bgpExtra, peerExtra) +
 		service("web", tp.VIP, 80, "forward = \"droute\"\n"+svcExtra, tp.BackendIPs...)
 }
 
 func startBGPNode(t *testing.T, tp *Topo, n int, svcExtra, bgpExtra string, more ...string) *bgpNode {
 	t.Helper()
+	return startBGPNodePeer(t, tp, n, svcExtra, bgpExtra, "", more...)
+}
+
+// startBGPNodePeer is startBGPNode with peerExtra in the router's
+// [[bgp.peer]].
+func startBGPNodePeer(t *testing.T, tp *Topo, n int, svcExtra, bgpExtra, peerExtra string, more ...string) *bgpNode {
+	t.Helper()
 	d := newDaemon(t)
 	d.ns = fmt.Sprintf("lb%d", n)
 	ip := fmt.Sprintf("10.0.3.%d", 20+n)
-	d.write(bgpNodeConfig(d, tp, ip, svcExtra, bgpExtra) + strings.Join(more, ""))
+	d.write(bgpNodeConfigPeer(d, tp, ip, svcExtra, bgpExtra, peerExtra) + strings.Join(more, ""))
 	d.start()
 	return &bgpNode{daemon: d, name: d.ns, ip: ip}
 }
@@ -66,6 +80,14 @@ func startBGPNode(t *testing.T, tp *Topo, n int, svcExtra, bgpExtra string, more
 // routes.
 func startRouter(t *testing.T, v6 bool) (birdc func(args ...string) string) {
 	t.Helper()
+	return startRouterBFD(t, v6, false)
+}
+
+// startRouterBFD is startRouter, with BFD (100 ms × 3 asked of the
+// nodes) on the BGP sessions when bfd is set: bird drops a node's
+// session, and its routes, when the node's BFD session fails.
+func startRouterBFD(t *testing.T, v6, bfd bool) (birdc func(args ...string) string) {
+	t.Helper()
 	bird, err := exec.LookPath("bird")
 	if err != nil {
 		t.Fatal("bird is not in the guest: install bird2 on the host (test/deps.sh, make deps); initramfs.sh copies it")
@@ -74,6 +96,11 @@ func startRouter(t *testing.T, v6 bool) (birdc func(args ...string) string) {
 	var c strings.Builder
 	c.WriteString("router id 10.0.3.254;\nlog stderr all;\nprotocol device { scan time 1; }\n")
 	c.WriteString("protocol kernel { ipv4 { export all; }; merge paths yes; }\n")
+	bfdOn := ""
+	if bfd {
+		c.WriteString("protocol bfd {\n  interface \"eth0\" { interval 100 ms; multiplier 3; };\n}\n")
+		bfdOn = "  bfd on;\n"
+	}
 	if v6 {
 		c.WriteString("protocol kernel { ipv6 { export all; }; merge paths yes; }\n")
 		for i := 1; i <= 2; i++ {
@@ -86,9 +113,9 @@ func startRouter(t *testing.T, v6 bool) (birdc func(args ...string) string) {
   connect delay time 1;
   connect retry time 1;
   error wait time 1, 2;
-  ipv6 { import all; export none; };
+%s  ipv6 { import all; export none; };
 }
-`, i, 20+i)
+`, i, 20+i, bfdOn)
 		}
 	}
 	for i := 1; i <= 2; i++ {
@@ -101,9 +128,9 @@ func startRouter(t *testing.T, v6 bool) (birdc func(args ...string) string) {
   connect delay time 1;
   connect retry time 1;
   error wait time 1, 2;
-  ipv4 { import all; export none; };
+%s  ipv4 { import all; export none; };
 }
-`, i, 20+i)
+`, i, 20+i, bfdOn)
 	}
 	birdc, _ = runBird(t, bird, dir, c.String())
 	return birdc
@@ -211,10 +238,17 @@ func (n *bgpNode) established(t *testing.T) int {
 // the router uses both.
 func bgpPair(t *testing.T, svcExtra, bgpExtra string) (*Topo, *bgpNode, *bgpNode, func(...string) string) {
 	t.Helper()
+	return bgpPairPeer(t, svcExtra, bgpExtra, "")
+}
+
+// bgpPairPeer is bgpPair with peerExtra in the nodes' [[bgp.peer]];
+// when it turns BFD on, the router runs BFD too.
+func bgpPairPeer(t *testing.T, svcExtra, bgpExtra, peerExtra string) (*Topo, *bgpNode, *bgpNode, func(...string) string) {
+	t.Helper()
 	tp := NewTopo(t, "bgp 2")
-	birdc := startRouter(t, false)
-	lb1 := startBGPNode(t, tp, 1, svcExtra, bgpExtra)
-	lb2 := startBGPNode(t, tp, 2, svcExtra, bgpExtra)
+	birdc := startRouterBFD(t, false, strings.Contains(peerExtra, "bfd = true"))
+	lb1 := startBGPNodePeer(t, tp, 1, svcExtra, bgpExtra, peerExtra)
+	lb2 := startBGPNodePeer(t, tp, 2, svcExtra, bgpExtra, peerExtra)
 	start := time.Now()
 	waitHops(t, tp.VIP, 30*time.Second, lb1.ip, lb2.ip)
 	t.Logf("the router uses both nodes %v after the second node was ready", time.Since(start).Round(time.Millisecond))
@@ -318,10 +352,30 @@ func TestBGPGracefulStop(t *testing.T) {
 
 // nodeLoss cuts lb1's link under load and reports how long the router
 // kept using it and what broke.
-func nodeLoss(t *testing.T, svcExtra, bgpExtra string) (took time.Duration, on1, broken, failed, ok int) {
-	tp, lb1, lb2, _ := bgpPair(t, svcExtra, bgpExtra)
+func nodeLoss(t *testing.T, svcExtra, bgpExtra, peerExtra string) (took time.Duration, on1, broken, failed, ok int) {
+	tp, lb1, lb2, birdc := bgpPairPeer(t, svcExtra, bgpExtra, peerExtra)
+	bfd := strings.Contains(peerExtra, "bfd = true")
+	var sessions string
+	if bfd {
+		// The router's BFD sessions with both nodes are up before the
+		// cut: BFD, not the hold time, is what is measured.
+		Eventually(t, 20*time.Second, 50*time.Millisecond, func() bool {
+			sessions = birdc("show", "bfd", "sessions")
+			return strings.Count(sessions, " Up ") == 2
+		}, "the router's BFD sessions are not up:\n%s", sessions)
+		waitHops(t, tp.VIP, 20*time.Second, lb1.ip, lb2.ip)
+		sessions = birdc("show", "bfd", "sessions")
+	}
 	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 20, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
 	time.Sleep(2 * time.Second)
+	if bfd {
+		// A session that went down and up again before the cut (its
+		// Since changed) means the guest stalled longer than the
+		// detection time: what follows would measure the stalls.
+		if now := birdc("show", "bfd", "sessions"); !sameBFDSessions(sessions, now) {
+			t.Fatalf("the router's BFD sessions flapped before the cut (a guest starved of CPU):\nbefore the load:\n%s\nat the cut:\n%s", sessions, now)
+		}
+	}
 	on1 = lb1.established(t)
 	cut := time.Now()
 	Run(t, "ip", "link", "set", "vlb1", "down")
@@ -339,14 +393,62 @@ func nodeLoss(t *testing.T, svcExtra, bgpExtra string) (took time.Duration, on1,
 	return took, on1, len(l.longErrs), len(l.shortErr), l.longOK + l.shortOK
 }
 
+// sameBFDSessions reports whether two outputs of bird's `show bfd
+// sessions` show the same sessions up since the same time (bird derives
+// Since from its monotonic clock: it may differ by a millisecond).
+func sameBFDSessions(a, b string) bool {
+	re := regexp.MustCompile(`(?m)^(\S+)\s+\S+\s+(\S+)\s+(\d\d:\d\d:\d\d\.\d+)`)
+	since := func(out string) map[string]time.Time {
+		m := map[string]time.Time{}
+		for _, f := range re.FindAllStringSubmatch(out, -1) {
+			if at, err := time.Parse("15:04:05.000", f[3]); err == nil && f[2] == "Up" {
+				m[f[1]] = at
+			}
+		}
+		return m
+	}
+	sa, sb := since(a), since(b)
+	if len(sa) == 0 || len(sa) != len(sb) {
+		return false
+	}
+	for k, at := range sa {
+		if d := sb[k].Sub(at); sb[k].IsZero() || d > 50*time.Millisecond || d < -50*time.Millisecond {
+			return false
+		}
+	}
+	return true
+}
+
 // TestBGPNodeLoss: lb1 loses its link (a dead node: no withdrawal, no
 // end of session). The router stops using it when its hold timer (3 s)
 // expires; with mh and sloppy TCP the long-lived connections that were on
 // lb1 continue on lb2.
 func TestBGPNodeLoss(t *testing.T) {
-	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"mh\"", "sloppy = true")
+	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"mh\"", "sloppy = true", "")
 	t.Logf("mh, sloppy TCP: the router stopped using lb1 %v after its link was cut; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d requests succeeded",
 		took.Round(time.Millisecond), on1, broken, failed, ok)
+	if broken != 0 {
+		t.Errorf("%d long-lived connections broke with mh and sloppy TCP", broken)
+	}
+	if on1 == 0 {
+		t.Error("no long-lived connection was on lb1: the test proves nothing")
+	}
+}
+
+// TestBGPNodeLossBFD: the same loss (the router's port keeps its
+// carrier) with BFD between the nodes and the router (100 ms × 3; bird
+// asks for 100 ms): the router drops lb1 when its BFD session fails,
+// within 1 s of the cut, not at the hold time. With mh and sloppy TCP no
+// long-lived connection breaks. (With the defaults, 200 ms × 3, the
+// guest measured 0.70–1.26 s: the detection time leaves too little of
+// the second to bird and the kernel in a TCG guest.)
+func TestBGPNodeLossBFD(t *testing.T) {
+	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"mh\"", "sloppy = true", "bfd = true\nbfd_interval = \"100ms\"\nbfd_multiplier = 3")
+	t.Logf("BFD 100ms x 3, mh, sloppy TCP: the router stopped using lb1 %v after its link was cut; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d requests succeeded",
+		took.Round(time.Millisecond), on1, broken, failed, ok)
+	if took > time.Second {
+		t.Errorf("the router stopped using lb1 %v after the cut, want at most 1 s", took.Round(time.Millisecond))
+	}
 	if broken != 0 {
 		t.Errorf("%d long-lived connections broke with mh and sloppy TCP", broken)
 	}
@@ -360,7 +462,7 @@ func TestBGPNodeLoss(t *testing.T) {
 // a mid-stream packet it does not know): the connections that were on
 // lb1 break. Reported, not asserted beyond that some broke.
 func TestBGPNodeLossWithoutSloppy(t *testing.T) {
-	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"wlc\"", "sloppy = false")
+	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"wlc\"", "sloppy = false", "")
 	t.Logf("wlc, no sloppy TCP: the router stopped using lb1 %v after its link was cut; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d requests succeeded",
 		took.Round(time.Millisecond), on1, broken, failed, ok)
 	if on1 > 0 && broken == 0 {

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/ha/bgp"
+)
+
+// nonZero fails t for every field of v (a struct) left zero: a field
+// of ha/bgp's options the mapping forgot.
+func nonZero(t *testing.T, what string, v any) {
+	t.Helper()
+	rv := reflect.ValueOf(v)
+	for i := range rv.NumField() {
+		if rv.Field(i).IsZero() {
+			t.Errorf("%s.%s is not mapped from the configuration", what, rv.Type().Field(i).Name)
+		}
+	}
+}
+
+// TestBGPOptions: every setting of the [bgp] section reaches the
+// speaker's options, every key of a peer and every attribute.
+func TestBGPOptions(t *testing.T) {
+	c := config.BGP{Enabled: true, ASN: 65001, RouterID: netip.MustParseAddr("192.0.2.1"), ListenPort: 1179,
+		GracefulShutdown: true, GracefulShutdownWait: 5 * time.Second, WithdrawWait: 2 * time.Second,
+		Peers: []config.BGPPeer{{Address: netip.MustParseAddr("192.0.2.254"), ASN: 65000, Port: 179, Source: netip.MustParseAddr("192.0.2.1"),
+			Password: "x", Multihop: 2, HoldTime: 9 * time.Second, Keepalive: 3 * time.Second, Passive: true, MaxPrefixes: 5,
+			BFD: true, BFDInterval: 100 * time.Millisecond, BFDMultiplier: 4}}}
+	o := bgpOptions(c)
+	if o.Logger != nil || o.OnPeer != nil || o.ConnectRetry != 0 || o.MaxPrefixesHold != 0 || o.BFDPort != 0 {
+		t.Errorf("options the configuration does not hold are set: %+v", o)
+	}
+	if len(o.Peers) != 1 {
+		t.Fatalf("peers %+v", o.Peers)
+	}
+	p := o.Peers[0]
+	nonZero(t, "PeerOptions", p)
+	want := c.Peers[0]
+	if p.Address != want.Address || p.ASN != want.ASN || p.Port != want.Port || p.Source != want.Source || p.Password != want.Password ||
+		p.Multihop != want.Multihop || p.HoldTime != want.HoldTime || p.Keepalive != want.Keepalive || p.Passive != want.Passive ||
+		p.MaxPrefixes != want.MaxPrefixes || p.BFD != want.BFD || p.BFDInterval != want.BFDInterval || p.BFDMultiplier != want.BFDMultiplier {
+		t.Errorf("peer %+v, want %+v", p, want)
+	}
+	if o.ASN != c.ASN || o.RouterID != c.RouterID || o.ListenPort != c.ListenPort || o.GracefulShutdown != c.GracefulShutdown ||
+		o.GracefulShutdownWait != c.GracefulShutdownWait || o.WithdrawWait != c.WithdrawWait {
+		t.Errorf("options %+v from %+v", o, c)
+	}
+	a := config.BGPAttrs{Communities: []uint32{1}, LargeCommunities: []config.LargeCommunity{{Global: 1, Local1: 2, Local2: 3}}, LocalPref: 5, MED: 6, HasLocalPref: true, HasMED: true}
+	got := bgpAttrs(a)
+	nonZero(t, "Attrs", got)
+	if !got.Equal(bgp.Attrs{Communities: []uint32{1}, LargeCommunities: []bgp.LargeCommunity{{Global: 1, Local1: 2, Local2: 3}}, LocalPref: 5, MED: 6, HasLocalPref: true, HasMED: true}) {
+		t.Errorf("attrs %+v from %+v", got, a)
+	}
+	if bgp.DefaultMaxPrefixes != config.DefaultBGPMaxPrefixes {
+		t.Errorf("ha/bgp's default max_prefixes %d, the configuration's %d", bgp.DefaultMaxPrefixes, config.DefaultBGPMaxPrefixes)
+	}
+}
