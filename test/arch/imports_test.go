@@ -59,9 +59,8 @@ var rules = []rule{
 	{Room: "kernel/...", May: []string{"lb"}},
 	// High availability stands alone: the agent maps its options.
 	{Room: "ha/vrrp", May: nil},
-	// TODO(bfd36): ha/bgp imports config until the bfd36 branch gives it
-	// its own options; the lead deletes this exception at merge.
-	{Room: "ha/bgp", May: []string{"config"}},
+	{Room: "ha/bgp", May: []string{"ha/bfd"}},
+	{Room: "ha/bfd", May: nil},
 	// Sources turn the world into services.
 	{Room: "source", May: []string{"config", "lb"}},
 	{Room: "source/kubernetes/...", May: []string{"config", "lb", "source", "monitor/check"}},
