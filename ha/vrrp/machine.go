@@ -49,6 +49,10 @@ type Transition struct {
 	// caused the transition was handled (zero for other causes): a busy
 	// node's takeover is late by that much.
 	Late time.Duration
+	// At is when the router handled the event that caused the
+	// transition (a timer, Late after its deadline, or a packet), by its
+	// clock; the Machine leaves it unset.
+	At time.Time
 }
 
 // Cause is why a transition happened, in one word.

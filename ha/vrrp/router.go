@@ -58,9 +58,10 @@ type Options struct {
 	// IPv6 link-local address.
 	Source netip.Addr
 	// OnTransition is called on every change of role, from Run's
-	// goroutine, after the advertisement that went with it was sent. It
-	// must not block for long; it may call the Router's methods except
-	// Resign.
+	// goroutine: on becoming master before the advertisement that goes
+	// with it is sent, so that the caller's announcements go out first;
+	// otherwise after it. It must not block for long; it may call the
+	// Router's methods except Resign.
 	OnTransition func(Transition)
 	// OnReassert is called, as OnTransition is, when the master heard
 	// another master of lower priority and must announce its addresses
@@ -704,31 +705,63 @@ func (r *Router) checkInterval(src netip.Addr, p Packet) {
 	}
 }
 
-// apply sends the step's advertisement, then reports its transition.
+// apply sends the step's advertisement and reports its transition, then
+// logs it. A router that becomes master reports first: the caller's
+// announcements are what moves the clients, and the advertisement, which
+// only tells the peers, follows them at once (RFC 5798 sends both as the
+// router becomes master, in no order that matters to a peer). Any other
+// step advertises first, as a master that resigns must (a backup then
+// takes over after its skew time). The log line, a write that may block
+// on a slow journal, comes last.
 func (r *Router) apply(st Step) {
+	t := st.Transition
+	var reported, sent time.Time
+	if t != nil {
+		t.At = r.clock.Now()
+	}
+	if t != nil && t.To == Master {
+		r.report(*t)
+		reported = r.clock.Now()
+	}
 	if st.Send {
 		r.send(st.SendPriority)
+		sent = r.clock.Now()
 	}
 	r.mu.Lock()
 	r.status.Role = r.m.Role()
 	r.status.Priority = r.m.Priority()
 	r.status.Master, r.status.MasterPriority = r.m.MasterAddr()
 	r.mu.Unlock()
-	if t := st.Transition; t != nil {
+	if t != nil {
+		if t.To != Master {
+			r.report(*t)
+		}
 		args := []any{"from", t.From, "to", t.To, "reason", t.Reason, "master", t.Master, "priority", t.Priority}
 		if t.Late > 0 {
 			args = append(args, "timer_late", t.Late)
 		}
-		r.log.Info("vrrp transition", args...)
-		if r.opts.OnTransition != nil {
-			r.opts.OnTransition(*t)
+		if !reported.IsZero() {
+			// How long the caller's announcements took, and the
+			// advertisement after them.
+			args = append(args, "reported_in", reported.Sub(t.At))
+			if !sent.IsZero() {
+				args = append(args, "advertised_in", sent.Sub(t.At))
+			}
 		}
+		r.log.Info("vrrp transition", args...)
 	}
 	if st.Reassert != "" {
 		r.log.Warn("vrrp: another master; announcing the addresses again", "reason", st.Reassert)
 		if r.opts.OnReassert != nil {
 			r.opts.OnReassert(st.Reassert)
 		}
+	}
+}
+
+// report hands a transition to OnTransition, when set.
+func (r *Router) report(t Transition) {
+	if r.opts.OnTransition != nil {
+		r.opts.OnTransition(t)
 	}
 }
 

@@ -596,3 +596,44 @@ func TestRouterLinkMessages(t *testing.T) {
 		t.Errorf("preempted: %+v", tr)
 	}
 }
+
+// TestRouterReportsBeforeAdvertising: a router that becomes master hands
+// the transition to OnTransition (whose announcements move the clients)
+// before it sends the advertisement, and says when it handled the event;
+// one that leaves the master role advertises first.
+func TestRouterReportsBeforeAdvertising(t *testing.T) {
+	type seen struct {
+		to   Role
+		sent uint64
+	}
+	seenc := make(chan seen, 4)
+	g := newRigWith(t, Options{Priority: 100, Interval: 100, StartAsMaster: true}, func(r *Router) {
+		inner := r.opts.OnTransition
+		r.opts.OnTransition = func(tr Transition) {
+			seenc <- seen{tr.To, r.Status().Sent}
+			inner(tr)
+		}
+	})
+	if s := <-seenc; s.to != Backup || s.sent != 0 {
+		t.Fatalf("start: %+v, want a backup that sent nothing", s)
+	}
+	at := g.reclaim(100, 100)
+	if s := <-seenc; s.to != Master || s.sent != 0 {
+		t.Fatalf("becoming master: %+v, want reported with 0 advertisements sent", s)
+	}
+	tr := g.transition(Master)
+	if want := t0.Add(at); !tr.At.Equal(want) {
+		t.Fatalf("transition at %v, want %v (the clock when the timer was handled)", tr.At, want)
+	}
+	g.sent(Group4, 100)
+	resigned := make(chan error, 1)
+	go func() { resigned <- g.r.Resign(context.Background(), "test") }()
+	g.sent(Group4, 0)
+	if s := <-seenc; s.to != Init || s.sent != 2 {
+		t.Fatalf("resigning: %+v, want reported after its advertisement of priority 0 (2 sent)", s)
+	}
+	g.transition(Init)
+	if err := <-resigned; err != nil {
+		t.Fatal(err)
+	}
+}
