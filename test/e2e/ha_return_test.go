@@ -34,14 +34,10 @@ type returnsResult struct {
 	slowest time.Duration
 }
 
-// haLogWindow returns the lines of d's log about VRRP and high
-// availability stamped from from to to.
+// haLogWindow returns the lines of d's log stamped from from to to.
 func haLogWindow(d *daemon, from, to time.Time) []string {
 	var out []string
 	for _, line := range strings.Split(d.logSince(), "\n") {
-		if !strings.Contains(line, "vrrp") && !strings.Contains(line, "high availability") {
-			continue
-		}
 		ts, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
 		at, err := time.Parse(time.RFC3339Nano, ts)
 		if err == nil && !at.Before(from) && !at.After(to) {
@@ -100,7 +96,9 @@ func (p *pair) returns(n int, serving time.Duration) returnsResult {
 			// What the returning master did meanwhile, for the
 			// slowest return: why it took that long.
 			r.slowest = d
-			r.slowLog = haLogWindow(master.vipd, back, movedBack.Add(50*time.Millisecond))
+			r.slowLog = append(haLogWindow(master.vipd, back.Add(-100*time.Millisecond), movedBack.Add(time.Second)), "-- "+backup.name+":")
+			r.slowLog = append(r.slowLog, haLogWindow(backup.vipd, back.Add(-100*time.Millisecond), movedBack.Add(time.Second))...)
+			r.slowLog = append(r.slowLog, fmt.Sprintf("-- links up at %s, client moved back at %s", back.UTC().Format(time.RFC3339Nano), movedBack.UTC().Format(time.RFC3339Nano)))
 		}
 		r.Done++
 		// The master serves a while, and synchronizes the connections
