@@ -337,7 +337,9 @@ func (a *Agent) drainNode(ctx context.Context, on bool) error {
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("undrain the node: %w", err)
 		}
-		if !a.ha.fault {
+		if w, ok := a.ha.el.(carrierWatcher); !a.ha.fault || ok && w.WatchesCarrier() {
+			// An elector that watches its interface takes part again
+			// only once the interface is back.
 			a.ha.el.Resume()
 		}
 		a.log.Info("high availability: node undrained; it takes part in the election again")
@@ -536,6 +538,12 @@ func (a *Agent) track(spec *lb.Spec) {
 // the interface is created again with a new index, which a check that
 // misses a quick ifdown/ifup cannot see; the two stand-backs compose
 // (the router takes part again only when neither holds).
+//
+// An elector that watches its interface's carrier itself (the VRRP
+// router: carrierWatcher) is neither resigned nor resumed for it: it
+// stands back and comes back by its own link messages, at once, where
+// this check waits for the main loop (a pass in progress, or the next
+// second) and held a returning master back by up to a second.
 func (a *Agent) watchInterface() {
 	if a.opts.LinkUp == nil {
 		return
@@ -547,15 +555,17 @@ func (a *Agent) watchInterface() {
 		return
 	}
 	a.ha.fault = fault
+	w, ok := a.ha.el.(carrierWatcher)
+	itself := ok && w.WatchesCarrier()
 	if !fault {
 		a.log.Info("high availability: interface up; the node takes part in the election again", "interface", name)
-		if !a.ha.drained {
+		if !a.ha.drained && !itself {
 			a.ha.el.Resume()
 		}
 		return
 	}
 	a.log.Warn("high availability: interface down; the node stands back until it is up", "interface", name, "err", err)
-	if a.ha.drained {
+	if a.ha.drained || itself {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -563,6 +573,12 @@ func (a *Agent) watchInterface() {
 	if err := a.ha.el.Resign(ctx, "interface "+name+" down"); err != nil {
 		a.log.Error("high availability: stand back", "err", err)
 	}
+}
+
+// carrierWatcher is an elector that may watch its interface itself
+// (vrrp.Router).
+type carrierWatcher interface {
+	WatchesCarrier() bool
 }
 
 // syncMaxLen is the master daemon's largest message: so small that each

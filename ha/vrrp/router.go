@@ -42,6 +42,14 @@ type Options struct {
 	// StartAsMaster starts as master, advertising at once: for a restart
 	// that must keep the addresses from a peer of lower priority.
 	StartAsMaster bool
+	// CarrierFault makes the router stand back while its interface is up
+	// without a carrier, as keepalived's fault state does, and take part
+	// again by its own link messages once the carrier is back (see
+	// WatchesCarrier). Unset, only an interface missing or down (or
+	// advertisements that cannot be sent) makes it stand back: two
+	// routers cabled to each other then still take over from each
+	// other.
+	CarrierFault bool
 	// Addrs are the virtual addresses advertised, all IPv4 or all IPv6
 	// (for IPv6 the first should be link-local, as RFC 5798 asks); their
 	// family is the router's.
@@ -320,6 +328,13 @@ func (r *Router) Resign(ctx context.Context, reason string) error {
 // start).
 func (r *Router) Resume() { r.enqueue(op{kind: opResume}) }
 
+// WatchesCarrier reports whether the router watches its interface by its
+// link messages, standing back while it is missing, down or without a
+// carrier and taking part again once it runs (a Router made by New with
+// CarrierFault): its caller need not resign it for that, and a
+// resignation would hold its return until the caller's Resume.
+func (r *Router) WatchesCarrier() bool { return r.link != nil && r.opts.CarrierFault }
+
 func (r *Router) enqueue(o op) {
 	r.mu.Lock()
 	r.ops = append(r.ops, o)
@@ -493,12 +508,14 @@ func (r *Router) read(c conn, pkts chan<- received, errc chan<- connErr, stop <-
 	}
 }
 
-// checkLink looks at the router's interface: missing or down, the router
-// stands back; created again (a new index), it opens its socket again
-// there; when advertisements went nowhere maxSendFailures times in a
-// row, it stands back too. Back to normal and running (with a carrier),
-// at a periodic check or on a link message (resume; not at a check that
-// a failed send asked for), it takes part in the election again, as a
+// checkLink looks at the router's interface: missing, down, or, with
+// CarrierFault, up without a carrier (not running: what is sent is
+// dropped), the router stands back; created again (a new index), it
+// opens its socket again there; when advertisements went nowhere
+// maxSendFailures times in a row, it stands back too. Back to normal and
+// running, at a periodic check or on a link message (resume; not at a
+// check that a failed send asked for), it takes part in the election
+// again, as a
 // backup (or master with priority 255) that preempts a master of lower
 // priority at the first advertisement it hears (see Machine.Start).
 func (r *Router) checkLink(resume bool) {
@@ -512,6 +529,13 @@ func (r *Router) checkLink(resume bool) {
 		return
 	case !up:
 		r.standBack(fmt.Sprintf("interface %s down", r.opts.Interface))
+		return
+	case !running && r.opts.CarrierFault:
+		// Up without a carrier (a cable or a switch port gone, a
+		// peer's end of a veth down): what is sent goes nowhere. The
+		// router stands back by its own link messages, and comes
+		// back by them, without waiting for its caller.
+		r.standBack(fmt.Sprintf("interface %s has no carrier", r.opts.Interface))
 		return
 	case index != r.index || r.reopen:
 		if index != r.index {
@@ -542,8 +566,7 @@ func (r *Router) checkLink(resume bool) {
 		// Up without a carrier, or its queue not attached yet, the
 		// interface would drop the advertisements and the resolution
 		// of the peers: the link message that says it runs brings the
-		// router back. (A carrier lost while taking part is the
-		// agent's to judge: it resigns the router.)
+		// router back.
 		return
 	}
 	r.fault, r.failedSends = false, 0

@@ -637,3 +637,43 @@ func TestRouterReportsBeforeAdvertising(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRouterCarrier: a router with CarrierFault whose interface loses its
+// carrier (up, not running) stands back by its own link messages, and
+// takes part again when the carrier is back, with no Resume.
+func TestRouterCarrier(t *testing.T) {
+	var carrier atomic.Bool
+	carrier.Store(true)
+	link := carrierLink{fakeLink: fakeLink{next: make(chan *fakeConn, 1), changed: make(chan struct{}, 1)}, carrier: &carrier}
+	g := newRigWith(t, Options{Priority: 100, Interval: 100, StartAsMaster: true, CarrierFault: true}, func(r *Router) { r.link, r.index = link, 1 })
+	if !g.r.WatchesCarrier() {
+		t.Fatal("a router with a link does not say it watches its carrier")
+	}
+	g.reclaim(100, 100)
+	g.transition(Master)
+	g.sent(Group4, 100)
+	carrier.Store(false)
+	link.changed <- struct{}{}
+	tr := g.transition(Init)
+	if !strings.Contains(tr.Reason, "no carrier") {
+		t.Fatalf("stood back for %q", tr.Reason)
+	}
+	g.sent(Group4, 0)
+	if st := g.r.Status(); !strings.Contains(st.Fault, "no carrier") {
+		t.Fatalf("fault %q", st.Fault)
+	}
+	carrier.Store(true)
+	link.changed <- struct{}{}
+	g.transition(Backup)
+	if st := g.r.Status(); st.Fault != "" {
+		t.Fatalf("fault %q after the carrier came back", st.Fault)
+	}
+}
+
+// carrierLink is a fakeLink whose carrier comes and goes.
+type carrierLink struct {
+	fakeLink
+	carrier *atomic.Bool
+}
+
+func (l carrierLink) state() (int, bool, bool, error) { return 1, true, l.carrier.Load(), nil }
