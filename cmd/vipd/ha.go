@@ -24,6 +24,7 @@ func openElector(log *slog.Logger) func(agent.ElectorOptions) (agent.Elector, er
 			Interval:      uint16(h.Interval / (10 * time.Millisecond)),
 			Preempt:       h.Preempt,
 			PreemptDelay:  h.PreemptDelay,
+			RejoinDelay:   h.SyncCatchUp,
 			StartAsMaster: o.StartAsMaster,
 			// The router stands back without a carrier, and comes
 			// back, by its own link messages: the agent's main loop

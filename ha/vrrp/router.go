@@ -39,6 +39,10 @@ type Options struct {
 	// master first (see MachineConfig).
 	Preempt      bool
 	PreemptDelay time.Duration
+	// RejoinDelay is how long a router that starts again after standing
+	// back accepts a master of lower priority before it preempts it (see
+	// MachineConfig.RejoinDelay).
+	RejoinDelay time.Duration
 	// StartAsMaster starts as master, advertising at once: for a restart
 	// that must keep the addresses from a peer of lower priority.
 	StartAsMaster bool
@@ -256,7 +260,7 @@ func newRouter(opts Options, c conn) (*Router, error) {
 	}
 	m, err := NewMachine(MachineConfig{
 		Self: opts.Source, Priority: opts.Priority, Interval: opts.Interval,
-		Preempt: opts.Preempt, PreemptDelay: opts.PreemptDelay, StartAsMaster: opts.StartAsMaster,
+		Preempt: opts.Preempt, PreemptDelay: opts.PreemptDelay, StartAsMaster: opts.StartAsMaster, RejoinDelay: opts.RejoinDelay,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("vrrp: %w", err)
