@@ -464,6 +464,11 @@ func (r *Router) Run(ctx context.Context) error {
 			r.apply(r.m.Resign(r.clock.Now(), "receive failed: "+e.err.Error()))
 			return fmt.Errorf("vrrp: receive on %s: %w", r.opts.Interface, e.err)
 		case <-timer:
+			// Advertisements that arrived meanwhile come first: a
+			// node slow to run this loop (its CPU busy) would
+			// otherwise take over from a master whose advertisements
+			// wait here, as select picks among ready cases at random.
+			r.drainPackets()
 			now := r.clock.Now()
 			if !checkAt.IsZero() && !now.Before(checkAt) {
 				checkAt = now.Add(linkCheckEvery)
@@ -483,6 +488,18 @@ func (r *Router) Run(ctx context.Context) error {
 		if r.recheck {
 			r.recheck = false
 			r.checkLink(false)
+		}
+	}
+}
+
+// drainPackets handles the packets already received, without waiting.
+func (r *Router) drainPackets() {
+	for {
+		select {
+		case p := <-r.pkts:
+			r.receive(p)
+		default:
+			return
 		}
 	}
 }

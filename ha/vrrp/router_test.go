@@ -677,3 +677,40 @@ type carrierLink struct {
 }
 
 func (l carrierLink) state() (int, bool, bool, error) { return 1, true, l.carrier.Load(), nil }
+
+// TestRouterLateTimerHandlesPacketsFirst: a backup whose loop was held up
+// (a busy CPU) past its master down deadline, with the master's
+// advertisement waiting, handles the advertisement first and stays a
+// backup, instead of taking over from a live master.
+func TestRouterLateTimerHandlesPacketsFirst(t *testing.T) {
+	hold := make(chan struct{})
+	var held atomic.Bool
+	g := newRigWith(t, Options{Priority: 100, Interval: 100}, func(r *Router) {
+		inner := r.opts.OnTransition
+		r.opts.OnTransition = func(tr Transition) {
+			inner(tr)
+			if held.CompareAndSwap(false, true) {
+				<-hold // the first transition (to backup) holds the loop
+			}
+		}
+	})
+	g.transition(Backup)
+	g.deliver(peer4, Group4, 255, Packet{VRID: 19, Priority: 200})
+	// The advertisement waits in the router's queue while the deadline
+	// passes.
+	deadline := MasterDownInterval(100, 100)
+	for len(g.r.pkts) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	g.clock.set(deadline + 50*time.Millisecond)
+	close(hold)
+	g.waitStatus(func(st Status) bool { return st.Received == 1 })
+	if st := g.r.Status(); st.Role != Backup || st.Master != peer4 {
+		t.Fatalf("status %+v: took over from a master whose advertisement was waiting", st)
+	}
+	select {
+	case tr := <-g.trs:
+		t.Fatalf("transition %+v", tr)
+	default:
+	}
+}
