@@ -33,13 +33,13 @@ func TestHADefaults(t *testing.T) {
 	if !cfg.HA.Equal(want) || !cfg.Spec.Sloppy {
 		t.Errorf("defaults %+v, want %+v", cfg.HA, want)
 	}
-	// With connection synchronization, a returning node lets it catch up
-	// for a second before it preempts.
+	// With connection synchronization, a returning node preempts at once
+	// unless told to let the synchronization catch up.
 	cfg, err = Parse("t.toml", []byte("[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 51\nsync_interface = \"eth0\"\n"+haService))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.HA.SyncCatchUp != DefaultSyncCatchUp || DefaultSyncCatchUp != time.Second {
+	if cfg.HA.SyncCatchUp != DefaultSyncCatchUp || DefaultSyncCatchUp != 0 {
 		t.Errorf("sync_catch_up %v with sync_interface, want %v", cfg.HA.SyncCatchUp, DefaultSyncCatchUp)
 	}
 }
