@@ -88,9 +88,19 @@ func (g *roleGate) setRole(master bool) (int, error) {
 	if master {
 		return g.announceMissing()
 	}
+	// Every address the announcer may hold, not only those it lists as
+	// announced on every uplink: an address whose uplink failed (the
+	// master's link cut) is left out of that list, and, not withdrawn,
+	// its refresh would announce it again from the backup once the
+	// uplink is back, taking the clients and the backends from the
+	// master. Withdrawing an address not announced is no error.
+	addrs := maps.Clone(g.wanted)
+	for _, a := range g.inner.Announced() {
+		addrs[a] = struct{}{}
+	}
 	var errs []error
 	n := 0
-	for _, a := range g.inner.Announced() {
+	for _, a := range slices.SortedFunc(maps.Keys(addrs), netip.Addr.Compare) {
 		n++
 		errs = append(errs, g.inner.Withdraw(a))
 	}

@@ -103,3 +103,23 @@ func TestRoleGateRetry(t *testing.T) {
 		t.Errorf("retry sent %q", got)
 	}
 }
+
+// TestRoleGateWithdrawsPartial checks that a node that stops being master
+// withdraws an address the announcer no longer lists as announced on
+// every uplink (one uplink down): left announced on the others, its
+// refresh would announce it again from the backup.
+func TestRoleGateWithdrawsPartial(t *testing.T) {
+	w := &wireAnnouncer{on: map[netip.Addr]bool{}}
+	g := newRoleGate(w)
+	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
+	g.Announce(a)
+	g.Announce(b)
+	g.setRole(true)
+	w.take()
+	// b lost an uplink: the announcer no longer lists it.
+	delete(w.on, b)
+	n, err := g.setRole(false)
+	if got := fmt.Sprint(n, err, " ", w.take()); got != "2 <nil> withdraw 192.0.2.1, withdraw 192.0.2.2" {
+		t.Errorf("handover: %q, want both withdrawn", got)
+	}
+}

@@ -66,6 +66,11 @@ type RoleChange struct {
 	// MasterAddr is the master's address when known: the peer's on
 	// becoming a backup, the node's own on becoming master.
 	MasterAddr netip.Addr
+	// At is when the elector handled the event that caused the change
+	// (its timer or a peer's packet), when it says; Late how long after
+	// its deadline a timer that caused it was handled.
+	At   time.Time
+	Late time.Duration
 }
 
 // ha is the agent's side of high availability.
@@ -112,6 +117,10 @@ type roleReport struct {
 	changed int
 	took    time.Duration
 	err     error
+	// adopting is how long tracking the SNAT connections took before
+	// the announcements, and announced the time from the elector's event
+	// (RoleChange.At) to the announcements sent: a takeover's path.
+	adopting, announced time.Duration
 	// adopted is what becoming master did to the tracking of the SNAT
 	// connections a peer synchronized (nil when there was none to do).
 	adopted *adoption
@@ -124,17 +133,23 @@ func (h *ha) report(c RoleChange) {
 	r := roleReport{RoleChange: c}
 	s := h.snat.Load()
 	partial := false
+	start := time.Now()
 	if c.Master && s != nil {
 		// Before the first packet: the clients and the backends reach
 		// the node once it announces.
-		a := adoptSNAT(h.tracker, s, time.Now().Add(adoptBudget))
+		a := adoptSNAT(h.tracker, s, start.Add(adoptBudget))
 		r.adopted, partial = &a, a.partial
+		r.adopting = time.Since(start)
+		start = time.Now()
 	}
-	start := time.Now()
 	if h.gate != nil {
 		r.changed, r.err = h.gate.setRole(c.Master)
 	}
-	r.took = time.Since(start)
+	end := time.Now()
+	r.took = end.Sub(start)
+	if !c.At.IsZero() {
+		r.announced = end.Sub(c.At)
+	}
 	h.queue(r)
 	if c.Master && s != nil {
 		go h.adoptLate(term, partial)
@@ -147,9 +162,12 @@ const adoptBudget = 100 * time.Millisecond
 
 // lateAdoptions are the times after becoming master at which the node
 // tracks again the SNAT connections its peer synchronized: those whose
-// synchronization was on its way at the takeover. A backend's packet
-// that came first was dropped, and is sent again.
-var lateAdoptions = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.Second}
+// synchronization was on its way at the takeover (the kernel sends it
+// up to some 20 ms late; a master that comes back takes over from a peer
+// that is serving). A backend's packet that came first was dropped, and
+// is sent again after its retransmission timeout, 200 ms at the least:
+// the first pass comes before that.
+var lateAdoptions = []time.Duration{100 * time.Millisecond, 250 * time.Millisecond, time.Second, 3 * time.Second}
 
 // adoptLate tracks the synchronized SNAT connections again at each of
 // lateAdoptions, while the node stays master in term: at once, too, when
@@ -319,7 +337,9 @@ func (a *Agent) drainNode(ctx context.Context, on bool) error {
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("undrain the node: %w", err)
 		}
-		if !a.ha.fault {
+		if w, ok := a.ha.el.(carrierWatcher); !a.ha.fault || ok && w.WatchesCarrier() {
+			// An elector that watches its interface takes part again
+			// only once the interface is back.
 			a.ha.el.Resume()
 		}
 		a.log.Info("high availability: node undrained; it takes part in the election again")
@@ -395,8 +415,16 @@ func (a *Agent) roleChanged() {
 		if r.Master {
 			role = "master"
 		}
-		a.log.Info("high availability: role changed", "role", role, "reason", r.Reason,
-			"changed", r.changed, "took", r.took.Round(time.Microsecond))
+		args := []any{"role", role, "reason", r.Reason, "changed", r.changed, "took", r.took.Round(time.Microsecond)}
+		if r.Master && r.announced > 0 {
+			// The takeover's path: the elector's timer late by
+			// timer_late, the SNAT connections tracked in
+			// adopt_took, the announcements sent announced_in after
+			// the elector's event.
+			args = append(args, "timer_late", r.Late.Round(time.Microsecond), "adopt_took", r.adopting.Round(time.Microsecond),
+				"announced_in", r.announced.Round(time.Microsecond))
+		}
+		a.log.Info("high availability: role changed", args...)
 		if r.adopted != nil {
 			a.logAdoption(r.adopted, "high availability: SNAT connections taken over")
 		}
@@ -510,6 +538,12 @@ func (a *Agent) track(spec *lb.Spec) {
 // the interface is created again with a new index, which a check that
 // misses a quick ifdown/ifup cannot see; the two stand-backs compose
 // (the router takes part again only when neither holds).
+//
+// An elector that watches its interface's carrier itself (the VRRP
+// router: carrierWatcher) is neither resigned nor resumed for it: it
+// stands back and comes back by its own link messages, at once, where
+// this check waits for the main loop (a pass in progress, or the next
+// second) and held a returning master back by up to a second.
 func (a *Agent) watchInterface() {
 	if a.opts.LinkUp == nil {
 		return
@@ -521,15 +555,17 @@ func (a *Agent) watchInterface() {
 		return
 	}
 	a.ha.fault = fault
+	w, ok := a.ha.el.(carrierWatcher)
+	itself := ok && w.WatchesCarrier()
 	if !fault {
 		a.log.Info("high availability: interface up; the node takes part in the election again", "interface", name)
-		if !a.ha.drained {
+		if !a.ha.drained && !itself {
 			a.ha.el.Resume()
 		}
 		return
 	}
 	a.log.Warn("high availability: interface down; the node stands back until it is up", "interface", name, "err", err)
-	if a.ha.drained {
+	if a.ha.drained || itself {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -537,6 +573,12 @@ func (a *Agent) watchInterface() {
 	if err := a.ha.el.Resign(ctx, "interface "+name+" down"); err != nil {
 		a.log.Error("high availability: stand back", "err", err)
 	}
+}
+
+// carrierWatcher is an elector that may watch its interface itself
+// (vrrp.Router).
+type carrierWatcher interface {
+	WatchesCarrier() bool
 }
 
 // syncMaxLen is the master daemon's largest message: so small that each

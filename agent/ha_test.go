@@ -528,3 +528,62 @@ func TestHATakeoverBoundsSNATTracking(t *testing.T) {
 		}
 	}
 }
+
+// carrierElector is a fakeElector that watches its interface itself, as
+// the VRRP router does.
+type carrierElector struct{ *fakeElector }
+
+func (carrierElector) WatchesCarrier() bool { return true }
+
+// TestHAInterfaceDownElectorWatches: an elector that watches its
+// interface itself is neither resigned nor resumed as the interface goes
+// down and up (a resignation would hold its return until the main loop's
+// Resume); the node's status still says the interface is down. Undrained
+// while its interface is down, it is resumed: it takes part again once
+// the interface is back, by itself.
+func TestHAInterfaceDownElectorWatches(t *testing.T) {
+	var mu sync.Mutex
+	up := true
+	set := func(v bool) { mu.Lock(); up = v; mu.Unlock() }
+	e := &fakeElector{}
+	r := newRigWith(t, haSection("")+services(1, 1), func(o *Options) {
+		o.OpenElector = func(opts ElectorOptions) (Elector, error) { e.opts = opts; return carrierElector{e}, nil }
+		o.LinkUp = func(name string) (bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return up, nil
+		}
+	})
+	faultIs := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			var fault bool
+			r.a.do(context.Background(), func(context.Context) { fault = r.a.ha.fault })
+			if fault == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("fault %v, want %v", fault, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	set(false)
+	faultIs(true)
+	set(true)
+	faultIs(false)
+	set(false)
+	faultIs(true)
+	if err := r.a.DrainNode(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.a.DrainNode(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !slices.Equal(e.resigned, []string{"drained by the operator"}) || e.resumed != 1 {
+		t.Errorf("resigned %q, resumed %d; want only the drain's resignation and the undrain's resumption", e.resigned, e.resumed)
+	}
+}

@@ -46,6 +46,16 @@ type HA struct {
 	// tells this virtual router's messages apart (default VRID).
 	SyncInterface string
 	SyncID        uint8
+	// SyncCatchUp is how long a node that comes back (its interface up
+	// again, or undrained) serves as a backup before it preempts a peer
+	// of lower priority, when connections are synchronized: the
+	// connections the peer opened while the node was away, which it could
+	// not synchronize to it, end meanwhile on the peer, and those opened
+	// since reach the node, so that taking the VIPs back breaks none.
+	// Default DefaultSyncCatchUp (at once: 1 s measured no fewer failed
+	// requests on the returns of TestHAReturns, and costs a second of
+	// every return); at most MaxSyncCatchUp; only with sync_interface.
+	SyncCatchUp time.Duration
 	// Sloppy lets IPVS take a packet in the middle of a connection it
 	// does not know as a new connection (see lb.Spec.Sloppy), so that a
 	// node that takes over keeps the connections its peer had not
@@ -65,6 +75,13 @@ type HA struct {
 func (h HA) Floating() []netip.Addr {
 	return slices.Concat(h.Addresses, h.SNATAddresses)
 }
+
+// DefaultSyncCatchUp is [ha] sync_catch_up's default, and
+// MaxSyncCatchUp its largest value.
+const (
+	DefaultSyncCatchUp = 0
+	MaxSyncCatchUp     = time.Minute
+)
 
 // Enabled reports whether the node shares its VIPs with peers.
 func (h HA) Enabled() bool { return h.Mode != "" }
@@ -98,6 +115,7 @@ type rawHA struct {
 	TrackPriority   *int64    `toml:"track_priority"`
 	SyncInterface   *string   `toml:"sync_interface"`
 	SyncID          *int64    `toml:"sync_id"`
+	SyncCatchUp     *duration `toml:"sync_catch_up"`
 	Sloppy          *bool     `toml:"sloppy"`
 	Addresses       []string  `toml:"addresses"`
 	SNATAddresses   []string  `toml:"snat_addresses"`
@@ -110,7 +128,7 @@ func (v *validator) ha(h *rawHA, cfg *Config) {
 	if h.Mode == nil {
 		if h.Interface != nil || h.VRID != nil || h.Priority != nil || h.Interval != nil || h.Preempt != nil ||
 			h.PreemptDelay != nil || h.Peers != nil || h.Source != nil || h.TrackInterfaces != nil || h.TrackBackends != nil ||
-			h.TrackPriority != nil || h.SyncInterface != nil || h.SyncID != nil || h.Sloppy != nil ||
+			h.TrackPriority != nil || h.SyncInterface != nil || h.SyncID != nil || h.SyncCatchUp != nil || h.Sloppy != nil ||
 			h.Addresses != nil || h.SNATAddresses != nil {
 			v.errorf("ha", ctx, "[ha] needs mode = \"vrrp\"")
 		}
@@ -211,6 +229,15 @@ func (v *validator) ha(h *rawHA, cfg *Config) {
 	if out.SyncID == 0 {
 		out.SyncID = out.VRID
 	}
+	if h.SyncCatchUp != nil && h.SyncInterface == nil {
+		v.errorf("ha.sync_catch_up", ctx, "sync_catch_up without sync_interface: connection synchronization is off, there is nothing to catch up")
+	}
+	if h.SyncInterface != nil {
+		out.SyncCatchUp = v.duration(h.SyncCatchUp, DefaultSyncCatchUp, "ha.sync_catch_up", ctx, "sync_catch_up")
+		if out.SyncCatchUp < 0 || out.SyncCatchUp > MaxSyncCatchUp {
+			v.errorf("ha.sync_catch_up", ctx, "sync_catch_up %s is outside 0..%s", out.SyncCatchUp, MaxSyncCatchUp)
+		}
+	}
 	setBool(&out.Sloppy, h.Sloppy)
 	seen := map[netip.Addr]string{}
 	out.Addresses = v.floating(h.Addresses, "addresses", seen)
@@ -262,7 +289,7 @@ func (h HA) Equal(o HA) bool {
 		h.Interval == o.Interval && h.Preempt == o.Preempt && h.PreemptDelay == o.PreemptDelay &&
 		slices.Equal(h.Peers, o.Peers) && h.Source == o.Source && slices.Equal(h.TrackInterfaces, o.TrackInterfaces) &&
 		h.TrackBackends == o.TrackBackends && h.TrackPriority == o.TrackPriority &&
-		h.SyncInterface == o.SyncInterface && h.SyncID == o.SyncID && h.Sloppy == o.Sloppy &&
+		h.SyncInterface == o.SyncInterface && h.SyncID == o.SyncID && h.SyncCatchUp == o.SyncCatchUp && h.Sloppy == o.Sloppy &&
 		slices.Equal(h.Addresses, o.Addresses) && slices.Equal(h.SNATAddresses, o.SNATAddresses)
 }
 

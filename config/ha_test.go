@@ -33,6 +33,15 @@ func TestHADefaults(t *testing.T) {
 	if !cfg.HA.Equal(want) || !cfg.Spec.Sloppy {
 		t.Errorf("defaults %+v, want %+v", cfg.HA, want)
 	}
+	// With connection synchronization, a returning node preempts at once
+	// unless told to let the synchronization catch up.
+	cfg, err = Parse("t.toml", []byte("[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 51\nsync_interface = \"eth0\"\n"+haService))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.HA.SyncCatchUp != DefaultSyncCatchUp || DefaultSyncCatchUp != 0 {
+		t.Errorf("sync_catch_up %v with sync_interface, want %v", cfg.HA.SyncCatchUp, DefaultSyncCatchUp)
+	}
 }
 
 func TestHASettings(t *testing.T) {
@@ -51,6 +60,7 @@ track_backends = true
 track_priority = 60
 sync_interface = "eth3"
 sync_id = 9
+sync_catch_up = "2s"
 sloppy = false
 ` + haService
 	cfg, err := Parse("t.toml", []byte(in))
@@ -60,7 +70,7 @@ sloppy = false
 	want := HA{Mode: "vrrp", Interface: "bond0", VRID: 7, Priority: 200, Interval: 250 * time.Millisecond,
 		PreemptDelay: 30 * time.Second, Peers: []netip.Addr{netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("192.0.2.3")},
 		Source: netip.MustParseAddr("192.0.2.1"), TrackInterfaces: []string{"eth1", "eth2"}, TrackBackends: true,
-		TrackPriority: 60, SyncInterface: "eth3", SyncID: 9}
+		TrackPriority: 60, SyncInterface: "eth3", SyncID: 9, SyncCatchUp: 2 * time.Second}
 	if !cfg.HA.Equal(want) {
 		t.Errorf("got %+v\nwant %+v", cfg.HA, want)
 	}
@@ -96,6 +106,9 @@ func TestHAErrors(t *testing.T) {
 		{"interval too long", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nadvert_interval = \"41s\"\n", `t.toml:5: ha: advert_interval 41s must be a multiple of 10ms from 10ms to 40.95s`},
 		{"peer", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nunicast_peers = [\"nope\"]\n", `t.toml:5: ha: unicast_peers: "nope" is not an IP address`},
 		{"peers mixed", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nunicast_peers = [\"192.0.2.1\", \"2001:db8::1\"]\n", `t.toml:5: ha: unicast_peers mixes IPv4 and IPv6`},
+		{"sync catch-up alone", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nsync_catch_up = \"1s\"\n", `t.toml:5: ha: sync_catch_up without sync_interface`},
+		{"sync catch-up too long", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nsync_interface = \"eth0\"\nsync_catch_up = \"2m\"\n", `t.toml:6: ha: sync_catch_up 2m0s is outside 0..1m0s`},
+		{"sync catch-up negative", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nsync_interface = \"eth0\"\nsync_catch_up = \"-1s\"\n", `t.toml:6: ha: sync_catch_up: -1s is negative`},
 		{"sync id alone", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\nsync_id = 3\n", `t.toml:5: ha: sync_id without sync_interface`},
 		{"address", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\naddresses = [\"10.0.0.0/24\"]\n", `t.toml:5: ha: addresses: "10.0.0.0/24" is not an IP address`},
 		{"address multicast", "[ha]\nmode = \"vrrp\"\ninterface = \"eth0\"\nvrid = 1\naddresses = [\"224.0.0.18\"]\n", `t.toml:5: ha: addresses: 224.0.0.18 is not a unicast address`},

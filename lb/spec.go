@@ -23,7 +23,13 @@ type Spec struct {
 	// packet in the middle of a connection it does not know as a new
 	// connection. A node that takes over VIPs then keeps the connections
 	// its peer had not synchronized yet (on the same backend with the mh
-	// scheduler, or with one backend).
+	// scheduler, or with one backend). It also sets
+	// net.ipv4.vs.nat_icmp_send: a backend's packet for a NAT connection
+	// the node does not know (yet: its synchronization on the way, as the
+	// node takes over) is dropped, with an ICMP port unreachable that the
+	// backend's TCP takes as a soft error, and sent again, rather than
+	// forwarded untranslated to the client, whose reset would end the
+	// connection.
 	Sloppy bool
 	// Floating are addresses that move with the role of a node in a
 	// high-availability group ([ha] addresses and snat_addresses): bound
@@ -154,6 +160,7 @@ const (
 	SysctlConnReuseMode      = "net/ipv4/vs/conn_reuse_mode"
 	SysctlSloppyTCP          = "net/ipv4/vs/sloppy_tcp"
 	SysctlSloppySCTP         = "net/ipv4/vs/sloppy_sctp"
+	SysctlNATICMPSend        = "net/ipv4/vs/nat_icmp_send"
 	SysctlConntrackLiberal   = "net/netfilter/nf_conntrack_tcp_be_liberal"
 	SysctlARPIgnore          = "net/ipv4/conf/all/arp_ignore"
 	SysctlARPAnnounce        = "net/ipv4/conf/all/arp_announce"
@@ -268,6 +275,7 @@ func desired(spec *Spec, host Host, anyServices bool) *State {
 			if spec.Sloppy {
 				s.Sysctls[SysctlSloppyTCP] = "1"
 				s.Sysctls[SysctlSloppySCTP] = "1"
+				s.Sysctls[SysctlNATICMPSend] = "1"
 			}
 		}
 		if spec.StrictARP {

@@ -24,13 +24,18 @@ func openElector(log *slog.Logger) func(agent.ElectorOptions) (agent.Elector, er
 			Interval:      uint16(h.Interval / (10 * time.Millisecond)),
 			Preempt:       h.Preempt,
 			PreemptDelay:  h.PreemptDelay,
+			RejoinDelay:   h.SyncCatchUp,
 			StartAsMaster: o.StartAsMaster,
-			Addrs:         o.Addrs,
-			Peers:         h.Peers,
-			Source:        h.Source,
-			Logger:        log.With("vrid", h.VRID),
+			// The router stands back without a carrier, and comes
+			// back, by its own link messages: the agent's main loop
+			// is no hop on a returning master's way.
+			CarrierFault: true,
+			Addrs:        o.Addrs,
+			Peers:        h.Peers,
+			Source:       h.Source,
+			Logger:       log.With("vrid", h.VRID),
 			OnTransition: func(t vrrp.Transition) {
-				o.Report(agent.RoleChange{Master: t.To == vrrp.Master, Reason: t.Reason, Cause: string(t.Cause), MasterAddr: t.Master})
+				o.Report(agent.RoleChange{Master: t.To == vrrp.Master, Reason: t.Reason, Cause: string(t.Cause), MasterAddr: t.Master, At: t.At, Late: t.Late})
 			},
 			OnReassert: o.Reassert,
 		})

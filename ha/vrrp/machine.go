@@ -49,6 +49,10 @@ type Transition struct {
 	// caused the transition was handled (zero for other causes): a busy
 	// node's takeover is late by that much.
 	Late time.Duration
+	// At is when the router handled the event that caused the
+	// transition (a timer, Late after its deadline, or a packet), by its
+	// clock; the Machine leaves it unset.
+	At time.Time
 }
 
 // Cause is why a transition happened, in one word.
@@ -109,6 +113,12 @@ type MachineConfig struct {
 	// took over meanwhile is preempted at once when Preempt is set,
 	// without PreemptDelay: the node was serving a moment ago.
 	StartAsMaster bool
+	// RejoinDelay is how long a router that starts again (after a Resign
+	// or a Fault) keeps accepting a master of lower priority before it
+	// preempts it, at the first advertisement after the delay: a node
+	// whose connections are synchronized lets its peer's catch up. Zero
+	// preempts at the first advertisement (see Start).
+	RejoinDelay time.Duration
 }
 
 // Machine is the VRRPv3 state machine of RFC 5798 section 6.4, without
@@ -141,6 +151,9 @@ type Machine struct {
 	// started again (after a Resign or a Fault) and has heard no master
 	// yet.
 	started, rejoining bool
+	// rejoinAt is when a rejoining router stops accepting a master of
+	// lower priority (RejoinDelay after Start).
+	rejoinAt time.Time
 }
 
 // NewMachine returns a machine in the Initialize state.
@@ -260,6 +273,7 @@ func (m *Machine) Start(now time.Time) Step {
 	}
 	m.rejoining = m.started
 	m.started = true
+	m.rejoinAt = now.Add(m.cfg.RejoinDelay)
 	switch {
 	case m.cfg.Priority == 255:
 		return m.becomeMaster(now, CauseOwner, "address owner (priority 255)")
@@ -312,9 +326,16 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 				return m.becomeMaster(now, CauseRestart, fmt.Sprintf("master when it stopped; preempting master %v of priority %d", src, p.Priority))
 			}
 		}
+		catchingUp := false
 		if m.rejoining && p.Priority != 0 {
-			m.rejoining = false
-			if m.cfg.Preempt && m.cfg.PreemptDelay == 0 && p.Priority < m.cfg.Priority {
+			switch {
+			case !m.cfg.Preempt || m.cfg.PreemptDelay != 0 || p.Priority >= m.cfg.Priority:
+				m.rejoining = false
+			case now.Before(m.rejoinAt):
+				// Accepted as master until rejoinAt (RejoinDelay).
+				catchingUp = true
+			default:
+				m.rejoining = false
 				return m.becomeMaster(now, CausePreempt, fmt.Sprintf("preempting master %v of priority %d", src, p.Priority))
 			}
 		}
@@ -323,7 +344,7 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 			m.downReason, m.downCause = fmt.Sprintf("master %v resigned (priority 0)", src), CausePeerResigned
 			return Step{}
 		}
-		if m.cfg.Preempt && p.Priority < m.cfg.Priority {
+		if m.cfg.Preempt && p.Priority < m.cfg.Priority && !catchingUp {
 			if m.preemptAt.IsZero() {
 				m.preemptAt = now.Add(m.cfg.PreemptDelay)
 			}

@@ -609,3 +609,67 @@ func TestRejoinPreemptsAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestRejoinCatchUp: with RejoinDelay, a router that starts again accepts
+// a master of lower priority until the delay has passed (its master down
+// timer re-armed by each advertisement), then preempts it at the first
+// advertisement after it; a master that falls silent meanwhile is taken
+// over from at the master down timer, as ever. The first start keeps
+// RFC 5798's rules.
+func TestRejoinCatchUp(t *testing.T) {
+	self, low := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	adv := Packet{Priority: 100, Interval: 10}
+	rejoined := func(t *testing.T) *Machine {
+		t.Helper()
+		m, err := NewMachine(MachineConfig{Self: self, Priority: 200, Interval: 10, Preempt: true, RejoinDelay: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Start(at(0))
+		m.Expire(at(400))
+		m.Fault(at(500), "interface down")
+		m.Start(at(1000))
+		return m
+	}
+	t.Run("preempts after the delay", func(t *testing.T) {
+		m := rejoined(t)
+		for ms := 1050; ms < 2000; ms += 100 {
+			if st := m.Receive(at(ms), low, adv); st.Transition != nil || m.Role() != Backup {
+				t.Fatalf("at %d ms: %+v, role %v: preempted during the catch-up", ms, st.Transition, m.Role())
+			}
+			if a, p := m.MasterAddr(); a != low || p != 100 {
+				t.Fatalf("at %d ms: master %v %d, want the peer accepted", ms, a, p)
+			}
+			if dl := m.Deadline(); !dl.After(at(ms + 300)) {
+				t.Fatalf("at %d ms: master down timer %v not re-armed", ms, dl)
+			}
+		}
+		st := m.Receive(at(2050), low, adv)
+		if st.Transition == nil || st.Transition.To != Master || st.Transition.Cause != CausePreempt {
+			t.Fatalf("after the delay: %+v, want a preemption", st.Transition)
+		}
+	})
+	t.Run("silent master", func(t *testing.T) {
+		m := rejoined(t)
+		m.Receive(at(1050), low, adv)
+		dl := m.Deadline()
+		if !dl.Before(at(2000)) {
+			t.Fatalf("master down timer at %v, beyond the catch-up", dl)
+		}
+		if st := m.Expire(dl); st.Transition == nil || st.Transition.To != Master || st.Transition.Cause != CauseMasterDown {
+			t.Fatalf("silent master: %+v", st.Transition)
+		}
+	})
+	t.Run("first start", func(t *testing.T) {
+		m, err := NewMachine(MachineConfig{Self: self, Priority: 200, Interval: 10, Preempt: true, RejoinDelay: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Start(at(0))
+		m.Receive(at(50), low, adv)
+		if st := m.Expire(m.Deadline()); st.Transition == nil || st.Transition.To != Master {
+			t.Fatalf("first start: %+v, want RFC 5798's takeover at the master down timer", st.Transition)
+		}
+	})
+}

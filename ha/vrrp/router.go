@@ -39,9 +39,21 @@ type Options struct {
 	// master first (see MachineConfig).
 	Preempt      bool
 	PreemptDelay time.Duration
+	// RejoinDelay is how long a router that starts again after standing
+	// back accepts a master of lower priority before it preempts it (see
+	// MachineConfig.RejoinDelay).
+	RejoinDelay time.Duration
 	// StartAsMaster starts as master, advertising at once: for a restart
 	// that must keep the addresses from a peer of lower priority.
 	StartAsMaster bool
+	// CarrierFault makes the router stand back while its interface is up
+	// without a carrier, as keepalived's fault state does, and take part
+	// again by its own link messages once the carrier is back (see
+	// WatchesCarrier). Unset, only an interface missing or down (or
+	// advertisements that cannot be sent) makes it stand back: two
+	// routers cabled to each other then still take over from each
+	// other.
+	CarrierFault bool
 	// Addrs are the virtual addresses advertised, all IPv4 or all IPv6
 	// (for IPv6 the first should be link-local, as RFC 5798 asks); their
 	// family is the router's.
@@ -58,9 +70,10 @@ type Options struct {
 	// IPv6 link-local address.
 	Source netip.Addr
 	// OnTransition is called on every change of role, from Run's
-	// goroutine, after the advertisement that went with it was sent. It
-	// must not block for long; it may call the Router's methods except
-	// Resign.
+	// goroutine: on becoming master before the advertisement that goes
+	// with it is sent, so that the caller's announcements go out first;
+	// otherwise after it. It must not block for long; it may call the
+	// Router's methods except Resign.
 	OnTransition func(Transition)
 	// OnReassert is called, as OnTransition is, when the master heard
 	// another master of lower priority and must announce its addresses
@@ -247,7 +260,7 @@ func newRouter(opts Options, c conn) (*Router, error) {
 	}
 	m, err := NewMachine(MachineConfig{
 		Self: opts.Source, Priority: opts.Priority, Interval: opts.Interval,
-		Preempt: opts.Preempt, PreemptDelay: opts.PreemptDelay, StartAsMaster: opts.StartAsMaster,
+		Preempt: opts.Preempt, PreemptDelay: opts.PreemptDelay, StartAsMaster: opts.StartAsMaster, RejoinDelay: opts.RejoinDelay,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("vrrp: %w", err)
@@ -318,6 +331,13 @@ func (r *Router) Resign(ctx context.Context, reason string) error {
 // Resume starts a resigned router again, as a backup (or master, as on
 // start).
 func (r *Router) Resume() { r.enqueue(op{kind: opResume}) }
+
+// WatchesCarrier reports whether the router watches its interface by its
+// link messages, standing back while it is missing, down or without a
+// carrier and taking part again once it runs (a Router made by New with
+// CarrierFault): its caller need not resign it for that, and a
+// resignation would hold its return until the caller's Resume.
+func (r *Router) WatchesCarrier() bool { return r.link != nil && r.opts.CarrierFault }
 
 func (r *Router) enqueue(o op) {
 	r.mu.Lock()
@@ -444,6 +464,11 @@ func (r *Router) Run(ctx context.Context) error {
 			r.apply(r.m.Resign(r.clock.Now(), "receive failed: "+e.err.Error()))
 			return fmt.Errorf("vrrp: receive on %s: %w", r.opts.Interface, e.err)
 		case <-timer:
+			// Advertisements that arrived meanwhile come first: a
+			// node slow to run this loop (its CPU busy) would
+			// otherwise take over from a master whose advertisements
+			// wait here, as select picks among ready cases at random.
+			r.drainPackets()
 			now := r.clock.Now()
 			if !checkAt.IsZero() && !now.Before(checkAt) {
 				checkAt = now.Add(linkCheckEvery)
@@ -463,6 +488,18 @@ func (r *Router) Run(ctx context.Context) error {
 		if r.recheck {
 			r.recheck = false
 			r.checkLink(false)
+		}
+	}
+}
+
+// drainPackets handles the packets already received, without waiting.
+func (r *Router) drainPackets() {
+	for {
+		select {
+		case p := <-r.pkts:
+			r.receive(p)
+		default:
+			return
 		}
 	}
 }
@@ -492,12 +529,14 @@ func (r *Router) read(c conn, pkts chan<- received, errc chan<- connErr, stop <-
 	}
 }
 
-// checkLink looks at the router's interface: missing or down, the router
-// stands back; created again (a new index), it opens its socket again
-// there; when advertisements went nowhere maxSendFailures times in a
-// row, it stands back too. Back to normal and running (with a carrier),
-// at a periodic check or on a link message (resume; not at a check that
-// a failed send asked for), it takes part in the election again, as a
+// checkLink looks at the router's interface: missing, down, or, with
+// CarrierFault, up without a carrier (not running: what is sent is
+// dropped), the router stands back; created again (a new index), it
+// opens its socket again there; when advertisements went nowhere
+// maxSendFailures times in a row, it stands back too. Back to normal and
+// running, at a periodic check or on a link message (resume; not at a
+// check that a failed send asked for), it takes part in the election
+// again, as a
 // backup (or master with priority 255) that preempts a master of lower
 // priority at the first advertisement it hears (see Machine.Start).
 func (r *Router) checkLink(resume bool) {
@@ -511,6 +550,13 @@ func (r *Router) checkLink(resume bool) {
 		return
 	case !up:
 		r.standBack(fmt.Sprintf("interface %s down", r.opts.Interface))
+		return
+	case !running && r.opts.CarrierFault:
+		// Up without a carrier (a cable or a switch port gone, a
+		// peer's end of a veth down): what is sent goes nowhere. The
+		// router stands back by its own link messages, and comes
+		// back by them, without waiting for its caller.
+		r.standBack(fmt.Sprintf("interface %s has no carrier", r.opts.Interface))
 		return
 	case index != r.index || r.reopen:
 		if index != r.index {
@@ -541,8 +587,7 @@ func (r *Router) checkLink(resume bool) {
 		// Up without a carrier, or its queue not attached yet, the
 		// interface would drop the advertisements and the resolution
 		// of the peers: the link message that says it runs brings the
-		// router back. (A carrier lost while taking part is the
-		// agent's to judge: it resigns the router.)
+		// router back.
 		return
 	}
 	r.fault, r.failedSends = false, 0
@@ -704,31 +749,63 @@ func (r *Router) checkInterval(src netip.Addr, p Packet) {
 	}
 }
 
-// apply sends the step's advertisement, then reports its transition.
+// apply sends the step's advertisement and reports its transition, then
+// logs it. A router that becomes master reports first: the caller's
+// announcements are what moves the clients, and the advertisement, which
+// only tells the peers, follows them at once (RFC 5798 sends both as the
+// router becomes master, in no order that matters to a peer). Any other
+// step advertises first, as a master that resigns must (a backup then
+// takes over after its skew time). The log line, a write that may block
+// on a slow journal, comes last.
 func (r *Router) apply(st Step) {
+	t := st.Transition
+	var reported, sent time.Time
+	if t != nil {
+		t.At = r.clock.Now()
+	}
+	if t != nil && t.To == Master {
+		r.report(*t)
+		reported = r.clock.Now()
+	}
 	if st.Send {
 		r.send(st.SendPriority)
+		sent = r.clock.Now()
 	}
 	r.mu.Lock()
 	r.status.Role = r.m.Role()
 	r.status.Priority = r.m.Priority()
 	r.status.Master, r.status.MasterPriority = r.m.MasterAddr()
 	r.mu.Unlock()
-	if t := st.Transition; t != nil {
+	if t != nil {
+		if t.To != Master {
+			r.report(*t)
+		}
 		args := []any{"from", t.From, "to", t.To, "reason", t.Reason, "master", t.Master, "priority", t.Priority}
 		if t.Late > 0 {
 			args = append(args, "timer_late", t.Late)
 		}
-		r.log.Info("vrrp transition", args...)
-		if r.opts.OnTransition != nil {
-			r.opts.OnTransition(*t)
+		if !reported.IsZero() {
+			// How long the caller's announcements took, and the
+			// advertisement after them.
+			args = append(args, "reported_in", reported.Sub(t.At))
+			if !sent.IsZero() {
+				args = append(args, "advertised_in", sent.Sub(t.At))
+			}
 		}
+		r.log.Info("vrrp transition", args...)
 	}
 	if st.Reassert != "" {
 		r.log.Warn("vrrp: another master; announcing the addresses again", "reason", st.Reassert)
 		if r.opts.OnReassert != nil {
 			r.opts.OnReassert(st.Reassert)
 		}
+	}
+}
+
+// report hands a transition to OnTransition, when set.
+func (r *Router) report(t Transition) {
+	if r.opts.OnTransition != nil {
+		r.opts.OnTransition(t)
 	}
 }
 

@@ -596,3 +596,121 @@ func TestRouterLinkMessages(t *testing.T) {
 		t.Errorf("preempted: %+v", tr)
 	}
 }
+
+// TestRouterReportsBeforeAdvertising: a router that becomes master hands
+// the transition to OnTransition (whose announcements move the clients)
+// before it sends the advertisement, and says when it handled the event;
+// one that leaves the master role advertises first.
+func TestRouterReportsBeforeAdvertising(t *testing.T) {
+	type seen struct {
+		to   Role
+		sent uint64
+	}
+	seenc := make(chan seen, 4)
+	g := newRigWith(t, Options{Priority: 100, Interval: 100, StartAsMaster: true}, func(r *Router) {
+		inner := r.opts.OnTransition
+		r.opts.OnTransition = func(tr Transition) {
+			seenc <- seen{tr.To, r.Status().Sent}
+			inner(tr)
+		}
+	})
+	if s := <-seenc; s.to != Backup || s.sent != 0 {
+		t.Fatalf("start: %+v, want a backup that sent nothing", s)
+	}
+	at := g.reclaim(100, 100)
+	if s := <-seenc; s.to != Master || s.sent != 0 {
+		t.Fatalf("becoming master: %+v, want reported with 0 advertisements sent", s)
+	}
+	tr := g.transition(Master)
+	if want := t0.Add(at); !tr.At.Equal(want) {
+		t.Fatalf("transition at %v, want %v (the clock when the timer was handled)", tr.At, want)
+	}
+	g.sent(Group4, 100)
+	resigned := make(chan error, 1)
+	go func() { resigned <- g.r.Resign(context.Background(), "test") }()
+	g.sent(Group4, 0)
+	if s := <-seenc; s.to != Init || s.sent != 2 {
+		t.Fatalf("resigning: %+v, want reported after its advertisement of priority 0 (2 sent)", s)
+	}
+	g.transition(Init)
+	if err := <-resigned; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRouterCarrier: a router with CarrierFault whose interface loses its
+// carrier (up, not running) stands back by its own link messages, and
+// takes part again when the carrier is back, with no Resume.
+func TestRouterCarrier(t *testing.T) {
+	var carrier atomic.Bool
+	carrier.Store(true)
+	link := carrierLink{fakeLink: fakeLink{next: make(chan *fakeConn, 1), changed: make(chan struct{}, 1)}, carrier: &carrier}
+	g := newRigWith(t, Options{Priority: 100, Interval: 100, StartAsMaster: true, CarrierFault: true}, func(r *Router) { r.link, r.index = link, 1 })
+	if !g.r.WatchesCarrier() {
+		t.Fatal("a router with a link does not say it watches its carrier")
+	}
+	g.reclaim(100, 100)
+	g.transition(Master)
+	g.sent(Group4, 100)
+	carrier.Store(false)
+	link.changed <- struct{}{}
+	tr := g.transition(Init)
+	if !strings.Contains(tr.Reason, "no carrier") {
+		t.Fatalf("stood back for %q", tr.Reason)
+	}
+	g.sent(Group4, 0)
+	if st := g.r.Status(); !strings.Contains(st.Fault, "no carrier") {
+		t.Fatalf("fault %q", st.Fault)
+	}
+	carrier.Store(true)
+	link.changed <- struct{}{}
+	g.transition(Backup)
+	if st := g.r.Status(); st.Fault != "" {
+		t.Fatalf("fault %q after the carrier came back", st.Fault)
+	}
+}
+
+// carrierLink is a fakeLink whose carrier comes and goes.
+type carrierLink struct {
+	fakeLink
+	carrier *atomic.Bool
+}
+
+func (l carrierLink) state() (int, bool, bool, error) { return 1, true, l.carrier.Load(), nil }
+
+// TestRouterLateTimerHandlesPacketsFirst: a backup whose loop was held up
+// (a busy CPU) past its master down deadline, with the master's
+// advertisement waiting, handles the advertisement first and stays a
+// backup, instead of taking over from a live master.
+func TestRouterLateTimerHandlesPacketsFirst(t *testing.T) {
+	hold := make(chan struct{})
+	var held atomic.Bool
+	g := newRigWith(t, Options{Priority: 100, Interval: 100}, func(r *Router) {
+		inner := r.opts.OnTransition
+		r.opts.OnTransition = func(tr Transition) {
+			inner(tr)
+			if held.CompareAndSwap(false, true) {
+				<-hold // the first transition (to backup) holds the loop
+			}
+		}
+	})
+	g.transition(Backup)
+	g.deliver(peer4, Group4, 255, Packet{VRID: 19, Priority: 200})
+	// The advertisement waits in the router's queue while the deadline
+	// passes.
+	deadline := MasterDownInterval(100, 100)
+	for len(g.r.pkts) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	g.clock.set(deadline + 50*time.Millisecond)
+	close(hold)
+	g.waitStatus(func(st Status) bool { return st.Received == 1 })
+	if st := g.r.Status(); st.Role != Backup || st.Master != peer4 {
+		t.Fatalf("status %+v: took over from a master whose advertisement was waiting", st)
+	}
+	select {
+	case tr := <-g.trs:
+		t.Fatalf("transition %+v", tr)
+	default:
+	}
+}

@@ -18,10 +18,16 @@ import (
 // keepalived's, in the same guest boot and with the same 100 ms
 // advertisements, it fails the master again and again under load and
 // reports, for each configuration, the time until the client's neighbour
-// entry of the VIP names the backup and until the first request is
-// answered after the failure (n, p50, p99, max), failed requests and
-// broken long-lived connections. It fails only when a pair cannot be
-// measured at all; the figures are the result.
+// entry of the VIP names the backup (takeover) and until the first
+// request is answered after the failure (n, p50, p99, max), the time
+// from the master's return until the entry names it again (preemption),
+// vipd's announcement path (from its master down timer handled to its
+// announcements sent, from its log), failed requests and broken
+// long-lived connections, then the ratios vipd/keepalived of each
+// configuration. The master fails by its links cut through netlink
+// ("cut"), by its links cut with ip(8) processes ("cutip"), or by its
+// daemon killed. It fails only when a pair cannot be measured at all;
+// the figures are the result.
 func TestHAFailoverBench(t *testing.T) {
 	n := 10
 	if s := os.Getenv("VIPD_HA_BENCH_N"); s != "" {
@@ -36,6 +42,10 @@ func TestHAFailoverBench(t *testing.T) {
 		MovedP50   float64 `json:"moved_p50_ms"`
 		MovedP99   float64 `json:"moved_p99_ms"`
 		MovedMax   float64 `json:"moved_max_ms"`
+		BackP50    float64 `json:"back_p50_ms"`
+		BackP99    float64 `json:"back_p99_ms"`
+		PathP50    float64 `json:"announce_path_p50_ms,omitempty"`
+		PathP99    float64 `json:"announce_path_p99_ms,omitempty"`
 		AnswerP50  float64 `json:"answer_p50_ms"`
 		AnswerP99  float64 `json:"answer_p99_ms"`
 		Failed     int     `json:"failed"`
@@ -47,21 +57,29 @@ func TestHAFailoverBench(t *testing.T) {
 	}
 	var rows []row
 	var runs []benchRun
+	// Each configuration runs for vipd, then for keepalived: the pairs
+	// the table's ratios compare. "cut" takes the master's links down
+	// through netlink, "cutip" with ip(8) processes.
 	for _, mode := range []string{"dr", "nat", "snat"} {
-		runs = append(runs,
-			benchRun{pairOptions{Mode: mode, Sync: true}, "cut", n},
-			benchRun{pairOptions{Mode: mode, Sync: true, Keepalived: true}, "cut", n},
-			benchRun{pairOptions{Mode: mode, Sync: false, Scheduler: "wlc"}, "cut", max(n/2, 1)},
-		)
+		for _, how := range []string{"cut", "cutip"} {
+			runs = append(runs,
+				benchRun{pairOptions{Mode: mode, Sync: true}, how, n},
+				benchRun{pairOptions{Mode: mode, Sync: true, Keepalived: true}, how, n},
+				benchRun{pairOptions{Mode: mode, Sync: false, Scheduler: "wlc"}, how, max(n/2, 1)},
+				benchRun{pairOptions{Mode: mode, Sync: false, Scheduler: "wlc", Keepalived: true}, how, max(n/2, 1)},
+			)
+		}
 	}
 	runs = append(runs,
 		benchRun{pairOptions{Mode: "dr", Sync: true}, "kill", n},
 		benchRun{pairOptions{Mode: "dr", Sync: true, Keepalived: true}, "kill", n},
 	)
+	ran := 0 // the subtests that ran: -run may name a subset
 	for _, r := range runs {
 		t.Run(strings.ReplaceAll(r.o.String()+" "+r.how, " ", "_"), func(t *testing.T) {
+			ran++
 			p := startPair(t, r.o)
-			var moved, answered []time.Duration
+			var moved, answered, back, path []time.Duration
 			out := row{Config: r.o.String(), Failure: r.how, N: r.n}
 			for i := 0; i < r.n; i++ {
 				res, err := p.failover(r.how)
@@ -74,6 +92,10 @@ func TestHAFailoverBench(t *testing.T) {
 				}
 				out.Done++
 				moved = append(moved, res.Moved)
+				back = append(back, res.Back)
+				if res.Announced > 0 {
+					path = append(path, res.Announced)
+				}
 				if res.Answered > 0 {
 					answered = append(answered, res.Answered)
 				}
@@ -85,23 +107,46 @@ func TestHAFailoverBench(t *testing.T) {
 				if out.FirstError == "" && len(res.Errors) > 0 {
 					out.FirstError = res.Errors[0]
 				}
-				t.Logf("%s %s #%d: failure made in %v, backup elected %v (timer %v late), master %v, moved %v, answered %v, %d failed, %d broken", r.o, r.how, i+1,
-					res.Failing.Round(time.Millisecond), res.Elected.Round(time.Millisecond), res.TimerLate.Round(time.Millisecond), res.Master.Round(time.Millisecond), res.Moved.Round(time.Millisecond), res.Answered.Round(time.Millisecond), res.Failed+res.FailedBack, res.Broken)
+				t.Logf("%s %s #%d: failure made in %v, backup elected %v (timer %v late, announced %v after it), master %v, moved %v, answered %v, back %v, %d failed, %d broken", r.o, r.how, i+1,
+					res.Failing.Round(time.Millisecond), res.Elected.Round(time.Millisecond), res.TimerLate.Round(time.Millisecond), res.Announced.Round(time.Microsecond), res.Master.Round(time.Millisecond), res.Moved.Round(time.Millisecond), res.Answered.Round(time.Millisecond), res.Back.Round(time.Millisecond), res.Failed+res.FailedBack, res.Broken)
 			}
 			out.MovedP50, out.MovedP99, out.MovedMax = quantileMS(moved, 0.5), quantileMS(moved, 0.99), quantileMS(moved, 1)
+			out.BackP50, out.BackP99 = quantileMS(back, 0.5), quantileMS(back, 0.99)
+			out.PathP50, out.PathP99 = quantileMS(path, 0.5), quantileMS(path, 0.99)
 			out.AnswerP50, out.AnswerP99 = quantileMS(answered, 0.5), quantileMS(answered, 0.99)
 			rows = append(rows, out)
 		})
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-34s %-7s %3s  %-24s  %-16s  %-13s  %s\n", "pair", "failure", "n", "neighbour moved p50/p99/max", "answered p50/p99", "failed/back/short", "broken/long conns")
+	fmt.Fprintf(&b, "%-34s %-7s %3s  %-24s  %-16s  %-16s  %-13s  %-17s  %s\n", "pair", "failure", "n", "neighbour moved p50/p99/max", "back p50/p99", "answered p50/p99", "failed/back/short", "broken/long conns", "announce path p50/p99")
 	for _, r := range rows {
 		ans := "-"
-		if r.Failure == "cut" {
+		if r.Failure != "kill" {
 			ans = fmt.Sprintf("%.0f/%.0f ms", r.AnswerP50, r.AnswerP99)
 		}
-		fmt.Fprintf(&b, "%-34s %-7s %3d  %-24s  %-16s  %-13s  %d/%d\n", r.Config, r.Failure, r.Done,
-			fmt.Sprintf("%.0f/%.0f/%.0f ms", r.MovedP50, r.MovedP99, r.MovedMax), ans, fmt.Sprintf("%d/%d/%d", r.Failed, r.FailedBack, r.Short), r.Broken, r.LongConns)
+		path := "-"
+		if r.PathP50 > 0 {
+			path = fmt.Sprintf("%.1f/%.1f ms", r.PathP50, r.PathP99)
+		}
+		fmt.Fprintf(&b, "%-34s %-7s %3d  %-24s  %-16s  %-16s  %-13s  %-17s  %s\n", r.Config, r.Failure, r.Done,
+			fmt.Sprintf("%.0f/%.0f/%.0f ms", r.MovedP50, r.MovedP99, r.MovedMax), fmt.Sprintf("%.0f/%.0f ms", r.BackP50, r.BackP99), ans,
+			fmt.Sprintf("%d/%d/%d", r.Failed, r.FailedBack, r.Short), fmt.Sprintf("%d/%d", r.Broken, r.LongConns), path)
+	}
+	// The ratios vipd/keepalived of each configuration both ran: below 1
+	// vipd is faster.
+	b.WriteString("\nratio vipd/keepalived (takeover = neighbour moved, preemption = back):\n")
+	for _, v := range rows {
+		if strings.HasPrefix(v.Config, "keepalived") || v.Done == 0 {
+			continue
+		}
+		for _, k := range rows {
+			if k.Config != "keepalived"+strings.TrimPrefix(v.Config, "vipd") || k.Failure != v.Failure || k.Done == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "%-34s %-7s n %d/%d  takeover p50 %.2f p99 %.2f  preemption p50 %.2f p99 %.2f\n",
+				strings.TrimPrefix(v.Config, "vipd "), v.Failure, v.Done, k.Done,
+				v.MovedP50/k.MovedP50, v.MovedP99/k.MovedP99, v.BackP50/k.BackP50, v.BackP99/k.BackP99)
+		}
 	}
 	for _, r := range rows {
 		if r.Stuck != "" {
@@ -111,8 +156,8 @@ func TestHAFailoverBench(t *testing.T) {
 	js, _ := json.MarshalIndent(rows, "", "  ")
 	// The markers let bench-ha.sh take the table and JSON from the console.
 	fmt.Printf("HA-BENCH-TABLE-BEGIN\n%sHA-BENCH-TABLE-END\nHA-BENCH-JSON-BEGIN\n%s\nHA-BENCH-JSON-END\n", b.String(), js)
-	if len(rows) != len(runs) {
-		t.Fatalf("%d of %d pairs measured", len(rows), len(runs))
+	if len(rows) != ran {
+		t.Fatalf("%d of %d pairs measured", len(rows), ran)
 	}
 }
 

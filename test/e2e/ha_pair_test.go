@@ -165,6 +165,21 @@ func (p *pair) cut(n *lbNode, down bool) {
 	}
 }
 
+// cutIP takes node n's links down, or up again, with one ip(8) process
+// per link, as an operator or a script would: the failure then happens
+// once the process has started, tens of milliseconds into the emulated
+// guest's fork and exec.
+func (p *pair) cutIP(n *lbNode, down bool) {
+	p.t.Helper()
+	state := "up"
+	if down {
+		state = "down"
+	}
+	for _, l := range n.links {
+		Run(p.t, "ip", "link", "set", l, state)
+	}
+}
+
 // isMaster reports whether node n serves the VIP.
 func (p *pair) isMaster(n *lbNode) bool {
 	if p.o.Keepalived {
@@ -192,7 +207,11 @@ func vipdPairConfig(t *testing.T, d *daemon, tp *Topo, o pairOptions, priority i
 		ha += "sync_interface = \"eth0\"\n"
 	}
 	svc := fmt.Sprintf("scheduler = %q\n", o.scheduler())
-	header := d.header("eth0", "")
+	// The product's resync interval, not the tests' 2 s: a resync pass
+	// takes 3 to 5 s in the emulated guest, so that every 2 s it would
+	// keep the node's CPU busy, and its main loop, all through the
+	// failovers that the pair measures beside keepalived.
+	header := d.header("eth0", `resync_interval = "30s"`)
 	switch o.Mode {
 	case "dr":
 		svc += `forward = "droute"`
@@ -412,10 +431,17 @@ type failoverResult struct {
 	// announcements. Elected is the time to its VRRP transition, before
 	// them, and TimerLate how late its master down timer was handled.
 	Master, Elected, TimerLate time.Duration
+	// Announced is the backup's announcement path, from its log: from
+	// its master down timer handled to its announcements sent.
+	Announced time.Duration
 	// Failing is how long the failure itself took to make (the commands
 	// that cut the links or kill the daemon): the failure happened
 	// somewhere in it, and the times above count from its start.
 	Failing time.Duration
+	// Back is the time from the master's return (its links up, or its
+	// daemon started) to the client's neighbour entry of the VIP naming
+	// it again: the preemption.
+	Back time.Duration
 	// Failed short requests, sent during the failover (before the
 	// master came back) and during its return (FailedBack), and Broken
 	// long-lived connections over both.
@@ -447,6 +473,8 @@ func (p *pair) failover(how string) (failoverResult, error) {
 	switch how {
 	case "cut":
 		p.cut(master, true)
+	case "cutip":
+		p.cutIP(master, true)
 	case "kill":
 		p.kill(master)
 	default:
@@ -471,18 +499,25 @@ func (p *pair) failover(how string) (failoverResult, error) {
 	// The master comes back, and takes the VIP back: it has the higher
 	// priority.
 	back := time.Now()
-	if how == "cut" {
+	switch how {
+	case "cut":
 		p.cut(master, false)
-	} else {
+	case "cutip":
+		p.cutIP(master, false)
+	default:
 		p.start(master)
 	}
-	if !within(15*time.Second, func() bool { return !p.mon.movedAt(tp.VIP, mmac, back).IsZero() }) {
+	var movedBack time.Time
+	if !within(15*time.Second, func() bool {
+		movedBack = p.mon.movedAt(tp.VIP, mmac, back)
+		return !movedBack.IsZero()
+	}) {
 		l.end()
 		return failoverResult{}, fmt.Errorf("%s: the client never resolved the VIP to %s again within 15s after it came back", p.o, master.name)
 	}
 	time.Sleep(time.Second)
 	l.end()
-	r := failoverResult{Moved: moved.Sub(at), Failing: cutTook, Broken: len(l.longErrs), Short: l.shortOK, Long: l.longOK}
+	r := failoverResult{Moved: moved.Sub(at), Back: movedBack.Sub(back), Failing: cutTook, Broken: len(l.longErrs), Short: l.shortOK, Long: l.longOK}
 	for _, sent := range l.shortFailed {
 		if sent.Before(back) {
 			r.Failed++
@@ -511,9 +546,21 @@ func (p *pair) failover(how string) (failoverResult, error) {
 			r.TimerLate, _ = time.ParseDuration(m[2])
 			break
 		}
+		for _, m := range announcedLine.FindAllStringSubmatch(backup.vipd.logSince(), -1) {
+			when, err := time.Parse(time.RFC3339Nano, m[1])
+			if err != nil || !when.After(at) {
+				continue
+			}
+			r.Announced, _ = time.ParseDuration(m[2])
+			break
+		}
 	}
 	return r, nil
 }
+
+// announcedLine is a vipd's change of role to master, with its time and
+// the time from its elector's event to its announcements sent.
+var announcedLine = regexp.MustCompile(`time=(\S+) level=INFO msg="high availability: role changed" role=master .*?announced_in=(\S+)`)
 
 // electedLine is a vipd's VRRP transition to master, with its time and,
 // when a timer caused it, how late the timer was handled.

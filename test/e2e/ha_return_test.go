@@ -1,0 +1,170 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// returnsResult is what a series of failovers and returns cost the
+// clients, under one load that runs through the whole series.
+type returnsResult struct {
+	// Done counts the cycles made (cut, takeover, return).
+	Done int
+	// Failed counts the short requests that failed and were sent while
+	// the backup took over (from the cut until the client's neighbour
+	// entry moved, and 200 ms more); FailedBack the others: sent while
+	// the backup served, or as the master came back, or after.
+	Failed, FailedBack int
+	// PerCycle is FailedBack per cycle.
+	PerCycle []int
+	// Back holds the times from each return (links up) to the client's
+	// neighbour entry naming the master again.
+	Back            []time.Duration
+	Broken          int
+	Short, Long     int
+	Errors, Broken1 []string
+	// slowLog is the returning master's high-availability log over its
+	// slowest return, slowest.
+	slowLog []string
+	slowest time.Duration
+}
+
+// haLogWindow returns the lines of d's log stamped from from to to.
+func haLogWindow(d *daemon, from, to time.Time) []string {
+	var out []string
+	for _, line := range strings.Split(d.logSince(), "\n") {
+		ts, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+		at, err := time.Parse(time.RFC3339Nano, ts)
+		if err == nil && !at.Before(from) && !at.After(to) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// returns cuts the master's links n times under one load, each time
+// waiting for the backup to take over, then bringing the master back and
+// waiting for it to take the VIP back; it returns what that cost. The
+// pair's master stays p.nodes[0] (it has the higher priority). It fails
+// the test when a cycle does not complete.
+func (p *pair) returns(n int, serving time.Duration) returnsResult {
+	t, tp := p.t, p.tp
+	t.Helper()
+	master, backup := p.nodes[p.master], p.nodes[1-p.master]
+	const long = 10
+	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: long, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
+	if p.o.Sync {
+		Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
+			return strings.Count(Run(t, "ip", "netns", "exec", backup.name, "ipvsadm", "-Lnc"), "ESTABLISHED") >= long
+		}, "%s: %s has not the master's %d long-lived connections", p.o, backup.name, long)
+	}
+	bmac, mmac := macOf(t, backup.name), macOf(t, master.name)
+	// takeover holds the windows [cut, moved+200ms) of the cycles.
+	type window struct{ from, to time.Time }
+	var takeovers []window
+	var r returnsResult
+	for i := 0; i < n; i++ {
+		cut := time.Now()
+		p.cut(master, true)
+		var moved time.Time
+		if !within(10*time.Second, func() bool {
+			moved = p.mon.movedAt(tp.VIP, bmac, cut)
+			return !moved.IsZero()
+		}) {
+			l.end()
+			t.Fatalf("%s: cycle %d: the client never resolved the VIP to the backup %s within 10s", p.o, i+1, backup.name)
+		}
+		takeovers = append(takeovers, window{cut, moved.Add(200 * time.Millisecond)})
+		time.Sleep(serving)
+		back := time.Now()
+		p.cut(master, false)
+		var movedBack time.Time
+		if !within(10*time.Second, func() bool {
+			movedBack = p.mon.movedAt(tp.VIP, mmac, back)
+			return !movedBack.IsZero()
+		}) {
+			l.end()
+			t.Fatalf("%s: cycle %d: the client never resolved the VIP to %s again within 10s after it came back", p.o, i+1, master.name)
+		}
+		r.Back = append(r.Back, movedBack.Sub(back))
+		if d := movedBack.Sub(back); master.vipd != nil && d > r.slowest {
+			// What the returning master did meanwhile, for the
+			// slowest return: why it took that long.
+			r.slowest = d
+			r.slowLog = append(haLogWindow(master.vipd, back.Add(-100*time.Millisecond), movedBack.Add(time.Second)), "-- "+backup.name+":")
+			r.slowLog = append(r.slowLog, haLogWindow(backup.vipd, back.Add(-100*time.Millisecond), movedBack.Add(time.Second))...)
+			r.slowLog = append(r.slowLog, fmt.Sprintf("-- links up at %s, client moved back at %s", back.UTC().Format(time.RFC3339Nano), movedBack.UTC().Format(time.RFC3339Nano)))
+		}
+		r.Done++
+		// The master serves a while, and synchronizes the connections
+		// it opens, before the next cut.
+		time.Sleep(time.Second)
+	}
+	l.end()
+	r.PerCycle = make([]int, n)
+	for _, sent := range l.shortFailed {
+		taking := false
+		for _, w := range takeovers {
+			if !sent.Before(w.from) && sent.Before(w.to) {
+				taking = true
+			}
+		}
+		if taking {
+			r.Failed++
+			continue
+		}
+		r.FailedBack++
+		c := 0
+		for c+1 < len(takeovers) && !sent.Before(takeovers[c+1].from) {
+			c++
+		}
+		r.PerCycle[c]++
+	}
+	r.Broken, r.Short, r.Long = len(l.longErrs), l.shortOK, l.longOK
+	r.Errors, r.Broken1 = first(l.shortErr), first(l.longErrs)
+	return r
+}
+
+// TestHAReturns fails the master of a pair with synchronized connections
+// 20 times in a row under load, for direct routing, NAT through the
+// pair's floating gateway and one-arm SNAT from its floating source, and
+// asserts that no long-lived connection breaks and, with direct routing,
+// that no request fails as the master comes back and takes the VIP back
+// (nor while the backup serves); through NAT and SNAT it counts those
+// failures (1 and 3 to 4 in 20 returns in the guest, December 2026). Requests sent while the backup takes over are
+// counted, not asserted (see checkFailover). With 100 ms advertisements
+// and 300 ms of service by the backup, a cycle takes about 2 s in the
+// emulated guest.
+func TestHAReturns(t *testing.T) {
+	const n = 20
+	for _, mode := range []string{"dr", "nat", "snat"} {
+		t.Run(mode, func(t *testing.T) {
+			p := startPair(t, pairOptions{Mode: mode, Sync: true})
+			start := time.Now()
+			r := p.returns(n, 300*time.Millisecond)
+			back := make([]string, len(r.Back))
+			for i, d := range r.Back {
+				back[i] = d.Round(time.Millisecond).String()
+			}
+			t.Logf("%s: %d cycles in %v; %d short and %d long-lived requests; failed: %d as the backup took over, %d after (per cycle %v); broken %d; returns (links up to the client's neighbour entry back) %s; errors %q %q",
+				p.o, r.Done, time.Since(start).Round(time.Millisecond), r.Short, r.Long, r.Failed, r.FailedBack, r.PerCycle, r.Broken, strings.Join(back, " "), r.Errors, r.Broken1)
+			t.Logf("%s: the slowest return (%v from %s, links up at the first line's time or before):\n%s", p.o, r.slowest.Round(time.Millisecond),
+				p.nodes[0].name, strings.Join(r.slowLog, "\n"))
+			// Through NAT and SNAT a return still loses a request in
+			// 20 to 100 (issue 36, part 3 not done): counted and
+			// logged above; asserted for direct routing.
+			if r.FailedBack != 0 && mode == "dr" {
+				t.Errorf("%s: %d requests failed as the master came back over %d returns (per cycle %v): %q", p.o, r.FailedBack, r.Done, r.PerCycle, r.Errors)
+			}
+			if r.Broken != 0 || r.Short == 0 || r.Long == 0 {
+				t.Errorf("%s: %d broken long-lived connections (%d short, %d long-lived requests): %q", p.o, r.Broken, r.Short, r.Long, r.Broken1)
+			}
+			fmt.Fprintf(os.Stderr, "HA-RETURNS %s n=%d failed_back=%d failed_takeover=%d broken=%d\n", mode, r.Done, r.FailedBack, r.Failed, r.Broken)
+		})
+	}
+}
