@@ -133,10 +133,11 @@ func (p *pair) returns(n int, serving time.Duration) returnsResult {
 // TestHAReturns fails the master of a pair with synchronized connections
 // 20 times in a row under load, for direct routing, NAT through the
 // pair's floating gateway and one-arm SNAT from its floating source, and
-// asserts that no long-lived connection breaks and, with direct routing,
-// that no request fails as the master comes back and takes the VIP back
-// (nor while the backup serves); through NAT and SNAT it counts those
-// failures (1 and 3 to 4 in 20 returns in the guest, December 2026). Requests sent while the backup takes over are
+// asserts that no long-lived connection breaks and that no request fails
+// as the master comes back and takes the VIP back (nor while the backup
+// serves). (On a host starved by 3-5 other guests, NAT and SNAT lost 0-5
+// requests in 20 returns, all 5 s timeouts: test/bench/results/
+// 2026-12-06-ha-returns.txt.) Requests sent while the backup takes over are
 // counted, not asserted (see checkFailover). With 100 ms advertisements
 // and 300 ms of service by the backup, a cycle takes about 2 s in the
 // emulated guest.
@@ -155,10 +156,7 @@ func TestHAReturns(t *testing.T) {
 				p.o, r.Done, time.Since(start).Round(time.Millisecond), r.Short, r.Long, r.Failed, r.FailedBack, r.PerCycle, r.Broken, strings.Join(back, " "), r.Errors, r.Broken1)
 			t.Logf("%s: the slowest return (%v from %s, links up at the first line's time or before):\n%s", p.o, r.slowest.Round(time.Millisecond),
 				p.nodes[0].name, strings.Join(r.slowLog, "\n"))
-			// Through NAT and SNAT a return still loses a request in
-			// 20 to 100 (issue 36, part 3 not done): counted and
-			// logged above; asserted for direct routing.
-			if r.FailedBack != 0 && mode == "dr" {
+			if r.FailedBack != 0 {
 				t.Errorf("%s: %d requests failed as the master came back over %d returns (per cycle %v): %q", p.o, r.FailedBack, r.Done, r.PerCycle, r.Errors)
 			}
 			if r.Broken != 0 || r.Short == 0 || r.Long == 0 {
