@@ -63,13 +63,7 @@ type birdRouter struct {
 // It skips the test without bird, and fails it without bird under CI.
 func startBirdRouter(t *testing.T, p *nstest.Peer, local, node string) *birdRouter {
 	t.Helper()
-	bin, birdc := "/usr/sbin/bird", "/usr/sbin/birdc"
-	if _, err := os.Stat(bin); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("bird2 is not installed (test/deps.sh installs it)")
-		}
-		t.Skip("bird2 is not installed (apt-get install bird2)")
-	}
+	bin, birdc := nstest.Tool(t, "bird", "/usr/sbin/bird", "bird2"), nstest.Tool(t, "birdc", "/usr/sbin/birdc", "bird2")
 	dir := t.TempDir()
 	conf := fmt.Sprintf(`router id %s;
 protocol device {}

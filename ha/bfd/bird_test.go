@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -33,57 +32,6 @@ var (
 	bird6  = netip.MustParseAddr("fd00:98::2")
 )
 
-// lookBird returns the path of a bird program. Without it the test
-// skips, or fails when CI is set: CI installs bird2 (test/deps.sh).
-func lookBird(t testing.TB, name, path string) string {
-	t.Helper()
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	if _, err := os.Stat(path); err == nil {
-		return path
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("%s is not installed (test/deps.sh installs bird2); CI runs the BFD interop tests", name)
-	}
-	t.Skipf("%s is not installed (apt-get install bird2)", name)
-	return ""
-}
-
-// recordTB records what a helper fails or skips with.
-type recordTB struct {
-	testing.TB
-	fatal, skip string
-}
-
-func (r *recordTB) Helper() {}
-func (r *recordTB) Fatalf(format string, args ...any) {
-	r.fatal = fmt.Sprintf(format, args...)
-	runtime.Goexit()
-}
-func (r *recordTB) Skipf(format string, args ...any) {
-	r.skip = fmt.Sprintf(format, args...)
-	runtime.Goexit()
-}
-
-// TestBirdMissing: without bird the interop tests skip, and fail when CI
-// is set.
-func TestBirdMissing(t *testing.T) {
-	for _, ci := range []string{"", "true"} {
-		t.Setenv("CI", ci)
-		r := &recordTB{TB: t}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			lookBird(r, "no-such-bird", filepath.Join(t.TempDir(), "bird"))
-		}()
-		<-done
-		if ci == "" && (r.skip == "" || r.fatal != "") || ci != "" && (r.fatal == "" || r.skip != "") {
-			t.Errorf("CI=%q: fatal %q, skip %q", ci, r.fatal, r.skip)
-		}
-	}
-}
-
 // birdc runs birdc on the control socket sock.
 type birdc struct{ bin, sock string }
 
@@ -106,8 +54,8 @@ func (b birdc) state(addr netip.Addr) string {
 func setup(t *testing.T, interval time.Duration, mult int) (*nstest.Peer, birdc) {
 	t.Helper()
 	nstest.Need(t)
-	bin := lookBird(t, "bird", "/usr/sbin/bird")
-	ctl := lookBird(t, "birdc", "/usr/sbin/birdc")
+	bin := nstest.Tool(t, "bird", "/usr/sbin/bird", "bird2")
+	ctl := nstest.Tool(t, "birdc", "/usr/sbin/birdc", "bird2")
 	p := nstest.NewPeer(t, "fb", "fp")
 	for _, a := range []string{self4.String() + "/24", self6.String() + "/64"} {
 		if err := nstest.AddAddr("fb", a); err != nil {

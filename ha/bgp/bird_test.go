@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -26,58 +25,7 @@ func TestMain(m *testing.M) { nstest.Main(m) }
 func needBird(t *testing.T) (bird, birdc string) {
 	t.Helper()
 	nstest.Need(t)
-	return lookBird(t, "bird", "/usr/sbin/bird"), lookBird(t, "birdc", "/usr/sbin/birdc")
-}
-
-func lookBird(t testing.TB, name, path string) string {
-	t.Helper()
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	if _, err := os.Stat(path); err == nil {
-		return path
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("%s is not installed (test/deps.sh installs bird2); CI runs the BGP interop tests", name)
-	}
-	t.Skipf("%s is not installed (apt-get install bird2)", name)
-	return ""
-}
-
-// recordTB records what a test helper fails or skips with.
-type recordTB struct {
-	testing.TB
-	fatal, skip string
-}
-
-func (r *recordTB) Helper() {}
-
-func (r *recordTB) Fatalf(format string, args ...any) {
-	r.fatal = fmt.Sprintf(format, args...)
-	runtime.Goexit()
-}
-
-func (r *recordTB) Skipf(format string, args ...any) {
-	r.skip = fmt.Sprintf(format, args...)
-	runtime.Goexit()
-}
-
-// TestBirdMissing: without bird the interop tests skip, and fail when CI
-// is set.
-func TestBirdMissing(t *testing.T) {
-	for _, ci := range []string{"", "true"} {
-		t.Setenv("CI", ci)
-		r := &recordTB{TB: t}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			lookBird(r, "no-such-bird", filepath.Join(t.TempDir(), "bird"))
-		}()
-		<-done
-		if ci == "" && (r.skip == "" || r.fatal != "") || ci != "" && (r.fatal == "" || r.skip != "") {
-			t.Errorf("CI=%q: fatal %q, skip %q", ci, r.fatal, r.skip)
-		}
-	}
+	return nstest.Tool(t, "bird", "/usr/sbin/bird", "bird2"), nstest.Tool(t, "birdc", "/usr/sbin/birdc", "bird2")
 }
 
 // The test's addresses: vipd in the test's namespace on "vb", bird in the
