@@ -167,7 +167,7 @@ func main() { os.Exit(cli.Run(app.NewProxyCommand())) }
 EOF
 if ((proxy == 1)) && { ! proxy_current || [[ ${VIPD_K8S_FORCE:-} == 1 ]]; }; then
 	build kube-proxy "$work/kube-proxy" "$version_flags"
-	"$work/out/kube-proxy" --version | grep -q "Kubernetes $K8S_VERSION" ||
+	grep -q "Kubernetes $K8S_VERSION" <<<"$("$work/out/kube-proxy" --version)" ||
 		die "the built kube-proxy does not say it is $K8S_VERSION"
 	if base_current && [[ ${VIPD_K8S_FORCE:-} != 1 ]]; then
 		cp "$work/out/kube-proxy" "$OUT/kube-proxy.new"
@@ -183,9 +183,9 @@ fi
 build etcd "$work/etcd" "-s -w"
 build kube-apiserver "$work/kube-apiserver" "$version_flags"
 
-"$work/out/etcd" --version | grep -q "etcd Version: ${ETCD_VERSION#v}" ||
+grep -q "etcd Version: ${ETCD_VERSION#v}" <<<"$("$work/out/etcd" --version)" ||
 	die "the built etcd does not say it is $ETCD_VERSION"
-"$work/out/kube-apiserver" --version | grep -q "Kubernetes $K8S_VERSION" ||
+grep -q "Kubernetes $K8S_VERSION" <<<"$("$work/out/kube-apiserver" --version)" ||
 	die "the built kube-apiserver does not say it is $K8S_VERSION"
 
 printf '%s\n' "$WANT" >"$work/out/versions"

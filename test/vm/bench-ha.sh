@@ -31,7 +31,7 @@ if [[ ! -s $out.txt ]] || ((rc != 0)); then
 	echo "bench-ha: failed or incomplete (e2e exit $rc); console log: $logfile" >&2
 	exit 1
 fi
-echo "host: $(uname -r), $(nproc) CPUs; $(qemu-system-x86_64 --version | head -n 1); 100 ms advertisements" >>"$out.txt"
+echo "host: $(uname -r), $(nproc) CPUs; $(qemu-system-x86_64 --version | sed -n 1p); 100 ms advertisements" >>"$out.txt"
 echo
 cat "$out.txt"
 echo

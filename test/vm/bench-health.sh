@@ -68,7 +68,7 @@ if [[ $where == guest || $where == both ]]; then
 	tr -d '\r' <"$logfile" >"$clean"
 	{
 		echo "Health-check benchmark, guest part (test/vm/bench-health.sh), one guest boot, $(date +%F), commit $commit."
-		echo "host: $(uname -r), $(nproc) CPUs; $(qemu-system-x86_64 --version | head -n 1); guest: Debian 12 cloud kernel, 2 vCPUs (TCG); keepalived $(keepalived --version 2>&1 | head -n 1 | awk '{print $2}') (-n -C: its checker process and its parent)."
+		echo "host: $(uname -r), $(nproc) CPUs; $(qemu-system-x86_64 --version | sed -n 1p); guest: Debian 12 cloud kernel, 2 vCPUs (TCG); keepalived $(keepalived --version 2>&1 | sed -n 1p | awk '{print $2}') (-n -C: its checker process and its parent)."
 		sed -n '/^HEALTH-BENCH-TABLE-BEGIN$/,/^HEALTH-BENCH-TABLE-END$/{/^HEALTH-BENCH-TABLE-/d;p}' "$clean"
 	} >"$out-guest.txt"
 	if ! grep -q '^guest: ' "$out-guest.txt" || ((rc != 0)); then

@@ -51,7 +51,7 @@ export CGO_ENABLED=0
 go build -trimpath -tags grpcnotrace -ldflags "-s -w -X main.version=$(git describe --always --dirty 2>/dev/null || echo devel)" -o "$payload/vipd" ./cmd/vipd
 go build -trimpath -ldflags '-s -w' -o "$payload/benchrun" ./test/bench/cmd/benchrun
 cp "$VM_DIR/guest-bench.sh" "$payload/"
-qemu=$(qemu-system-x86_64 --version | head -n 1)
+qemu=$(qemu-system-x86_64 --version | sed -n 1p)
 echo "$qemu" >"$payload/qemu-version"
 log "built vipd and benchrun in $(elapsed "$t0") s"
 

@@ -135,7 +135,7 @@ done <"$payload/tests/list"
 # The slowest top-level tests (go test -v's "--- PASS: TestX (12.34s)"):
 # where the suite's time goes.
 echo "  slowest tests:"
-sed -nE 's/^--- (PASS|FAIL|SKIP): ([^ ]+) \(([0-9.]+)s\)$/\3 \2 \1/p' "$clean" | sort -rn | head -n "${VIPD_E2E_SLOWEST:-12}" |
+sed -nE 's/^--- (PASS|FAIL|SKIP): ([^ ]+) \(([0-9.]+)s\)$/\3 \2 \1/p' "$clean" | sort -rn | sed -n "1,${VIPD_E2E_SLOWEST:-12}p" |
 	awk '{ printf "    %8.1f s  %s%s\n", $1, $2, ($3 == "PASS" ? "" : " (" $3 ")") }'
 passed=$(grep -cE '^--- PASS: ' "$clean" || true)
 failed=$(grep -cE '^--- FAIL: ' "$clean" || true)

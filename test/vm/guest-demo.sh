@@ -14,8 +14,8 @@ requests=${VIPD_DEMO_REQUESTS:-20}
 say() { printf '\n== %s\n' "$*"; }
 
 # The first service of the config: its VIP and port.
-vip=$(sed -n 's/^[[:space:]]*vip[[:space:]]*=[[:space:]]*"\([^"]*\)".*/\1/p' "$cfg" | head -n 1)
-port=$(sed -n 's/^[[:space:]]*port[[:space:]]*=[[:space:]]*\([0-9]*\).*/\1/p' "$cfg" | head -n 1)
+vip=$(sed -n 's/^[[:space:]]*vip[[:space:]]*=[[:space:]]*"\([^"]*\)".*/\1/p' "$cfg" | sed -n 1p)
+port=$(sed -n 's/^[[:space:]]*port[[:space:]]*=[[:space:]]*\([0-9]*\).*/\1/p' "$cfg" | sed -n 1p)
 port=${port:-80}
 [[ -n $vip ]] || { echo "demo: no 'vip = \"...\"' in $cfg"; exit 1; }
 

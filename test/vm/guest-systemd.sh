@@ -54,7 +54,7 @@ PROBE_VIP=10.0.0.20
 
 section "guest"
 check "PID 1 is systemd" test "$(cat /proc/1/comm)" = systemd
-echo "systemd: $(systemctl --version | head -n 1); $(systemd-analyze time 2>/dev/null | head -n 1)"
+echo "systemd: $(systemctl --version | sed -n 1p); $(systemd-analyze time 2>/dev/null | sed -n 1p)"
 check "ip_vs is not loaded before the package is installed" \
 	bash -c '! grep -q "^ip_vs " /proc/modules'
 

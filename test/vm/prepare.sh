@@ -96,7 +96,7 @@ resolve_kernel() {
 	# "Depends: linux-image-6.1.0-57-cloud-amd64 (= 6.1.192-3)"
 	local ans
 	ans=$(apt-cache show --no-all-versions linux-image-cloud-amd64 2>/dev/null |
-		sed -n 's/^Depends:.*\(linux-image-[0-9][^ ,]*\) (= \([^)]*\)).*/\1 \2/p' | head -n 1)
+		sed -n 's/^Depends:.*\(linux-image-[0-9][^ ,]*\) (= \([^)]*\)).*/\1 \2/p' | sed -n 1p)
 	[[ -n $ans ]] && echo "$key $ans" >"$cached"
 	echo "$ans"
 }
@@ -232,6 +232,6 @@ vipd-vm cache: $VIPD_VM_CACHE
   vmlinuz:   $VMLINUZ ($(du -h "$VMLINUZ" | cut -f1))
   modules:   ${#kofiles[@]} .ko files ($kosize) for: $modnames
   initramfs: $BASE_INITRD ($(du -h "$BASE_INITRD" | cut -f1))
-  qemu:      $(qemu-system-x86_64 --version | head -n 1)
+  qemu:      $(qemu-system-x86_64 --version | sed -n 1p)
 prepare.sh done in $(elapsed "$t0") s
 EOF

@@ -27,7 +27,7 @@ cd "$REPO_ROOT"
 export CGO_ENABLED=0
 log "make deb"
 make --no-print-directory deb >"$payload/make-deb.log" 2>&1 || { cat "$payload/make-deb.log" >&2; die "make deb failed"; }
-deb=$(find bin -maxdepth 1 -name 'vipd_*_amd64.deb' -newer "$stamp" | head -n 1)
+deb=$(find bin -maxdepth 1 -name 'vipd_*_amd64.deb' -newer "$stamp" | sed -n 1p)
 [[ -n $deb ]] || { cat "$payload/make-deb.log" >&2; die "make deb wrote no bin/vipd_*_amd64.deb"; }
 log "package: $deb ($(du -h "$deb" | cut -f1))"
 cp "$deb" "$payload/vipd.deb"

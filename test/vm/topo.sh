@@ -147,7 +147,7 @@ _topo_start_backends() {
 			if [[ -x $TOPO_RIGNODE ]]; then
 				[[ -e $TOPO_STATE/$ns.ready ]] && continue 2
 			else
-				ip netns exec "$ns" ss -Hltn 'sport = :80' | grep -q . && continue 2
+				[[ -n $(ip netns exec "$ns" ss -Hltn 'sport = :80') ]] && continue 2
 			fi
 			sleep 0.05
 		done
