@@ -153,7 +153,10 @@ func BenchmarkProbeHalfOpen(b *testing.B) {
 		}
 		c := NewTCPCheck(a, DialOptions{})
 		ways[i] = []probeWay{
-			{"halfopen", func(done func(error)) { h.start(p, time.Now().Add(time.Second), done) }},
+			{"halfopen", func(done func(error)) {
+				h.start(p, time.Now().Add(time.Second), done)
+				p.flush()
+			}},
 			{"tcp", func(done func(error)) {
 				c.skip = 0
 				c.start(p, time.Now().Add(time.Second), done)

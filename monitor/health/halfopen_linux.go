@@ -68,7 +68,37 @@ type synSocket struct {
 
 	mu    sync.Mutex
 	waits map[synKey]*pollOp
+
+	// queue holds the SYNs of probes started on a poller since the last
+	// flush, sent together by one sendmmsg; hdrs is its buffer.
+	sendMu sync.Mutex
+	queue  []queuedSYN
+	hdrs   []mmsghdr
 }
+
+// queuedSYN is a probe whose SYN waits for a flush.
+type queuedSYN struct {
+	c  *HalfOpenCheck
+	op *pollOp
+	p  *poller
+}
+
+// mmsghdr is the kernel's struct mmsghdr, of sendmmsg and recvmmsg: a
+// message and the number of bytes it carried.
+type mmsghdr struct {
+	hdr unix.Msghdr
+	n   uint32
+}
+
+// recvBatch is how many replies one recvmmsg reads at most.
+const recvBatch = 64
+
+// replyPause is how long the receiver waits, after reading replies while
+// probes are still awaiting theirs, before it reads again: the replies of
+// a round of probes (which the Manager starts together, within its 10 ms
+// slack) are read in one wake-up and one system call rather than one of
+// each per reply. A reply's verdict is at most this much later.
+const replyPause = 10 * time.Millisecond
 
 // halfOpen holds the process's raw sockets and reserved ports, opened by
 // the first half-open check of each family and kept open.
@@ -205,9 +235,14 @@ func newSynSocket(family int, ports []uint16) (*synSocket, error) {
 	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, prog); err != nil {
 		return fail("setsockopt", err)
 	}
-	// Bursts of probes, and of their replies, fit.
-	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
-	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 1<<20)
+	// Bursts of probes, and the replies that wait up to replyPause to be
+	// read, fit: beyond net.core.rmem_max and wmem_max where vipd may
+	// (CAP_NET_ADMIN), else up to them.
+	for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[0], 4<<20) != nil {
+			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[1], 4<<20)
+		}
+	}
 	// What came before the filter did is no reply to a probe.
 	var b [synSnap]byte
 	for {
@@ -268,34 +303,151 @@ func synFilter(family int, ports []uint16) (*unix.SockFprog, error) {
 	return &unix.SockFprog{Len: uint16(len(f)), Filter: &f[0]}, nil
 }
 
+// replies is the receiver's buffer: recvBatch messages of synSnap bytes
+// and their senders' addresses.
+type replies struct {
+	hdrs [recvBatch]mmsghdr
+	iovs [recvBatch]unix.Iovec
+	bufs [recvBatch][synSnap]byte
+	from [recvBatch]unix.RawSockaddrInet6
+}
+
+func newReplies() *replies {
+	r := &replies{}
+	for i := range r.hdrs {
+		r.iovs[i].Base = &r.bufs[i][0]
+		r.iovs[i].SetLen(synSnap)
+		h := &r.hdrs[i].hdr
+		h.Name = (*byte)(unsafe.Pointer(&r.from[i]))
+		h.Iov = &r.iovs[i]
+		h.SetIovlen(1)
+	}
+	return r
+}
+
 // receive reads the replies the filter lets through and ends the probes
-// they answer, until the socket fails.
+// they answer, until the socket fails. It waits in the runtime's network
+// poller for a first reply, and while probes still await theirs reads
+// again every replyPause, whatever came meanwhile at once.
 func (s *synSocket) receive() {
-	var buf [synSnap]byte
-	var from unix.RawSockaddrInet6
-	var rerr error
-	err := s.raw.Read(func(fd uintptr) bool {
-		for {
-			fromLen := uint32(unix.SizeofSockaddrInet6)
-			n, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)),
-				unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(&from)), uintptr(unsafe.Pointer(&fromLen)))
-			switch e {
-			case 0:
-				s.reply(buf[:min(int(n), len(buf))], &from)
-			case unix.EINTR:
-			case unix.EAGAIN:
-				return false // wait for more
-			default:
-				rerr = os.NewSyscallError("recvfrom", e)
+	r := newReplies()
+	for {
+		var rerr error
+		err := s.raw.Read(func(fd uintptr) bool {
+			n, err := s.drain(fd, r)
+			if err != nil {
+				rerr = err
 				return true
 			}
+			return n > 0 // else wait for more
+		})
+		if err == nil {
+			err = rerr
 		}
-	})
-	if err == nil {
-		err = rerr
+		if err != nil {
+			err = fmt.Errorf("half-open tcp checks' raw socket failed: %w", err)
+			s.err.Store(&err)
+			return
+		}
+		if s.awaiting() {
+			time.Sleep(replyPause)
+		}
 	}
-	err = fmt.Errorf("half-open tcp checks' raw socket failed: %w", err)
-	s.err.Store(&err)
+}
+
+// drain reads the replies waiting on fd, recvBatch at a time, and ends
+// the probes they answer. It returns how many it read.
+func (s *synSocket) drain(fd uintptr, r *replies) (int, error) {
+	total := 0
+	for {
+		for i := range r.hdrs {
+			r.hdrs[i].hdr.Namelen = unix.SizeofSockaddrInet6
+			r.hdrs[i].hdr.Flags = 0
+		}
+		n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), recvBatch, unix.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case 0:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return total, nil
+		default:
+			return total, os.NewSyscallError("recvmmsg", e)
+		}
+		for i := range int(n) {
+			s.reply(r.bufs[i][:min(int(r.hdrs[i].n), synSnap)], &r.from[i])
+		}
+		total += int(n)
+		if int(n) < recvBatch {
+			// Without waiting, recvmmsg returns fewer only when no
+			// more are queued.
+			return total, nil
+		}
+	}
+}
+
+// awaiting reports whether probes await their replies.
+func (s *synSocket) awaiting() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.waits) > 0
+}
+
+// enqueue adds the SYN of q.c's probe q.op to the next flush.
+func (s *synSocket) enqueue(q queuedSYN) {
+	s.sendMu.Lock()
+	s.queue = append(s.queue, q)
+	s.sendMu.Unlock()
+}
+
+// flush sends the queued SYNs, as few sendmmsg calls as the kernel
+// allows, and ends the probe of each SYN it could not send with the
+// error.
+func (s *synSocket) flush() {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	q := s.queue
+	if len(q) == 0 {
+		return
+	}
+	hdrs := s.hdrs[:0]
+	for _, e := range q {
+		hdrs = append(hdrs, mmsghdr{hdr: e.c.msg})
+	}
+	for i := 0; i < len(q); {
+		n, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(s.fd), uintptr(unsafe.Pointer(&hdrs[i])), uintptr(len(hdrs)-i), 0, 0, 0)
+		switch e {
+		case 0:
+			i += int(n)
+			continue
+		case unix.EINTR:
+			continue
+		}
+		// The SYN at i failed; those after it go in the next call.
+		f := q[i]
+		f.c.stale.Store(true)
+		if f.c.drop(f.op) {
+			f.p.finish(f.op, f.c.dialError(os.NewSyscallError("sendmmsg", e)))
+		}
+		i++
+	}
+	clear(hdrs)
+	s.hdrs = hdrs[:0]
+	clear(q)
+	s.queue = q[:0]
+}
+
+// flushSYNs sends the SYNs that half-open probes started on pollers
+// have queued.
+func flushSYNs() {
+	halfOpen.mu.Lock()
+	socks := halfOpen.socks
+	halfOpen.mu.Unlock()
+	for _, s := range socks {
+		if s != nil {
+			s.flush()
+		}
+	}
 }
 
 // reply ends the probe that b, a reply from from, answers, if any.
@@ -532,9 +684,10 @@ func (c *HalfOpenCheck) drop(op *pollOp) bool {
 	return true
 }
 
-// start begins a probe on p: its deadline on p's heap, its reply awaited
-// by the socket's goroutine, which ends it with p.finish. It always runs
-// on p.
+// start begins a probe on p: its deadline on p's heap, its SYN queued
+// for the poller's next flush (which the Manager asks for once it has
+// started the probes due), its reply awaited by the socket's goroutine,
+// which ends it with p.finish. It always runs on p.
 func (c *HalfOpenCheck) start(p *poller, deadline time.Time, done func(error)) bool {
 	op := &pollOp{fd: -1, deadline: p.at(deadline), handler: c, done: done, owner: p}
 	if err := c.begin(op); err != nil {
@@ -546,10 +699,7 @@ func (c *HalfOpenCheck) start(p *poller, deadline time.Time, done func(error)) b
 		done(err)
 		return true
 	}
-	if err := c.send(); err != nil {
-		c.drop(op)
-		p.finish(op, err)
-	}
+	c.sock.enqueue(queuedSYN{c: c, op: op, p: p})
 	return true
 }
 

@@ -347,6 +347,7 @@ func TestHalfOpenConcurrent(t *testing.T) {
 				wg.Done()
 			})
 		}
+		p.flush()
 		wg.Wait()
 		for i, pr := range probes {
 			switch err := errs[i]; {
@@ -580,4 +581,54 @@ func TestHalfOpenFilter(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHalfOpenFlush starts probes on a poller: their SYNs leave only at
+// the poller's flush, together; one the kernel refuses to send (the
+// checker's own firewall drops it, so sendmmsg fails that message) fails
+// its own probe at once, and the SYNs after it in the batch still go.
+func TestHalfOpenFlush(t *testing.T) {
+	peer := newHalfOpenPeer(t)
+	_, open := peer.listen(t, peer.addrs["v4"], true)
+	_, blocked := peer.listen(t, peer.addrs["v4"], true)
+	rule := []string{"OUTPUT", "-p", "tcp", "-d", blocked.Addr().String(), "--dport", strconv.Itoa(int(blocked.Port())), "-j", "DROP"}
+	if out, err := exec.Command("iptables", append([]string{"-A"}, rule...)...).CombinedOutput(); err != nil {
+		t.Fatalf("iptables: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("iptables", append([]string{"-D"}, rule...)...).Run() })
+	p, err := newPoller()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+
+	targets := []netip.AddrPort{open, blocked, open, open}
+	results := make([]chan error, len(targets))
+	for i, target := range targets {
+		results[i] = make(chan error, 1)
+		c := newTestHalfOpen(t, target)
+		c.start(p, time.Now().Add(5*time.Second), func(err error) { results[i] <- err })
+	}
+	// Unflushed, nothing went: no reply, no failure.
+	for i, ch := range results {
+		select {
+		case err := <-ch:
+			t.Fatalf("probe %d of %s ended before the flush: %v", i, targets[i], err)
+		case <-time.After(100 * time.Millisecond / time.Duration(len(results))):
+		}
+	}
+	p.flush()
+	for i, ch := range results {
+		err := <-ch
+		switch {
+		case targets[i] == blocked && !errors.Is(err, syscall.EPERM):
+			t.Errorf("probe %d of %s (dropped on the way out): %v, want %v", i, targets[i], err, syscall.EPERM)
+		case targets[i] == blocked && !strings.Contains(err.Error(), "sendmmsg"):
+			t.Errorf("probe %d: %v does not name the system call", i, err)
+		case targets[i] == open && err != nil:
+			t.Errorf("probe %d of listening %s: %v", i, targets[i], err)
+		}
+	}
+	// A flush with nothing queued sends nothing and ends nothing.
+	p.flush()
 }

@@ -693,8 +693,13 @@ func (m *Manager) Run(ctx context.Context) error {
 		for i, c := range due {
 			if !m.hand(ctx, &wg, p, c) {
 				m.requeue(due[i:])
+				p.flush()
 				return nil
 			}
+		}
+		if len(due) > 0 && p.usable() {
+			// What the probes started together send together.
+			p.flush()
 		}
 		if len(due) > 0 {
 			// Handing them out may have taken a while: look again.
@@ -732,6 +737,10 @@ func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, p *poller, c *ch
 	select {
 	case m.slots <- struct{}{}:
 	default:
+		// Every slot is taken: what the probes started already queued
+		// must be sent, or their slots would free only at their
+		// deadlines.
+		p.flush()
 		select {
 		case m.slots <- struct{}{}:
 		case <-ctx.Done():

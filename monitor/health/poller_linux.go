@@ -206,9 +206,14 @@ func (p *poller) setWake() {
 	_ = p.file.SetReadDeadline(t) // fails only once closed
 }
 
+// flush sends what the probes started on p since the last flush have
+// queued (half-open probes' SYNs, sent together).
+func (p *poller) flush() { flushSYNs() }
+
 // close ends the probes in flight, with errPollerClosed, and the poller's
 // goroutine, and waits for them.
 func (p *poller) close() {
+	flushSYNs()
 	p.mu.Lock()
 	p.closing = true
 	p.sleep = 0

@@ -36,6 +36,7 @@ func pollProbe(t *testing.T, p *poller, pp pollProber, timeout time.Duration) er
 	t.Helper()
 	ch := make(chan error, 2)
 	pp.start(p, time.Now().Add(timeout), func(err error) { ch <- err })
+	p.flush()
 	select {
 	case err := <-ch:
 		select {

@@ -20,6 +20,9 @@ func (p *poller) usable() bool { return false }
 // close does nothing.
 func (p *poller) close() {}
 
+// flush does nothing.
+func (p *poller) flush() {}
+
 // pollRequest returns nil: no http check runs on a poller.
 func (c *HTTPCheck) pollRequest() []byte { return nil }
 
