@@ -6,9 +6,19 @@
 #   1. on the host, vipd alone (its agent on a fake kernel: the host has no
 #      IPVS) at full size, 10,000 TCP checks every second, then with 2,000
 #      HTTP checks every 2 s beside them, against listeners on 10.77.0.0/16
-#      in a private network namespace (unshare -n);
-#   2. in one guest boot, vipd and keepalived's checker with the same,
-#      scaled-down, checks (the emulator cannot run the full size).
+#      in a private network namespace (unshare -n), with full and with
+#      half-open TCP checks;
+#   2. in one guest boot, vipd (full and half-open TCP checks) and
+#      keepalived's checker with the same, scaled-down, checks (the
+#      emulator cannot run the full size): 400 TCP checks, then 200 TCP and
+#      40 HTTP.
+#
+# The checker and the backends' listeners are kept apart: the listeners in
+# a network namespace of their own behind a veth, the checker pinned to
+# CPU 0, the listeners and their side's receive processing to CPU 1, so
+# that the kernel's work for a backend's end of each check is not charged
+# to the checker (VIPD_HEALTHBENCH_SIDES=one: the layout before, one
+# namespace and the loopback).
 #
 # Each prints a table: CPU (% of one core, per second of a window), RSS,
 # check lateness (vipd_health_check_lateness_seconds), and detection
@@ -16,8 +26,10 @@
 # ratios to the targets. It fails when a peer cannot be measured.
 #
 #   VIPD_HEALTHBENCH_HOST_SIZES   host workloads, TCP/HTTP (default 10000/0,10000/2000)
-#   VIPD_HEALTHBENCH_GUEST_SIZES  guest workloads (default 200/40: at 1,000/200 the
+#   VIPD_HEALTHBENCH_GUEST_SIZES  guest workloads (default 400/0,200/40: at 1,000/200 the
 #                                 emulated checkers fall behind by seconds)
+#   VIPD_HEALTHBENCH_PEERS        checkers (host: vipd,vipd-halfopen; guest: those and keepalived)
+#   VIPD_HEALTHBENCH_SIDES        apart (default) or one
 #   VIPD_HEALTHBENCH_WINDOW       CPU window, s (default 20)
 #   VIPD_HEALTHBENCH_SAMPLES      detection samples per workload (default 20 TCP, 10 HTTP)
 #   VIPD_HEALTHBENCH_WHERE        host, guest or both (default both)
@@ -36,7 +48,7 @@ out=${VIPD_BENCH_OUT:-$REPO_ROOT/bin/bench/bench-health-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$(dirname "$out")"
 where=${VIPD_HEALTHBENCH_WHERE:-both}
 commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD)
-export VIPD_HEALTHBENCH_WINDOW VIPD_HEALTHBENCH_SAMPLES
+export VIPD_HEALTHBENCH_WINDOW VIPD_HEALTHBENCH_SAMPLES VIPD_HEALTHBENCH_PEERS VIPD_HEALTHBENCH_SIDES
 
 if [[ $where == host || $where == both ]]; then
 	bin=$(mktemp -d /tmp/vipd-healthbench.XXXXXX)
@@ -61,7 +73,7 @@ if [[ $where == guest || $where == both ]]; then
 	logfile=$out-guest.console.log
 	rc=0
 	VIPD_GUEST_PKGS=./test/bench/health VIPD_GUEST_TAGS=healthbench VIPD_E2E_RUN='^TestHealthBench$' VIPD_E2E_QUIET=1 \
-		VIPD_HEALTHBENCH_SIZES="${VIPD_HEALTHBENCH_GUEST_SIZES:-200/40}" \
+		VIPD_HEALTHBENCH_SIZES="${VIPD_HEALTHBENCH_GUEST_SIZES:-400/0,200/40}" \
 		VIPD_E2E_TEST_TIMEOUT=${VIPD_HEALTHBENCH_TIMEOUT:-40m} VIPD_E2E_TIMEOUT=3000 VIPD_E2E_LOG=$logfile \
 		"$VM_DIR/e2e.sh" || rc=$?
 	clean=$(mktemp)

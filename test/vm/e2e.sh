@@ -104,7 +104,7 @@ log "built $(wc -l <"$payload/tests/list") test binaries in $(elapsed "$tb") s (
 
 # Guest parameters travel on the kernel command line.
 envs=()
-for v in VIPD_E2E_RUN VIPD_E2E_COUNT VIPD_E2E_TEST_TIMEOUT VIPD_E2E_EXPECT_FAIL VIPD_HA_BENCH_N VIPD_HEALTHBENCH_SIZES VIPD_HEALTHBENCH_WINDOW VIPD_HEALTHBENCH_SAMPLES; do
+for v in VIPD_E2E_RUN VIPD_E2E_COUNT VIPD_E2E_TEST_TIMEOUT VIPD_E2E_EXPECT_FAIL VIPD_HA_BENCH_N VIPD_HEALTHBENCH_SIZES VIPD_HEALTHBENCH_WINDOW VIPD_HEALTHBENCH_SAMPLES VIPD_HEALTHBENCH_PEERS VIPD_HEALTHBENCH_SIDES; do
 	[[ -z ${!v:-} ]] || envs+=(--env "$v=${!v}")
 done
 [[ $k8s != 1 ]] || envs+=(--env VIPD_K8S_ASSETS=/payload/k8s)

@@ -34,8 +34,11 @@ import (
 // The benchmark's knobs (environment):
 //
 //	VIPD_HEALTHBENCH_SIZES    workloads, TCP/HTTP backends, comma-separated
-//	                          (host: 10000/0,10000/2000; guest: 200/40)
-//	VIPD_HEALTHBENCH_PEERS    checkers (host: vipd; guest: vipd,keepalived)
+//	                          (host: 10000/0,10000/2000; guest: 400/0,200/40)
+//	VIPD_HEALTHBENCH_PEERS    checkers (host: vipd,vipd-halfopen; guest:
+//	                          vipd,vipd-halfopen,keepalived); vipd-halfopen
+//	                          is vipd with half_open TCP checks
+//	VIPD_HEALTHBENCH_SIDES    apart (default) or one: see sides_test.go
 //	VIPD_HEALTHBENCH_WINDOW   CPU window in seconds (default 20)
 //	VIPD_HEALTHBENCH_SAMPLES  detection samples of TCP backends (default 20;
 //	                          HTTP: half as many)
@@ -213,9 +216,9 @@ func inGuest() bool { return os.Getenv("VIPD_VM") == "1" }
 // TestHealthBench measures vipd's checker (and keepalived's, in the
 // guest) under each workload, and prints and writes the tables.
 func TestHealthBench(t *testing.T) {
-	sizes, peers := "10000/0,10000/2000", "vipd"
+	sizes, peers := "10000/0,10000/2000", "vipd,vipd-halfopen"
 	if inGuest() {
-		sizes, peers = "200/40", "vipd,keepalived"
+		sizes, peers = "400/0,200/40", "vipd,vipd-halfopen,keepalived"
 	} else if os.Getenv("VIPD_HEALTHBENCH_NETNS") != "1" {
 		t.Fatal("on the host, run in a private network namespace (test/vm/bench-health.sh runs it under unshare -n) with VIPD_HEALTHBENCH_NETNS=1")
 	}
@@ -225,30 +228,28 @@ func TestHealthBench(t *testing.T) {
 	if err := raiseNofile(8192); err != nil {
 		t.Fatal(err)
 	}
-	for _, cmd := range [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "route", "replace", "local", BackendPrefix, "dev", "lo"}} {
-		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(cmd, " "), err, out)
-		}
-	}
+	sd := setupSides(t, env("VIPD_HEALTHBENCH_SIDES", sidesApart))
 	var tables strings.Builder
 	for _, size := range strings.Split(sizes, ",") {
 		w, err := parseSize(size)
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := &Result{Workload: w, Window: float64(window)}
+		r := &Result{Workload: w, Window: float64(window), Sides: sd.describe()}
 		if inGuest() {
 			r.Where, r.Detection = "guest", "weight 0 in the kernel's IPVS table (polled every 5 ms)"
 		} else {
 			r.Where, r.Detection = "host (vipd's agent on a fake kernel)", "vipd applying weight 0 (the fake kernel's Apply)"
 		}
-		b := &bench{t: t, w: w, dir: t.TempDir(), window: window, samples: samples}
-		b.listeners = startListeners(t, w)
+		b := &bench{t: t, w: w, dir: t.TempDir(), window: window, samples: samples, sides: sd}
+		b.listeners = startListeners(t, w, sd)
 		for _, peer := range strings.Split(peers, ",") {
 			t.Logf("%s: %s", peer, w)
 			switch peer {
 			case "vipd":
-				r.Peers = append(r.Peers, b.vipd())
+				r.Peers = append(r.Peers, b.vipd(false))
+			case "vipd-halfopen":
+				r.Peers = append(r.Peers, b.vipd(true))
 			case "keepalived":
 				r.Peers = append(r.Peers, b.keepalived())
 			default:
@@ -282,9 +283,10 @@ type listeners struct {
 	done chan struct{}
 }
 
-func startListeners(t *testing.T, w Workload) *listeners {
+func startListeners(t *testing.T, w Workload, sd *sides) *listeners {
 	t.Helper()
-	cmd := exec.Command(os.Args[0])
+	argv := sd.backends(os.Args[0])
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), roleEnv+"=listen", fmt.Sprintf("%s=%d/%d", workloadEnv, w.TCP, w.HTTP))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
@@ -355,6 +357,7 @@ type bench struct {
 	window    int
 	samples   int
 	listeners *listeners
+	sides     *sides
 }
 
 // metricsAddr is where vipd serves its metrics in the runs.
@@ -375,19 +378,24 @@ func scrape() (*Scrape, error) {
 }
 
 // vipd runs vipd (the binary in the guest, the agent on a fake kernel on
-// the host) under b's workload and measures it.
-func (b *bench) vipd() Peer {
+// the host) under b's workload, its TCP checks half-open if halfOpen, and
+// measures it.
+func (b *bench) vipd(halfOpen bool) Peer {
 	t := b.t
 	path := filepath.Join(b.dir, "vipd.toml")
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.w.WriteVipd(f, Daemon{MetricsListen: metricsAddr, StateDir: filepath.Join(b.dir, "state"), ControlSocket: filepath.Join(b.dir, "vipd.sock")}); err != nil {
+	if err := b.w.WriteVipd(f, Daemon{MetricsListen: metricsAddr, StateDir: filepath.Join(b.dir, "state"), ControlSocket: filepath.Join(b.dir, "vipd.sock"), HalfOpen: halfOpen}); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
-	logf, err := os.Create(filepath.Join(b.dir, "vipd.log"))
+	name := "vipd"
+	if halfOpen {
+		name = "vipd-halfopen"
+	}
+	logf, err := os.Create(filepath.Join(b.dir, name+".log"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,10 +403,12 @@ func (b *bench) vipd() Peer {
 	var cmd *exec.Cmd
 	var weights *weightWatch
 	if inGuest() {
-		cmd = exec.Command(env("VIPD_HEALTHBENCH_VIPD", "/payload/vipd"), "run", "-c", path, "--log-level", "warn")
+		argv := b.sides.checker(env("VIPD_HEALTHBENCH_VIPD", "/payload/vipd"), "run", "-c", path, "--log-level", "warn")
+		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.Stdout, cmd.Stderr = logf, logf
 	} else {
-		cmd = exec.Command(os.Args[0])
+		argv := b.sides.checker(os.Args[0])
+		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.Env = append(os.Environ(), roleEnv+"=daemon", configEnv+"="+path)
 		cmd.Stderr = logf
 		out, err := cmd.StdoutPipe()
@@ -439,13 +449,13 @@ func (b *bench) vipd() Peer {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("vipd: not every backend probed after 5 minutes (last scrape: %v); log in %s", err, logf.Name())
+			t.Fatalf("%s: not every backend probed after 5 minutes (last scrape: %v); log in %s", name, err, logf.Name())
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 	time.Sleep(3 * time.Second)
 
-	p := Peer{Name: "vipd"}
+	p := Peer{Name: name}
 	s0, err := scrape()
 	if err != nil {
 		t.Fatal(err)
@@ -458,7 +468,7 @@ func (b *bench) vipd() Peer {
 	}
 	const lat = "vipd_health_check_lateness_seconds"
 	if p.Lateness, err = Diff(s1.Buckets[lat], s0.Buckets[lat]); err != nil || len(p.Lateness) == 0 {
-		t.Fatalf("vipd: lateness histogram: %v (%d buckets)", err, len(s1.Buckets[lat]))
+		t.Fatalf("%s: lateness histogram: %v (%d buckets)", name, err, len(s1.Buckets[lat]))
 	}
 	p.Probes = (s1.Values["vipd_health_probes_total"] - s0.Values["vipd_health_probes_total"]) / time.Since(at0).Seconds()
 	p.Failures = s1.Values["vipd_health_probe_failures_total"] - s0.Values["vipd_health_probe_failures_total"]
@@ -517,7 +527,8 @@ func (b *bench) keepalived() Peer {
 	}
 	defer logf.Close()
 	checkers := filepath.Join(b.dir, "checkers.pid")
-	cmd := exec.Command(kp, "-n", "-C", "-l", "-f", conf, "-p", filepath.Join(b.dir, "keepalived.pid"), "-c", checkers)
+	argv := b.sides.checker(kp, "-n", "-C", "-l", "-f", conf, "-p", filepath.Join(b.dir, "keepalived.pid"), "-c", checkers)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

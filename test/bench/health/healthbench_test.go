@@ -104,6 +104,35 @@ func TestWriteVipd(t *testing.T) {
 	if cfg.Daemon.MetricsListen != "127.0.0.1:9999" {
 		t.Errorf("metrics_listen %q", cfg.Daemon.MetricsListen)
 	}
+	for _, tg := range targets {
+		if tg.Spec.TCP.HalfOpen {
+			t.Errorf("%s %s: half-open without Daemon.HalfOpen", tg.Service, tg.Backend)
+		}
+	}
+
+	// With HalfOpen, the TCP checks and only they are half-open.
+	b.Reset()
+	if err := small.WriteVipd(&b, Daemon{MetricsListen: "127.0.0.1:9999", HalfOpen: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err = config.Load(path); err != nil {
+		t.Fatalf("%v\n%s", err, b.String())
+	}
+	half := 0
+	for _, tg := range cfg.Targets() {
+		if tg.Spec.TCP.HalfOpen != (tg.Spec.Kind.String() == "tcp") {
+			t.Errorf("%s %s: a %s check, half-open %v", tg.Service, tg.Backend, tg.Spec.Kind, tg.Spec.TCP.HalfOpen)
+		}
+		if tg.Spec.TCP.HalfOpen {
+			half++
+		}
+	}
+	if half != 25 {
+		t.Errorf("%d half-open checks, want 25", half)
+	}
 }
 
 // TestWriteKeepalived checks the keepalived.conf's shape and, where
@@ -331,7 +360,8 @@ func TestReport(t *testing.T) {
 	r := &Result{Where: "guest", Workload: w, Window: 20, Detection: "weight 0 in the kernel's table", Peers: []Peer{
 		{Name: "vipd", CPU: []float64{10, 12, 11}, CPUMean: 11, Sys: []float64{8, 9, 8.5}, SysMean: 8.8, RSS: []float64{30, 31}, Lateness: lat, Probes: 1100, InFlight: 12, ListenersCPU: 30, DetectTCP: []float64{2100, 2500}, DetectHTTP: []float64{4000}},
 		{Name: "keepalived", CPU: []float64{40, 44}, CPUMean: 42, RSS: []float64{20}, Failures: 2, DetectTCP: []float64{2300}, DetectHTTP: []float64{4100}},
-	}}
+		{Name: "vipd-halfopen", CPU: []float64{5, 5}, CPUMean: 5, RSS: []float64{30}, Lateness: lat, InFlight: 3, DetectTCP: []float64{2000}, DetectHTTP: []float64{4000}},
+	}, Sides: "sides: apart"}
 	if err := r.Check("vipd", "keepalived"); err != nil {
 		t.Fatal(err)
 	}
@@ -351,6 +381,9 @@ func TestReport(t *testing.T) {
 		"keepalived  check lateness ms          -     -     -     not exported",
 		"keepalived  rss MiB (per s)            1     20.0  20.0  max 20.0",
 		"cpu keepalived/vipd (means): 3.8x (target >= 3x: met)",
+		"cpu keepalived/vipd-halfopen (means): 8.4x (target >= 3x: met)",
+		"vipd-halfopen: 3 probes in flight at the window's end",
+		"sides: apart",
 		"vipd        of which in the kernel %       3     8.5   9.0   mean 8.8",
 		"vipd: 80% of its CPU in the kernel",
 		"keepalived: 0% of its CPU in the kernel",
@@ -367,8 +400,9 @@ func TestReport(t *testing.T) {
 	// A peer without figures fails the run.
 	r.Peers[1].DetectHTTP = nil
 	r.Peers[0].Lateness = nil
-	err := r.Check("vipd", "keepalived", "other")
-	for _, want := range []string{"keepalived: no http detection", "vipd: no lateness", "other: not measured"} {
+	r.Peers[2].Lateness = nil
+	err := r.Check("vipd", "keepalived", "vipd-halfopen", "other")
+	for _, want := range []string{"keepalived: no http detection", "vipd: no lateness", "vipd-halfopen: no lateness", "other: not measured"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("check: %v, want %q", err, want)
 		}

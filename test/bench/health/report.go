@@ -22,15 +22,16 @@ const (
 
 // Peer is what was measured of one checker under one workload.
 type Peer struct {
-	// Name is "vipd" or "keepalived".
+	// Name is "vipd", "vipd-halfopen" (vipd with half-open TCP checks)
+	// or "keepalived".
 	Name string
 	// CPU is the checker's CPU, in % of one core, over each second of
 	// the window; CPUMean over the whole window.
 	CPU     []float64
 	CPUMean float64
 	// Sys and SysMean are the part of CPU spent in the kernel (the
-	// process's system time): on a loopback, both ends of every
-	// handshake.
+	// process's system time): in the "one" layout, both ends of every
+	// handshake on the loopback.
 	Sys     []float64
 	SysMean float64
 	// RSS is the checker's resident set size in MiB, sampled each second
@@ -69,7 +70,12 @@ type Result struct {
 	// Detection is where the detection latency ends (vipd applying weight
 	// 0, or the kernel's table showing it).
 	Detection string
+	// Sides describes the layout of checker and backends.
+	Sides string
 }
+
+// isVipd reports whether a peer's name is one of vipd's runs.
+func isVipd(name string) bool { return name == "vipd" || strings.HasPrefix(name, "vipd-") }
 
 // Check returns an error for every figure a peer lacks: a benchmark
 // that could not measure a peer fails rather than print a partial table.
@@ -91,7 +97,7 @@ func (r *Result) Check(peers ...string) error {
 		if r.Workload.HTTP > 0 && len(p.DetectHTTP) == 0 {
 			errs = append(errs, fmt.Errorf("%s: no http detection sample", name))
 		}
-		if name == "vipd" && len(p.Lateness) == 0 {
+		if isVipd(name) && len(p.Lateness) == 0 {
 			errs = append(errs, fmt.Errorf("%s: no lateness histogram", name))
 		}
 	}
@@ -119,10 +125,10 @@ func (r *Result) peer(name string) *Peer {
 	return nil
 }
 
-// CPURatio returns keepalived's mean CPU over vipd's, and false unless
-// both were measured.
-func (r *Result) CPURatio() (float64, bool) {
-	v, k := r.peer("vipd"), r.peer("keepalived")
+// CPURatio returns keepalived's mean CPU over that of the vipd run
+// named vipd, and false unless both were measured.
+func (r *Result) CPURatio(vipd string) (float64, bool) {
+	v, k := r.peer(vipd), r.peer("keepalived")
 	if v == nil || k == nil || v.CPUMean <= 0 {
 		return 0, false
 	}
@@ -166,11 +172,16 @@ func (r *Result) WriteTable(w io.Writer) error {
 		return err
 	}
 	var notes []string
-	if ratio, ok := r.CPURatio(); ok {
-		notes = append(notes, fmt.Sprintf("cpu keepalived/vipd (means): %.1fx (target >= %.0fx: %s)", ratio, TargetRatio, verdict(ratio >= TargetRatio)))
-	}
-	if v := r.peer("vipd"); v != nil && strings.HasPrefix(r.Where, "host") && r.Workload.HTTP == 0 && r.Workload.TCP >= 10000 {
-		notes = append(notes, fmt.Sprintf("vipd cpu, mean: %.1f%% of one core (target <= %.0f%%: %s)", v.CPUMean, TargetHostCPU, verdict(v.CPUMean <= TargetHostCPU)))
+	for _, p := range r.Peers {
+		if !isVipd(p.Name) {
+			continue
+		}
+		if ratio, ok := r.CPURatio(p.Name); ok {
+			notes = append(notes, fmt.Sprintf("cpu keepalived/%s (means): %.1fx (target >= %.0fx: %s)", p.Name, ratio, TargetRatio, verdict(ratio >= TargetRatio)))
+		}
+		if strings.HasPrefix(r.Where, "host") && r.Workload.HTTP == 0 && r.Workload.TCP >= 10000 {
+			notes = append(notes, fmt.Sprintf("%s cpu, mean: %.1f%% of one core (target <= %.0f%%: %s)", p.Name, p.CPUMean, TargetHostCPU, verdict(p.CPUMean <= TargetHostCPU)))
+		}
 	}
 	for _, p := range r.Peers {
 		what := "probes failed in the window"
@@ -181,11 +192,14 @@ func (r *Result) WriteTable(w io.Writer) error {
 		if p.CPUMean > 0 {
 			notes = append(notes, fmt.Sprintf("%s: %.0f%% of its CPU in the kernel", p.Name, 100*p.SysMean/p.CPUMean))
 		}
-		if p.Name == "vipd" {
-			notes = append(notes, fmt.Sprintf("vipd: %.0f probes in flight at the window's end", p.InFlight))
+		if isVipd(p.Name) {
+			notes = append(notes, fmt.Sprintf("%s: %.0f probes in flight at the window's end", p.Name, p.InFlight))
 		}
 	}
 	notes = append(notes, "detection: from the listener closed to "+r.Detection)
+	if r.Sides != "" {
+		notes = append(notes, r.Sides)
+	}
 	for _, n := range notes {
 		if _, err := fmt.Fprintln(w, n); err != nil {
 			return err

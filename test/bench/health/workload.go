@@ -85,7 +85,8 @@ func (w Workload) ChecksPerSecond() float64 {
 
 // The address plan: backend k listens on 10.77.(k/250).(k%250+1), TCP
 // backends on port 8080 and HTTP ones on port 80, all local through one
-// route (ip route add local 10.77.0.0/16 dev lo); service s has the VIP
+// route (ip route add local 10.77.0.0/16 dev lo) in the listeners'
+// namespace (see sides_test.go); service s has the VIP
 // 10.100.(s/250).(s%250+1), port 80.
 const (
 	// BackendPrefix is the prefix the backends' addresses come from.
@@ -158,6 +159,8 @@ type Daemon struct {
 	MetricsListen string
 	// StateDir and ControlSocket are per run.
 	StateDir, ControlSocket string
+	// HalfOpen makes the TCP checks half-open (a SYN, no connection).
+	HalfOpen bool
 }
 
 // WriteVipd writes w as a vipd configuration: NAT services with weighted
@@ -181,6 +184,9 @@ func (w Workload) WriteVipd(out io.Writer, d Daemon) error {
 		fmt.Fprintf(bw, "check = { type = %q, interval = \"%s\", timeout = \"%s\", rise = 1, fall = %d, jitter = 0, initial = \"up\"", s.Kind, w.interval(s.Kind), w.Timeout, w.Fall)
 		if s.Kind == HTTP {
 			fmt.Fprintf(bw, ", path = %q, status = \"200\"", HealthPath)
+		}
+		if s.Kind == TCP && d.HalfOpen {
+			bw.WriteString(", half_open = true")
 		}
 		bw.WriteString(" }\nbackend = [")
 		for j, b := range s.Backends {
