@@ -2,10 +2,14 @@ package vrrp
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"syscall"
+	"time"
+	"unsafe"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -24,9 +28,11 @@ const ttl = 255
 
 // conn sends and receives VRRP messages on one interface.
 type conn interface {
-	// Recv reads one message and the addresses and TTL (hop limit) of the
-	// IP packet that carried it.
-	Recv(b []byte) (n int, src, dst netip.Addr, ttl int, err error)
+	// Recv reads one message into b: the message (p.b, within b), the
+	// addresses and TTL (hop limit) of the IP packet that carried it,
+	// and when the kernel received it (p.at, wall clock; zero when it
+	// does not say).
+	Recv(b []byte) (p received, err error)
 	// Send sends a message from src to dst.
 	Send(b []byte, src, dst netip.Addr) error
 	Close() error
@@ -40,6 +46,12 @@ func listen(ifi *net.Interface, v6 bool) (conn, error) {
 		var serr error
 		err := rc.Control(func(fd uintptr) {
 			serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, ifi.Name)
+			if serr == nil {
+				// The kernel's time of arrival: a backup counts its
+				// master down timer from it, not from when its
+				// loop got to the packet.
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1)
+			}
 		})
 		if err != nil {
 			return err
@@ -60,6 +72,7 @@ func listen(ifi *net.Interface, v6 bool) (conn, error) {
 	} else {
 		c, err = setup4(pc, ifi)
 	}
+
 	if err != nil {
 		pc.Close()
 		return nil, fmt.Errorf("set up %s on %s: %w", network, ifi.Name, err)
@@ -69,7 +82,12 @@ func listen(ifi *net.Interface, v6 bool) (conn, error) {
 
 type conn4 struct {
 	pc  *ipv4.PacketConn
+	ipc *net.IPConn
 	ifi *net.Interface
+	// hdr receives the IP header and the message; oob the control
+	// messages.
+	hdr [1500]byte
+	oob [256]byte
 }
 
 func setup4(pc net.PacketConn, ifi *net.Interface) (conn, error) {
@@ -86,21 +104,31 @@ func setup4(pc net.PacketConn, ifi *net.Interface) (conn, error) {
 			return nil, err
 		}
 	}
-	return &conn4{pc: p, ifi: ifi}, nil
+	ipc, ok := pc.(*net.IPConn)
+	if !ok {
+		return nil, fmt.Errorf("a %T is no raw IP socket", pc)
+	}
+	return &conn4{pc: p, ipc: ipc, ifi: ifi}, nil
 }
 
-func (c *conn4) Recv(b []byte) (int, netip.Addr, netip.Addr, int, error) {
+// Recv reads a packet with its control messages: an IPv4 raw socket
+// reads the IP header too, which it strips.
+func (c *conn4) Recv(b []byte) (received, error) {
 	for {
-		n, cm, src, err := c.pc.ReadFrom(b)
+		n, oobn, _, src, err := c.ipc.ReadMsgIP(c.hdr[:], c.oob[:])
 		if err != nil {
-			return 0, netip.Addr{}, netip.Addr{}, 0, err
+			return received{}, err
 		}
-		if cm == nil || cm.IfIndex != c.ifi.Index {
+		if n < 20 || c.hdr[0]>>4 != 4 || int(c.hdr[0]&0xf)*4 > n {
 			continue
 		}
-		s, _ := netip.AddrFromSlice(src.(*net.IPAddr).IP)
-		d, _ := netip.AddrFromSlice(cm.Dst)
-		return n, s.Unmap(), d.Unmap(), cm.TTL, nil
+		cm, err := parseControl(c.oob[:oobn])
+		if err != nil || cm.ifindex != c.ifi.Index {
+			continue
+		}
+		s, _ := netip.AddrFromSlice(src.IP)
+		m := copy(b, c.hdr[int(c.hdr[0]&0xf)*4:n])
+		return received{b: b[:m], src: s.Unmap(), dst: cm.dst.Unmap(), ttl: cm.ttl, at: cm.at}, nil
 	}
 }
 
@@ -114,7 +142,9 @@ func (c *conn4) Close() error { return c.pc.Close() }
 
 type conn6 struct {
 	pc  *ipv6.PacketConn
+	ipc *net.IPConn
 	ifi *net.Interface
+	oob [256]byte
 }
 
 func setup6(pc net.PacketConn, ifi *net.Interface) (conn, error) {
@@ -133,22 +163,69 @@ func setup6(pc net.PacketConn, ifi *net.Interface) (conn, error) {
 			return nil, err
 		}
 	}
-	return &conn6{pc: p, ifi: ifi}, nil
+	ipc, ok := pc.(*net.IPConn)
+	if !ok {
+		return nil, fmt.Errorf("a %T is no raw IP socket", pc)
+	}
+	return &conn6{pc: p, ipc: ipc, ifi: ifi}, nil
 }
 
-func (c *conn6) Recv(b []byte) (int, netip.Addr, netip.Addr, int, error) {
+// Recv reads a message with its control messages (an IPv6 raw socket
+// reads no IP header).
+func (c *conn6) Recv(b []byte) (received, error) {
 	for {
-		n, cm, src, err := c.pc.ReadFrom(b)
+		n, oobn, _, src, err := c.ipc.ReadMsgIP(b, c.oob[:])
 		if err != nil {
-			return 0, netip.Addr{}, netip.Addr{}, 0, err
+			return received{}, err
 		}
-		if cm == nil || cm.IfIndex != c.ifi.Index {
+		cm, err := parseControl(c.oob[:oobn])
+		if err != nil || cm.ifindex != c.ifi.Index {
 			continue
 		}
-		s, _ := netip.AddrFromSlice(src.(*net.IPAddr).IP)
-		d, _ := netip.AddrFromSlice(cm.Dst)
-		return n, s, d, cm.HopLimit, nil
+		s, _ := netip.AddrFromSlice(src.IP)
+		return received{b: b[:n], src: s, dst: cm.dst, ttl: cm.ttl, at: cm.at}, nil
 	}
+}
+
+// control is what a received packet's control messages say.
+type control struct {
+	ifindex int
+	dst     netip.Addr
+	ttl     int
+	at      time.Time
+}
+
+// parseControl reads the control messages the sockets ask for: the
+// packet's interface and destination (IP_PKTINFO, IPV6_PKTINFO), its TTL
+// or hop limit, and the kernel's time of arrival (SO_TIMESTAMPNS).
+func parseControl(oob []byte) (control, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return control{}, err
+	}
+	var cm control
+	for _, m := range msgs {
+		h, d := m.Header, m.Data
+		switch {
+		case h.Level == unix.SOL_SOCKET && h.Type == unix.SO_TIMESTAMPNS && len(d) >= int(unsafe.Sizeof(unix.Timespec{})):
+			ts := (*unix.Timespec)(unsafe.Pointer(&d[0]))
+			cm.at = time.Unix(ts.Unix())
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_PKTINFO && len(d) >= unix.SizeofInet4Pktinfo:
+			pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&d[0]))
+			cm.ifindex, cm.dst = int(pi.Ifindex), netip.AddrFrom4(pi.Addr)
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TTL && len(d) >= 4:
+			cm.ttl = int(int32(binary.NativeEndian.Uint32(d)))
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(d) >= unix.SizeofInet6Pktinfo:
+			pi := (*unix.Inet6Pktinfo)(unsafe.Pointer(&d[0]))
+			cm.ifindex, cm.dst = int(pi.Ifindex), netip.AddrFrom16(pi.Addr)
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_HOPLIMIT && len(d) >= 4:
+			cm.ttl = int(int32(binary.NativeEndian.Uint32(d)))
+		}
+	}
+	if !cm.dst.IsValid() {
+		return control{}, errors.New("no packet information")
+	}
+	return cm, nil
 }
 
 func (c *conn6) Send(b []byte, src, dst netip.Addr) error {

@@ -200,10 +200,9 @@ func TestNetnsKeepalivedPackets(t *testing.T) {
 		k.await("MASTER", 5*time.Second)
 		got := make(chan received, 1)
 		go func() {
-			b := make([]byte, 1500)
-			n, s, d, ttl, err := c.Recv(b)
+			p, err := c.Recv(make([]byte, 1500))
 			if err == nil {
-				got <- received{b: b[:n], src: s, dst: d, ttl: ttl}
+				got <- p
 			}
 			close(got)
 		}()

@@ -353,6 +353,9 @@ type received struct {
 	b        []byte
 	src, dst netip.Addr
 	ttl      int
+	// at is when the kernel received the packet (wall clock), if it
+	// says.
+	at time.Time
 }
 
 // connErr is a socket's receive error.
@@ -512,8 +515,7 @@ func (r *Router) startReader() {
 
 func (r *Router) read(c conn, pkts chan<- received, errc chan<- connErr, stop <-chan struct{}) {
 	for {
-		b := make([]byte, 1500)
-		n, src, dst, ttl, err := c.Recv(b)
+		p, err := c.Recv(make([]byte, 1500))
 		if err != nil {
 			select {
 			case errc <- connErr{c, err}:
@@ -522,7 +524,7 @@ func (r *Router) read(c conn, pkts chan<- received, errc chan<- connErr, stop <-
 			return
 		}
 		select {
-		case pkts <- received{b: b[:n], src: src, dst: dst, ttl: ttl}:
+		case pkts <- p:
 		case <-stop:
 			return
 		}
@@ -705,7 +707,27 @@ func (r *Router) receive(p received) {
 	r.mu.Lock()
 	r.status.Received++
 	r.mu.Unlock()
-	r.apply(r.m.Receive(r.clock.Now(), p.src, pkt))
+	r.apply(r.m.Receive(r.arrival(p), p.src, pkt))
+}
+
+// maxArrivalAge bounds how far before its handling a packet's time of
+// arrival is believed: a larger age is a wall clock that stepped.
+const maxArrivalAge = 5 * time.Second
+
+// arrival returns when p arrived, on the router's clock: the kernel's
+// time of arrival where it says, else now. A backup whose loop gets to
+// an advertisement late (a busy CPU) counts its master down timer from
+// the advertisement's arrival, not from its own delay: it takes over as
+// soon after the master's last advertisement as its peers would.
+func (r *Router) arrival(p received) time.Time {
+	now := r.clock.Now()
+	if p.at.IsZero() {
+		return now
+	}
+	if age := time.Since(p.at); age > 0 && age <= maxArrivalAge {
+		return now.Add(-age)
+	}
+	return now
 }
 
 // checkAddrs logs an advertisement whose addresses differ from the

@@ -90,12 +90,13 @@ func newFakeConn() *fakeConn {
 	return &fakeConn{in: make(chan received), out: make(chan sent, 16), closed: make(chan struct{})}
 }
 
-func (c *fakeConn) Recv(b []byte) (int, netip.Addr, netip.Addr, int, error) {
+func (c *fakeConn) Recv(b []byte) (received, error) {
 	select {
 	case r := <-c.in:
-		return copy(b, r.b), r.src, r.dst, r.ttl, nil
+		r.b = b[:copy(b, r.b)]
+		return r, nil
 	case <-c.closed:
-		return 0, netip.Addr{}, netip.Addr{}, 0, errors.New("closed")
+		return received{}, errors.New("closed")
 	}
 }
 
@@ -713,4 +714,56 @@ func TestRouterLateTimerHandlesPacketsFirst(t *testing.T) {
 		t.Fatalf("transition %+v", tr)
 	default:
 	}
+}
+
+// TestRouterCountsFromArrival: a backup counts its master down timer
+// from when the kernel received the master's last advertisement, not
+// from when its loop got to it, so that a busy backup takes over no
+// later than an idle one; a time of arrival further back than
+// maxArrivalAge (a wall clock that stepped) is not believed.
+func TestRouterCountsFromArrival(t *testing.T) {
+	deliverAt := func(g *routerRig, at time.Time) {
+		t.Helper()
+		b, err := Packet{VRID: 19, Priority: 200, Interval: 100, Addrs: []netip.Addr{vip4}}.Marshal(peer4, Group4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.conn.in <- received{b: b, src: peer4, dst: Group4, ttl: 255, at: at}
+		g.waitStatus(func(st Status) bool { return st.Received == 1 })
+	}
+	down := MasterDownInterval(100, 100) // 360.9 ms
+
+	t.Run("late", func(t *testing.T) {
+		g := newRig(t, Options{Priority: 100, Interval: 100})
+		g.transition(Backup)
+		g.clock.set(300 * time.Millisecond)
+		// Received 250 ms before the loop got to it: at t0+50ms at the
+		// latest on the router's clock, so down by t0+411ms.
+		deliverAt(g, time.Now().Add(-250*time.Millisecond))
+		if st := g.r.Status(); st.Role != Backup || st.Master != peer4 {
+			t.Fatalf("status %+v after the advertisement", st)
+		}
+		g.clock.set(50*time.Millisecond + down + 40*time.Millisecond)
+		tr := g.transition(Master)
+		if tr.Reason == "" {
+			t.Errorf("transition %+v without a reason", tr)
+		}
+	})
+
+	t.Run("stepped clock", func(t *testing.T) {
+		g := newRig(t, Options{Priority: 100, Interval: 100})
+		g.transition(Backup)
+		g.clock.set(300 * time.Millisecond)
+		deliverAt(g, time.Now().Add(-maxArrivalAge-time.Second))
+		// Counted from its handling (t0+300ms): not down at t0+450ms...
+		g.clock.set(450 * time.Millisecond)
+		select {
+		case tr := <-g.trs:
+			t.Fatalf("transition %+v: an arrival time from a stepped clock was believed", tr)
+		case <-time.After(100 * time.Millisecond):
+		}
+		// ...and down after t0+300ms+360.9ms.
+		g.clock.set(300*time.Millisecond + down + time.Millisecond)
+		g.transition(Master)
+	})
 }
