@@ -34,26 +34,30 @@ func TestHAFailoverBench(t *testing.T) {
 		n, _ = strconv.Atoi(s)
 	}
 	type row struct {
-		Config     string  `json:"config"`
-		Failure    string  `json:"failure"`
-		N          int     `json:"n"`
-		Done       int     `json:"done"`
-		Stuck      string  `json:"stuck,omitempty"`
-		MovedP50   float64 `json:"moved_p50_ms"`
-		MovedP99   float64 `json:"moved_p99_ms"`
-		MovedMax   float64 `json:"moved_max_ms"`
-		BackP50    float64 `json:"back_p50_ms"`
-		BackP99    float64 `json:"back_p99_ms"`
-		PathP50    float64 `json:"announce_path_p50_ms,omitempty"`
-		PathP99    float64 `json:"announce_path_p99_ms,omitempty"`
-		AnswerP50  float64 `json:"answer_p50_ms"`
-		AnswerP99  float64 `json:"answer_p99_ms"`
-		Failed     int     `json:"failed"`
-		FailedBack int     `json:"failed_back"`
-		Short      int     `json:"short"`
-		Broken     int     `json:"broken"`
-		LongConns  int     `json:"long_conns"`
-		FirstError string  `json:"first_error,omitempty"`
+		Config      string  `json:"config"`
+		Failure     string  `json:"failure"`
+		N           int     `json:"n"`
+		Done        int     `json:"done"`
+		Stuck       string  `json:"stuck,omitempty"`
+		MovedP50    float64 `json:"moved_p50_ms"`
+		MovedP99    float64 `json:"moved_p99_ms"`
+		MovedMax    float64 `json:"moved_max_ms"`
+		FromDownP50 float64 `json:"moved_from_down_p50_ms"`
+		FromDownP99 float64 `json:"moved_from_down_p99_ms"`
+		DownP50     float64 `json:"down_p50_ms"`
+		DownP99     float64 `json:"down_p99_ms"`
+		BackP50     float64 `json:"back_p50_ms"`
+		BackP99     float64 `json:"back_p99_ms"`
+		PathP50     float64 `json:"announce_path_p50_ms,omitempty"`
+		PathP99     float64 `json:"announce_path_p99_ms,omitempty"`
+		AnswerP50   float64 `json:"answer_p50_ms"`
+		AnswerP99   float64 `json:"answer_p99_ms"`
+		Failed      int     `json:"failed"`
+		FailedBack  int     `json:"failed_back"`
+		Short       int     `json:"short"`
+		Broken      int     `json:"broken"`
+		LongConns   int     `json:"long_conns"`
+		FirstError  string  `json:"first_error,omitempty"`
 	}
 	var rows []row
 	var runs []benchRun
@@ -79,7 +83,7 @@ func TestHAFailoverBench(t *testing.T) {
 		t.Run(strings.ReplaceAll(r.o.String()+" "+r.how, " ", "_"), func(t *testing.T) {
 			ran++
 			p := startPair(t, r.o)
-			var moved, answered, back, path []time.Duration
+			var moved, answered, back, path, fromDown, down []time.Duration
 			out := row{Config: r.o.String(), Failure: r.how, N: r.n}
 			for i := 0; i < r.n; i++ {
 				res, err := p.failover(r.how)
@@ -92,6 +96,8 @@ func TestHAFailoverBench(t *testing.T) {
 				}
 				out.Done++
 				moved = append(moved, res.Moved)
+				fromDown = append(fromDown, res.MovedFromDown)
+				down = append(down, res.Down)
 				back = append(back, res.Back)
 				if res.Announced > 0 {
 					path = append(path, res.Announced)
@@ -107,10 +113,12 @@ func TestHAFailoverBench(t *testing.T) {
 				if out.FirstError == "" && len(res.Errors) > 0 {
 					out.FirstError = res.Errors[0]
 				}
-				t.Logf("%s %s #%d: failure made in %v, backup elected %v (timer %v late, announced %v after it), master %v, moved %v, answered %v, back %v, %d failed, %d broken", r.o, r.how, i+1,
-					res.Failing.Round(time.Millisecond), res.Elected.Round(time.Millisecond), res.TimerLate.Round(time.Millisecond), res.Announced.Round(time.Microsecond), res.Master.Round(time.Millisecond), res.Moved.Round(time.Millisecond), res.Answered.Round(time.Millisecond), res.Back.Round(time.Millisecond), res.Failed+res.FailedBack, res.Broken)
+				t.Logf("%s %s #%d: failure made in %v (first link down at %v), backup elected %v (timer %v late, announced %v after it), master %v, moved %v, answered %v, back %v, %d failed, %d broken", r.o, r.how, i+1,
+					res.Failing.Round(time.Millisecond), res.Down.Round(time.Millisecond), res.Elected.Round(time.Millisecond), res.TimerLate.Round(time.Millisecond), res.Announced.Round(time.Microsecond), res.Master.Round(time.Millisecond), res.Moved.Round(time.Millisecond), res.Answered.Round(time.Millisecond), res.Back.Round(time.Millisecond), res.Failed+res.FailedBack, res.Broken)
 			}
 			out.MovedP50, out.MovedP99, out.MovedMax = quantileMS(moved, 0.5), quantileMS(moved, 0.99), quantileMS(moved, 1)
+			out.FromDownP50, out.FromDownP99 = quantileMS(fromDown, 0.5), quantileMS(fromDown, 0.99)
+			out.DownP50, out.DownP99 = quantileMS(down, 0.5), quantileMS(down, 0.99)
 			out.BackP50, out.BackP99 = quantileMS(back, 0.5), quantileMS(back, 0.99)
 			out.PathP50, out.PathP99 = quantileMS(path, 0.5), quantileMS(path, 0.99)
 			out.AnswerP50, out.AnswerP99 = quantileMS(answered, 0.5), quantileMS(answered, 0.99)
@@ -118,7 +126,7 @@ func TestHAFailoverBench(t *testing.T) {
 		})
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-34s %-7s %3s  %-24s  %-16s  %-16s  %-13s  %-17s  %s\n", "pair", "failure", "n", "neighbour moved p50/p99/max", "back p50/p99", "answered p50/p99", "failed/back/short", "broken/long conns", "announce path p50/p99")
+	fmt.Fprintf(&b, "%-34s %-7s %3s  %-24s  %-22s  %-16s  %-16s  %-16s  %-13s  %-17s  %s\n", "pair", "failure", "n", "neighbour moved p50/p99/max", "moved from down p50/p99", "down at p50/p99", "back p50/p99", "answered p50/p99", "failed/back/short", "broken/long conns", "announce path p50/p99")
 	for _, r := range rows {
 		ans := "-"
 		if r.Failure != "kill" {
@@ -128,13 +136,14 @@ func TestHAFailoverBench(t *testing.T) {
 		if r.PathP50 > 0 {
 			path = fmt.Sprintf("%.1f/%.1f ms", r.PathP50, r.PathP99)
 		}
-		fmt.Fprintf(&b, "%-34s %-7s %3d  %-24s  %-16s  %-16s  %-13s  %-17s  %s\n", r.Config, r.Failure, r.Done,
-			fmt.Sprintf("%.0f/%.0f/%.0f ms", r.MovedP50, r.MovedP99, r.MovedMax), fmt.Sprintf("%.0f/%.0f ms", r.BackP50, r.BackP99), ans,
+		fmt.Fprintf(&b, "%-34s %-7s %3d  %-24s  %-22s  %-16s  %-16s  %-16s  %-13s  %-17s  %s\n", r.Config, r.Failure, r.Done,
+			fmt.Sprintf("%.0f/%.0f/%.0f ms", r.MovedP50, r.MovedP99, r.MovedMax), fmt.Sprintf("%.0f/%.0f ms", r.FromDownP50, r.FromDownP99),
+			fmt.Sprintf("%.0f/%.0f ms", r.DownP50, r.DownP99), fmt.Sprintf("%.0f/%.0f ms", r.BackP50, r.BackP99), ans,
 			fmt.Sprintf("%d/%d/%d", r.Failed, r.FailedBack, r.Short), fmt.Sprintf("%d/%d", r.Broken, r.LongConns), path)
 	}
 	// The ratios vipd/keepalived of each configuration both ran: below 1
 	// vipd is faster.
-	b.WriteString("\nratio vipd/keepalived (takeover = neighbour moved, preemption = back):\n")
+	b.WriteString("\nratio vipd/keepalived (takeover = neighbour moved, from the start of the failure and from the master's first link down; preemption = back):\n")
 	for _, v := range rows {
 		if strings.HasPrefix(v.Config, "keepalived") || v.Done == 0 {
 			continue
@@ -143,9 +152,9 @@ func TestHAFailoverBench(t *testing.T) {
 			if k.Config != "keepalived"+strings.TrimPrefix(v.Config, "vipd") || k.Failure != v.Failure || k.Done == 0 {
 				continue
 			}
-			fmt.Fprintf(&b, "%-34s %-7s n %d/%d  takeover p50 %.2f p99 %.2f  preemption p50 %.2f p99 %.2f\n",
+			fmt.Fprintf(&b, "%-34s %-7s n %d/%d  takeover p50 %.2f p99 %.2f  from down p50 %.2f p99 %.2f  preemption p50 %.2f p99 %.2f\n",
 				strings.TrimPrefix(v.Config, "vipd "), v.Failure, v.Done, k.Done,
-				v.MovedP50/k.MovedP50, v.MovedP99/k.MovedP99, v.BackP50/k.BackP50, v.BackP99/k.BackP99)
+				v.MovedP50/k.MovedP50, v.MovedP99/k.MovedP99, v.FromDownP50/k.FromDownP50, v.FromDownP99/k.FromDownP99, v.BackP50/k.BackP50, v.BackP99/k.BackP99)
 		}
 	}
 	for _, r := range rows {

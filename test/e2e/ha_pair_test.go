@@ -144,9 +144,12 @@ func (p *pair) kill(n *lbNode) {
 	}
 }
 
-// cut takes node n's links down, or up again.
-func (p *pair) cut(n *lbNode, down bool) {
+// cut takes node n's links down, or up again, and returns when its
+// first link (eth0's, where VRRP runs) was: the failure, as the backup
+// sees it.
+func (p *pair) cut(n *lbNode, down bool) time.Time {
 	p.t.Helper()
+	var first time.Time
 	// Through netlink, not ip(8): a system call per link rather than a
 	// process, which takes tens of milliseconds to start in the
 	// emulated guest, so that the times count from the failure itself.
@@ -162,22 +165,31 @@ func (p *pair) cut(n *lbNode, down bool) {
 		if err != nil {
 			p.t.Fatalf("set %s down=%v: %v", l, down, err)
 		}
+		if first.IsZero() {
+			first = time.Now()
+		}
 	}
+	return first
 }
 
 // cutIP takes node n's links down, or up again, with one ip(8) process
 // per link, as an operator or a script would: the failure then happens
 // once the process has started, tens of milliseconds into the emulated
 // guest's fork and exec.
-func (p *pair) cutIP(n *lbNode, down bool) {
+func (p *pair) cutIP(n *lbNode, down bool) time.Time {
 	p.t.Helper()
 	state := "up"
 	if down {
 		state = "down"
 	}
+	var first time.Time
 	for _, l := range n.links {
 		Run(p.t, "ip", "link", "set", l, state)
+		if first.IsZero() {
+			first = time.Now()
+		}
 	}
+	return first
 }
 
 // isMaster reports whether node n serves the VIP.
@@ -438,6 +450,12 @@ type failoverResult struct {
 	// that cut the links or kill the daemon): the failure happened
 	// somewhere in it, and the times above count from its start.
 	Failing time.Duration
+	// Down is when, from the start, the master's first link (eth0's,
+	// where VRRP runs) was down: the failure as the backup sees it (for
+	// a kill, when the signal was sent); MovedFromDown is Moved counted
+	// from then, the takeover without the time the harness took to
+	// start failing the master.
+	Down, MovedFromDown time.Duration
 	// Back is the time from the master's return (its links up, or its
 	// daemon started) to the client's neighbour entry of the VIP naming
 	// it again: the preemption.
@@ -465,18 +483,22 @@ func (p *pair) failover(how string) (failoverResult, error) {
 		Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
 			return strings.Count(Run(t, "ip", "netns", "exec", backup.name, "ipvsadm", "-Lnc"), "ESTABLISHED") >= long
 		}, "%s: %s has not the master's %d long-lived connections:\n%s", p.o, backup.name, long, Run(t, "ip", "netns", "exec", backup.name, "ipvsadm", "-Lnc"))
+		// The ipvsadm processes of the wait are gone before the failure.
+		time.Sleep(500 * time.Millisecond)
 	} else {
 		time.Sleep(1500 * time.Millisecond)
 	}
 	bmac, mmac := macOf(t, backup.name), macOf(t, master.name)
 	at := time.Now()
+	var down time.Time
 	switch how {
 	case "cut":
-		p.cut(master, true)
+		down = p.cut(master, true)
 	case "cutip":
-		p.cutIP(master, true)
+		down = p.cutIP(master, true)
 	case "kill":
 		p.kill(master)
+		down = time.Now()
 	default:
 		t.Fatalf("failover %q", how)
 	}
@@ -517,7 +539,7 @@ func (p *pair) failover(how string) (failoverResult, error) {
 	}
 	time.Sleep(time.Second)
 	l.end()
-	r := failoverResult{Moved: moved.Sub(at), Back: movedBack.Sub(back), Failing: cutTook, Broken: len(l.longErrs), Short: l.shortOK, Long: l.longOK}
+	r := failoverResult{Moved: moved.Sub(at), Back: movedBack.Sub(back), Failing: cutTook, Down: down.Sub(at), MovedFromDown: moved.Sub(down), Broken: len(l.longErrs), Short: l.shortOK, Long: l.longOK}
 	for _, sent := range l.shortFailed {
 		if sent.Before(back) {
 			r.Failed++
