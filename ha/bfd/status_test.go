@@ -142,7 +142,9 @@ func TestSpeakerStatus(t *testing.T) {
 	}, "counts %+v, want %+v", status(peerA).Packets, want)
 	// The speaker sends to both peers; its packets come back to it over
 	// lo from 127.0.0.1, no peer.
-	eventually(t, 3*time.Second, func() bool { return status(peerA).Packets.Sent > 0 && status(peerB).Packets.Sent > 0 && sp.Stats().Unknown >= 7 },
+	eventually(t, 3*time.Second, func() bool {
+		return status(peerA).Packets.Sent > 0 && status(peerB).Packets.Sent > 0 && sp.Stats().Unknown >= 7
+	},
 		"sent %d and %d, unknown %d: want packets sent to each peer and counted back as unknown", status(peerA).Packets.Sent, status(peerB).Packets.Sent, sp.Stats().Unknown)
 
 	st := status(peerA)
