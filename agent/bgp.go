@@ -51,6 +51,9 @@ type BGPPeer struct {
 	// Limited is when the peer last sent more routes than its
 	// max_prefixes allows and was cut; zero if never.
 	Limited time.Time
+	// BFD is the peer's BFD session as vipd status shows it, nil
+	// without one. OnPeer's peers may lack it.
+	BFD *status.BFD
 }
 
 // AnnouncerOptions are what the agent gives OpenAnnouncer.
@@ -328,7 +331,7 @@ func (a *Agent) bgpStatus() *status.BGP {
 	}
 	out := &status.BGP{ASN: b.cfg.ASN, RouterID: b.cfg.RouterID.String(), Drained: b.drained, Announced: []string{}}
 	for _, p := range b.an.Peers() {
-		out.Peers = append(out.Peers, status.BGPPeer{Address: p.Address.String(), ASN: p.ASN, State: p.State, Since: p.Since, Routes: p.Routes, Limited: p.Limited})
+		out.Peers = append(out.Peers, status.BGPPeer{Address: p.Address.String(), ASN: p.ASN, State: p.State, Since: p.Since, Routes: p.Routes, Limited: p.Limited, BFD: p.BFD})
 	}
 	for _, p := range slices.SortedFunc(maps.Keys(b.routes), netip.Prefix.Compare) {
 		out.Announced = append(out.Announced, p.String())

@@ -16,6 +16,7 @@ import (
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 // fakeAnnouncer is a BGP speaker that records what it is asked.
@@ -60,7 +61,8 @@ func (f *fakeAnnouncer) Stop(context.Context) error {
 }
 
 func (f *fakeAnnouncer) Peers() []BGPPeer {
-	return []BGPPeer{{Address: netip.MustParseAddr("10.0.0.254"), ASN: 65000, State: "established", Established: true, Routes: len(f.announced())}}
+	return []BGPPeer{{Address: netip.MustParseAddr("10.0.0.254"), ASN: 65000, State: "established", Established: true, Routes: len(f.announced()),
+		BFD: &status.BFD{State: "up", RemoteState: "up", TxInterval: 200, Received: 7}}}
 }
 
 // announced returns the routes announced, sorted, as "prefix attrs".
@@ -152,6 +154,8 @@ func TestBGPAnnounce(t *testing.T) {
 	}
 	if len(st.BGP.Peers) != 1 || st.BGP.Peers[0].State != "established" || st.BGP.ASN != 65001 || st.BGP.RouterID != "10.0.0.1" {
 		t.Errorf("status peers %+v", st.BGP)
+	} else if b := st.BGP.Peers[0].BFD; b == nil || b.State != "up" || b.TxInterval != 200 || b.Received != 7 {
+		t.Errorf("status peer's bfd %+v, want the announcer's", b)
 	}
 	// The VIP stays bound: the node still serves what reaches it.
 	r.has(t, "vip 192.0.2.11")

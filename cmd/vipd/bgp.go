@@ -4,10 +4,13 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"time"
 
 	"github.com/vipd/vipd/agent"
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/ha/bfd"
 	"github.com/vipd/vipd/ha/bgp"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 // openAnnouncer returns what starts the BGP speaker of a configuration's
@@ -76,5 +79,25 @@ func (s speaker) Peers() []agent.BGPPeer {
 }
 
 func agentPeer(p bgp.Peer) agent.BGPPeer {
-	return agent.BGPPeer{Address: p.Address, ASN: p.ASN, State: p.State, Established: p.Established(), Since: p.Since, Routes: p.Routes, Limited: p.Limited}
+	return agent.BGPPeer{Address: p.Address, ASN: p.ASN, State: p.State, Established: p.Established(), Since: p.Since, Routes: p.Routes, Limited: p.Limited,
+		BFD: bfdStatus(p.BFDStatus)}
+}
+
+// bfdStatus maps a BFD session's status to vipd status's; nil without a
+// session.
+func bfdStatus(st *bfd.Status) *status.BFD {
+	if st == nil {
+		return nil
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	out := &status.BFD{
+		State: st.State.String(), RemoteState: st.RemoteState.String(), Since: st.Since, Downs: st.Downs,
+		TxInterval: ms(st.TxInterval), RxInterval: ms(st.RxInterval), DetectMult: st.DetectMult, RemoteDetectMult: st.RemoteDetectMult,
+		DetectionTime: ms(st.DetectionTime), Received: st.Packets.Received, Sent: st.Packets.Sent,
+		Dropped: status.BFDDropped{TTL: st.Packets.LowTTL, Malformed: st.Packets.Malformed, Discriminator: st.Packets.WrongDisc},
+	}
+	if st.LastDown != bfd.DiagNone {
+		out.LastDown = st.LastDown.String()
+	}
+	return out
 }

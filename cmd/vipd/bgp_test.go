@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/ha/bfd"
 	"github.com/vipd/vipd/ha/bgp"
+	"github.com/vipd/vipd/monitor/status"
 )
 
 // nonZero fails t for every field of v (a struct) left zero: a field
@@ -57,5 +59,34 @@ func TestBGPOptions(t *testing.T) {
 	}
 	if bgp.DefaultMaxPrefixes != config.DefaultBGPMaxPrefixes {
 		t.Errorf("ha/bgp's default max_prefixes %d, the configuration's %d", bgp.DefaultMaxPrefixes, config.DefaultBGPMaxPrefixes)
+	}
+}
+
+// TestBFDStatus: a peer's BFD status reaches vipd status whole: every
+// field mapped, the intervals in milliseconds, the diagnostic as a word,
+// none without a session, and no last down before one.
+func TestBFDStatus(t *testing.T) {
+	since := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	st := &bfd.Status{Peer: netip.MustParseAddr("192.0.2.254"), State: bfd.Up, RemoteState: bfd.Init, Since: since, LastDown: bfd.DiagNeighborDown,
+		Downs: 2, LocalDisc: 1, RemoteDisc: 2, TxInterval: 200 * time.Millisecond, RxInterval: 1500 * time.Microsecond, DetectMult: 3,
+		RemoteDetectMult: 5, DetectionTime: 7500 * time.Microsecond, Packets: bfd.Counts{Received: 10, Sent: 11, LowTTL: 1, Malformed: 2, WrongDisc: 3}}
+	got := agentPeer(bgp.Peer{Address: st.Peer, State: "established", BFD: "up", BFDStatus: st}).BFD
+	if got == nil {
+		t.Fatal("no bfd status")
+	}
+	nonZero(t, "status.BFD", *got)
+	nonZero(t, "status.BFDDropped", got.Dropped)
+	want := status.BFD{State: "up", RemoteState: "init", Since: since, Downs: 2, LastDown: "neighbor signaled session down",
+		TxInterval: 200, RxInterval: 1.5, DetectMult: 3, RemoteDetectMult: 5, DetectionTime: 7.5, Received: 10, Sent: 11,
+		Dropped: status.BFDDropped{TTL: 1, Malformed: 2, Discriminator: 3}}
+	if *got != want {
+		t.Errorf("bfd status\n got  %+v\n want %+v", *got, want)
+	}
+	st.LastDown = bfd.DiagNone
+	if got := bfdStatus(st); got.LastDown != "" {
+		t.Errorf("last down %q for a session that never went down", got.LastDown)
+	}
+	if got := agentPeer(bgp.Peer{State: "established"}).BFD; got != nil {
+		t.Errorf("bfd status %+v for a peer without BFD", got)
 	}
 }

@@ -252,6 +252,14 @@ func TestRefusals(t *testing.T) {
 	if _, ok := sp.State(other4); ok {
 		t.Fatal("a session exists for an address that is no peer")
 	}
+	// The drops are the session's; the stranger's packet is in no
+	// session.
+	if st, _ := sp.Session(bird4); st.Packets.LowTTL != 1 || st.Packets.Malformed != 1 || st.Packets.WrongDisc != 1 {
+		t.Errorf("the session's counts %+v, want one of each drop", st.Packets)
+	}
+	if _, ok := sp.Session(other4); ok || len(sp.Sessions()) != 2 {
+		t.Errorf("sessions %+v, want only bird's two", sp.Sessions())
+	}
 
 	sendFrom(t, p, bird4, 255, down)
 	eventually(t, time.Second, func() bool { return c.has(bird4.String() + " up>down neighbor signaled session down") },
@@ -287,4 +295,53 @@ func unsilence(t *testing.T, rules [][]string) {
 			}
 		}
 	}
+}
+
+// TestBirdStatus: the sessions' status with bird as the peer: up with
+// the negotiated intervals and packets both ways, none dropped; down,
+// once, when bird stops (it tells the speaker its sessions go
+// administratively down).
+func TestBirdStatus(t *testing.T) {
+	_, b := setup(t, 100*time.Millisecond, 3)
+	c := &changes{}
+	// vipd's interval is 200 ms: it sends at its own 200 ms; bird
+	// sends at the larger of its 100 ms and the 200 ms vipd asks for.
+	sp := startSpeaker(t, Config{Interval: 200 * time.Millisecond, DetectMult: 4}, c)
+	for _, a := range []netip.Addr{bird4, bird6} {
+		eventually(t, 10*time.Second, func() bool {
+			st, _ := sp.Session(a)
+			return st.State == Up && st.RemoteState == Up && st.RxInterval == 200*time.Millisecond
+		}, "the session with %s is not up at 200 ms", a)
+	}
+	// A second at the fast interval: packets both ways.
+	time.Sleep(time.Second)
+	for _, st := range sp.Sessions() {
+		if st.State != Up || st.TxInterval != 200*time.Millisecond || st.RemoteDetectMult != 3 || st.DetectionTime != 600*time.Millisecond ||
+			st.DetectMult != 4 || st.RemoteDisc == 0 || st.Downs != 0 || st.LastDown != DiagNone {
+			t.Errorf("status of %s up: %+v", st.Peer, st)
+		}
+		if p := st.Packets; p.Received < 3 || p.Sent < 3 || p.Dropped() != 0 {
+			t.Errorf("packets of %s: %+v, want some both ways, none dropped", st.Peer, p)
+		}
+		if d := time.Since(st.Since); d < time.Second || d > 15*time.Second {
+			t.Errorf("%s up for %v, want since it came up, over a second ago", st.Peer, d)
+		}
+	}
+
+	stop := time.Now()
+	if out := b.run("down"); !strings.Contains(out, "Shutdown requested") {
+		t.Logf("birdc down: %s", out)
+	}
+	for _, a := range []netip.Addr{bird4, bird6} {
+		eventually(t, 3*time.Second, func() bool { st, _ := sp.Session(a); return st.State == Down }, "the session with %s is not down after bird stopped", a)
+	}
+	for _, st := range sp.Sessions() {
+		if st.Downs != 1 || st.Since.Before(stop) {
+			t.Errorf("status of %s after bird stopped: %+v, want one down since %v", st.Peer, st, stop)
+		}
+		if st.LastDown != DiagNeighborDown && st.LastDown != DiagTimeExpired {
+			t.Errorf("last down of %s: %v, want neighbor signaled (bird's admin down) or time expired", st.Peer, st.LastDown)
+		}
+	}
+	t.Logf("after bird stopped: %+v", sp.Sessions())
 }

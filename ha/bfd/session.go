@@ -1,6 +1,7 @@
 package bfd
 
 import (
+	"net/netip"
 	"time"
 )
 
@@ -69,6 +70,13 @@ type Session struct {
 
 	nextTx   time.Time
 	detectAt time.Time
+
+	// since is when the session entered its state; downs counts its
+	// changes from Up to Down, lastDown the diagnostic of its last
+	// change to Down (diag clears when it comes up again).
+	since    time.Time
+	downs    uint64
+	lastDown Diag
 }
 
 // NewSession returns a session in state Down with discriminator disc
@@ -79,6 +87,7 @@ func NewSession(cfg Config, disc uint32, rnd func() float64, now time.Time) *Ses
 	s.desiredMinTx = max(cfg.Interval, SlowInterval)
 	s.txInterval = s.desiredMinTx
 	s.nextTx = now
+	s.since = now
 	return s
 }
 
@@ -171,6 +180,7 @@ func (s *Session) Receive(p *Packet, now time.Time) (taken bool, ch Change, chan
 		}
 	}
 	if s.state != from {
+		s.since = now
 		return true, Change{From: from, To: s.state, Diag: s.diag, Remote: p.State}, true
 	}
 	return true, ch, false
@@ -186,7 +196,10 @@ func (s *Session) up(now time.Time) {
 
 // down takes the session down with diag and back to the slow interval.
 func (s *Session) down(diag Diag, now time.Time) {
-	s.state, s.diag = Down, diag
+	if s.state == Up {
+		s.downs++
+	}
+	s.state, s.diag, s.lastDown, s.since = Down, diag, diag, now
 	s.setDesiredMinTx(max(s.cfg.Interval, SlowInterval), now)
 }
 
@@ -288,4 +301,64 @@ func (s *Session) AdminDown() *Packet {
 	p := s.packet()
 	s.nextTx, s.detectAt = time.Time{}, time.Time{}
 	return p
+}
+
+// Status is what a session shows an operator (vipd status, metrics).
+type Status struct {
+	// Peer is the peer's address (set by the Speaker).
+	Peer netip.Addr
+	// State is the session's state, RemoteState the peer's as last
+	// heard (Down before any packet and once the peer went silent).
+	State, RemoteState State
+	// Since is when the session entered State: its start, or its last
+	// change of state.
+	Since time.Time
+	// LastDown is the diagnostic of the session's last change to Down,
+	// DiagNone if it never went down; it stays after the session came
+	// up again.
+	LastDown Diag
+	// Downs counts the session's changes from Up to Down.
+	Downs uint64
+	// LocalDisc and RemoteDisc are the discriminators; RemoteDisc is 0
+	// while no peer is heard.
+	LocalDisc, RemoteDisc uint32
+	// TxInterval is the interval between the packets the session sends,
+	// before jitter; RxInterval the one the peer sends at, as the two
+	// negotiated it (0 while no peer is heard).
+	TxInterval, RxInterval time.Duration
+	// DetectMult is the session's detect multiplier, RemoteDetectMult
+	// the peer's (0 while no peer is heard), and DetectionTime the
+	// silence after which the session goes down (RemoteDetectMult ×
+	// RxInterval).
+	DetectMult, RemoteDetectMult uint8
+	DetectionTime                time.Duration
+	// Packets are the session's packet counts (set by the Speaker).
+	Packets Counts
+}
+
+// Counts are the packets of one session. Received counts every packet
+// that came from the peer's address, the dropped ones included: LowTTL
+// counts those with a TTL or hop limit below 255, Malformed those
+// Unmarshal refused, WrongDisc those with a Your Discriminator that is
+// not the session's. Sent counts the packets sent.
+type Counts struct {
+	Received, Sent               uint64
+	LowTTL, Malformed, WrongDisc uint64
+}
+
+// Dropped is the number of packets from the peer that were dropped.
+func (c Counts) Dropped() uint64 { return c.LowTTL + c.Malformed + c.WrongDisc }
+
+// Status returns the session's state for an operator, without Peer and
+// Packets, which the session does not know.
+func (s *Session) Status() Status {
+	st := Status{
+		State: s.state, RemoteState: s.remoteState, Since: s.since, LastDown: s.lastDown, Downs: s.downs,
+		LocalDisc: s.localDisc, RemoteDisc: s.remoteDisc, TxInterval: s.TxInterval(),
+		DetectMult: s.cfg.DetectMult, RemoteDetectMult: s.remoteMult, DetectionTime: s.DetectionTime(),
+	}
+	if s.remoteMult != 0 {
+		st.RxInterval = max(s.cfg.Interval, s.remoteMinTx)
+	}
+	return st
 }

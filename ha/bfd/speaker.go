@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	mrand "math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -82,6 +84,8 @@ type peer struct {
 	conn *net.UDPConn
 	// to is the peer's BFD address and port.
 	to netip.AddrPort
+	// The session's packet counts (Counts).
+	received, sent, lowTTL, malformed, wrongDisc atomic.Uint64
 }
 
 type received struct {
@@ -322,13 +326,16 @@ func (sp *Speaker) receive(r received) {
 		sp.log.Debug("bfd: packet from an address that is no peer dropped", "from", r.src)
 		return
 	}
+	p.received.Add(1)
 	if r.ttl != ttl {
+		p.lowTTL.Add(1)
 		sp.stats.lowTTL.Add(1)
 		sp.log.Debug("bfd: packet with a TTL below 255 dropped (not from the link)", "from", r.src, "ttl", r.ttl)
 		return
 	}
 	pkt, err := Unmarshal(r.b)
 	if err != nil {
+		p.malformed.Add(1)
 		sp.stats.malformed.Add(1)
 		sp.log.Debug("bfd: malformed packet dropped", "from", r.src, "err", err)
 		return
@@ -337,6 +344,7 @@ func (sp *Speaker) receive(r received) {
 	taken, ch, changed := p.s.Receive(&pkt, r.at)
 	sp.mu.Unlock()
 	if !taken {
+		p.wrongDisc.Add(1)
 		sp.stats.wrongDisc.Add(1)
 		sp.log.Debug("bfd: packet for another session dropped", "from", r.src, "your_discriminator", pkt.YourDisc)
 		return
@@ -363,6 +371,7 @@ func (sp *Speaker) send(p *peer, pkt *Packet) {
 		sp.log.Debug("bfd: send", "peer", p.Address, "err", err)
 		return
 	}
+	p.sent.Add(1)
 	sp.stats.sent.Add(1)
 }
 
@@ -376,6 +385,36 @@ func (sp *Speaker) State(a netip.Addr) (s State, ok bool) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	return p.s.State(), true
+}
+
+// Session returns the status of the session with peer a; ok is false
+// for an address that is no peer.
+func (sp *Speaker) Session(a netip.Addr) (st Status, ok bool) {
+	p, ok := sp.sessions[a.Unmap()]
+	if !ok {
+		return st, false
+	}
+	return sp.status(a.Unmap(), p), true
+}
+
+// Sessions returns the status of every session, in address order.
+func (sp *Speaker) Sessions() []Status {
+	out := make([]Status, 0, len(sp.sessions))
+	for _, a := range slices.SortedFunc(maps.Keys(sp.sessions), netip.Addr.Compare) {
+		out = append(out, sp.status(a, sp.sessions[a]))
+	}
+	return out
+}
+
+// status returns the status of the session with a.
+func (sp *Speaker) status(a netip.Addr, p *peer) Status {
+	sp.mu.Lock()
+	st := p.s.Status()
+	sp.mu.Unlock()
+	st.Peer = a
+	st.Packets = Counts{Received: p.received.Load(), Sent: p.sent.Load(), LowTTL: p.lowTTL.Load(),
+		Malformed: p.malformed.Load(), WrongDisc: p.wrongDisc.Load()}
+	return st
 }
 
 // Stats returns the speaker's counters.

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/ha/bfd"
 	"github.com/vipd/vipd/lb/lbtest/nstest"
 )
 
@@ -295,6 +296,8 @@ func TestBird(t *testing.T) {
 		`BGP\.community: \(65001,6\)\n`, `BGP\.as_path: *\n`)
 	if ps := sp.Peers(); ps[0].Routes != 2 || ps[1].Routes != 1 {
 		t.Errorf("routes per peer: %v", ps)
+	} else if ps[0].BFD != "" || ps[0].BFDStatus != nil {
+		t.Errorf("a peer without BFD has a BFD status: %q %+v", ps[0].BFD, ps[0].BFDStatus)
 	}
 	if m, _ := br.routes(); strings.Contains(m["192.0.2.11/32"], "BGP.community") || strings.Contains(m["192.0.2.11/32"], "BGP.med") {
 		t.Errorf("a route without attributes has some:\n%s", m["192.0.2.11/32"])
@@ -440,9 +443,24 @@ func TestBirdBFD(t *testing.T) {
 		ps := sp.Peers()
 		ok4, out4 := br.established("vipd4")
 		ok6, out6 := br.established("vipd6")
-		return ok4 && ok6 && ps[0].BFD == "up" && ps[1].BFD == "up", fmt.Sprint(ps) + out4 + out6 + must(br.ctl("show bfd sessions"))
+		bfdUp := func(p Peer) bool {
+			return p.BFD == "up" && p.BFDStatus != nil && p.BFDStatus.State == bfd.Up && p.BFDStatus.Peer == p.Address
+		}
+		return ok4 && ok6 && bfdUp(ps[0]) && bfdUp(ps[1]), fmt.Sprint(ps) + out4 + out6 + must(br.ctl("show bfd sessions"))
 	}
 	br.waitFor("BGP and BFD up", 20*time.Second, up)
+	// Peers has each BFD session's whole status: 200 ms each way once
+	// up, packets both ways.
+	br.waitFor("BFD at 200 ms", 5*time.Second, func() (bool, string) {
+		ps := sp.Peers()
+		for _, p := range ps {
+			if st := p.BFDStatus; st == nil || st.TxInterval != 200*time.Millisecond || st.RxInterval != 200*time.Millisecond ||
+				st.Packets.Received == 0 || st.Packets.Sent == 0 || st.Downs != 0 {
+				return false, fmt.Sprintf("%+v", st)
+			}
+		}
+		return true, ""
+	})
 	vip := netip.MustParsePrefix("192.0.2.10/32")
 	vip6 := netip.MustParsePrefix("2001:db8:10::a/128")
 	if err := sp.Set(map[netip.Prefix]Attrs{vip: {}, vip6: {}}); err != nil {
@@ -468,6 +486,9 @@ func TestBirdBFD(t *testing.T) {
 	})
 	lift()
 	br.waitFor("BGP and BFD up again", 20*time.Second, up)
+	if st := sp.Peers()[0].BFDStatus; st.Downs == 0 || st.LastDown != bfd.DiagTimeExpired {
+		t.Errorf("BFD status after the silence %+v, want a down, time expired", st)
+	}
 	br.route(vip.String(), 5*time.Second, `unicast \[vipd4 `)
 
 	// bird restarts its BGP session, and with it its BFD session (a new

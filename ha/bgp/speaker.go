@@ -153,6 +153,9 @@ type Peer struct {
 	// BFD is the state of the peer's BFD session ("down", "init", "up",
 	// "admindown"), empty without one.
 	BFD string
+	// BFDStatus is the whole status of the peer's BFD session, nil
+	// without one. Peers sets it; the copies OnPeer gets lack it.
+	BFDStatus *bfd.Status
 }
 
 // Established reports whether the session is up.
@@ -546,11 +549,23 @@ func sessionState(s api.PeerState_SessionState) string {
 
 // Peers returns the state of every peer, in address order.
 func (sp *Speaker) Peers() []Peer {
+	// The BFD sessions' status first: the BFD speaker calls bfdChange,
+	// which takes pmu, and Session takes the BFD speaker's lock.
+	bfds := map[netip.Addr]bfd.Status{}
+	if sp.bfd != nil {
+		for _, st := range sp.bfd.Sessions() {
+			bfds[st.Peer] = st
+		}
+	}
 	sp.pmu.Lock()
 	defer sp.pmu.Unlock()
 	out := make([]Peer, 0, len(sp.peers))
 	for _, a := range slices.SortedFunc(maps.Keys(sp.peers), netip.Addr.Compare) {
-		out = append(out, sp.peerCopy(sp.peers[a]))
+		p := sp.peerCopy(sp.peers[a])
+		if st, ok := bfds[a.Unmap()]; ok {
+			p.BFDStatus = &st
+		}
+		out = append(out, p)
 	}
 	return out
 }

@@ -85,6 +85,20 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.descs[i], statusMetrics[i].typ, v, labels...)
 	}
 	ch <- prometheus.MustNewConstMetric(c.foreign, prometheus.GaugeValue, float64(snap.Foreign))
+	for _, p := range bfdPeers(snap) {
+		for k := range statusMetrics {
+			m := &statusMetrics[k]
+			switch {
+			case m.scope != perBFD:
+			case m.bfdByReason != nil:
+				for i, v := range m.bfdByReason(p.BFD) {
+					sample(k, float64(v), p.Address, bfdReasons[i])
+				}
+			default:
+				sample(k, m.bfdValue(p.BFD), p.Address)
+			}
+		}
+	}
 	ch <- prometheus.MustNewConstMetric(c.taken, prometheus.GaugeValue, unix(snap.Time))
 	// A NodePort service has an entry per host address, with the same
 	// backends; their health is the service's.

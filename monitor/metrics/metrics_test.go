@@ -101,7 +101,7 @@ func fakeStatus() *status.Snapshot {
 	foreign := key("198.51.100.1:25", lb.TCP)
 	obs.Services[foreign] = &lb.ServiceState{Service: lb.Service{Key: foreign, Scheduler: "rr"}}
 	obs.Owned[web], obs.Owned[api] = struct{}{}, struct{}{}
-	return status.Build(status.Options{
+	snap := status.Build(status.Options{
 		Spec: spec, Observed: obs, Now: now,
 		Health: status.HealthMap{
 			"web": {
@@ -111,6 +111,20 @@ func fakeStatus() *status.Snapshot {
 			"np": {ap("10.0.3.1:80"): {State: health.Up, Since: now.Add(-time.Hour)}},
 		},
 	})
+	snap.BGP = fakeBGP()
+	return snap
+}
+
+// fakeBGP is a node's BGP with three peers: two with a BFD session, one
+// up and one down, and one without.
+func fakeBGP() *status.BGP {
+	return &status.BGP{ASN: 65001, RouterID: "10.0.0.1", Peers: []status.BGPPeer{
+		{Address: "fd00::fe", ASN: 65000, State: "active", BFD: &status.BFD{State: "down", RemoteState: "down", Downs: 3,
+			LastDown: "control detection time expired", Received: 900, Sent: 1000, Dropped: status.BFDDropped{TTL: 2}}},
+		{Address: "10.0.0.254", ASN: 65000, State: "established", BFD: &status.BFD{State: "up", RemoteState: "up", Downs: 1,
+			Received: 12345, Sent: 12000, Dropped: status.BFDDropped{Malformed: 1, Discriminator: 4}}},
+		{Address: "10.0.0.253", ASN: 65002, State: "established"},
+	}}
 }
 
 func fixed(s *status.Snapshot) func() (*status.Snapshot, error) {

@@ -1,6 +1,9 @@
 package metrics
 
 import (
+	"slices"
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vipd/vipd/monitor/status"
@@ -21,6 +24,10 @@ const (
 	backendUp    // per configured backend name and address: service, backend
 	serviceState // per service and state: service, vip, state
 	oneSample    // one sample, no labels
+	// perBFD: a sample per BGP peer with a BFD session (label peer), or
+	// one per reason a packet is dropped (peer, reason). Only configured
+	// peers have a session: nothing a packet says makes a series.
+	perBFD
 )
 
 // statusMetric is one family of the status metrics. statusMetrics is the
@@ -44,6 +51,10 @@ type statusMetric struct {
 	backend               func(*status.Backend) bool
 	backendValue          func(*status.Backend) float64
 	backendIn, backendOut func(*status.Backend) uint64
+	// For perBFD families: the value (bfdValue), or the values by
+	// reason, in the order of bfdReasons (bfdByReason).
+	bfdValue    func(*status.BFD) float64
+	bfdByReason func(*status.BFD) [len(bfdReasons)]uint64
 }
 
 // labels returns the family's label names, in the collector's order.
@@ -63,8 +74,33 @@ func (m *statusMetric) labels() []string {
 		return []string{"service", "backend"}
 	case serviceState:
 		return []string{"service", "vip", "state"}
+	case perBFD:
+		if m.bfdByReason != nil {
+			return []string{"peer", "reason"}
+		}
+		return []string{"peer"}
 	}
 	return nil
+}
+
+// bfdReasons are the reason label's values of
+// vipd_bfd_packets_dropped_total, sorted.
+var bfdReasons = [...]string{"discriminator", "malformed", "ttl"}
+
+// bfdPeers returns the BGP peers of snap that have a BFD session, by
+// address as a string (the order of the registry's samples).
+func bfdPeers(snap *status.Snapshot) []*status.BGPPeer {
+	if snap.BGP == nil {
+		return nil
+	}
+	var out []*status.BGPPeer
+	for i := range snap.BGP.Peers {
+		if snap.BGP.Peers[i].BFD != nil {
+			out = append(out, &snap.BGP.Peers[i])
+		}
+	}
+	slices.SortFunc(out, func(x, y *status.BGPPeer) int { return strings.Compare(x.Address, y.Address) })
+	return out
 }
 
 // typeName is the family's type as the text format writes it.
@@ -111,6 +147,19 @@ var statusMetrics = []statusMetric{
 	{name: "vipd_backend_weight", help: "A backend's weight in the kernel; absent when the kernel lacks it.",
 		typ: prometheus.GaugeValue, scope: perBackend, backend: inKernel,
 		backendValue: func(b *status.Backend) float64 { return float64(b.Weight) }},
+	{name: "vipd_bfd_packets_dropped_total", help: "BFD packets from a BGP peer's address that were dropped, by reason: ttl (a TTL or hop limit below 255: not from the link), malformed (a check of RFC 5880 failed), discriminator (for another session).",
+		typ: prometheus.CounterValue, scope: perBFD,
+		bfdByReason: func(b *status.BFD) [len(bfdReasons)]uint64 {
+			return [...]uint64{b.Dropped.Discriminator, b.Dropped.Malformed, b.Dropped.TTL}
+		}},
+	{name: "vipd_bfd_packets_received_total", help: "BFD packets received from a BGP peer's address, those dropped included.",
+		typ: prometheus.CounterValue, scope: perBFD, bfdValue: func(b *status.BFD) float64 { return float64(b.Received) }},
+	{name: "vipd_bfd_packets_sent_total", help: "BFD packets sent to a BGP peer.",
+		typ: prometheus.CounterValue, scope: perBFD, bfdValue: func(b *status.BFD) float64 { return float64(b.Sent) }},
+	{name: "vipd_bfd_session_down_total", help: "Times the BFD session with a BGP peer went from up to down.",
+		typ: prometheus.CounterValue, scope: perBFD, bfdValue: func(b *status.BFD) float64 { return float64(b.Downs) }},
+	{name: "vipd_bfd_session_up", help: "1 while the BFD session with a BGP peer is up, 0 while it is not, by peer address; only peers with bfd = true.",
+		typ: prometheus.GaugeValue, scope: perBFD, bfdValue: func(b *status.BFD) float64 { return b2f(b.State == "up") }},
 	{name: "vipd_foreign_services", help: "IPVS services vipd does not own.",
 		typ: prometheus.GaugeValue, scope: oneSample},
 	{name: "vipd_service_bytes_total", help: "Bytes of a service, by direction: in from clients, out to them.",

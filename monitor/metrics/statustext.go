@@ -144,6 +144,7 @@ func statusFamilies(snap *status.Snapshot, errors float64) []textFamily {
 		}
 	}
 	states := slices.Sorted(slices.Values(serviceStates))
+	bfds := bfdPeers(snap)
 
 	out := make([]textFamily, 0, len(statusMetrics))
 	for i := range statusMetrics {
@@ -196,6 +197,21 @@ func statusFamilies(snap *status.Snapshot, errors float64) []textFamily {
 			f = textFamily{m.name, func(w *textWriter) {
 				w.header(m.name, m.typeName())
 				w.sample(m.name, float64(snap.Foreign))
+			}}
+		case m.scope == perBFD:
+			f = textFamily{m.name, func(w *textWriter) {
+				for i, p := range bfds {
+					if i == 0 {
+						w.header(m.name, m.typeName())
+					}
+					if m.bfdByReason == nil {
+						w.sample(m.name, m.bfdValue(p.BFD), "peer", p.Address)
+						continue
+					}
+					for j, v := range m.bfdByReason(p.BFD) {
+						w.sample(m.name, float64(v), "peer", p.Address, "reason", bfdReasons[j])
+					}
+				}
 			}}
 		case m.scope == serviceState:
 			f = textFamily{m.name, func(w *textWriter) {

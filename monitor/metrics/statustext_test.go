@@ -62,6 +62,19 @@ func mixedStatus(n int, seed uint64) *status.Snapshot {
 		}
 		snap.Services = append(snap.Services, s)
 	}
+	// BGP peers, some with BFD, in no order, v4 and v6.
+	snap.BGP = &status.BGP{}
+	for i := range n / 10 {
+		p := status.BGPPeer{Address: netip.AddrFrom4([4]byte{10, 0, byte(rng.IntN(3)), byte(i)}).String(), State: "established"}
+		if i%2 == 1 {
+			p.Address = fmt.Sprintf("fd00::%x", i)
+		}
+		if rng.IntN(3) > 0 {
+			p.BFD = &status.BFD{State: []string{"up", "down", "init", "admindown"}[rng.IntN(4)], Downs: rng.Uint64N(5),
+				Received: rng.Uint64N(1 << 40), Sent: rng.Uint64N(1e6), Dropped: status.BFDDropped{TTL: rng.Uint64N(3), Malformed: rng.Uint64N(3)}}
+		}
+		snap.BGP.Peers = append(snap.BGP.Peers, p)
+	}
 	return snap
 }
 

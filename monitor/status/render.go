@@ -423,6 +423,26 @@ func ago(d time.Duration) string {
 	return fmt.Sprintf("%dd%02dh", s/86400, s%86400/3600)
 }
 
+// renderBFD writes the line of a BGP peer's BFD session.
+func renderBFD(w io.Writer, now time.Time, peer string, b *BFD) {
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	since := ""
+	if !b.Since.IsZero() {
+		since = " for " + ago(now.Sub(b.Since))
+	}
+	last := ""
+	if b.LastDown != "" {
+		last = " (last: " + b.LastDown + ")"
+	}
+	dropped := ""
+	if d := b.Dropped; d.Total() > 0 {
+		dropped = fmt.Sprintf(" (ttl %d, malformed %d, discriminator %d)", d.TTL, d.Malformed, d.Discriminator)
+	}
+	fmt.Fprintf(w, "bgp peer %s bfd: %s%s, remote %s, tx %s, rx %s, multiplier %d (remote %d), detection %s, %d downs%s, packets %d received, %d sent, %d dropped%s\n",
+		peer, b.State, since, b.RemoteState, ms(b.TxInterval), ms(b.RxInterval), b.DetectMult, b.RemoteDetectMult, ms(b.DetectionTime),
+		b.Downs, last, b.Received, b.Sent, b.Dropped.Total(), dropped)
+}
+
 // renderBGP writes a node's BGP lines: the announcements, a line per
 // peer and a line per VIP withheld.
 func renderBGP(w io.Writer, now time.Time, b *BGP) {
@@ -440,7 +460,14 @@ func renderBGP(w io.Writer, now time.Time, b *BGP) {
 		if !p.Limited.IsZero() {
 			limited = ", cut " + ago(now.Sub(p.Limited)) + " ago for sending more than max_prefixes"
 		}
-		fmt.Fprintf(w, "bgp peer %s AS%d: %s%s, %d routes%s\n", p.Address, p.ASN, p.State, since, p.Routes, limited)
+		bfd := ""
+		if p.BFD != nil {
+			bfd = ", bfd " + p.BFD.State
+		}
+		fmt.Fprintf(w, "bgp peer %s AS%d: %s%s, %d routes%s%s\n", p.Address, p.ASN, p.State, since, p.Routes, limited, bfd)
+		if p.BFD != nil {
+			renderBFD(w, now, p.Address, p.BFD)
+		}
 	}
 	for _, h := range b.Withheld {
 		fmt.Fprintf(w, "bgp withheld %s: %s\n", h.Route, h.Reason)

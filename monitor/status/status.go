@@ -163,7 +163,57 @@ type BGPPeer struct {
 	// Limited is when the peer last sent more routes than its
 	// max_prefixes allows, and vipd cut the session; zero if never.
 	Limited time.Time `json:"max_prefixes_exceeded,omitzero"`
+	// BFD is the peer's BFD session, nil without one (bfd = false).
+	BFD *BFD `json:"bfd,omitempty"`
 }
+
+// BFD is the BFD session (RFC 5880) with a BGP peer.
+type BFD struct {
+	// State is the session's state: "admindown", "down", "init" or
+	// "up"; RemoteState the peer's as last heard ("down" while it is
+	// not heard).
+	State       string `json:"state"`
+	RemoteState string `json:"remote_state"`
+	// Since is when the session entered State: vipd's start or its last
+	// change.
+	Since time.Time `json:"since,omitzero"`
+	// Downs counts the session's changes from up to down; LastDown is
+	// why the last one happened (RFC 5880's diagnostic, such as "control
+	// detection time expired"), empty if none did.
+	Downs    uint64 `json:"downs"`
+	LastDown string `json:"last_down,omitempty"`
+	// TxInterval is how often vipd sends, RxInterval how often the peer
+	// does, as the two negotiated them, in milliseconds (RxInterval 0
+	// while the peer is not heard); DetectMult is vipd's multiplier,
+	// RemoteDetectMult the peer's, and DetectionTime the silence after
+	// which vipd takes the session down (RemoteDetectMult × RxInterval).
+	TxInterval       float64 `json:"tx_interval_ms"`
+	RxInterval       float64 `json:"rx_interval_ms"`
+	DetectMult       uint8   `json:"detect_multiplier"`
+	RemoteDetectMult uint8   `json:"remote_detect_multiplier"`
+	DetectionTime    float64 `json:"detection_time_ms"`
+	// Received counts the packets from the peer's address, Dropped
+	// those of them that failed a check; Sent counts the packets sent.
+	Received uint64     `json:"packets_received"`
+	Sent     uint64     `json:"packets_sent"`
+	Dropped  BFDDropped `json:"packets_dropped"`
+}
+
+// BFDDropped counts the packets from a BFD peer's address that were
+// dropped, by why.
+type BFDDropped struct {
+	// TTL: a TTL or hop limit below 255 (RFC 5881 §5: not from the link).
+	TTL uint64 `json:"ttl"`
+	// Malformed: a check of RFC 5880 §6.8.6 failed (length, version,
+	// authentication, multiplier, discriminators...).
+	Malformed uint64 `json:"malformed"`
+	// Discriminator: the packet's Your Discriminator is not the
+	// session's.
+	Discriminator uint64 `json:"discriminator"`
+}
+
+// Total is the number of packets dropped.
+func (d BFDDropped) Total() uint64 { return d.TTL + d.Malformed + d.Discriminator }
 
 // BGPWithheld is a VIP the node does not announce.
 type BGPWithheld struct {

@@ -446,8 +446,12 @@ func TestRenderBGP(t *testing.T) {
 	snap := Build(Options{Now: now})
 	snap.BGP = &BGP{ASN: 65001, RouterID: "10.0.0.1", Announced: []string{"192.0.2.10/32"},
 		Peers: []BGPPeer{
-			{Address: "10.0.0.254", ASN: 65000, State: "established", Since: now.Add(-5*time.Minute - 2*time.Second), Routes: 1},
-			{Address: "fd00::fe", ASN: 65000, State: "active"},
+			{Address: "10.0.0.254", ASN: 65000, State: "established", Since: now.Add(-5*time.Minute - 2*time.Second), Routes: 1,
+				BFD: &BFD{State: "up", RemoteState: "up", Since: now.Add(-5*time.Minute - time.Second), Downs: 2, LastDown: "control detection time expired",
+					TxInterval: 200, RxInterval: 100, DetectMult: 3, RemoteDetectMult: 5, DetectionTime: 500, Received: 3012, Sent: 1510,
+					Dropped: BFDDropped{TTL: 1, Malformed: 3}}},
+			{Address: "fd00::fe", ASN: 65000, State: "active", BFD: &BFD{State: "down", RemoteState: "down", Since: now.Add(-42 * time.Second),
+				TxInterval: 1000, DetectMult: 3}},
 			{Address: "10.0.0.253", ASN: 65002, State: "idle", Limited: now.Add(-30 * time.Second)},
 		},
 		Withheld: []BGPWithheld{{Route: "192.0.2.11/32", Reason: "no backend serves"}}}
@@ -457,8 +461,10 @@ func TestRenderBGP(t *testing.T) {
 	}
 	for _, want := range []string{
 		"bgp: AS65001 router id 10.0.0.1, 1 VIPs announced, 1 withheld\n",
-		"bgp peer 10.0.0.254 AS65000: established for 5m02s, 1 routes\n",
-		"bgp peer fd00::fe AS65000: active, 0 routes\n",
+		"bgp peer 10.0.0.254 AS65000: established for 5m02s, 1 routes, bfd up\n" +
+			"bgp peer 10.0.0.254 bfd: up for 5m01s, remote up, tx 200ms, rx 100ms, multiplier 3 (remote 5), detection 500ms, 2 downs (last: control detection time expired), packets 3012 received, 1510 sent, 4 dropped (ttl 1, malformed 3, discriminator 0)\n",
+		"bgp peer fd00::fe AS65000: active, 0 routes, bfd down\n" +
+			"bgp peer fd00::fe bfd: down for 42s, remote down, tx 1s, rx 0s, multiplier 3 (remote 0), detection 0s, 0 downs, packets 0 received, 0 sent, 0 dropped\n",
 		"bgp peer 10.0.0.253 AS65002: idle, 0 routes, cut 30s ago for sending more than max_prefixes\n",
 		"bgp withheld 192.0.2.11/32: no backend serves\n",
 	} {
@@ -470,12 +476,25 @@ func TestRenderBGP(t *testing.T) {
 	if err := RenderJSON(&j, snap); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"bgp": {`, `"router_id": "10.0.0.1"`, `"state": "established"`, `"reason": "no backend serves"`, `"max_prefixes_exceeded": "2026-12-03T11:59:30Z"`} {
+	for _, want := range []string{`"bgp": {`, `"router_id": "10.0.0.1"`, `"state": "established"`, `"reason": "no backend serves"`, `"max_prefixes_exceeded": "2026-12-03T11:59:30Z"`,
+		`"bfd": {`, `"remote_state": "up"`, `"last_down": "control detection time expired"`, `"tx_interval_ms": 200`, `"detection_time_ms": 500`,
+		`"packets_received": 3012`, `"packets_dropped": {`, `"malformed": 3`} {
 		if !strings.Contains(j.String(), want) {
 			t.Errorf("json without %s:\n%s", want, j.String())
 		}
 	}
 	if strings.Contains(j.String(), `"since": "0001`) {
 		t.Errorf("json with a zero since:\n%s", j.String())
+	}
+	// A peer without BFD has no bfd line nor key; the JSON reads back.
+	if strings.Count(j.String(), `"bfd": {`) != 2 || strings.Contains(b.String(), "bgp peer 10.0.0.253 bfd") || strings.Contains(b.String(), "max_prefixes, bfd") {
+		t.Errorf("bfd of a peer without one:\n%s\n%s", b.String(), j.String())
+	}
+	var back Snapshot
+	if err := json.Unmarshal([]byte(j.String()), &back); err != nil {
+		t.Fatal(err)
+	}
+	if got := back.BGP.Peers[0].BFD; got == nil || *got != *snap.BGP.Peers[0].BFD {
+		t.Errorf("bfd read back %+v, want %+v", got, snap.BGP.Peers[0].BFD)
 	}
 }

@@ -364,6 +364,14 @@ func nodeLoss(t *testing.T, svcExtra, bgpExtra, peerExtra string) (took time.Dur
 			return strings.Count(sessions, " Up ") == 2
 		}, "the router's BFD sessions are not up:\n%s", sessions)
 		waitHops(t, tp.VIP, 20*time.Second, lb1.ip, lb2.ip)
+		// vipd status shows lb1's BFD session up beside its BGP
+		// session, and its line.
+		var st string
+		Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
+			st = Run(t, vipdBin(), "status", "--socket", filepath.Join(lb1.dir, "vipd.sock"))
+			return strings.Contains(st, "bgp peer 10.0.3.254 AS65000: established") && strings.Contains(st, " routes, bfd up\n")
+		}, "vipd status does not show the BFD session up:\n%s", st)
+		mustContain(t, "vipd status", st, "bgp peer 10.0.3.254 bfd: up for ", ", remote up, tx 100ms, rx 100ms, multiplier 3 (remote 3), detection 300ms, ")
 		sessions = birdc("show", "bfd", "sessions")
 	}
 	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 20, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
@@ -391,6 +399,15 @@ func nodeLoss(t *testing.T, svcExtra, bgpExtra, peerExtra string) (took time.Dur
 	time.Sleep(5 * time.Second)
 	close(l.stop)
 	l.wg.Wait()
+	if bfd {
+		// lb1 saw the silence: vipd status shows its BFD session down
+		// (time expired; neighbor signaled when a stalled guest took it
+		// down just before the cut, which the timing above reports).
+		st := Run(t, vipdBin(), "status", "--socket", filepath.Join(lb1.dir, "vipd.sock"))
+		if !regexp.MustCompile(`\nbgp peer 10\.0\.3\.254 AS65000: \S+.*, bfd down\nbgp peer 10\.0\.3\.254 bfd: down for \S+, .*, [1-9]\d* downs \(last: (control detection time expired|neighbor signaled session down)\)`).MatchString(st) {
+			t.Errorf("vipd status on lb1 does not show its BFD session down after the cut:\n%s", st)
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, e := range l.longErrs {
