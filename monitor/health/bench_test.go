@@ -37,7 +37,8 @@ func TestMain(m *testing.M) {
 // 127.0.0.2 and so on, prints their addresses, and accepts and closes
 // connections on them until its standard input closes; with arg "n/http"
 // it answers an HTTP request on each connection first, with 200 and a
-// short body. It runs in its own process so that the benchmark measures
+// short body, and then, if the request asked for keep-alive, the next
+// requests on the connection until the checker closes it. It runs in its own process so that the benchmark measures
 // the checker's CPU alone.
 func serveListeners(arg string) error {
 	arg, http := strings.CutSuffix(arg, "/http")
@@ -66,14 +67,26 @@ func serveListeners(arg string) error {
 					defer c.Close()
 					var req []byte
 					buf := make([]byte, 1024)
-					for !strings.Contains(string(req), "\r\n\r\n") {
-						n, err := c.Read(buf)
-						if err != nil {
+					for {
+						end := strings.Index(string(req), "\r\n\r\n")
+						if end < 0 {
+							n, err := c.Read(buf)
+							if err != nil {
+								return
+							}
+							req = append(req, buf[:n]...)
+							continue
+						}
+						head := strings.ToLower(string(req[:end]))
+						req = req[end+4:]
+						if !strings.Contains(head, "\r\nconnection: keep-alive") {
+							_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"))
 							return
 						}
-						req = append(req, buf[:n]...)
+						if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")); err != nil {
+							return
+						}
 					}
-					_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"))
 				}()
 			}
 		}()
