@@ -542,3 +542,31 @@ func TestKeepAliveFramed(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepAliveSpec: a Spec refuses keep-alive on checks other than
+// http and https, and builds http and https checks that keep their
+// connection.
+func TestKeepAliveSpec(t *testing.T) {
+	ka := HTTPOptions{KeepAlive: true}
+	for _, k := range []Kind{KindTCP, KindUDP, KindDNS, KindExec} {
+		s := Spec{Kind: k, HTTP: ka}
+		if k == KindExec {
+			s.Exec.Command = "/bin/true"
+		}
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "http options do not apply to "+k.String()+" checks") {
+			t.Errorf("%s check with keep-alive: %v, want it refused", k, err)
+		}
+		if _, err := NewProber(s, netip.MustParseAddrPort("127.0.0.1:80")); err == nil {
+			t.Errorf("%s check with keep-alive built", k)
+		}
+	}
+	for _, k := range []Kind{KindHTTP, KindHTTPS} {
+		p, err := NewProber(Spec{Kind: k, HTTP: ka}, netip.MustParseAddrPort("127.0.0.1:80"))
+		if err != nil {
+			t.Fatalf("%s check with keep-alive: %v", k, err)
+		}
+		if c, ok := p.(*HTTPCheck); !ok || !c.opts.KeepAlive {
+			t.Errorf("%s check with keep-alive built %T without it", k, p)
+		}
+	}
+}

@@ -113,6 +113,10 @@ type Options struct {
 // hands the other checks to a pool of workers, which grows with demand
 // and shrinks when idle: a waiting check costs a heap entry and no
 // goroutine. At most MaxInFlight probes of either kind run at once.
+//
+// An http check with keep-alive holds one connection between its
+// probes; the Manager closes it when an Update drops the check, and
+// when Run returns.
 type Manager struct {
 	opts  Options
 	log   *slog.Logger

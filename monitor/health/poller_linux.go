@@ -33,7 +33,9 @@ import (
 // The sockets the poller watches are closed only by its goroutine, after
 // it has handled every event of the epoll_wait that reported them, so a
 // descriptor number reused by a new probe cannot receive a stale event
-// of an old one.
+// of an old one. A socket its handler keeps (pollKeeper) leaves the
+// epoll instance before its probe's done function runs, and is watched
+// again only as a new probe's.
 type poller struct {
 	epfd int
 	// file is epfd in the runtime's network poller, whose read
