@@ -161,21 +161,26 @@ func BenchmarkProbeHalfOpen(b *testing.B) {
 		}
 	}
 	for w, name := range []string{"halfopen", "tcp"} {
-		b.Run(name, func(b *testing.B) { benchWay(b, ways, w) })
+		b.Run(name, func(b *testing.B) { benchWay(b, ways, w, nil) })
 	}
 	b.Run("ratio", func(b *testing.B) { benchProbes(b, ways) })
 }
 
 // benchWay runs way w of ways, target after target, 64 probes in
 // flight, and reports per probe the wall time (ns/op), allocations, and
-// the CPU in all and in the kernel, which on loopback includes the
-// listener's side of each exchange.
-func benchWay(b *testing.B, ways [][]probeWay, w int) {
+// the CPU in all and in the kernel, which on loopback includes much of
+// the listener's side of each exchange; and, with peer (which reads the
+// listener process's CPU time), the listener's own CPU.
+func benchWay(b *testing.B, ways [][]probeWay, w int, peer func() time.Duration) {
 	const inFlight = 64
 	slots := make(chan struct{}, inFlight)
 	var wg sync.WaitGroup
 	var failed atomic.Int64
 	b.ReportAllocs()
+	var p0 time.Duration
+	if peer != nil {
+		p0 = peer()
+	}
 	c0, s0 := cpuTime(b)
 	n := 0
 	for b.Loop() {
@@ -197,18 +202,22 @@ func benchWay(b *testing.B, ways [][]probeWay, w int) {
 	}
 	b.ReportMetric(float64((c1-c0).Nanoseconds())/1000/float64(n), "cpu-µs/probe")
 	b.ReportMetric(float64((s1-s0).Nanoseconds())/1000/float64(n), "sys-µs/probe")
+	if peer != nil {
+		b.ReportMetric(float64((peer()-p0).Nanoseconds())/1000/float64(n), "listener-cpu-µs/probe")
+	}
 }
 
 // BenchmarkProbeHTTPKeepAlive compares http probes with keep-alive,
 // which reuse one connection per listener, with probes that open one
 // each (both on the poller, status only) of 1,000 HTTP listeners on
 // loopback (in a child process): per probe, 64 in flight, the wall time
-// (ns/op), allocations and CPU of each way; then both ways in rounds,
-// for the ratio of their CPU. The CPU is the checker's; on loopback the
-// kernel's part includes the listener's side of each exchange (its
-// handshake and accept, for new connections).
+// (ns/op), allocations and CPU of each way, the checker's and the
+// listener process's; then both ways in rounds, for the ratio of the
+// checker's CPU. On loopback the checker's kernel time includes much of
+// the listener's side of each exchange (its half of the handshake, for
+// new connections).
 func BenchmarkProbeHTTPKeepAlive(b *testing.B) {
-	addrs := startListeners(b, 1000, true)
+	addrs, peer := startListenersProc(b, 1000, true)
 	p, err := newPoller()
 	if err != nil {
 		b.Fatal(err)
@@ -231,7 +240,7 @@ func BenchmarkProbeHTTPKeepAlive(b *testing.B) {
 		}
 	}
 	for w, name := range []string{"keepalive", "new"} {
-		b.Run(name, func(b *testing.B) { benchWay(b, ways, w) })
+		b.Run(name, func(b *testing.B) { benchWay(b, ways, w, peer) })
 	}
 	b.Run("ratio", func(b *testing.B) { benchProbes(b, ways) })
 }

@@ -104,6 +104,14 @@ func serveListeners(arg string) error {
 // addresses it listens on.
 func startListeners(b *testing.B, n int, http bool) []netip.AddrPort {
 	b.Helper()
+	addrs, _ := startListenersProc(b, n, http)
+	return addrs
+}
+
+// startListenersProc is startListeners, which also returns a function
+// that reads the CPU time the child process has used.
+func startListenersProc(b *testing.B, n int, http bool) ([]netip.AddrPort, func() time.Duration) {
+	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	arg := strconv.Itoa(n)
 	if http {
@@ -145,7 +153,32 @@ func startListeners(b *testing.B, n int, http bool) []netip.AddrPort {
 	if len(addrs) < n {
 		b.Fatalf("listener process opened %d of %d listeners: %v", len(addrs), n, sc.Err())
 	}
-	return addrs
+	pid := cmd.Process.Pid
+	return addrs, func() time.Duration { return procCPU(b, pid) }
+}
+
+// procCPU returns the CPU time process pid has used, user and system, at
+// the clock tick's resolution (assumed 100 Hz, Linux's USER_HZ).
+func procCPU(b *testing.B, pid int) time.Duration {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The fields after the command's name, which ends at the last ")":
+	// utime and stime are the 12th and 13th.
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if len(f) < 13 {
+		b.Fatalf("short /proc/%d/stat", pid)
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/%d/stat: %v", pid, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
 // cpuTime returns the CPU time this process has used, in all and in the
