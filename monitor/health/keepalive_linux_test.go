@@ -570,3 +570,65 @@ func TestKeepAliveSpec(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkProbeHTTPSKeepAlive compares https probes (net/http, on the
+// caller's goroutine) that keep their TLS connection with probes that
+// open one each, against one TLS server in this process: per probe, the
+// wall time (ns/op), allocations and CPU of each way, both ends
+// together; then both ways in turns, for the ratio of their CPU.
+func BenchmarkProbeHTTPSKeepAlive(b *testing.B) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	}))
+	srv.Config.ErrorLog = nil
+	srv.StartTLS()
+	defer srv.Close()
+	addr := srv.Listener.Addr().(*net.TCPAddr).AddrPort()
+	checks := make([]*HTTPCheck, 2)
+	for i, keep := range []bool{true, false} {
+		c, err := NewHTTPCheck(addr, true, HTTPOptions{KeepAlive: keep, InsecureSkipVerify: true}, DialOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.closeIdle()
+		checks[i] = c
+	}
+	probe := func(b *testing.B, c *HTTPCheck) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := c.Probe(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i, name := range []string{"keepalive", "new"} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			c0, _ := cpuTime(b)
+			n := 0
+			for b.Loop() {
+				probe(b, checks[i])
+				n++
+			}
+			c1, _ := cpuTime(b)
+			b.ReportMetric(float64((c1-c0).Nanoseconds())/1000/float64(n), "cpu-µs/probe")
+		})
+	}
+	b.Run("ratio", func(b *testing.B) {
+		var cpu [2]time.Duration
+		n := 0
+		for b.Loop() {
+			for i, c := range checks {
+				c0, _ := cpuTime(b)
+				for range 20 {
+					probe(b, c)
+				}
+				c1, _ := cpuTime(b)
+				cpu[i] += c1 - c0
+			}
+			n += 20
+		}
+		b.ReportMetric(float64(cpu[0].Microseconds())/float64(n), "keepalive-cpu-µs/probe")
+		b.ReportMetric(float64(cpu[1].Microseconds())/float64(n), "new-cpu-µs/probe")
+		b.ReportMetric(float64(cpu[0])/float64(cpu[1]), "keepalive/new")
+	})
+}
