@@ -38,16 +38,28 @@ func TestMain(m *testing.M) {
 // connections on them until its standard input closes; with arg "n/http"
 // it answers an HTTP request on each connection first, with 200 and a
 // short body, and then, if the request asked for keep-alive, the next
-// requests on the connection until the checker closes it. It runs in its own process so that the benchmark measures
-// the checker's CPU alone.
+// requests on the connection until the checker closes it. With arg
+// "n@first" (or "n/http@first") its listeners are those from the first
+// on, as numbered on the addresses: a process of its own serves each
+// part of a set of listeners too large for one's descriptors. It runs in
+// its own process so that the benchmark measures the checker's CPU
+// alone.
 func serveListeners(arg string) error {
+	arg, at, _ := strings.Cut(arg, "@")
+	first := 0
+	if at != "" {
+		var err error
+		if first, err = strconv.Atoi(at); err != nil || first < 0 {
+			return fmt.Errorf("first listener %q is not a number", at)
+		}
+	}
 	arg, http := strings.CutSuffix(arg, "/http")
 	n, err := strconv.Atoi(arg)
-	if err != nil || n < 1 || n > 25400 {
-		return fmt.Errorf("listener count %q is not within 1-25400", arg)
+	if err != nil || n < 1 || first+n > 25400 {
+		return fmt.Errorf("listener count %q from %d is not within 1-25400", arg, first)
 	}
 	out := bufio.NewWriter(os.Stdout)
-	for i := range n {
+	for i := first; i < first+n; i++ {
 		ip := netip.AddrFrom4([4]byte{127, 0, 0, byte(1 + i/100)})
 		ln, err := net.Listen("tcp4", netip.AddrPortFrom(ip, 0).String())
 		if err != nil {
@@ -109,14 +121,46 @@ func startListeners(b *testing.B, n int, http bool) []netip.AddrPort {
 }
 
 // startListenersProc is startListeners, which also returns a function
-// that reads the CPU time the child process has used.
+// that reads the CPU time the listener processes have used. http
+// listeners, which may hold a kept-alive connection each as well, come
+// from a process per listenersPerProc.
 func startListenersProc(b *testing.B, n int, http bool) ([]netip.AddrPort, func() time.Duration) {
+	b.Helper()
+	per := n
+	if http {
+		per = listenersPerProc
+	}
+	var addrs []netip.AddrPort
+	var pids []int
+	for first := 0; first < n; first += per {
+		a, pid := startListenerProc(b, first, min(per, n-first), http)
+		addrs = append(addrs, a...)
+		pids = append(pids, pid)
+	}
+	return addrs, func() time.Duration {
+		var t time.Duration
+		for _, pid := range pids {
+			t += procCPU(b, pid)
+		}
+		return t
+	}
+}
+
+// listenersPerProc is how many http listeners one process serves: with a
+// connection each, twice their number of descriptors stays under a
+// limit of 20,000.
+const listenersPerProc = 5000
+
+// startListenerProc runs serveListeners in a child process for n
+// listeners from the first, and returns their addresses and its pid.
+func startListenerProc(b *testing.B, first, n int, http bool) ([]netip.AddrPort, int) {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	arg := strconv.Itoa(n)
 	if http {
 		arg += "/http"
 	}
+	arg += "@" + strconv.Itoa(first)
 	cmd.Env = append(os.Environ(), listenersEnv+"="+arg)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -153,8 +197,7 @@ func startListenersProc(b *testing.B, n int, http bool) ([]netip.AddrPort, func(
 	if len(addrs) < n {
 		b.Fatalf("listener process opened %d of %d listeners: %v", len(addrs), n, sc.Err())
 	}
-	pid := cmd.Process.Pid
-	return addrs, func() time.Duration { return procCPU(b, pid) }
+	return addrs, cmd.Process.Pid
 }
 
 // procCPU returns the CPU time process pid has used, user and system, at
@@ -238,6 +281,19 @@ func BenchmarkManagerHalfOpen(b *testing.B) {
 	benchManager(b, Spec{Kind: KindTCP, TCP: TCPOptions{HalfOpen: true}, Interval: time.Second, Timeout: time.Second})
 }
 
+// BenchmarkManagerHTTP is BenchmarkManagerTCP with plain http checks
+// (status only), against listeners that answer HTTP; each probe opens a
+// connection.
+func BenchmarkManagerHTTP(b *testing.B) {
+	benchManager(b, Spec{Kind: KindHTTP, Interval: time.Second, Timeout: time.Second})
+}
+
+// BenchmarkManagerHTTPKeepAlive is BenchmarkManagerHTTP with keep-alive:
+// each check keeps one connection to its listener.
+func BenchmarkManagerHTTPKeepAlive(b *testing.B) {
+	benchManager(b, Spec{Kind: KindHTTP, HTTP: HTTPOptions{KeepAlive: true}, Interval: time.Second, Timeout: time.Second})
+}
+
 // benchManager runs BenchmarkManagerTCP's measure with checks of spec.
 func benchManager(b *testing.B, spec Spec) {
 	const checks = 10000
@@ -248,7 +304,7 @@ func benchManager(b *testing.B, spec Spec) {
 			b.Fatalf("VIPD_HEALTH_BENCH_SECONDS=%q is not within 1-600", s)
 		}
 	}
-	addrs := startListeners(b, checks, false)
+	addrs := startListeners(b, checks, spec.Kind == KindHTTP)
 
 	targets := make([]Target, len(addrs))
 	for i, a := range addrs {
@@ -276,9 +332,16 @@ func benchManager(b *testing.B, spec Spec) {
 
 	heap := liveHeap() - heapBefore
 	down := 0
+	var failed []error
 	for _, tg := range targets {
-		if st, _ := m.Status(tg.Service, tg.Backend); st.State != Up {
+		st, _ := m.Status(tg.Service, tg.Backend)
+		if st.State != Up {
 			down++
+		}
+		for _, cs := range st.Checks {
+			if cs.LastError != nil && len(failed) < 3 {
+				failed = append(failed, cs.LastError)
+			}
 		}
 	}
 	probes := s1.Probes - s0.Probes
@@ -290,7 +353,7 @@ func benchManager(b *testing.B, spec Spec) {
 	b.ReportMetric(float64(s1.Failures-s0.Failures), "failures")
 	b.ReportMetric(float64(down), "down")
 	if down > 0 || s1.Failures > s0.Failures {
-		b.Errorf("%d backends down, %d probes failed", down, s1.Failures-s0.Failures)
+		b.Errorf("%d backends down, %d probes failed, as: %v", down, s1.Failures-s0.Failures, failed)
 	}
 }
 
