@@ -209,7 +209,7 @@ func (c *HTTPCheck) Probe(ctx context.Context) error {
 // probe makes one attempt of Probe. With keep-alive, an error of the
 // transport, before any response, or a 408 response leaves *reused as
 // the trace set it; an error judging another response clears it.
-func (c *HTTPCheck) probe(ctx context.Context, reused *bool) error {
+func (c *HTTPCheck) probe(ctx context.Context, reused *bool) (err error) {
 	req, err := c.newRequest(ctx)
 	if err != nil {
 		return err
@@ -224,9 +224,11 @@ func (c *HTTPCheck) probe(ctx context.Context, reused *bool) error {
 		*reused = false
 	}
 	defer func() {
-		if c.opts.KeepAlive {
+		if c.opts.KeepAlive && err == nil && !resp.Close {
 			// The transport reuses a connection whose body was read
-			// to its end; a long one is not worth it.
+			// to its end; a long one is not worth it. A failed probe
+			// closes its connection, and a body the connection's end
+			// frames (resp.Close) ends with it.
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
 		}
 		resp.Body.Close()

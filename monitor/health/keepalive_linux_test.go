@@ -304,22 +304,19 @@ func TestKeepAliveNotKept(t *testing.T) {
 		{"bytes after the response", okReply + "HTTP/1.1 200 OK\r\n\r\n", kaKeep},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newKAServer(t, func(int) (string, kaAction) { return tt.reply, tt.action })
-			p := testPoller(t)
-			c, err := NewHTTPCheck(s.addr, false, HTTPOptions{KeepAlive: true}, DialOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.closeIdle()
-			for i := range probes {
-				if err := pollProbe(t, p, c, 5*time.Second); err != nil {
-					t.Fatalf("probe %d: %v", i, err)
+			for _, way := range []string{"poller", "net/http"} {
+				s := newKAServer(t, func(int) (string, kaAction) { return tt.reply, tt.action })
+				probe := kaWays(t, s.addr, HTTPOptions{})[way]
+				for i := range probes {
+					if err := probe(5 * time.Second); err != nil {
+						t.Fatalf("%s: probe %d: %v", way, i, err)
+					}
 				}
+				if n := s.accepted.Load(); n != probes {
+					t.Errorf("%s: %d probes took %d connections, want one each", way, probes, n)
+				}
+				waitFor(t, way+": the server to see every connection closed", func() bool { return s.live() == 0 })
 			}
-			if n := s.accepted.Load(); n != probes {
-				t.Errorf("%d probes took %d connections, want one each", probes, n)
-			}
-			waitFor(t, "the server to see every connection closed", func() bool { return s.live() == 0 })
 		})
 	}
 }
