@@ -102,6 +102,7 @@ type keptConn struct {
 	retryDone func(error)
 }
 
+// init readies k, the kept connection of c: none yet.
 func (k *keptConn) init(c *HTTPCheck) {
 	k.fd = -1
 	k.retryDone = c.retried

@@ -30,6 +30,7 @@ type socketAddr = struct{}
 // Linux has.
 type keptConn struct{}
 
+// init does nothing: there is no poller.
 func (*keptConn) init(*HTTPCheck) {}
 
 // closeKept does nothing: there is no poller.
