@@ -34,7 +34,7 @@ var annotationCheckKeys = map[string]bool{
 	"type": true, "port": true, "half_open": true,
 	"interval": true, "timeout": true, "rise": true, "fall": true, "initial": true, "jitter": true,
 	"method": true, "path": true, "host": true, "headers": true, "sni": true, "insecure": true,
-	"status": true, "body": true, "body_regexp": true,
+	"status": true, "body": true, "body_regexp": true, "keep_alive": true,
 	"payload": true, "expect": true,
 	"name": true, "record": true, "tcp": true, "expect_answer": true, "no_recursion": true,
 }

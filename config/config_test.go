@@ -580,8 +580,52 @@ var healthErrorTests = func() []struct{ name, in, want string } {
 		{"half_open with device", svc + "[service.check]\ntype = \"tcp\"\ndevice = \"eth1\"\nhalf_open = true\n", `t.toml:8: service "s": check: device cannot be used with half_open`},
 		{"backend half_open with mark", "[[service]]\nname = \"s\"\nvip = \"192.0.2.10\"\nport = 80\nbackend = [{ address = \"10.0.0.1\", check = { type = \"tcp\", half_open = true, mark = 1 } }]\n",
 			`t.toml:5: service "s": backend "10.0.0.1:80": check: mark cannot be used with half_open`},
+		{"keep_alive of tcp", svc + "[service.check]\ntype = \"tcp\"\ninterval = \"1s\"\nkeep_alive = true\n", `t.toml:9: service "s": check: keep_alive applies to http and https checks only, not tcp`},
+		{"keep_alive of exec", svc + "[service.check]\ntype = \"exec\"\nkeep_alive = true\ncommand = \"/bin/true\"\n", `t.toml:8: service "s": check: keep_alive applies to http and https checks only, not exec`},
+		{"backend keep_alive of dns", "[[service]]\nname = \"s\"\nvip = \"192.0.2.10\"\nport = 53\nprotocol = \"udp\"\nbackend = [\n{ address = \"10.0.0.1\" },\n{ address = \"10.0.0.2\", check = { type = \"dns\", name = \"x.example\", keep_alive = true } }]\n",
+			`t.toml:8: service "s": backend "10.0.0.2:53": check: keep_alive applies to http and https checks only, not dns`},
+		{"keep_alive false of udp", svc + "[service.check]\ntype = \"udp\"\nkeep_alive = false\nhost = \"x\"\n", `t.toml:6: service "s": check: http options do not apply to udp checks`},
 	}
 }()
+
+// TestKeepAliveConfig: keep_alive in a service's and a backend's http or
+// https check table sets HTTPOptions.KeepAlive, and an annotation may set
+// it; on other kinds it is refused (healthErrorTests), in annotations
+// too.
+func TestKeepAliveConfig(t *testing.T) {
+	cfg, err := Parse("k.toml", []byte(`[[service]]
+name = "s"
+vip = "192.0.2.10"
+port = 443
+backend = [{ address = "10.0.0.1" }, { address = "10.0.0.2", check = { type = "http", keep_alive = true, path = "/h" } }, { address = "10.0.0.3", check = { type = "http" } }]
+[service.check]
+type = "https"
+insecure = true
+keep_alive = true
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := cfg.Health["s"]
+	for addr, want := range map[string]struct {
+		kind check.Kind
+		keep bool
+	}{"10.0.0.1:443": {check.KindHTTPS, true}, "10.0.0.2:443": {check.KindHTTP, true}, "10.0.0.3:443": {check.KindHTTP, false}} {
+		s := h.Checks[netip.MustParseAddrPort(addr)]
+		if s.Kind != want.kind || s.HTTP.KeepAlive != want.keep {
+			t.Errorf("%s: %s check, keep_alive %v; want %s, %v", addr, s.Kind, s.HTTP.KeepAlive, want.kind, want.keep)
+		}
+	}
+	s, err := ParseCheck(`{ type = "http", keep_alive = true }`)
+	if err != nil || !s.HTTP.KeepAlive {
+		t.Errorf("annotation: %+v, %v", s, err)
+	}
+	for _, text := range []string{`{ type = "tcp", keep_alive = true }`, `{ type = "udp", keep_alive = true }`} {
+		if _, err := ParseCheck(text); err == nil || !strings.Contains(err.Error(), "keep_alive applies to http and https checks only") {
+			t.Errorf("annotation %s: %v, want keep_alive refused", text, err)
+		}
+	}
+}
 
 func TestHealthErrors(t *testing.T) {
 	for _, tt := range healthErrorTests {

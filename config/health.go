@@ -81,6 +81,7 @@ type rawCheck struct {
 	Insecure   bool              `toml:"insecure"`
 	CAFile     string            `toml:"ca_file"`
 	Headers    map[string]string `toml:"headers"`
+	KeepAlive  bool              `toml:"keep_alive"`
 
 	Payload string `toml:"payload"`
 	Expect  string `toml:"expect"`
@@ -177,7 +178,10 @@ func (v *validator) check(path, ctx string, r *rawCheck) (*check.Spec, bool) {
 		s.TCP.HalfOpen = true
 	}
 	s.HTTP = check.HTTPOptions{Method: r.Method, Path: r.Path, Host: r.Host, SNI: r.SNI, Header: r.Headers,
-		Body: r.Body, BodyRegexp: r.BodyRegexp, InsecureSkipVerify: r.Insecure, CAFile: r.CAFile}
+		Body: r.Body, BodyRegexp: r.BodyRegexp, InsecureSkipVerify: r.Insecure, CAFile: r.CAFile, KeepAlive: r.KeepAlive}
+	if r.KeepAlive && k != check.KindHTTP && k != check.KindHTTPS {
+		v.errorf(path+".keep_alive", ctx, "keep_alive applies to http and https checks only, not %s", k)
+	}
 	if r.Status != "" {
 		st, err := check.ParseStatusRanges(r.Status)
 		if err != nil {

@@ -44,6 +44,19 @@ type HTTPOptions struct {
 	// Host with the same scheme); a redirect elsewhere is judged as the
 	// response. Without it every redirect is judged as the response.
 	FollowRedirects bool
+	// KeepAlive keeps the connection of a probe whose response passed
+	// and ended cleanly (framed by Content-Length or chunked, without
+	// Connection: close) for the next probe, at most one per check,
+	// rather than opening one per probe. A probe that finds its kept
+	// connection dead (reset, closed before any byte of the response,
+	// a failed write) tries once more on a new connection within its
+	// timeout; a probe that fails or times out closes its connection.
+	// The trade-off: a kept connection no longer tests the backend's
+	// accept path (a full listen queue or a wedged acceptor still
+	// answers on an old connection), pins one worker of a prefork
+	// server, and holds a descriptor on both ends; it saves the
+	// handshake, the reset and the backend's accept of each probe.
+	KeepAlive bool
 }
 
 // WithDefaults returns o with its zero fields set to their defaults.

@@ -37,16 +37,29 @@ func TestMain(m *testing.M) {
 // 127.0.0.2 and so on, prints their addresses, and accepts and closes
 // connections on them until its standard input closes; with arg "n/http"
 // it answers an HTTP request on each connection first, with 200 and a
-// short body. It runs in its own process so that the benchmark measures
-// the checker's CPU alone.
+// short body, and then, if the request asked for keep-alive, the next
+// requests on the connection until the checker closes it. With arg
+// "n@first" (or "n/http@first") its listeners are those from the first
+// on, as numbered on the addresses: a process of its own serves each
+// part of a set of listeners too large for one's descriptors. It runs in
+// its own process so that the benchmark measures the checker's CPU
+// alone.
 func serveListeners(arg string) error {
+	arg, at, _ := strings.Cut(arg, "@")
+	first := 0
+	if at != "" {
+		var err error
+		if first, err = strconv.Atoi(at); err != nil || first < 0 {
+			return fmt.Errorf("first listener %q is not a number", at)
+		}
+	}
 	arg, http := strings.CutSuffix(arg, "/http")
 	n, err := strconv.Atoi(arg)
-	if err != nil || n < 1 || n > 25400 {
-		return fmt.Errorf("listener count %q is not within 1-25400", arg)
+	if err != nil || n < 1 || first+n > 25400 {
+		return fmt.Errorf("listener count %q from %d is not within 1-25400", arg, first)
 	}
 	out := bufio.NewWriter(os.Stdout)
-	for i := range n {
+	for i := first; i < first+n; i++ {
 		ip := netip.AddrFrom4([4]byte{127, 0, 0, byte(1 + i/100)})
 		ln, err := net.Listen("tcp4", netip.AddrPortFrom(ip, 0).String())
 		if err != nil {
@@ -66,14 +79,26 @@ func serveListeners(arg string) error {
 					defer c.Close()
 					var req []byte
 					buf := make([]byte, 1024)
-					for !strings.Contains(string(req), "\r\n\r\n") {
-						n, err := c.Read(buf)
-						if err != nil {
+					for {
+						end := strings.Index(string(req), "\r\n\r\n")
+						if end < 0 {
+							n, err := c.Read(buf)
+							if err != nil {
+								return
+							}
+							req = append(req, buf[:n]...)
+							continue
+						}
+						head := strings.ToLower(string(req[:end]))
+						req = req[end+4:]
+						if !strings.Contains(head, "\r\nconnection: keep-alive") {
+							_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"))
 							return
 						}
-						req = append(req, buf[:n]...)
+						if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")); err != nil {
+							return
+						}
 					}
-					_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"))
 				}()
 			}
 		}()
@@ -91,11 +116,51 @@ func serveListeners(arg string) error {
 // addresses it listens on.
 func startListeners(b *testing.B, n int, http bool) []netip.AddrPort {
 	b.Helper()
+	addrs, _ := startListenersProc(b, n, http)
+	return addrs
+}
+
+// startListenersProc is startListeners, which also returns a function
+// that reads the CPU time the listener processes have used. http
+// listeners, which may hold a kept-alive connection each as well, come
+// from a process per listenersPerProc.
+func startListenersProc(b *testing.B, n int, http bool) ([]netip.AddrPort, func() time.Duration) {
+	b.Helper()
+	per := n
+	if http {
+		per = listenersPerProc
+	}
+	var addrs []netip.AddrPort
+	var pids []int
+	for first := 0; first < n; first += per {
+		a, pid := startListenerProc(b, first, min(per, n-first), http)
+		addrs = append(addrs, a...)
+		pids = append(pids, pid)
+	}
+	return addrs, func() time.Duration {
+		var t time.Duration
+		for _, pid := range pids {
+			t += procCPU(b, pid)
+		}
+		return t
+	}
+}
+
+// listenersPerProc is how many http listeners one process serves: with a
+// connection each, twice their number of descriptors stays under a
+// limit of 20,000.
+const listenersPerProc = 5000
+
+// startListenerProc runs serveListeners in a child process for n
+// listeners from the first, and returns their addresses and its pid.
+func startListenerProc(b *testing.B, first, n int, http bool) ([]netip.AddrPort, int) {
+	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	arg := strconv.Itoa(n)
 	if http {
 		arg += "/http"
 	}
+	arg += "@" + strconv.Itoa(first)
 	cmd.Env = append(os.Environ(), listenersEnv+"="+arg)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -132,7 +197,31 @@ func startListeners(b *testing.B, n int, http bool) []netip.AddrPort {
 	if len(addrs) < n {
 		b.Fatalf("listener process opened %d of %d listeners: %v", len(addrs), n, sc.Err())
 	}
-	return addrs
+	return addrs, cmd.Process.Pid
+}
+
+// procCPU returns the CPU time process pid has used, user and system, at
+// the clock tick's resolution (assumed 100 Hz, Linux's USER_HZ).
+func procCPU(b *testing.B, pid int) time.Duration {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The fields after the command's name, which ends at the last ")":
+	// utime and stime are the 12th and 13th.
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if len(f) < 13 {
+		b.Fatalf("short /proc/%d/stat", pid)
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/%d/stat: %v", pid, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
 // cpuTime returns the CPU time this process has used, in all and in the
@@ -192,6 +281,19 @@ func BenchmarkManagerHalfOpen(b *testing.B) {
 	benchManager(b, Spec{Kind: KindTCP, TCP: TCPOptions{HalfOpen: true}, Interval: time.Second, Timeout: time.Second})
 }
 
+// BenchmarkManagerHTTP is BenchmarkManagerTCP with plain http checks
+// (status only), against listeners that answer HTTP; each probe opens a
+// connection.
+func BenchmarkManagerHTTP(b *testing.B) {
+	benchManager(b, Spec{Kind: KindHTTP, Interval: time.Second, Timeout: time.Second})
+}
+
+// BenchmarkManagerHTTPKeepAlive is BenchmarkManagerHTTP with keep-alive:
+// each check keeps one connection to its listener.
+func BenchmarkManagerHTTPKeepAlive(b *testing.B) {
+	benchManager(b, Spec{Kind: KindHTTP, HTTP: HTTPOptions{KeepAlive: true}, Interval: time.Second, Timeout: time.Second})
+}
+
 // benchManager runs BenchmarkManagerTCP's measure with checks of spec.
 func benchManager(b *testing.B, spec Spec) {
 	const checks = 10000
@@ -202,7 +304,7 @@ func benchManager(b *testing.B, spec Spec) {
 			b.Fatalf("VIPD_HEALTH_BENCH_SECONDS=%q is not within 1-600", s)
 		}
 	}
-	addrs := startListeners(b, checks, false)
+	addrs := startListeners(b, checks, spec.Kind == KindHTTP)
 
 	targets := make([]Target, len(addrs))
 	for i, a := range addrs {
@@ -230,9 +332,16 @@ func benchManager(b *testing.B, spec Spec) {
 
 	heap := liveHeap() - heapBefore
 	down := 0
+	var failed []error
 	for _, tg := range targets {
-		if st, _ := m.Status(tg.Service, tg.Backend); st.State != Up {
+		st, _ := m.Status(tg.Service, tg.Backend)
+		if st.State != Up {
 			down++
+		}
+		for _, cs := range st.Checks {
+			if cs.LastError != nil && len(failed) < 3 {
+				failed = append(failed, cs.LastError)
+			}
 		}
 	}
 	probes := s1.Probes - s0.Probes
@@ -244,7 +353,7 @@ func benchManager(b *testing.B, spec Spec) {
 	b.ReportMetric(float64(s1.Failures-s0.Failures), "failures")
 	b.ReportMetric(float64(down), "down")
 	if down > 0 || s1.Failures > s0.Failures {
-		b.Errorf("%d backends down, %d probes failed", down, s1.Failures-s0.Failures)
+		b.Errorf("%d backends down, %d probes failed, as: %v", down, s1.Failures-s0.Failures, failed)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"regexp"
 	"strings"
@@ -14,6 +15,10 @@ import (
 
 // maxBody is how much of a response body a body match reads.
 const maxBody = 64 << 10
+
+// maxDrain bounds the rest of a body a probe with keep-alive reads to
+// reuse its connection through net/http.
+const maxDrain = 1 << 20
 
 // maxRedirects bounds the redirects an http check follows.
 const maxRedirects = 10
@@ -29,7 +34,8 @@ func statusOK(ranges []StatusRange, code int) bool {
 
 // HTTPCheck is up when an HTTP or HTTPS request to its address gets a
 // response whose status (and optionally body) passes. Every probe opens a
-// new connection; no proxy from the environment is used.
+// new connection, unless HTTPOptions.KeepAlive keeps one (at most one)
+// between probes; no proxy from the environment is used.
 //
 // On Linux the Manager runs the probes of a plain http check that follows
 // no redirects on a poller, without net/http (see pollRequest).
@@ -50,6 +56,22 @@ type HTTPCheck struct {
 	dial    DialOptions
 	sa      socketAddr
 	skip    int // see TCPCheck.skip
+	// With KeepAlive, the poller's kept connection (see keptConn).
+	keptConn
+}
+
+// idleCloser is a Prober that may hold a connection between probes (an
+// http check with keep-alive): closeIdle closes it. The Manager calls it
+// when it drops the check, and when Run returns.
+type idleCloser interface {
+	closeIdle()
+}
+
+// closeIdle closes the connection c keeps between probes, if any; a
+// later probe opens a new one.
+func (c *HTTPCheck) closeIdle() {
+	c.closeKept()
+	c.client.CloseIdleConnections()
 }
 
 // NewHTTPCheck returns a check of addr over HTTP, or HTTPS when useTLS is
@@ -71,6 +93,7 @@ func NewHTTPCheck(addr netip.AddrPort, useTLS bool, opts HTTPOptions, dial DialO
 		target:  addr,
 		dial:    dial,
 	}
+	c.keptConn.init(c)
 	if opts.BodyRegexp != "" {
 		c.bodyRe = regexp.MustCompile(opts.BodyRegexp)
 	}
@@ -84,9 +107,12 @@ func NewHTTPCheck(addr netip.AddrPort, useTLS bool, opts HTTPOptions, dial DialO
 	tr := &http.Transport{
 		Proxy:                  nil,
 		DialContext:            d.DialContext,
-		DisableKeepAlives:      true,
+		DisableKeepAlives:      !opts.KeepAlive,
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: 64 << 10,
+		// One idle connection: the one the next probe reuses.
+		MaxIdleConns:        1,
+		MaxIdleConnsPerHost: 1,
 	}
 	if useTLS {
 		cfg := &tls.Config{InsecureSkipVerify: opts.InsecureSkipVerify}
@@ -153,11 +179,37 @@ func (c *HTTPCheck) newRequest(ctx context.Context) (*http.Request, error) {
 	for name, value := range c.opts.Header {
 		req.Header.Set(name, value)
 	}
+	if c.opts.KeepAlive {
+		req.Header.Set("Connection", "keep-alive")
+	}
 	return req, nil
 }
 
-// Probe sends one request and judges the response.
+// Probe sends one request and judges the response. With keep-alive, a
+// request that fails on a kept connection is sent once more, on a new
+// one; a probe that fails closes its connection.
 func (c *HTTPCheck) Probe(ctx context.Context) error {
+	if !c.opts.KeepAlive {
+		return c.probe(ctx, nil)
+	}
+	var reused bool
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
+	err := c.probe(httptrace.WithClientTrace(ctx, trace), &reused)
+	if err != nil && reused && ctx.Err() == nil {
+		// The kept connection was dead: the transport dropped it, so
+		// this request dials.
+		err = c.probe(httptrace.WithClientTrace(ctx, trace), &reused)
+	}
+	if err != nil {
+		c.client.CloseIdleConnections()
+	}
+	return err
+}
+
+// probe makes one attempt of Probe. With keep-alive, an error of the
+// transport, before any response, or a 408 response leaves *reused as
+// the trace set it; an error judging another response clears it.
+func (c *HTTPCheck) probe(ctx context.Context, reused *bool) (err error) {
 	req, err := c.newRequest(ctx)
 	if err != nil {
 		return err
@@ -166,7 +218,21 @@ func (c *HTTPCheck) Probe(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	if reused != nil && (resp.StatusCode != http.StatusRequestTimeout || !*reused) {
+		// Judged: not retried. A 408 on a kept connection is the
+		// server's word that it closed the connection idle: retried.
+		*reused = false
+	}
+	defer func() {
+		if c.opts.KeepAlive && err == nil && !resp.Close {
+			// The transport reuses a connection whose body was read
+			// to its end; a long one is not worth it. A failed probe
+			// closes its connection, and a body the connection's end
+			// frames (resp.Close) ends with it.
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
+		}
+		resp.Body.Close()
+	}()
 	if !statusOK(c.opts.Status, resp.StatusCode) {
 		return fmt.Errorf("status %d not in %s", resp.StatusCode, c.ranges)
 	}

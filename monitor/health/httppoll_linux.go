@@ -26,6 +26,12 @@ import (
 // net/http's own parser decodes from the buffer. Then it closes the
 // connection with a reset without reading more. https checks, and checks
 // that follow redirects, run through net/http (Probe) on a worker.
+//
+// With keep-alive the request asks for it, and a probe whose response
+// passes reads the whole response (framed by Content-Length or chunked,
+// 1 MiB at most) and, unless the response says Connection: close or
+// more bytes follow it, keeps the connection for the next probe (see
+// keptConn), which writes its request there and reads one response.
 
 // Limits of a response read on the poller: its headers, those of the
 // informational responses before it included (net/http's
@@ -42,6 +48,9 @@ const (
 	httpConnecting = iota
 	httpWriting
 	httpReading
+	// httpDraining reads the rest of a response that passed, to keep
+	// its connection.
+	httpDraining
 )
 
 // readBuffers holds response buffers between probes.
@@ -61,6 +70,10 @@ func (c *HTTPCheck) pollRequest() []byte {
 	if err := req.Write(&b); err != nil {
 		return nil
 	}
+	if c.opts.KeepAlive {
+		// Connection: keep-alive is one of the request's headers.
+		return b.Bytes()
+	}
 	// The transport's DisableKeepAlives, which it adds after the
 	// request's headers.
 	head, ok := bytes.CutSuffix(b.Bytes(), []byte("\r\n\r\n"))
@@ -70,21 +83,133 @@ func (c *HTTPCheck) pollRequest() []byte {
 	return append(head, "\r\nConnection: close\r\n\r\n"...)
 }
 
+// keptConn is an http check's connection kept between probes on the
+// poller (HTTPOptions.KeepAlive): a probe takes it, and gives it back
+// through the poller (pollKeeper) when its response passed and ended
+// cleanly; closeIdle closes it. Its socket is watched by no poller while
+// kept, and only one probe of a check runs at a time.
+type keptConn struct {
+	mu sync.Mutex
+	fd int // -1: none
+	// retry is the probe running on a kept connection: what retried
+	// needs to start it again on a new one. retryDone is the check's
+	// retried, made once.
+	retry struct {
+		p        *poller
+		deadline time.Time
+		done     func(error)
+	}
+	retryDone func(error)
+}
+
+// init readies k, the kept connection of c: none yet.
+func (k *keptConn) init(c *HTTPCheck) {
+	k.fd = -1
+	k.retryDone = c.retried
+}
+
+// takeKept returns the kept connection, now the caller's, or -1.
+func (c *HTTPCheck) takeKept() int {
+	c.keptConn.mu.Lock()
+	fd := c.keptConn.fd
+	c.keptConn.fd = -1
+	c.keptConn.mu.Unlock()
+	return fd
+}
+
+// kept keeps fd, a connection whose probe passed, for the next probe.
+func (c *HTTPCheck) kept(fd int) {
+	c.keptConn.mu.Lock()
+	old := c.keptConn.fd
+	c.keptConn.fd = fd
+	c.keptConn.mu.Unlock()
+	if old >= 0 {
+		rawClose(old) // not reached: a probe takes the kept one
+	}
+}
+
+// closeKept closes the kept connection, if any.
+func (c *HTTPCheck) closeKept() {
+	if fd := c.takeKept(); fd >= 0 {
+		rawClose(fd)
+	}
+}
+
+var _ pollKeeper = (*HTTPCheck)(nil)
+
+// errStale ends a probe on a kept connection that turned out dead:
+// retried starts it again on a new connection.
+var errStale = errors.New("kept connection closed")
+
+// retried is the done function of a probe on a kept connection: it ends
+// the probe with err, or starts it again on a new connection if the kept
+// one was dead.
+func (c *HTTPCheck) retried(err error) {
+	r := c.keptConn.retry
+	c.keptConn.retry.p, c.keptConn.retry.done = nil, nil
+	if err == errStale {
+		c.startNew(r.p, r.deadline, r.done)
+		return
+	}
+	r.done(err)
+}
+
 // start begins a probe on p, if c can run there, and reports whether it
-// did. As a tcp check's start does, it asks at once whether the connect
-// has finished, if the last probe found it had; then it writes the
-// request at once too, and the poller waits for the response alone.
+// did: on the kept connection, if it has one that is still open, or
+// else on a new one.
 func (c *HTTPCheck) start(p *poller, deadline time.Time, done func(error)) bool {
 	if c.request == nil {
 		return false
 	}
+	if c.opts.KeepAlive {
+		if fd := c.takeKept(); fd >= 0 && c.reuse(p, fd, deadline, done) {
+			return true
+		}
+	}
+	c.startNew(p, deadline, done)
+	return true
+}
+
+// reuse begins a probe on fd, the kept connection, and reports whether
+// it did. It closes fd and reports false if the connection is found
+// dead before the request is written: the server closed it, or wrote
+// what no request asked for, or the write failed.
+func (c *HTTPCheck) reuse(p *poller, fd int, deadline time.Time, done func(error)) bool {
+	var b [1]byte
+	if _, err := rawPeek(fd, b[:]); err != unix.EAGAIN {
+		rawClose(fd)
+		return false
+	}
+	op := &pollOp{fd: fd, deadline: p.at(deadline), handler: c, done: c.keptConn.retryDone, state: httpWriting, reused: true}
+	if end, _ := c.write(op); end {
+		rawClose(fd)
+		return false
+	}
+	c.keptConn.retry.p, c.keptConn.retry.deadline, c.keptConn.retry.done = p, deadline, done
+	events := uint32(unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET)
+	if op.state != httpReading {
+		events |= unix.EPOLLOUT
+	}
+	if err := p.add(op, events); err != nil {
+		c.keptConn.retry.p, c.keptConn.retry.done = nil, nil
+		rawClose(fd)
+		done(c.urlError(err))
+	}
+	return true
+}
+
+// startNew begins a probe on a new connection. As a tcp check's start
+// does, it asks at once whether the connect has finished, if the last
+// probe found it had; then it writes the request at once too, and the
+// poller waits for the response alone.
+func (c *HTTPCheck) startNew(p *poller, deadline time.Time, done func(error)) {
 	if c.sa.len == 0 {
 		c.sa = rawAddrOf(c.target)
 	}
 	fd, err := dialConnect(c.dial, c.target, &c.sa)
 	if err != nil {
 		done(c.urlError(dialErr(c.dial, c.target, err)))
-		return true
+		return
 	}
 	op := &pollOp{fd: fd, deadline: p.at(deadline), handler: c, done: done}
 	if c.skip == 0 {
@@ -96,12 +221,12 @@ func (c *HTTPCheck) start(p *poller, deadline time.Time, done func(error)) bool 
 			if end, err := c.write(op); end {
 				rawClose(fd)
 				done(err)
-				return true
+				return
 			}
 		default:
 			rawClose(fd)
 			done(c.urlError(dialErr(c.dial, c.target, os.NewSyscallError("connect", err))))
-			return true
+			return
 		}
 	} else {
 		c.skip--
@@ -114,7 +239,6 @@ func (c *HTTPCheck) start(p *poller, deadline time.Time, done func(error)) bool 
 		unix.Close(fd)
 		done(c.urlError(err))
 	}
-	return true
 }
 
 var _ pollProber = (*HTTPCheck)(nil)
@@ -157,6 +281,9 @@ func (c *HTTPCheck) write(op *pollOp) (bool, error) {
 			return false, nil
 		}
 		if err != nil {
+			if op.reused {
+				return true, errStale
+			}
 			return true, c.urlError(os.NewSyscallError("write", err))
 		}
 		written += n
@@ -167,7 +294,7 @@ func (c *HTTPCheck) write(op *pollOp) (bool, error) {
 }
 
 // read reads what the socket holds and judges the response as soon as
-// it can.
+// it can; with keep-alive, a response that passed is read to its end.
 func (c *HTTPCheck) read(op *pollOp) (bool, error) {
 	if op.buf == nil {
 		op.buf = (*readBuffers.Get().(*[]byte))[:0]
@@ -195,10 +322,43 @@ func (c *HTTPCheck) read(op *pollOp) (bool, error) {
 		if len(op.buf) >= maxResponse {
 			break
 		}
+		if op.state == httpDraining {
+			if c.drained(op) {
+				return true, nil
+			}
+			continue
+		}
 		if end, err := c.judge(op.buf, false); end {
+			if err != nil && op.reused && is408(op.buf) {
+				// The server closed the kept connection idle, saying
+				// so as the request crossed it: retried tries a new
+				// one.
+				c.release(op)
+				return true, errStale
+			}
+			if err == nil && c.opts.KeepAlive {
+				op.state = httpDraining
+				if !c.drained(op) {
+					continue
+				}
+				return true, nil
+			}
 			c.release(op)
 			return true, err
 		}
+	}
+	if op.state == httpDraining {
+		// The response passed; its connection ended (or the response
+		// outgrew maxResponse) before it did, and is not kept.
+		c.release(op)
+		return true, nil
+	}
+	if op.reused && len(op.buf) == 0 {
+		// The kept connection was closed or reset before any of the
+		// response came: the server dropped it, as servers drop idle
+		// connections; retried tries a new one.
+		c.release(op)
+		return true, errStale
 	}
 	// The response has ended (or outgrown maxResponse).
 	_, err := c.judge(op.buf, true)
@@ -218,9 +378,25 @@ func (c *HTTPCheck) read(op *pollOp) (bool, error) {
 	return true, err
 }
 
+// drained reports whether op, a probe with keep-alive whose response
+// passed, has ended: its response is all in, or can never be. It marks
+// op to keep its connection if the connection can carry the next
+// request, and releases op's buffer, when it reports true.
+func (c *HTTPCheck) drained(op *pollOp) bool {
+	n := c.framed(op.buf)
+	if n == 0 {
+		return false
+	}
+	// A connection with more bytes than the response is in an unknown
+	// state.
+	op.keep = n == len(op.buf)
+	c.release(op)
+	return true
+}
+
 // release gives op's buffer back, unless it grew.
 func (c *HTTPCheck) release(op *pollOp) {
-	if op.state == httpReading && cap(op.buf) == readBufferSize {
+	if (op.state == httpReading || op.state == httpDraining) && cap(op.buf) == readBufferSize {
 		b := op.buf[:0]
 		readBuffers.Put(&b)
 	}
@@ -413,4 +589,137 @@ func parseHead(b []byte) (int, error) {
 		}
 	}
 	return code, nil
+}
+
+// framed returns the length of the response at the start of b, the
+// informational responses before it included, if b holds all of it and
+// its connection can carry another request; 0 if more must come; -1 if
+// the connection cannot be reused: the response says Connection: close
+// (or is HTTP/1.0 without keep-alive), switches protocols, is framed by
+// the connection's end, by a length net/http would refuse or by a
+// transfer coding other than chunked, or is larger than maxResponse. It
+// is called once judge has passed the response, so b holds its head.
+func (c *HTTPCheck) framed(b []byte) int {
+	for start := 0; ; {
+		end := headerEnd(b[start:])
+		if end < 0 {
+			return 0
+		}
+		head := b[start : start+end]
+		start += end
+		line, rest, _ := bytes.Cut(head, []byte("\n"))
+		_, status, _ := bytes.Cut(line, []byte(" "))
+		status = bytes.TrimLeft(status, " ")
+		code := 0
+		if len(status) >= 3 {
+			code, _ = strconv.Atoi(string(status[:3]))
+		}
+		if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+			continue
+		}
+		if code == http.StatusSwitchingProtocols {
+			return -1
+		}
+		length, chunked, keep := -1, false, !bytes.HasPrefix(line, []byte("HTTP/1.0"))
+		for len(rest) > 0 {
+			var h []byte
+			h, rest, _ = bytes.Cut(rest, []byte("\n"))
+			name, value, ok := bytes.Cut(bytes.TrimSuffix(h, []byte("\r")), []byte(":"))
+			if !ok {
+				continue
+			}
+			value = bytes.TrimSpace(value)
+			switch {
+			case bytes.EqualFold(name, []byte("Connection")):
+				for tok := range bytes.SplitSeq(value, []byte(",")) {
+					switch tok = bytes.TrimSpace(tok); {
+					case bytes.EqualFold(tok, []byte("close")):
+						return -1
+					case bytes.EqualFold(tok, []byte("keep-alive")):
+						keep = true
+					}
+				}
+			case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+				if chunked || !bytes.EqualFold(value, []byte("chunked")) {
+					return -1
+				}
+				chunked = true
+			case bytes.EqualFold(name, []byte("Content-Length")):
+				n, err := strconv.Atoi(string(value))
+				if length >= 0 || err != nil || n < 0 || value[0] == '+' {
+					return -1
+				}
+				length = n
+			}
+		}
+		switch {
+		case !keep || chunked && length >= 0:
+			return -1
+		case c.opts.Method == http.MethodHead || code == http.StatusNoContent || code == http.StatusNotModified:
+			return start
+		case chunked:
+			n := chunkedLen(b[start:])
+			if n <= 0 {
+				return n
+			}
+			return start + n
+		case length < 0 || start+length > maxResponse:
+			return -1
+		case len(b) < start+length:
+			return 0
+		}
+		return start + length
+	}
+}
+
+// is408 reports whether b starts with the status line of a 408 Request
+// Timeout response, which a server may send as it closes a kept-alive
+// connection that was idle too long.
+func is408(b []byte) bool {
+	return len(b) >= 12 && bytes.HasPrefix(b, []byte("HTTP/1.")) && string(b[8:12]) == " 408"
+}
+
+// chunkedLen returns the length of the chunked body at the start of b,
+// trailers included: 0 if b does not hold all of it, -1 if it is
+// malformed or longer than maxResponse.
+func chunkedLen(b []byte) int {
+	i := 0
+	for {
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return 0
+		}
+		size, _, _ := bytes.Cut(bytes.TrimSuffix(b[i:i+j], []byte("\r")), []byte(";"))
+		size = bytes.TrimSpace(size)
+		n, err := strconv.ParseUint(string(size), 16, 32)
+		if err != nil || len(size) == 0 || n > maxResponse {
+			return -1
+		}
+		i += j + 1
+		if n == 0 {
+			// Trailers, up to an empty line.
+			for {
+				j := bytes.IndexByte(b[i:], '\n')
+				if j < 0 {
+					return 0
+				}
+				line := b[i : i+j]
+				i += j + 1
+				if len(line) == 0 || len(line) == 1 && line[0] == '\r' {
+					return i
+				}
+			}
+		}
+		i += int(n)
+		if i > maxResponse {
+			return -1
+		}
+		if len(b) < i+2 {
+			return 0
+		}
+		if b[i] != '\r' || b[i+1] != '\n' {
+			return -1
+		}
+		i += 2
+	}
 }

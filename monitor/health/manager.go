@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -112,6 +113,10 @@ type Options struct {
 // hands the other checks to a pool of workers, which grows with demand
 // and shrinks when idle: a waiting check costs a heap entry and no
 // goroutine. At most MaxInFlight probes of either kind run at once.
+//
+// An http check with keep-alive holds one connection between its
+// probes; the Manager closes it when an Update drops the check, and
+// when Run returns.
 type Manager struct {
 	opts  Options
 	log   *slog.Logger
@@ -363,9 +368,11 @@ func (m *Manager) Update(targets []Target) error {
 	for c := range taken {
 		m.forget(c)
 	}
+	var dropped []*check
 	for key, c := range m.checks {
 		if _, ok := want[key]; !ok {
 			m.stop(c)
+			dropped = append(dropped, c)
 			if !taken[c] {
 				m.retain(c, now)
 			}
@@ -410,6 +417,9 @@ func (m *Manager) Update(targets []Target) error {
 	}
 	m.backends, m.byService = backends, byService
 	m.mu.Unlock()
+	for _, c := range dropped {
+		closeIdle(c)
+	}
 	m.poke()
 	return errors.Join(errs...)
 }
@@ -420,6 +430,16 @@ func (m *Manager) stop(c *check) {
 	c.stopped = true
 	if c.index >= 0 {
 		heap.Remove(&m.queue, c.index)
+	}
+}
+
+// closeIdle closes the connection c's prober keeps between probes, if
+// it keeps one: when c is stopped (a probe in flight when it stopped
+// gives its connection back after, so its end closes it again), and
+// when Run returns.
+func closeIdle(c *check) {
+	if ic, ok := c.prober.(idleCloser); ok {
+		ic.closeIdle()
 	}
 }
 
@@ -674,7 +694,13 @@ func (m *Manager) Run(ctx context.Context) error {
 		wg.Wait()
 		m.mu.Lock()
 		m.running = false
+		checks := slices.Collect(maps.Values(m.checks))
 		m.mu.Unlock()
+		// No probe runs: the connections kept for the next are closed
+		// (a Run after this one opens new ones).
+		for _, c := range checks {
+			closeIdle(c)
+		}
 	}()
 	wg.Go(func() { m.dispatch(ctx) })
 
@@ -856,13 +882,19 @@ func (m *Manager) popDue() ([]*check, time.Time, time.Time) {
 
 // requeue puts checks taken off the queue but not probed back on it.
 func (m *Manager) requeue(cs []*check) {
+	var stopped []*check
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	for _, c := range cs {
 		m.stats.InFlight--
 		if !c.stopped {
 			heap.Push(&m.queue, c)
+		} else {
+			stopped = append(stopped, c)
 		}
+	}
+	m.mu.Unlock()
+	for _, c := range stopped {
+		closeIdle(c)
 	}
 }
 
@@ -893,6 +925,7 @@ func (m *Manager) record(c *check, err error, late time.Duration) {
 	m.stats.InFlight--
 	if c.stopped {
 		m.mu.Unlock()
+		closeIdle(c)
 		return
 	}
 	m.stats.Probes++

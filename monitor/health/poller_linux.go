@@ -33,7 +33,9 @@ import (
 // The sockets the poller watches are closed only by its goroutine, after
 // it has handled every event of the epoll_wait that reported them, so a
 // descriptor number reused by a new probe cannot receive a stale event
-// of an old one.
+// of an old one. A socket its handler keeps (pollKeeper) leaves the
+// epoll instance before its probe's done function runs, and is watched
+// again only as a new probe's.
 type poller struct {
 	epfd int
 	// file is epfd in the runtime's network poller, whose read
@@ -78,6 +80,12 @@ type pollOp struct {
 	state int
 	// buf is the handler's.
 	buf []byte
+	// keep, which the handler sets when it ends the probe, asks the
+	// poller to hand the socket back (pollKeeper) rather than close it.
+	keep bool
+	// reused is the handler's: the socket is a connection kept from
+	// an earlier probe.
+	reused bool
 	// A probe without a socket of its own (fd -1, a half-open check's,
 	// whose replies come to a shared raw socket) is on the poller for
 	// its deadline alone: owner is its poller, which another goroutine
@@ -93,6 +101,16 @@ type pollOp struct {
 // closing a socket.
 type pollReleaser interface {
 	release(op *pollOp)
+}
+
+// pollKeeper is the handler of probes whose socket may outlive them (an
+// http check's kept-alive connection): when such a probe ends with
+// op.keep set, the poller stops watching the socket and calls kept, on
+// its goroutine and before the op's done function, in place of closing
+// it; the socket is the handler's from then on. A poller that is
+// closing, or cannot stop watching the socket, closes it.
+type pollKeeper interface {
+	kept(fd int)
 }
 
 // errPollerClosed ends the probes in flight when a poller closes.
@@ -304,7 +322,7 @@ func (p *poller) loop() {
 		p.mu.Unlock()
 		for _, d := range done {
 			if d.op.fd >= 0 {
-				rawClose(d.op.fd)
+				p.closeOrKeep(d.op, closing)
 			} else {
 				d.op.handler.(pollReleaser).release(d.op)
 			}
@@ -314,6 +332,18 @@ func (p *poller) loop() {
 			return
 		}
 	}
+}
+
+// closeOrKeep closes the socket of op, which has ended, or hands it to
+// op's handler if it asked to keep it.
+func (p *poller) closeOrKeep(op *pollOp, closing bool) {
+	if op.keep && !closing {
+		if k, ok := op.handler.(pollKeeper); ok && unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, op.fd, nil) == nil {
+			k.kept(op.fd)
+			return
+		}
+	}
+	rawClose(op.fd)
 }
 
 // remove takes op off the poller's table and heap. Called with mu held.

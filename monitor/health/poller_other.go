@@ -28,3 +28,13 @@ func (c *HTTPCheck) pollRequest() []byte { return nil }
 
 // socketAddr is a socket address for the poller, which only Linux has.
 type socketAddr = struct{}
+
+// keptConn is the poller's kept connection of an http check, which only
+// Linux has.
+type keptConn struct{}
+
+// init does nothing: there is no poller.
+func (*keptConn) init(*HTTPCheck) {}
+
+// closeKept does nothing: there is no poller.
+func (c *HTTPCheck) closeKept() {}

@@ -98,3 +98,12 @@ func rawRead(fd int, b []byte) (int, error) {
 	}
 	return int(n), nil
 }
+
+// rawPeek reads from fd into b without taking the bytes off the socket.
+func rawPeek(fd int, b []byte) (int, error) {
+	n, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)), unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}

@@ -166,7 +166,7 @@ func TestCheckKeyParts(t *testing.T) {
 		"Dial.Mark": "target", "Dial.Device": "target", "Dial.Source": "target",
 		"Interval": "timing", "Timeout": "timing", "Rise": "timing", "Fall": "timing", "Initial": "timing", "Jitter": "timing",
 	}
-	for _, f := range []string{"Method", "Path", "Host", "SNI", "Header", "Status", "Body", "BodyRegexp", "InsecureSkipVerify", "CAFile", "CA", "FollowRedirects"} {
+	for _, f := range []string{"Method", "Path", "Host", "SNI", "Header", "Status", "Body", "BodyRegexp", "InsecureSkipVerify", "CAFile", "CA", "FollowRedirects", "KeepAlive"} {
 		part["HTTP."+f] = "question"
 	}
 	for _, f := range []string{"TCP.HalfOpen", "UDP.Payload", "UDP.Expect", "DNS.Name", "DNS.Type", "DNS.TCP", "DNS.ExpectAnswer", "DNS.NoRecursion", "Exec.Command", "Exec.Args", "Exec.Env", "Exec.User"} {
