@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"net/http"
 	"net/url"
 	"os"
@@ -505,13 +506,7 @@ func (c *HTTPCheck) matchBody(body []byte) error {
 func contentLength(head []byte) (int, bool) {
 	n, found := 0, false
 	_, rest, _ := bytes.Cut(head, []byte("\n"))
-	for len(rest) > 0 {
-		var h []byte
-		h, rest, _ = bytes.Cut(rest, []byte("\n"))
-		name, value, ok := bytes.Cut(bytes.TrimSuffix(h, []byte("\r")), []byte(":"))
-		if !ok {
-			continue
-		}
+	for name, value := range headerFields(rest) {
 		switch {
 		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
 			return 0, false
@@ -530,6 +525,22 @@ func contentLength(head []byte) (int, bool) {
 		}
 	}
 	return n, found
+}
+
+// headerFields yields the name and value of each header line of
+// headers (a response's head after its status line), as they are: a
+// line without a colon is skipped.
+func headerFields(headers []byte) iter.Seq2[[]byte, []byte] {
+	return func(yield func(name, value []byte) bool) {
+		for rest := headers; len(rest) > 0; {
+			var h []byte
+			h, rest, _ = bytes.Cut(rest, []byte("\n"))
+			name, value, ok := bytes.Cut(bytes.TrimSuffix(h, []byte("\r")), []byte(":"))
+			if ok && !yield(name, value) {
+				return
+			}
+		}
+	}
 }
 
 // headerEnd returns the length of the status line and headers at the
@@ -621,13 +632,7 @@ func (c *HTTPCheck) framed(b []byte) int {
 			return -1
 		}
 		length, chunked, keep := -1, false, !bytes.HasPrefix(line, []byte("HTTP/1.0"))
-		for len(rest) > 0 {
-			var h []byte
-			h, rest, _ = bytes.Cut(rest, []byte("\n"))
-			name, value, ok := bytes.Cut(bytes.TrimSuffix(h, []byte("\r")), []byte(":"))
-			if !ok {
-				continue
-			}
+		for name, value := range headerFields(rest) {
 			value = bytes.TrimSpace(value)
 			switch {
 			case bytes.EqualFold(name, []byte("Connection")):
