@@ -93,12 +93,7 @@ type mmsghdr struct {
 // recvBatch is how many replies one recvmmsg reads at most.
 const recvBatch = 64
 
-// replyPause is how long the receiver waits, after reading replies while
-// probes are still awaiting theirs, before it reads again: the replies of
-// a round of probes (which the Manager starts together, within its 10 ms
-// slack) are read in one wake-up and one system call rather than one of
-// each per reply. A reply's verdict is at most this much later.
-const replyPause = 10 * time.Millisecond
+
 
 // halfOpen holds the process's raw sockets and reserved ports, opened by
 // the first half-open check of each family and kept open.
@@ -235,9 +230,9 @@ func newSynSocket(family int, ports []uint16) (*synSocket, error) {
 	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, prog); err != nil {
 		return fail("setsockopt", err)
 	}
-	// Bursts of probes, and the replies that wait up to replyPause to be
-	// read, fit: beyond net.core.rmem_max and wmem_max where vipd may
-	// (CAP_NET_ADMIN), else up to them.
+	// Bursts of probes, and of their replies, fit: beyond
+	// net.core.rmem_max and wmem_max where vipd may (CAP_NET_ADMIN), else
+	// up to them.
 	for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
 		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[0], 4<<20) != nil {
 			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[1], 4<<20)
@@ -326,39 +321,28 @@ func newReplies() *replies {
 }
 
 // receive reads the replies the filter lets through and ends the probes
-// they answer, until the socket fails. It waits in the runtime's network
-// poller for a first reply, and while probes still await theirs reads
-// again every replyPause, whatever came meanwhile at once.
+// they answer, until the socket fails: at each wake-up of the runtime's
+// network poller, whatever has come, recvBatch replies a system call.
 func (s *synSocket) receive() {
 	r := newReplies()
-	for {
-		var rerr error
-		err := s.raw.Read(func(fd uintptr) bool {
-			n, err := s.drain(fd, r)
-			if err != nil {
-				rerr = err
-				return true
-			}
-			return n > 0 // else wait for more
-		})
-		if err == nil {
-			err = rerr
+	var rerr error
+	err := s.raw.Read(func(fd uintptr) bool {
+		if err := s.drain(fd, r); err != nil {
+			rerr = err
+			return true
 		}
-		if err != nil {
-			err = fmt.Errorf("half-open tcp checks' raw socket failed: %w", err)
-			s.err.Store(&err)
-			return
-		}
-		if s.awaiting() {
-			time.Sleep(replyPause)
-		}
+		return false // wait for more
+	})
+	if err == nil {
+		err = rerr
 	}
+	err = fmt.Errorf("half-open tcp checks' raw socket failed: %w", err)
+	s.err.Store(&err)
 }
 
 // drain reads the replies waiting on fd, recvBatch at a time, and ends
-// the probes they answer. It returns how many it read.
-func (s *synSocket) drain(fd uintptr, r *replies) (int, error) {
-	total := 0
+// the probes they answer.
+func (s *synSocket) drain(fd uintptr, r *replies) error {
 	for {
 		for i := range r.hdrs {
 			r.hdrs[i].hdr.Namelen = unix.SizeofSockaddrInet6
@@ -370,27 +354,19 @@ func (s *synSocket) drain(fd uintptr, r *replies) (int, error) {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-			return total, nil
+			return nil
 		default:
-			return total, os.NewSyscallError("recvmmsg", e)
+			return os.NewSyscallError("recvmmsg", e)
 		}
 		for i := range int(n) {
 			s.reply(r.bufs[i][:min(int(r.hdrs[i].n), synSnap)], &r.from[i])
 		}
-		total += int(n)
 		if int(n) < recvBatch {
 			// Without waiting, recvmmsg returns fewer only when no
 			// more are queued.
-			return total, nil
+			return nil
 		}
 	}
-}
-
-// awaiting reports whether probes await their replies.
-func (s *synSocket) awaiting() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.waits) > 0
 }
 
 // enqueue adds the SYN of q.c's probe q.op to the next flush.

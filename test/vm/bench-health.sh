@@ -10,8 +10,8 @@
 #      half-open TCP checks;
 #   2. in one guest boot, vipd (full and half-open TCP checks) and
 #      keepalived's checker with the same, scaled-down, checks (the
-#      emulator cannot run the full size): 400 TCP checks, then 200 TCP and
-#      40 HTTP.
+#      emulator cannot run the full size): 1,000 and 400 TCP checks, then
+#      200 TCP and 40 HTTP.
 #
 # The checker and the backends' listeners are kept apart: the listeners in
 # a network namespace of their own behind a veth, the checker pinned to
@@ -26,7 +26,7 @@
 # ratios to the targets. It fails when a peer cannot be measured.
 #
 #   VIPD_HEALTHBENCH_HOST_SIZES   host workloads, TCP/HTTP (default 10000/0,10000/2000)
-#   VIPD_HEALTHBENCH_GUEST_SIZES  guest workloads (default 400/0,200/40: at 1,000/200 the
+#   VIPD_HEALTHBENCH_GUEST_SIZES  guest workloads (default 1000/0,400/0,200/40: at 1,000/200 the
 #                                 emulated checkers fall behind by seconds)
 #   VIPD_HEALTHBENCH_PEERS        checkers (host: vipd,vipd-halfopen; guest: those and keepalived)
 #   VIPD_HEALTHBENCH_SIDES        apart (default) or one
@@ -73,7 +73,7 @@ if [[ $where == guest || $where == both ]]; then
 	logfile=$out-guest.console.log
 	rc=0
 	VIPD_GUEST_PKGS=./test/bench/health VIPD_GUEST_TAGS=healthbench VIPD_E2E_RUN='^TestHealthBench$' VIPD_E2E_QUIET=1 \
-		VIPD_HEALTHBENCH_SIZES="${VIPD_HEALTHBENCH_GUEST_SIZES:-400/0,200/40}" \
+		VIPD_HEALTHBENCH_SIZES="${VIPD_HEALTHBENCH_GUEST_SIZES:-1000/0,400/0,200/40}" \
 		VIPD_E2E_TEST_TIMEOUT=${VIPD_HEALTHBENCH_TIMEOUT:-40m} VIPD_E2E_TIMEOUT=3000 VIPD_E2E_LOG=$logfile \
 		"$VM_DIR/e2e.sh" || rc=$?
 	clean=$(mktemp)

@@ -34,7 +34,7 @@ import (
 // The benchmark's knobs (environment):
 //
 //	VIPD_HEALTHBENCH_SIZES    workloads, TCP/HTTP backends, comma-separated
-//	                          (host: 10000/0,10000/2000; guest: 400/0,200/40)
+//	                          (host: 10000/0,10000/2000; guest: 1000/0,400/0,200/40)
 //	VIPD_HEALTHBENCH_PEERS    checkers (host: vipd,vipd-halfopen; guest:
 //	                          vipd,vipd-halfopen,keepalived); vipd-halfopen
 //	                          is vipd with half_open TCP checks
@@ -218,7 +218,7 @@ func inGuest() bool { return os.Getenv("VIPD_VM") == "1" }
 func TestHealthBench(t *testing.T) {
 	sizes, peers := "10000/0,10000/2000", "vipd,vipd-halfopen"
 	if inGuest() {
-		sizes, peers = "400/0,200/40", "vipd,vipd-halfopen,keepalived"
+		sizes, peers = "1000/0,400/0,200/40", "vipd,vipd-halfopen,keepalived"
 	} else if os.Getenv("VIPD_HEALTHBENCH_NETNS") != "1" {
 		t.Fatal("on the host, run in a private network namespace (test/vm/bench-health.sh runs it under unshare -n) with VIPD_HEALTHBENCH_NETNS=1")
 	}
