@@ -40,7 +40,9 @@ type kaServer struct {
 	requests atomic.Int64
 }
 
-func newKAServer(t *testing.T, reply func(n int) (string, kaAction)) *kaServer {
+// serveKA listens on loopback and runs serve on each connection it
+// accepts (closed after), counting them in a new kaServer, until t ends.
+func serveKA(t *testing.T, serve func(s *kaServer, c net.Conn, br *bufio.Reader)) *kaServer {
 	t.Helper()
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -60,48 +62,54 @@ func newKAServer(t *testing.T, reply func(n int) (string, kaAction)) *kaServer {
 				defer s.ended.Add(1)
 				defer c.Close()
 				go func() { <-t.Context().Done(); c.Close() }()
-				br := bufio.NewReader(c)
-				for n := 0; ; n++ {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					s.requests.Add(1)
-					if strings.EqualFold(req.Header.Get("Connection"), "keep-alive") {
-						s.asked.Add(1)
-					}
-					text, action := reply(n)
-					switch action {
-					case kaDrop:
-						return
-					case kaReset:
-						_ = c.(*net.TCPConn).SetLinger(0)
-						return
-					case kaHang:
-						_, _ = br.ReadByte() // until the client closes
-						return
-					}
-					if _, err := c.Write([]byte(text)); err != nil {
-						return
-					}
-					switch action {
-					case kaClose:
-						return
-					case kaIdle, kaIdle408:
-						_ = c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
-						if _, err := br.Peek(1); err != nil {
-							if action == kaIdle408 {
-								_, _ = c.Write([]byte("HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"))
-							}
-							return
-						}
-						_ = c.SetReadDeadline(time.Time{})
-					}
-				}
+				serve(s, c, bufio.NewReader(c))
 			})
 		}
 	})
 	return s
+}
+
+func newKAServer(t *testing.T, reply func(n int) (string, kaAction)) *kaServer {
+	t.Helper()
+	return serveKA(t, func(s *kaServer, c net.Conn, br *bufio.Reader) {
+		for n := 0; ; n++ {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			s.requests.Add(1)
+			if strings.EqualFold(req.Header.Get("Connection"), "keep-alive") {
+				s.asked.Add(1)
+			}
+			text, action := reply(n)
+			switch action {
+			case kaDrop:
+				return
+			case kaReset:
+				_ = c.(*net.TCPConn).SetLinger(0)
+				return
+			case kaHang:
+				_, _ = br.ReadByte() // until the client closes
+				return
+			}
+			if _, err := c.Write([]byte(text)); err != nil {
+				return
+			}
+			switch action {
+			case kaClose:
+				return
+			case kaIdle, kaIdle408:
+				_ = c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+				if _, err := br.Peek(1); err != nil {
+					if action == kaIdle408 {
+						_, _ = c.Write([]byte("HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"))
+					}
+					return
+				}
+				_ = c.SetReadDeadline(time.Time{})
+			}
+		}
+	})
 }
 
 // live returns the connections the server has open.
@@ -200,44 +208,24 @@ func newSplitServer(t *testing.T, reply string) *kaServer {
 	t.Helper()
 	i := strings.Index(reply, "\r\n\r\n") + 4
 	head, body := reply[:i], reply[i:]
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &kaServer{addr: ln.Addr().(*net.TCPAddr).AddrPort()}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
+	return serveKA(t, func(s *kaServer, c net.Conn, br *bufio.Reader) {
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			s.accepted.Add(1)
-			wg.Go(func() {
-				defer c.Close()
-				go func() { <-t.Context().Done(); c.Close() }()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					if strings.EqualFold(req.Header.Get("Connection"), "keep-alive") {
-						s.asked.Add(1)
-					}
-					if _, err := c.Write([]byte(head)); err != nil {
-						return
-					}
-					time.Sleep(5 * time.Millisecond)
-					if _, err := c.Write([]byte(body)); err != nil {
-						return
-					}
-				}
-			})
+			if strings.EqualFold(req.Header.Get("Connection"), "keep-alive") {
+				s.asked.Add(1)
+			}
+			if _, err := c.Write([]byte(head)); err != nil {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+			if _, err := c.Write([]byte(body)); err != nil {
+				return
+			}
 		}
 	})
-	return s
 }
 
 // TestKeepAliveServerCloses: a server that closes idle connections
