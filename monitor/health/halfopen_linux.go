@@ -93,8 +93,6 @@ type mmsghdr struct {
 // recvBatch is how many replies one recvmmsg reads at most.
 const recvBatch = 64
 
-
-
 // halfOpen holds the process's raw sockets and reserved ports, opened by
 // the first half-open check of each family and kept open.
 var halfOpen struct {
