@@ -188,7 +188,10 @@ func TestPageShows(t *testing.T) {
 	snap.Services[1].Backends[1].Weight = 0
 	snap.Removed = []status.Service{{Key: "192.0.2.99:80/tcp", State: status.Removed, ActiveConns: 7}}
 	snap.HA = &status.HA{Role: "master", VRID: 51, Priority: 100, Configured: 150, Master: "192.0.2.1", Since: t0.Add(-90 * time.Second), Reason: "master down timer expired"}
-	snap.BGP = &status.BGP{ASN: 64512, RouterID: "192.0.2.1", Peers: []status.BGPPeer{{Address: "192.0.2.254", ASN: 64513, State: "established", Routes: 2}},
+	snap.BGP = &status.BGP{ASN: 64512, RouterID: "192.0.2.1", Peers: []status.BGPPeer{
+		{Address: "192.0.2.254", ASN: 64513, State: "established", Routes: 2},
+		{Address: "192.0.2.253", ASN: 64513, State: "active", BFD: &status.BFD{State: "down", RemoteState: "down", Downs: 2, LastDown: "control detection time expired"}},
+	},
 		Announced: []string{"10.100.0.0/32", "10.100.0.1/32"}, Withheld: []status.BGPWithheld{{Route: "10.100.0.9/32", Reason: "no backend serving"}}}
 	snap.Sources = []status.Source{{Name: "kubernetes", Services: 1}}
 	snap.Reload = &status.Reload{Time: t0.Add(-time.Minute), Why: "sighup", Result: "applied", Applied: 3, Changes: []string{"add-service 1", "add-backend 2"}}
@@ -197,6 +200,8 @@ func TestPageShows(t *testing.T) {
 		`<title>vipd: 2 services, 2/4 backends serving</title>`,
 		`id="ha-role">master</p>`, `priority 100 (configured 150)`, `master 192.0.2.1`, `since 1m ago`,
 		`<td>192.0.2.254</td><td>64513</td><td><span class="st ok">established</span>`, `2 announced, 1 withheld`,
+		`<span class="muted">off</span></td></tr>`,
+		`<span class="st down" title="remote down, 2 downs, last: control detection time expired">down</span>`,
 		`kubernetes: 1 services`, `applied</span> 1m ago · sighup`, `add-service 1, add-backend 2`,
 		`<h2>Drains in progress</h2>`, `admin-drain`, `192.0.2.99:80/tcp`,
 		`data-backend="172.16.0.0:8080" data-health="down" data-serving="false"`, `connection refused`,
