@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -88,6 +89,14 @@ type pair struct {
 	// master is the index of the node that serves.
 	master int
 	mon    *neighMonitor
+	wire   *wireMonitor
+	// phase is how long failover waits, once the load runs and the
+	// backup is in sync, before it fails the master: the benchmark
+	// spreads it over an advertisement interval, so that the failures
+	// fall evenly between the master's advertisements for every pair
+	// (otherwise the harness's fixed sleeps cut each pair at its own,
+	// nearly constant, point of the interval).
+	phase time.Duration
 }
 
 // startPair builds topo_ha for o and starts lb1, then lb2, each once the
@@ -111,6 +120,7 @@ func startPair(t *testing.T, o pairOptions) *pair {
 		}
 	}
 	p.mon = startNeighMonitor(t, p.tp.ClientNS)
+	p.wire = startWireMonitor(t, p.tp.ClientNS)
 	if h := p.tp.Hit(t, url(p.tp, 80), 6, false); h.Errors != 0 {
 		t.Fatalf("%s: requests through the master failed: %+v", o, h)
 	}
@@ -371,6 +381,113 @@ func startNeighMonitor(t *testing.T, ns string) *neighMonitor {
 	return m
 }
 
+// wireMonitor records the VRRP advertisements and the ARP packets the
+// client's LAN carries (tcpdump in the client's namespace), each with
+// the time the kernel captured it.
+type wireMonitor struct {
+	mu      sync.Mutex
+	packets []wirePacket
+}
+
+// wirePacket is one packet a wireMonitor saw.
+type wirePacket struct {
+	at   time.Time
+	src  string // the sender's MAC address
+	vrrp bool   // a VRRP advertisement, else ARP
+	text string
+}
+
+func startWireMonitor(t *testing.T, ns string) *wireMonitor {
+	t.Helper()
+	m := &wireMonitor{}
+	cmd := exec.Command("ip", "netns", "exec", ns, "tcpdump", "-Z", "root", "-l", "-n", "-e", "-tt", "-i", "eth0", "vrrp or arp")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("tcpdump: %v", err)
+	}
+	ready := make(chan string, 1)
+	go func() {
+		// tcpdump says "listening on" once it captures.
+		sc := bufio.NewScanner(errs)
+		var said []string
+		for sc.Scan() {
+			said = append(said, sc.Text())
+			if strings.Contains(sc.Text(), "listening on") {
+				ready <- ""
+				io.Copy(io.Discard, errs)
+				return
+			}
+		}
+		ready <- "exited: " + strings.Join(said, "\n")
+	}()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) < 2 {
+				continue
+			}
+			sec, err := strconv.ParseFloat(f[0], 64)
+			if err != nil {
+				continue
+			}
+			pk := wirePacket{at: time.UnixMicro(int64(sec*1e6 + 0.5)), src: f[1], vrrp: strings.Contains(sc.Text(), ": VRRP"), text: sc.Text()}
+			m.mu.Lock()
+			m.packets = append(m.packets, pk)
+			m.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); <-done })
+	select {
+	case said := <-ready:
+		if said != "" {
+			t.Fatalf("tcpdump in %s did not start: %s", ns, said)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("tcpdump in %s did not start within 20s", ns)
+	}
+	return m
+}
+
+// takeover returns, for a failover that began at from, the backup's
+// (bmac's) first claim of vip after from (a gratuitous ARP, or its
+// answer to a request) and the last VRRP advertisement the master (mmac)
+// sent before it; zero times when the wire showed no such pair. tcpdump
+// shows a request's target hardware address when it is not zero
+// (keepalived's are broadcast): "who-has VIP (ff:ff:ff:ff:ff:ff) tell VIP".
+func (m *wireMonitor) takeover(vip, mmac, bmac string, from time.Time) (last, claim time.Time) {
+	claimRE := regexp.MustCompile(`ethertype ARP .*: (Request who-has \S+ (\(\S+\) )?tell|Reply) ` + regexp.QuoteMeta(vip) + `[ ,]`)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, pk := range m.packets {
+		if pk.at.After(from) && pk.src == bmac && !pk.vrrp && claimRE.MatchString(pk.text) {
+			claim = pk.at
+			break
+		}
+	}
+	if claim.IsZero() {
+		return time.Time{}, time.Time{}
+	}
+	for _, pk := range m.packets {
+		if pk.vrrp && pk.src == mmac && pk.at.Before(claim) {
+			last = pk.at
+		}
+	}
+	if last.IsZero() {
+		return time.Time{}, time.Time{}
+	}
+	return last, claim
+}
+
 // movedAt returns when, after from, the client's entry for addr first
 // named mac, or the zero time.
 func (m *neighMonitor) movedAt(addr, mac string, from time.Time) time.Time {
@@ -450,6 +567,14 @@ type failoverResult struct {
 	// that cut the links or kill the daemon): the failure happened
 	// somewhere in it, and the times above count from its start.
 	Failing time.Duration
+	// LastAdvert is when, from the start, the client's LAN carried the
+	// master's last VRRP advertisement before the failover, and Claimed
+	// the time from it to the backup's first ARP for the VIP: the
+	// takeover on the wire, by the kernel's capture times, with neither
+	// where the failure fell between two advertisements nor the
+	// harness's own delays in it (the master down interval, 361 ms
+	// here, and the backup's own delay after it).
+	LastAdvert, Claimed time.Duration
 	// Down is when, from the start, the master's first link (eth0's,
 	// where VRRP runs) was down: the failure as the backup sees it (for
 	// a kill, when the signal was sent); MovedFromDown is Moved counted
@@ -480,15 +605,14 @@ func (p *pair) failover(how string) (failoverResult, error) {
 	const long = 10
 	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: long, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
 	if p.o.Sync {
-		Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
-			return strings.Count(Run(t, "ip", "netns", "exec", backup.name, "ipvsadm", "-Lnc"), "ESTABLISHED") >= long
-		}, "%s: %s has not the master's %d long-lived connections:\n%s", p.o, backup.name, long, Run(t, "ip", "netns", "exec", backup.name, "ipvsadm", "-Lnc"))
+		p.waitSynced(backup, long)
 		// The ipvsadm processes of the wait are gone before the failure.
 		time.Sleep(500 * time.Millisecond)
 	} else {
 		time.Sleep(1500 * time.Millisecond)
 	}
 	bmac, mmac := macOf(t, backup.name), macOf(t, master.name)
+	time.Sleep(p.phase)
 	at := time.Now()
 	var down time.Time
 	switch how {
@@ -550,6 +674,9 @@ func (p *pair) failover(how string) (failoverResult, error) {
 	if !answered.IsZero() {
 		r.Answered = answered.Sub(at)
 	}
+	if last, claim := p.wire.takeover(tp.VIP, mmac, bmac, at); !last.IsZero() {
+		r.LastAdvert, r.Claimed = last.Sub(at), claim.Sub(last)
+	}
 	r.Errors = append(first(l.longErrs), first(l.shortErr)...)
 	if backup.vipd != nil {
 		for _, role := range (&haNode{daemon: backup.vipd, name: backup.name}).roles() {
@@ -587,6 +714,21 @@ var announcedLine = regexp.MustCompile(`time=(\S+) level=INFO msg="high availabi
 // electedLine is a vipd's VRRP transition to master, with its time and,
 // when a timer caused it, how late the timer was handled.
 var electedLine = regexp.MustCompile(`time=(\S+) level=INFO msg="vrrp transition" .*?from=backup to=master .*?timer_late=(\S+)`)
+
+// waitSynced waits until backup's IPVS lists at least long established
+// connections: the master's long-lived ones, synchronized.
+func (p *pair) waitSynced(backup *lbNode, long int) {
+	p.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out := Run(p.t, "ip", "netns", "exec", backup.name, "ipvsadm", "-Lnc")
+		if strings.Count(out, "ESTABLISHED") >= long {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s: after 10s, %s has not the master's %d long-lived connections:\n%s", p.o, backup.name, long, out)
+		}
+	}
+}
 
 // within polls cond every 10 ms for up to d, and reports whether it held.
 func within(d time.Duration, cond func() bool) bool {

@@ -59,9 +59,7 @@ func (p *pair) returns(n int, serving time.Duration) returnsResult {
 	const long = 10
 	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: long, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
 	if p.o.Sync {
-		Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
-			return strings.Count(Run(t, "ip", "netns", "exec", backup.name, "ipvsadm", "-Lnc"), "ESTABLISHED") >= long
-		}, "%s: %s has not the master's %d long-lived connections", p.o, backup.name, long)
+		p.waitSynced(backup, long)
 	}
 	bmac, mmac := macOf(t, backup.name), macOf(t, master.name)
 	// takeover holds the windows [cut, moved+200ms) of the cycles.

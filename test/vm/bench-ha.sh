@@ -8,7 +8,7 @@
 # takeover and preemption (p50, p99), and JSON. A subset:
 #   VIPD_E2E_RUN='^TestHAFailoverBench$/^(vipd|keepalived)_nat_' test/vm/bench-ha.sh
 #
-#   VIPD_HA_BENCH_N   failovers per configuration (default 10; 5 for sync off)
+#   VIPD_HA_BENCH_N   failovers per configuration (default 10)
 #   VIPD_BENCH_OUT    result path without extension (default bin/bench/bench-ha-DATE)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
