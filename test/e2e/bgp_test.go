@@ -3,7 +3,9 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,8 +13,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // The BGP tests run two vipd nodes, lb1 and lb2, as namespaces on the LAN
@@ -88,19 +96,29 @@ func startRouter(t *testing.T, v6 bool) (birdc func(args ...string) string) {
 // session, and its routes, when the node's BFD session fails.
 func startRouterBFD(t *testing.T, v6, bfd bool) (birdc func(args ...string) string) {
 	t.Helper()
+	birdc, _ = startRouterLog(t, v6, bfd)
+	return birdc
+}
+
+// startRouterLog is startRouterBFD that also returns bird's log, its
+// lines stamped to the millisecond. With BFD, bird traces its BFD
+// sessions' events, its BGP sessions' states and what it writes to the
+// kernel: where the time from a cut to the route's change goes.
+func startRouterLog(t *testing.T, v6, bfd bool) (birdc func(args ...string) string, log *lockedBuffer) {
+	t.Helper()
 	bird, err := exec.LookPath("bird")
 	if err != nil {
 		t.Fatal("bird is not in the guest: install bird2 on the host (test/deps.sh, make deps); initramfs.sh copies it")
 	}
 	dir := t.TempDir()
 	var c strings.Builder
-	c.WriteString("router id 10.0.3.254;\nlog stderr all;\nprotocol device { scan time 1; }\n")
-	c.WriteString("protocol kernel { ipv4 { export all; }; merge paths yes; }\n")
-	bfdOn := ""
+	c.WriteString("router id 10.0.3.254;\nlog stderr all;\ntimeformat log \"%F %T.%3f\";\nprotocol device { scan time 1; }\n")
+	bfdOn, kernelDebug := "", ""
 	if bfd {
-		c.WriteString("protocol bfd {\n  interface \"eth0\" { interval 100 ms; multiplier 3; };\n}\n")
-		bfdOn = "  bfd on;\n"
+		c.WriteString("protocol bfd {\n  debug { states, events };\n  interface \"eth0\" { interval 100 ms; multiplier 3; };\n}\n")
+		bfdOn, kernelDebug = "  bfd on;\n  debug { states };\n", " debug { routes };"
 	}
+	fmt.Fprintf(&c, "protocol kernel { ipv4 { export all; }; merge paths yes;%s }\n", kernelDebug)
 	if v6 {
 		c.WriteString("protocol kernel { ipv6 { export all; }; merge paths yes; }\n")
 		for i := 1; i <= 2; i++ {
@@ -132,8 +150,7 @@ func startRouterBFD(t *testing.T, v6, bfd bool) (birdc func(args ...string) stri
 }
 `, i, 20+i, bfdOn)
 	}
-	birdc, _ = runBird(t, bird, dir, c.String())
-	return birdc
+	return runBird(t, bird, dir, c.String())
 }
 
 // runBird runs bird with config conf in the router namespace, its files
@@ -245,14 +262,21 @@ func bgpPair(t *testing.T, svcExtra, bgpExtra string) (*Topo, *bgpNode, *bgpNode
 // when it turns BFD on, the router runs BFD too.
 func bgpPairPeer(t *testing.T, svcExtra, bgpExtra, peerExtra string) (*Topo, *bgpNode, *bgpNode, func(...string) string) {
 	t.Helper()
+	tp, lb1, lb2, birdc, _ := bgpPairLog(t, svcExtra, bgpExtra, peerExtra)
+	return tp, lb1, lb2, birdc
+}
+
+// bgpPairLog is bgpPairPeer that also returns the router's log.
+func bgpPairLog(t *testing.T, svcExtra, bgpExtra, peerExtra string) (*Topo, *bgpNode, *bgpNode, func(...string) string, *lockedBuffer) {
+	t.Helper()
 	tp := NewTopo(t, "bgp 2")
-	birdc := startRouterBFD(t, false, strings.Contains(peerExtra, "bfd = true"))
+	birdc, log := startRouterLog(t, false, strings.Contains(peerExtra, "bfd = true"))
 	lb1 := startBGPNodePeer(t, tp, 1, svcExtra, bgpExtra, peerExtra)
 	lb2 := startBGPNodePeer(t, tp, 2, svcExtra, bgpExtra, peerExtra)
 	start := time.Now()
 	waitHops(t, tp.VIP, 30*time.Second, lb1.ip, lb2.ip)
 	t.Logf("the router uses both nodes %v after the second node was ready", time.Since(start).Round(time.Millisecond))
-	return tp, lb1, lb2, birdc
+	return tp, lb1, lb2, birdc, log
 }
 
 // TestBGPECMP: both nodes announce the VIP, the router spreads the flows
@@ -350,48 +374,106 @@ func TestBGPGracefulStop(t *testing.T) {
 	}
 }
 
-// nodeLoss cuts lb1's link under load and reports how long the router
-// kept using it and what broke.
-func nodeLoss(t *testing.T, svcExtra, bgpExtra, peerExtra string) (took time.Duration, on1, broken, failed, ok int) {
-	tp, lb1, lb2, birdc := bgpPairPeer(t, svcExtra, bgpExtra, peerExtra)
+// nodeLoss cuts lb1's link under load cuts times, bringing it back and
+// waiting until the router uses both nodes again between the cuts, and
+// reports how long the router kept using lb1 after each cut and what
+// broke over all of them. The cut is a netlink call in the test, timed
+// when it returns; the router's change is timed by a route monitor that
+// runs from before the first cut: no process start, which takes tens to
+// hundreds of milliseconds in the emulated guest, lies on either end.
+func nodeLoss(t *testing.T, cuts int, svcExtra, bgpExtra, peerExtra string) (took []time.Duration, on1, broken, failed, ok int) {
+	tp, lb1, lb2, birdc, birdLog := bgpPairLog(t, svcExtra, bgpExtra, peerExtra)
 	bfd := strings.Contains(peerExtra, "bfd = true")
-	var sessions string
-	if bfd {
-		// The router's BFD sessions with both nodes are up before the
-		// cut: BFD, not the hold time, is what is measured.
-		Eventually(t, 20*time.Second, 50*time.Millisecond, func() bool {
+	mon := startRouteMonitor(t, "rtr", netip.PrefixFrom(netip.MustParseAddr(tp.VIP), 32))
+	vlb1, err := netlink.LinkByName("vlb1")
+	if err != nil {
+		t.Fatalf("lb1's port on the LAN: %v", err)
+	}
+	status := func() string { return Run(t, vipdBin(), "status", "--socket", filepath.Join(lb1.dir, "vipd.sock")) }
+	// ready waits until the router routes the VIP via both nodes and,
+	// with BFD, the router's BFD sessions with both are up and vipd
+	// status on lb1 shows its own up: BFD, not the hold time, is what a
+	// cut then measures. It returns the router's BFD sessions.
+	ready := func() string {
+		t.Helper()
+		if !bfd {
+			waitHops(t, tp.VIP, 30*time.Second, lb1.ip, lb2.ip)
+			return ""
+		}
+		var sessions string
+		Eventually(t, 30*time.Second, 50*time.Millisecond, func() bool {
 			sessions = birdc("show", "bfd", "sessions")
 			return strings.Count(sessions, " Up ") == 2
 		}, "the router's BFD sessions are not up:\n%s", sessions)
-		waitHops(t, tp.VIP, 20*time.Second, lb1.ip, lb2.ip)
-		// vipd status shows lb1's BFD session up beside its BGP
-		// session, and its line.
+		waitHops(t, tp.VIP, 30*time.Second, lb1.ip, lb2.ip)
 		var st string
 		Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
-			st = Run(t, vipdBin(), "status", "--socket", filepath.Join(lb1.dir, "vipd.sock"))
+			st = status()
 			return strings.Contains(st, "bgp peer 10.0.3.254 AS65000: established") && strings.Contains(st, " routes, bfd up\n")
 		}, "vipd status does not show the BFD session up:\n%s", st)
-		mustContain(t, "vipd status", st, "bgp peer 10.0.3.254 bfd: up for ", ", remote up, tx 100ms, rx 100ms, multiplier 3 (remote 3), detection 300ms, ")
-		sessions = birdc("show", "bfd", "sessions")
+		return birdc("show", "bfd", "sessions")
 	}
+	sessions := ready()
+	if bfd {
+		mustContain(t, "vipd status", status(), "bgp peer 10.0.3.254 bfd: up for ", ", remote up, tx 100ms, rx 100ms, multiplier 3 (remote 3), detection 300ms, ")
+	}
+	downRE := regexp.MustCompile(`\nbgp peer 10\.0\.3\.254 AS65000: \S+.*, bfd down\nbgp peer 10\.0\.3\.254 bfd: down for \S+, .*, (\d+) downs \(last: (?:control detection time expired|neighbor signaled session down)\)`)
 	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 20, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
-	time.Sleep(2 * time.Second)
-	if bfd {
-		// A session that went down and up again before the cut (its
-		// Since changed) means the guest stalled longer than the
-		// detection time: what follows would measure the stalls.
-		if now := birdc("show", "bfd", "sessions"); !sameBFDSessions(sessions, now) {
-			t.Fatalf("the router's BFD sessions flapped before the cut (a guest starved of CPU):\nbefore the load:\n%s\nat the cut:\n%s", sessions, now)
+	on1 = -1
+	for i := 1; i <= cuts; i++ {
+		// The load settles on both nodes.
+		time.Sleep(2 * time.Second)
+		if bfd {
+			// A session that went down and up again before the cut
+			// (its Since changed) means the guest stalled longer than
+			// the detection time: what follows would measure the
+			// stalls.
+			if now := birdc("show", "bfd", "sessions"); !sameBFDSessions(sessions, now) {
+				t.Fatalf("cut %d: the router's BFD sessions flapped before the cut (a guest starved of CPU):\nbefore:\n%s\nat the cut:\n%s", i, sessions, now)
+			}
 		}
-	}
-	on1 = lb1.established(t)
-	cut := time.Now()
-	Run(t, "ip", "link", "set", "vlb1", "down")
-	took = waitHops(t, tp.VIP, 20*time.Second, lb2.ip).Sub(cut)
-	if bfd {
-		// BFD, not the hold timer, ended the session with lb1.
-		if out := birdc("show", "protocols", "all", "lb1"); !strings.Contains(out, "BFD session down") {
-			t.Errorf("the router did not end its session with lb1 for BFD:\n%s", out)
+		if n := lb1.established(t); on1 < 0 || n < on1 {
+			on1 = n
+		}
+		before := time.Now()
+		if err := netlink.LinkSetDown(vlb1); err != nil {
+			t.Fatalf("cut %d: set vlb1 down: %v", i, err)
+		}
+		cut := time.Now()
+		end, updates := mon.first(t, before, 20*time.Second, lb2.ip)
+		took = append(took, end.at.Sub(cut))
+		if hops := nextHops(t, tp.VIP); !slices.Equal(hops, []string{lb2.ip}) {
+			t.Errorf("cut %d: the route update said via %s only, the router's table says via %v", i, lb2.ip, hops)
+		}
+		where := ""
+		if bfd {
+			// BFD, not the hold timer, ended the session with lb1.
+			if out := birdc("show", "protocols", "all", "lb1"); !strings.Contains(out, "BFD session down") {
+				t.Errorf("cut %d: the router did not end its session with lb1 for BFD:\n%s", i, out)
+			}
+			where = "; " + birdTimes(birdLog.String(), cut, lb1.ip, tp.VIP)
+			// lb1 saw the silence: vipd status shows its BFD session
+			// down once more (time expired; neighbor signaled when a
+			// stalled guest took it down just before the cut, which
+			// the timing above reports).
+			var st string
+			Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
+				st = status()
+				m := downRE.FindStringSubmatch(st)
+				if m == nil {
+					return false
+				}
+				n, _ := strconv.Atoi(m[1])
+				return n >= i
+			}, "cut %d: vipd status on lb1 does not show its BFD session down (%d downs at least):\n%s", i, i, st)
+		}
+		t.Logf("cut %d at %s: the router routed the VIP via lb2 only %v after it (the netlink call took %v)%s; the route's updates: %v",
+			i, cut.Format("15:04:05.000"), took[i-1].Round(time.Millisecond), cut.Sub(before).Round(time.Microsecond), where, updates)
+		if i < cuts {
+			if err := netlink.LinkSetUp(vlb1); err != nil {
+				t.Fatalf("cut %d: set vlb1 up: %v", i, err)
+			}
+			sessions = ready()
 		}
 	}
 	// Long-lived clients send every 200 ms; TCP retransmits what was
@@ -399,21 +481,167 @@ func nodeLoss(t *testing.T, svcExtra, bgpExtra, peerExtra string) (took time.Dur
 	time.Sleep(5 * time.Second)
 	close(l.stop)
 	l.wg.Wait()
-	if bfd {
-		// lb1 saw the silence: vipd status shows its BFD session down
-		// (time expired; neighbor signaled when a stalled guest took it
-		// down just before the cut, which the timing above reports).
-		st := Run(t, vipdBin(), "status", "--socket", filepath.Join(lb1.dir, "vipd.sock"))
-		if !regexp.MustCompile(`\nbgp peer 10\.0\.3\.254 AS65000: \S+.*, bfd down\nbgp peer 10\.0\.3\.254 bfd: down for \S+, .*, [1-9]\d* downs \(last: (control detection time expired|neighbor signaled session down)\)`).MatchString(st) {
-			t.Errorf("vipd status on lb1 does not show its BFD session down after the cut:\n%s", st)
-		}
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, e := range l.longErrs {
 		t.Logf("long-lived: %s", e)
 	}
 	return took, on1, len(l.longErrs), len(l.shortErr), l.longOK + l.shortOK
+}
+
+// birdTimes finds in bird's log, after cut, when bird's BFD session
+// with node expired, when it stopped its BGP session with node, and when
+// it wrote its new route to vip to the kernel, and says each as the time
+// since cut (bird stamps its lines to the millisecond).
+func birdTimes(log string, cut time.Time, node, vip string) string {
+	steps := []struct{ what, match string }{
+		{"bird's BFD session expired", "bfd1: Session to " + node + " expired"},
+		{"its BGP session stopped", "lb1: State changed to stop"},
+		{"its route went to the kernel", "kernel1.ipv4 < "},
+	}
+	var out []string
+	from := cut.Truncate(time.Millisecond)
+	for _, s := range steps {
+		found := "not in its log"
+		for _, l := range strings.Split(log, "\n") {
+			f := strings.Fields(l)
+			if len(f) < 4 || !strings.Contains(l, s.match) || (s.match == "kernel1.ipv4 < " && !strings.Contains(l, " "+vip+"/32 ")) {
+				continue
+			}
+			at, err := time.ParseInLocation("2006-01-02 15:04:05.000", f[0]+" "+f[1], time.Local)
+			if err != nil || at.Before(from) {
+				continue
+			}
+			found = "+" + at.Sub(cut).Round(time.Millisecond).String()
+			break
+		}
+		out = append(out, s.what+" "+found)
+	}
+	return strings.Join(out, ", ")
+}
+
+// routeMonitor records the updates of one of a namespace's kernel
+// routes, each stamped when the test received it from its netlink
+// subscription.
+type routeMonitor struct {
+	prefix netip.Prefix
+	seen   chan struct{} // a value after each update
+	mu     sync.Mutex
+	events []routeEvent
+	errs   []error
+}
+
+// routeEvent is one update of the monitored route.
+type routeEvent struct {
+	at      time.Time
+	deleted bool
+	hops    []string // its next hops, sorted
+}
+
+func (e routeEvent) String() string {
+	if e.deleted {
+		return e.at.Format("15:04:05.000") + " deleted"
+	}
+	return e.at.Format("15:04:05.000") + " via " + strings.Join(e.hops, " ")
+}
+
+// startRouteMonitor subscribes to the route updates of namespace ns and
+// records those of prefix until the test ends.
+func startRouteMonitor(t *testing.T, ns string, prefix netip.Prefix) *routeMonitor {
+	t.Helper()
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatalf("namespace %s: %v", ns, err)
+	}
+	defer h.Close()
+	m := &routeMonitor{prefix: prefix, seen: make(chan struct{}, 1)}
+	ch := make(chan netlink.RouteUpdate, 64)
+	done := make(chan struct{})
+	var closing atomic.Bool
+	err = netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{
+		Namespace:         &h,
+		ReceiveBufferSize: 1 << 20,
+		ErrorCallback: func(err error) {
+			if !closing.Load() {
+				m.mu.Lock()
+				m.errs = append(m.errs, err)
+				m.mu.Unlock()
+			}
+		},
+	})
+	if err != nil {
+		t.Fatalf("subscribe to the routes of namespace %s: %v", ns, err)
+	}
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for u := range ch {
+			at := time.Now()
+			if u.Dst == nil {
+				continue
+			}
+			addr, ok := netip.AddrFromSlice(u.Dst.IP)
+			bits, _ := u.Dst.Mask.Size()
+			if !ok || netip.PrefixFrom(addr.Unmap(), bits) != prefix {
+				continue
+			}
+			e := routeEvent{at: at, deleted: u.Type == unix.RTM_DELROUTE}
+			for _, nh := range u.MultiPath {
+				e.hops = append(e.hops, nh.Gw.String())
+			}
+			if len(u.MultiPath) == 0 && u.Gw != nil {
+				e.hops = append(e.hops, u.Gw.String())
+			}
+			slices.Sort(e.hops)
+			m.mu.Lock()
+			m.events = append(m.events, e)
+			m.mu.Unlock()
+			select {
+			case m.seen <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		closing.Store(true)
+		close(done)
+		<-finished
+	})
+	return m
+}
+
+// first waits until an update at or after from routes the prefix via
+// exactly hops, and returns it and every update from from until then.
+func (m *routeMonitor) first(t *testing.T, from time.Time, timeout time.Duration, hops ...string) (routeEvent, []routeEvent) {
+	t.Helper()
+	want := slices.Sorted(slices.Values(hops))
+	expire := time.NewTimer(timeout)
+	defer expire.Stop()
+	for {
+		m.mu.Lock()
+		var since []routeEvent
+		for _, e := range m.events {
+			if !e.at.Before(from) {
+				since = append(since, e)
+			}
+		}
+		err := errors.Join(m.errs...)
+		m.mu.Unlock()
+		if err != nil {
+			t.Fatalf("the monitor of the route to %s failed: %v", m.prefix, err)
+		}
+		for i, e := range since {
+			if !e.deleted && slices.Equal(e.hops, want) {
+				return e, since[:i+1]
+			}
+		}
+		select {
+		case <-m.seen:
+		case <-expire.C:
+			t.Fatalf("%v after %s the route to %s was not updated to via %v only; its updates: %v",
+				timeout, from.Format("15:04:05.000"), m.prefix, want, since)
+		}
+	}
 }
 
 // sameBFDSessions reports whether two outputs of bird's `show bfd
@@ -447,9 +675,9 @@ func sameBFDSessions(a, b string) bool {
 // expires; with mh and sloppy TCP the long-lived connections that were on
 // lb1 continue on lb2.
 func TestBGPNodeLoss(t *testing.T) {
-	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"mh\"", "sloppy = true", "")
+	took, on1, broken, failed, ok := nodeLoss(t, 1, "scheduler = \"mh\"", "sloppy = true", "")
 	t.Logf("mh, sloppy TCP: the router stopped using lb1 %v after its link was cut; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d requests succeeded",
-		took.Round(time.Millisecond), on1, broken, failed, ok)
+		took[0].Round(time.Millisecond), on1, broken, failed, ok)
 	if broken != 0 {
 		t.Errorf("%d long-lived connections broke with mh and sloppy TCP", broken)
 	}
@@ -459,29 +687,46 @@ func TestBGPNodeLoss(t *testing.T) {
 }
 
 // TestBGPNodeLossBFD: the same loss (the router's port keeps its
-// carrier) with BFD between the nodes and the router (100 ms × 3; bird
-// asks for 100 ms): the router drops lb1 when its BFD session fails,
-// not at the hold time (it measured 0.41–1.53 s, p50 0.64 s; with the
-// defaults, 200 ms × 3, 0.70–1.26 s). With mh and sloppy TCP no
-// long-lived connection breaks.
+// carrier), five times under one load, with BFD between the nodes and
+// the router (100 ms × 3; bird asks for 100 ms): the router drops lb1
+// when its BFD session fails, not at the hold time. With mh and sloppy
+// TCP no long-lived connection breaks over the five cuts.
 func TestBGPNodeLossBFD(t *testing.T) {
-	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"mh\"", "sloppy = true", "bfd = true\nbfd_interval = \"100ms\"\nbfd_multiplier = 3")
-	t.Logf("BFD 100ms x 3, mh, sloppy TCP: the router stopped using lb1 %v after its link was cut; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d requests succeeded",
-		took.Round(time.Millisecond), on1, broken, failed, ok)
+	const cuts = 5
+	took, on1, broken, failed, ok := nodeLoss(t, cuts, "scheduler = \"mh\"", "sloppy = true", "bfd = true\nbfd_interval = \"100ms\"\nbfd_multiplier = 3")
+	p50, highest := medianMax(took)
+	var each []string
+	for _, d := range took {
+		each = append(each, d.Round(time.Millisecond).String())
+	}
+	t.Logf("BFD 100ms x 3, mh, sloppy TCP: the router stopped using lb1 after its link was cut: n=%d, %s, p50 %v, max %v; at least %d long-lived connections were on lb1 at each cut, %d broke; %d short requests failed, %d requests succeeded",
+		len(took), strings.Join(each, " "), p50.Round(time.Millisecond), highest.Round(time.Millisecond), on1, broken, failed, ok)
 	// BFD, not the hold timer, took lb1 out (nodeLoss checks bird's
 	// reason): a hold timer of 3 s with keepalives every second cannot
-	// end the session sooner than 2 s after the cut. The goal of 1 s is
-	// a measurement (docs/bgp.md), not this test's bound: the emulated
-	// guest's scheduling adds up to half a second to single cuts.
-	if took >= 2*time.Second {
-		t.Errorf("the router stopped using lb1 %v after the cut, want less than the hold timer's 2 s at least", took.Round(time.Millisecond))
+	// end the session sooner than 2 s after the cut.
+	for i, d := range took {
+		if d >= 2*time.Second {
+			t.Errorf("cut %d: the router stopped using lb1 %v after the cut, want less than the hold timer's 2 s at least", i+1, d.Round(time.Millisecond))
+		}
 	}
 	if broken != 0 {
 		t.Errorf("%d long-lived connections broke with mh and sloppy TCP", broken)
 	}
 	if on1 == 0 {
-		t.Error("no long-lived connection was on lb1: the test proves nothing")
+		t.Error("no long-lived connection was on lb1 at a cut: the test proves nothing")
 	}
+}
+
+// medianMax returns the median and the largest of d.
+func medianMax(d []time.Duration) (p50, highest time.Duration) {
+	s := slices.Sorted(slices.Values(d))
+	if len(s) == 0 {
+		return 0, 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2], s[len(s)-1]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2, s[len(s)-1]
 }
 
 // TestBGPNodeLossWithoutSloppy: the same loss with wlc (the other node's
@@ -489,9 +734,9 @@ func TestBGPNodeLossBFD(t *testing.T) {
 // a mid-stream packet it does not know): the connections that were on
 // lb1 break. Reported, not asserted beyond that some broke.
 func TestBGPNodeLossWithoutSloppy(t *testing.T) {
-	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"wlc\"", "sloppy = false", "")
+	took, on1, broken, failed, ok := nodeLoss(t, 1, "scheduler = \"wlc\"", "sloppy = false", "")
 	t.Logf("wlc, no sloppy TCP: the router stopped using lb1 %v after its link was cut; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d requests succeeded",
-		took.Round(time.Millisecond), on1, broken, failed, ok)
+		took[0].Round(time.Millisecond), on1, broken, failed, ok)
 	if on1 > 0 && broken == 0 {
 		t.Errorf("no connection broke without sloppy TCP although %d were on lb1", on1)
 	}
