@@ -374,13 +374,22 @@ func TestBGPGracefulStop(t *testing.T) {
 	}
 }
 
-// nodeLoss cuts lb1's link under load cuts times, bringing it back and
-// waiting until the router uses both nodes again between the cuts, and
-// reports how long the router kept using lb1 after each cut and what
-// broke over all of them. The cut is a netlink call in the test, timed
-// when it returns; the router's change is timed by a route monitor that
-// runs from before the first cut: no process start, which takes tens to
-// hundreds of milliseconds in the emulated guest, lies on either end.
+// nodeLoss cuts lb1's link under load until cuts cuts were measured,
+// bringing it back and waiting until the router uses both nodes again
+// between them, and reports how long the router kept using lb1 after
+// each cut and what broke in them. The cut is a netlink call in the
+// test, timed when it returns; the router's change is timed by a route
+// monitor that runs from before the first cut: no process start, which
+// takes tens to hundreds of milliseconds in the emulated guest, lies on
+// either end.
+//
+// Each cut runs its own load, from 2 s before it to 5 s after (TCP
+// retransmits what was lost while the router still sent to lb1). With
+// BFD, a cut during which a BFD session went down that the cut did not
+// take down (the guest stalled longer than the detection time: what it
+// measured were the stalls, and a router that dropped both nodes broke
+// connections no load balancer could keep) is void: logged with what
+// broke in it and done again, up to cuts more times.
 func nodeLoss(t *testing.T, cuts int, svcExtra, bgpExtra, peerExtra string) (took []time.Duration, on1, broken, failed, ok int) {
 	tp, lb1, lb2, birdc, birdLog := bgpPairLog(t, svcExtra, bgpExtra, peerExtra)
 	bfd := strings.Contains(peerExtra, "bfd = true")
@@ -393,100 +402,170 @@ func nodeLoss(t *testing.T, cuts int, svcExtra, bgpExtra, peerExtra string) (too
 	// ready waits until the router routes the VIP via both nodes and,
 	// with BFD, the router's BFD sessions with both are up and vipd
 	// status on lb1 shows its own up: BFD, not the hold time, is what a
-	// cut then measures. It returns the router's BFD sessions.
-	ready := func() string {
+	// cut then measures.
+	ready := func() {
 		t.Helper()
-		if !bfd {
-			waitHops(t, tp.VIP, 30*time.Second, lb1.ip, lb2.ip)
-			return ""
+		if bfd {
+			var sessions string
+			Eventually(t, 30*time.Second, 50*time.Millisecond, func() bool {
+				sessions = birdc("show", "bfd", "sessions")
+				return strings.Count(sessions, " Up ") == 2
+			}, "the router's BFD sessions are not up:\n%s", sessions)
 		}
-		var sessions string
-		Eventually(t, 30*time.Second, 50*time.Millisecond, func() bool {
-			sessions = birdc("show", "bfd", "sessions")
-			return strings.Count(sessions, " Up ") == 2
-		}, "the router's BFD sessions are not up:\n%s", sessions)
 		waitHops(t, tp.VIP, 30*time.Second, lb1.ip, lb2.ip)
-		var st string
-		Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
-			st = status()
-			return strings.Contains(st, "bgp peer 10.0.3.254 AS65000: established") && strings.Contains(st, " routes, bfd up\n")
-		}, "vipd status does not show the BFD session up:\n%s", st)
-		return birdc("show", "bfd", "sessions")
+		if bfd {
+			var st string
+			Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
+				st = status()
+				return strings.Contains(st, "bgp peer 10.0.3.254 AS65000: established") && strings.Contains(st, " routes, bfd up\n")
+			}, "vipd status does not show the BFD session up:\n%s", st)
+		}
 	}
-	sessions := ready()
+	ready()
 	if bfd {
 		mustContain(t, "vipd status", status(), "bgp peer 10.0.3.254 bfd: up for ", ", remote up, tx 100ms, rx 100ms, multiplier 3 (remote 3), detection 300ms, ")
 	}
 	downRE := regexp.MustCompile(`\nbgp peer 10\.0\.3\.254 AS65000: \S+.*, bfd down\nbgp peer 10\.0\.3\.254 bfd: down for \S+, .*, (\d+) downs \(last: (?:control detection time expired|neighbor signaled session down)\)`)
-	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 20, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
+	// With BFD the hold timer cannot drop lb1 first; a route that does
+	// not change within it means lb1 was dropped before the cut.
+	wait := 20 * time.Second
+	if bfd {
+		wait = 5 * time.Second
+	}
 	on1 = -1
-	for i := 1; i <= cuts; i++ {
-		// The load settles on both nodes.
-		time.Sleep(2 * time.Second)
-		if bfd {
-			// A session that went down and up again before the cut
-			// (its Since changed) means the guest stalled longer than
-			// the detection time: what follows would measure the
-			// stalls.
-			if now := birdc("show", "bfd", "sessions"); !sameBFDSessions(sessions, now) {
-				t.Fatalf("cut %d: the router's BFD sessions flapped before the cut (a guest starved of CPU):\nbefore:\n%s\nat the cut:\n%s", i, sessions, now)
+	void := 0
+	for attempt := 1; len(took) < cuts; attempt++ {
+		if void > cuts {
+			t.Fatalf("%d of %d cuts were void: the guest stalls longer than BFD's detection time too often to measure", void, attempt-1)
+		}
+		if attempt > 1 {
+			if err := netlink.LinkSetUp(vlb1); err != nil {
+				t.Fatalf("set vlb1 up: %v", err)
 			}
+			ready()
 		}
-		if n := lb1.established(t); on1 < 0 || n < on1 {
-			on1 = n
-		}
+		from := time.Now()
+		l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 20, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
+		time.Sleep(2 * time.Second)
+		n1 := lb1.established(t)
 		before := time.Now()
 		if err := netlink.LinkSetDown(vlb1); err != nil {
-			t.Fatalf("cut %d: set vlb1 down: %v", i, err)
+			t.Fatalf("cut %d: set vlb1 down: %v", attempt, err)
 		}
 		cut := time.Now()
-		end, updates := mon.first(t, before, 20*time.Second, lb2.ip)
-		took = append(took, end.at.Sub(cut))
-		if hops := nextHops(t, tp.VIP); !slices.Equal(hops, []string{lb2.ip}) {
-			t.Errorf("cut %d: the route update said via %s only, the router's table says via %v", i, lb2.ip, hops)
+		end, updates, changed := mon.first(before, wait, lb2.ip)
+		if err := mon.err(); err != nil {
+			t.Fatalf("cut %d: the monitor of the router's route to %s failed: %v", attempt, tp.VIP, err)
+		}
+		var stalls []string
+		if bfd {
+			// Every BFD session that went down, but lb1's at its cut,
+			// went down because the guest stalled.
+			downs := bfdDowns(birdLog.String(), from)
+			i := slices.IndexFunc(downs, func(d birdLine) bool {
+				return !d.at.Before(cut.Truncate(time.Millisecond)) && strings.Contains(d.text, " "+lb1.ip+" ")
+			})
+			if i >= 0 && changed {
+				downs = slices.Delete(downs, i, i+1)
+			}
+			for _, d := range downs {
+				stalls = append(stalls, d.String())
+			}
+		}
+		if !changed && len(stalls) == 0 {
+			t.Fatalf("cut %d: %v after it the router's route to %s was not updated to via %s only; its updates: %v; its table: %v",
+				attempt, wait, tp.VIP, lb2.ip, updates, nextHops(t, tp.VIP))
 		}
 		where := ""
-		if bfd {
-			// BFD, not the hold timer, ended the session with lb1.
-			if out := birdc("show", "protocols", "all", "lb1"); !strings.Contains(out, "BFD session down") {
-				t.Errorf("cut %d: the router did not end its session with lb1 for BFD:\n%s", i, out)
+		if changed && len(stalls) == 0 {
+			if hops := nextHops(t, tp.VIP); !slices.Equal(hops, []string{lb2.ip}) {
+				t.Errorf("cut %d: the route update said via %s only, the router's table says via %v", attempt, lb2.ip, hops)
 			}
-			where = "; " + birdTimes(birdLog.String(), cut, lb1.ip, tp.VIP)
-			// lb1 saw the silence: vipd status shows its BFD session
-			// down once more (time expired; neighbor signaled when a
-			// stalled guest took it down just before the cut, which
-			// the timing above reports).
-			var st string
-			Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
-				st = status()
-				m := downRE.FindStringSubmatch(st)
-				if m == nil {
-					return false
+			if bfd {
+				// BFD, not the hold timer, ended the session with lb1.
+				if out := birdc("show", "protocols", "all", "lb1"); !strings.Contains(out, "BFD session down") {
+					t.Errorf("cut %d: the router did not end its session with lb1 for BFD:\n%s", attempt, out)
 				}
-				n, _ := strconv.Atoi(m[1])
-				return n >= i
-			}, "cut %d: vipd status on lb1 does not show its BFD session down (%d downs at least):\n%s", i, i, st)
-		}
-		t.Logf("cut %d at %s: the router routed the VIP via lb2 only %v after it (the netlink call took %v)%s; the route's updates: %v",
-			i, cut.Format("15:04:05.000"), took[i-1].Round(time.Millisecond), cut.Sub(before).Round(time.Microsecond), where, updates)
-		if i < cuts {
-			if err := netlink.LinkSetUp(vlb1); err != nil {
-				t.Fatalf("cut %d: set vlb1 up: %v", i, err)
+				where = "; " + birdTimes(birdLog.String(), cut, lb1.ip, tp.VIP)
+				// lb1 saw the silence: vipd status shows its BFD
+				// session down once more.
+				var st string
+				Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
+					st = status()
+					m := downRE.FindStringSubmatch(st)
+					if m == nil {
+						return false
+					}
+					n, _ := strconv.Atoi(m[1])
+					return n >= len(took)+1
+				}, "cut %d: vipd status on lb1 does not show its BFD session down (%d downs at least):\n%s", attempt, len(took)+1, st)
 			}
-			sessions = ready()
 		}
+		time.Sleep(5 * time.Second)
+		close(l.stop)
+		l.wg.Wait()
+		if bfd && len(stalls) == 0 {
+			// The load's last seconds, too.
+			if downs := bfdDowns(birdLog.String(), end.at); len(downs) > 0 {
+				for _, d := range downs {
+					stalls = append(stalls, d.String())
+				}
+			}
+		}
+		l.mu.Lock()
+		lb, sf, n := len(l.longErrs), len(l.shortErr), l.longOK+l.shortOK
+		for _, e := range l.longErrs {
+			t.Logf("cut %d: long-lived: %s", attempt, e)
+		}
+		l.mu.Unlock()
+		if len(stalls) > 0 {
+			void++
+			t.Logf("cut %d at %s is void: BFD sessions went down without a cut (the guest stalled): %s; the route's updates: %v; in its load %d long-lived connections broke, %d short requests failed, %d succeeded",
+				attempt, cut.Format("15:04:05.000"), strings.Join(stalls, "; "), updates, lb, sf, n)
+			continue
+		}
+		took = append(took, end.at.Sub(cut))
+		if on1 < 0 || n1 < on1 {
+			on1 = n1
+		}
+		broken, failed, ok = broken+lb, failed+sf, ok+n
+		t.Logf("cut %d at %s: the router routed the VIP via lb2 only %v after it (the netlink call took %v)%s; the route's updates: %v; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d succeeded",
+			attempt, cut.Format("15:04:05.000"), took[len(took)-1].Round(time.Millisecond), cut.Sub(before).Round(time.Microsecond), where, updates, n1, lb, sf, n)
 	}
-	// Long-lived clients send every 200 ms; TCP retransmits what was
-	// lost while the router still sent to lb1.
-	time.Sleep(5 * time.Second)
-	close(l.stop)
-	l.wg.Wait()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, e := range l.longErrs {
-		t.Logf("long-lived: %s", e)
+	return took, on1, broken, failed, ok
+}
+
+// birdLine is a line of bird's log and its time stamp.
+type birdLine struct {
+	at   time.Time
+	text string
+}
+
+func (l birdLine) String() string { return l.at.Format("15:04:05.000") + " " + l.text }
+
+// birdLines returns the lines of bird's log stamped at or after from
+// (to the millisecond) that contain match.
+func birdLines(log string, from time.Time, match string) []birdLine {
+	var out []birdLine
+	from = from.Truncate(time.Millisecond)
+	for _, l := range strings.Split(log, "\n") {
+		f := strings.SplitN(strings.TrimSpace(l), " ", 3)
+		if len(f) < 3 || !strings.Contains(l, match) {
+			continue
+		}
+		at, err := time.ParseInLocation("2006-01-02 15:04:05.000", f[0]+" "+f[1], time.Local)
+		if err != nil || at.Before(from) {
+			continue
+		}
+		out = append(out, birdLine{at, f[2]})
 	}
-	return took, on1, len(l.longErrs), len(l.shortErr), l.longOK + l.shortOK
+	return out
+}
+
+// bfdDowns returns the lines of bird's log from from on in which one of
+// its BFD sessions went down.
+func bfdDowns(log string, from time.Time) []birdLine {
+	return birdLines(log, from, " changed state from Up to Down")
 }
 
 // birdTimes finds in bird's log, after cut, when bird's BFD session
@@ -497,23 +576,13 @@ func birdTimes(log string, cut time.Time, node, vip string) string {
 	steps := []struct{ what, match string }{
 		{"bird's BFD session expired", "bfd1: Session to " + node + " expired"},
 		{"its BGP session stopped", "lb1: State changed to stop"},
-		{"its route went to the kernel", "kernel1.ipv4 < "},
+		{"its route went to the kernel", "kernel1.ipv4 < replaced " + vip + "/32 "},
 	}
 	var out []string
-	from := cut.Truncate(time.Millisecond)
 	for _, s := range steps {
 		found := "not in its log"
-		for _, l := range strings.Split(log, "\n") {
-			f := strings.Fields(l)
-			if len(f) < 4 || !strings.Contains(l, s.match) || (s.match == "kernel1.ipv4 < " && !strings.Contains(l, " "+vip+"/32 ")) {
-				continue
-			}
-			at, err := time.ParseInLocation("2006-01-02 15:04:05.000", f[0]+" "+f[1], time.Local)
-			if err != nil || at.Before(from) {
-				continue
-			}
-			found = "+" + at.Sub(cut).Round(time.Millisecond).String()
-			break
+		if l := birdLines(log, cut, s.match); len(l) > 0 {
+			found = "+" + l[0].at.Sub(cut).Round(time.Millisecond).String()
 		}
 		out = append(out, s.what+" "+found)
 	}
@@ -610,10 +679,18 @@ func startRouteMonitor(t *testing.T, ns string, prefix netip.Prefix) *routeMonit
 	return m
 }
 
+// err returns what went wrong with the subscription: updates may be
+// missing.
+func (m *routeMonitor) err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return errors.Join(m.errs...)
+}
+
 // first waits until an update at or after from routes the prefix via
-// exactly hops, and returns it and every update from from until then.
-func (m *routeMonitor) first(t *testing.T, from time.Time, timeout time.Duration, hops ...string) (routeEvent, []routeEvent) {
-	t.Helper()
+// exactly hops, and returns it and every update from from until then;
+// after timeout, it returns the updates from from and false.
+func (m *routeMonitor) first(from time.Time, timeout time.Duration, hops ...string) (routeEvent, []routeEvent, bool) {
 	want := slices.Sorted(slices.Values(hops))
 	expire := time.NewTimer(timeout)
 	defer expire.Stop()
@@ -625,49 +702,18 @@ func (m *routeMonitor) first(t *testing.T, from time.Time, timeout time.Duration
 				since = append(since, e)
 			}
 		}
-		err := errors.Join(m.errs...)
 		m.mu.Unlock()
-		if err != nil {
-			t.Fatalf("the monitor of the route to %s failed: %v", m.prefix, err)
-		}
 		for i, e := range since {
 			if !e.deleted && slices.Equal(e.hops, want) {
-				return e, since[:i+1]
+				return e, since[:i+1], true
 			}
 		}
 		select {
 		case <-m.seen:
 		case <-expire.C:
-			t.Fatalf("%v after %s the route to %s was not updated to via %v only; its updates: %v",
-				timeout, from.Format("15:04:05.000"), m.prefix, want, since)
+			return routeEvent{}, since, false
 		}
 	}
-}
-
-// sameBFDSessions reports whether two outputs of bird's `show bfd
-// sessions` show the same sessions up since the same time (bird derives
-// Since from its monotonic clock: it may differ by a millisecond).
-func sameBFDSessions(a, b string) bool {
-	re := regexp.MustCompile(`(?m)^(\S+)\s+\S+\s+(\S+)\s+(\d\d:\d\d:\d\d\.\d+)`)
-	since := func(out string) map[string]time.Time {
-		m := map[string]time.Time{}
-		for _, f := range re.FindAllStringSubmatch(out, -1) {
-			if at, err := time.Parse("15:04:05.000", f[3]); err == nil && f[2] == "Up" {
-				m[f[1]] = at
-			}
-		}
-		return m
-	}
-	sa, sb := since(a), since(b)
-	if len(sa) == 0 || len(sa) != len(sb) {
-		return false
-	}
-	for k, at := range sa {
-		if d := sb[k].Sub(at); sb[k].IsZero() || d > 50*time.Millisecond || d < -50*time.Millisecond {
-			return false
-		}
-	}
-	return true
 }
 
 // TestBGPNodeLoss: lb1 loses its link (a dead node: no withdrawal, no
@@ -687,10 +733,13 @@ func TestBGPNodeLoss(t *testing.T) {
 }
 
 // TestBGPNodeLossBFD: the same loss (the router's port keeps its
-// carrier), five times under one load, with BFD between the nodes and
-// the router (100 ms × 3; bird asks for 100 ms): the router drops lb1
-// when its BFD session fails, not at the hold time. With mh and sloppy
-// TCP no long-lived connection breaks over the five cuts.
+// carrier), five times, with BFD between the nodes and the router
+// (100 ms × 3; bird asks for 100 ms): the router drops lb1 when its BFD
+// session fails, not at the hold time, within the issue's goal of 1 s
+// of the cut (it measured 211–315 ms, p50 247 ms, in 13 cuts: the 300 ms
+// detection time from the last packet received, and a millisecond or
+// two to bird's route). With mh and sloppy TCP no long-lived connection
+// breaks.
 func TestBGPNodeLossBFD(t *testing.T) {
 	const cuts = 5
 	took, on1, broken, failed, ok := nodeLoss(t, cuts, "scheduler = \"mh\"", "sloppy = true", "bfd = true\nbfd_interval = \"100ms\"\nbfd_multiplier = 3")
@@ -702,11 +751,12 @@ func TestBGPNodeLossBFD(t *testing.T) {
 	t.Logf("BFD 100ms x 3, mh, sloppy TCP: the router stopped using lb1 after its link was cut: n=%d, %s, p50 %v, max %v; at least %d long-lived connections were on lb1 at each cut, %d broke; %d short requests failed, %d requests succeeded",
 		len(took), strings.Join(each, " "), p50.Round(time.Millisecond), highest.Round(time.Millisecond), on1, broken, failed, ok)
 	// BFD, not the hold timer, took lb1 out (nodeLoss checks bird's
-	// reason): a hold timer of 3 s with keepalives every second cannot
-	// end the session sooner than 2 s after the cut.
+	// reason), within the goal: three times the slowest cut measured,
+	// which a stall that did not take a BFD session down (nodeLoss voids
+	// the cuts those did) does not reach.
 	for i, d := range took {
-		if d >= 2*time.Second {
-			t.Errorf("cut %d: the router stopped using lb1 %v after the cut, want less than the hold timer's 2 s at least", i+1, d.Round(time.Millisecond))
+		if d >= time.Second {
+			t.Errorf("cut %d: the router stopped using lb1 %v after the cut, want less than 1 s", i+1, d.Round(time.Millisecond))
 		}
 	}
 	if broken != 0 {
