@@ -533,6 +533,19 @@ func nodeLoss(t *testing.T, cuts int, svcExtra, bgpExtra, peerExtra string) (r n
 			void++
 			t.Logf("cut %d at %s is void: BFD sessions went down without a cut (the guest stalled): %s; the route's updates: %v; in its load %d long-lived connections broke, %d short requests failed, %d succeeded",
 				attempt, cut.Format("15:04:05.000"), strings.Join(stalls, "; "), updates, lb, sf, n)
+			// Which side missed the other's packets first.
+			for _, l := range birdLines(birdLog.String(), from, "bfd1: Session to ") {
+				t.Logf("cut %d: router: %s", attempt, l)
+			}
+			for _, node := range []*bgpNode{lb1, lb2} {
+				for _, l := range strings.Split(node.logSince(), "\n") {
+					stamp, _, _ := strings.Cut(l, " ")
+					at, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(stamp, "time="))
+					if err == nil && !at.Before(from) && strings.Contains(l, "bfd: session state") {
+						t.Logf("cut %d: %s: %s", attempt, node.name, l)
+					}
+				}
+			}
 			continue
 		}
 		r.took, r.call = append(r.took, end.at.Sub(cut)), append(r.call, cut.Sub(before))
