@@ -760,10 +760,10 @@ func TestBGPNodeLoss(t *testing.T) {
 // carrier), five times, with BFD between the nodes and the router
 // (100 ms × 3; bird asks for 100 ms): the router drops lb1 when its BFD
 // session fails, not at the hold time, within the goal of 1 s
-// of the cut (it measured 38–297 ms, p50 251 ms, in 30 cuts, 310 ms at
+// of the cut (it measured 38–297 ms, p50 249 ms, in 45 cuts, 322 ms at
 // most counted from the start of the netlink call: bird's BFD session
 // expires 300 ms after the last packet it received, up to an interval
-// before the cut; its route reaches the kernel 0–8 ms later, the test
+// before the cut; its route reaches the kernel 0–12 ms later, the test
 // 1–52 ms after that). With mh and sloppy TCP no long-lived connection
 // breaks.
 func TestBGPNodeLossBFD(t *testing.T) {
