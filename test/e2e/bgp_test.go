@@ -3,7 +3,9 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,8 +13,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // The BGP tests run two vipd nodes, lb1 and lb2, as namespaces on the LAN
@@ -88,19 +96,29 @@ func startRouter(t *testing.T, v6 bool) (birdc func(args ...string) string) {
 // session, and its routes, when the node's BFD session fails.
 func startRouterBFD(t *testing.T, v6, bfd bool) (birdc func(args ...string) string) {
 	t.Helper()
+	birdc, _ = startRouterLog(t, v6, bfd)
+	return birdc
+}
+
+// startRouterLog is startRouterBFD that also returns bird's log, its
+// lines stamped to the millisecond. With BFD, bird traces its BFD
+// sessions' events, its BGP sessions' states and what it writes to the
+// kernel: where the time from a cut to the route's change goes.
+func startRouterLog(t *testing.T, v6, bfd bool) (birdc func(args ...string) string, log *lockedBuffer) {
+	t.Helper()
 	bird, err := exec.LookPath("bird")
 	if err != nil {
 		t.Fatal("bird is not in the guest: install bird2 on the host (test/deps.sh, make deps); initramfs.sh copies it")
 	}
 	dir := t.TempDir()
 	var c strings.Builder
-	c.WriteString("router id 10.0.3.254;\nlog stderr all;\nprotocol device { scan time 1; }\n")
-	c.WriteString("protocol kernel { ipv4 { export all; }; merge paths yes; }\n")
-	bfdOn := ""
+	c.WriteString("router id 10.0.3.254;\nlog stderr all;\ntimeformat log \"%F %T.%3f\";\nprotocol device { scan time 1; }\n")
+	bfdOn, kernelDebug := "", ""
 	if bfd {
-		c.WriteString("protocol bfd {\n  interface \"eth0\" { interval 100 ms; multiplier 3; };\n}\n")
-		bfdOn = "  bfd on;\n"
+		c.WriteString("protocol bfd {\n  debug { states, events };\n  interface \"eth0\" { interval 100 ms; multiplier 3; };\n}\n")
+		bfdOn, kernelDebug = "  bfd on;\n  debug { states };\n", " debug { routes };"
 	}
+	fmt.Fprintf(&c, "protocol kernel { ipv4 { export all; }; merge paths yes;%s }\n", kernelDebug)
 	if v6 {
 		c.WriteString("protocol kernel { ipv6 { export all; }; merge paths yes; }\n")
 		for i := 1; i <= 2; i++ {
@@ -132,8 +150,7 @@ func startRouterBFD(t *testing.T, v6, bfd bool) (birdc func(args ...string) stri
 }
 `, i, 20+i, bfdOn)
 	}
-	birdc, _ = runBird(t, bird, dir, c.String())
-	return birdc
+	return runBird(t, bird, dir, c.String())
 }
 
 // runBird runs bird with config conf in the router namespace, its files
@@ -245,14 +262,21 @@ func bgpPair(t *testing.T, svcExtra, bgpExtra string) (*Topo, *bgpNode, *bgpNode
 // when it turns BFD on, the router runs BFD too.
 func bgpPairPeer(t *testing.T, svcExtra, bgpExtra, peerExtra string) (*Topo, *bgpNode, *bgpNode, func(...string) string) {
 	t.Helper()
+	tp, lb1, lb2, birdc, _ := bgpPairLog(t, svcExtra, bgpExtra, peerExtra)
+	return tp, lb1, lb2, birdc
+}
+
+// bgpPairLog is bgpPairPeer that also returns the router's log.
+func bgpPairLog(t *testing.T, svcExtra, bgpExtra, peerExtra string) (*Topo, *bgpNode, *bgpNode, func(...string) string, *lockedBuffer) {
+	t.Helper()
 	tp := NewTopo(t, "bgp 2")
-	birdc := startRouterBFD(t, false, strings.Contains(peerExtra, "bfd = true"))
+	birdc, log := startRouterLog(t, false, strings.Contains(peerExtra, "bfd = true"))
 	lb1 := startBGPNodePeer(t, tp, 1, svcExtra, bgpExtra, peerExtra)
 	lb2 := startBGPNodePeer(t, tp, 2, svcExtra, bgpExtra, peerExtra)
 	start := time.Now()
 	waitHops(t, tp.VIP, 30*time.Second, lb1.ip, lb2.ip)
 	t.Logf("the router uses both nodes %v after the second node was ready", time.Since(start).Round(time.Millisecond))
-	return tp, lb1, lb2, birdc
+	return tp, lb1, lb2, birdc, log
 }
 
 // TestBGPECMP: both nodes announce the VIP, the router spreads the flows
@@ -350,96 +374,370 @@ func TestBGPGracefulStop(t *testing.T) {
 	}
 }
 
-// nodeLoss cuts lb1's link under load and reports how long the router
-// kept using it and what broke.
-func nodeLoss(t *testing.T, svcExtra, bgpExtra, peerExtra string) (took time.Duration, on1, broken, failed, ok int) {
-	tp, lb1, lb2, birdc := bgpPairPeer(t, svcExtra, bgpExtra, peerExtra)
-	bfd := strings.Contains(peerExtra, "bfd = true")
-	var sessions string
-	if bfd {
-		// The router's BFD sessions with both nodes are up before the
-		// cut: BFD, not the hold time, is what is measured.
-		Eventually(t, 20*time.Second, 50*time.Millisecond, func() bool {
-			sessions = birdc("show", "bfd", "sessions")
-			return strings.Count(sessions, " Up ") == 2
-		}, "the router's BFD sessions are not up:\n%s", sessions)
-		waitHops(t, tp.VIP, 20*time.Second, lb1.ip, lb2.ip)
-		// vipd status shows lb1's BFD session up beside its BGP
-		// session, and its line.
-		var st string
-		Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
-			st = Run(t, vipdBin(), "status", "--socket", filepath.Join(lb1.dir, "vipd.sock"))
-			return strings.Contains(st, "bgp peer 10.0.3.254 AS65000: established") && strings.Contains(st, " routes, bfd up\n")
-		}, "vipd status does not show the BFD session up:\n%s", st)
-		mustContain(t, "vipd status", st, "bgp peer 10.0.3.254 bfd: up for ", ", remote up, tx 100ms, rx 100ms, multiplier 3 (remote 3), detection 300ms, ")
-		sessions = birdc("show", "bfd", "sessions")
-	}
-	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 20, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
-	time.Sleep(2 * time.Second)
-	if bfd {
-		// A session that went down and up again before the cut (its
-		// Since changed) means the guest stalled longer than the
-		// detection time: what follows would measure the stalls.
-		if now := birdc("show", "bfd", "sessions"); !sameBFDSessions(sessions, now) {
-			t.Fatalf("the router's BFD sessions flapped before the cut (a guest starved of CPU):\nbefore the load:\n%s\nat the cut:\n%s", sessions, now)
-		}
-	}
-	on1 = lb1.established(t)
-	cut := time.Now()
-	Run(t, "ip", "link", "set", "vlb1", "down")
-	took = waitHops(t, tp.VIP, 20*time.Second, lb2.ip).Sub(cut)
-	if bfd {
-		// BFD, not the hold timer, ended the session with lb1.
-		if out := birdc("show", "protocols", "all", "lb1"); !strings.Contains(out, "BFD session down") {
-			t.Errorf("the router did not end its session with lb1 for BFD:\n%s", out)
-		}
-	}
-	// Long-lived clients send every 200 ms; TCP retransmits what was
-	// lost while the router still sent to lb1.
-	time.Sleep(5 * time.Second)
-	close(l.stop)
-	l.wg.Wait()
-	if bfd {
-		// lb1 saw the silence: vipd status shows its BFD session down
-		// (time expired; neighbor signaled when a stalled guest took it
-		// down just before the cut, which the timing above reports).
-		st := Run(t, vipdBin(), "status", "--socket", filepath.Join(lb1.dir, "vipd.sock"))
-		if !regexp.MustCompile(`\nbgp peer 10\.0\.3\.254 AS65000: \S+.*, bfd down\nbgp peer 10\.0\.3\.254 bfd: down for \S+, .*, [1-9]\d* downs \(last: (control detection time expired|neighbor signaled session down)\)`).MatchString(st) {
-			t.Errorf("vipd status on lb1 does not show its BFD session down after the cut:\n%s", st)
-		}
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, e := range l.longErrs {
-		t.Logf("long-lived: %s", e)
-	}
-	return took, on1, len(l.longErrs), len(l.shortErr), l.longOK + l.shortOK
+// nodeLossResult is what nodeLoss measured.
+type nodeLossResult struct {
+	// took holds, for each cut, the time from the return of the netlink
+	// call that cut lb1's link to the router's route update that left
+	// only lb2; call, how long that call took (the cut happened during
+	// it, mostly at once, later when the guest stalled in it).
+	took, call []time.Duration
+	// on1 is the fewest long-lived connections lb1 had at a cut.
+	on1 int
+	// broken counts the long-lived connections that broke, failed the
+	// short requests that failed, ok the requests that succeeded.
+	broken, failed, ok int
 }
 
-// sameBFDSessions reports whether two outputs of bird's `show bfd
-// sessions` show the same sessions up since the same time (bird derives
-// Since from its monotonic clock: it may differ by a millisecond).
-func sameBFDSessions(a, b string) bool {
-	re := regexp.MustCompile(`(?m)^(\S+)\s+\S+\s+(\S+)\s+(\d\d:\d\d:\d\d\.\d+)`)
-	since := func(out string) map[string]time.Time {
-		m := map[string]time.Time{}
-		for _, f := range re.FindAllStringSubmatch(out, -1) {
-			if at, err := time.Parse("15:04:05.000", f[3]); err == nil && f[2] == "Up" {
-				m[f[1]] = at
+// nodeLoss cuts lb1's link under load until cuts cuts were measured,
+// bringing it back and waiting until the router uses both nodes again
+// between them, and reports how long the router kept using lb1 after
+// each cut and what broke in them. The cut is a netlink call in the
+// test, timed when it returns; the router's change is timed by a route
+// monitor that runs from before the first cut: no process start, which
+// takes tens to hundreds of milliseconds in the emulated guest, lies on
+// either end.
+//
+// Each cut runs its own load, from 2 s before it to 5 s after (TCP
+// retransmits what was lost while the router still sent to lb1). With
+// BFD, a cut during which a BFD session went down that the cut did not
+// take down (the guest stalled longer than the detection time: what it
+// measured were the stalls, and a router that dropped both nodes broke
+// connections no load balancer could keep) is void: logged with what
+// broke in it and done again, up to cuts more times.
+func nodeLoss(t *testing.T, cuts int, svcExtra, bgpExtra, peerExtra string) (r nodeLossResult) {
+	tp, lb1, lb2, birdc, birdLog := bgpPairLog(t, svcExtra, bgpExtra, peerExtra)
+	bfd := strings.Contains(peerExtra, "bfd = true")
+	mon := startRouteMonitor(t, "rtr", netip.PrefixFrom(netip.MustParseAddr(tp.VIP), 32))
+	vlb1, err := netlink.LinkByName("vlb1")
+	if err != nil {
+		t.Fatalf("lb1's port on the LAN: %v", err)
+	}
+	status := func() string { return Run(t, vipdBin(), "status", "--socket", filepath.Join(lb1.dir, "vipd.sock")) }
+	// ready waits until the router routes the VIP via both nodes and,
+	// with BFD, the router's BFD sessions with both are up and vipd
+	// status on lb1 shows its own up: BFD, not the hold time, is what a
+	// cut then measures.
+	ready := func() {
+		t.Helper()
+		if bfd {
+			var sessions string
+			Eventually(t, 30*time.Second, 50*time.Millisecond, func() bool {
+				sessions = birdc("show", "bfd", "sessions")
+				return strings.Count(sessions, " Up ") == 2
+			}, "the router's BFD sessions are not up:\n%s", sessions)
+		}
+		waitHops(t, tp.VIP, 30*time.Second, lb1.ip, lb2.ip)
+		if bfd {
+			var st string
+			Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
+				st = status()
+				return strings.Contains(st, "bgp peer 10.0.3.254 AS65000: established") && strings.Contains(st, " routes, bfd up\n")
+			}, "vipd status does not show the BFD session up:\n%s", st)
+		}
+	}
+	ready()
+	if bfd {
+		mustContain(t, "vipd status", status(), "bgp peer 10.0.3.254 bfd: up for ", ", remote up, tx 100ms, rx 100ms, multiplier 3 (remote 3), detection 300ms, ")
+	}
+	downRE := regexp.MustCompile(`\nbgp peer 10\.0\.3\.254 AS65000: \S+.*, bfd down\nbgp peer 10\.0\.3\.254 bfd: down for \S+, .*, (\d+) downs \(last: (?:control detection time expired|neighbor signaled session down)\)`)
+	// With BFD the hold timer cannot drop lb1 first; a route that does
+	// not change within it means lb1 was dropped before the cut.
+	wait := 20 * time.Second
+	if bfd {
+		wait = 5 * time.Second
+	}
+	r.on1 = -1
+	void := 0
+	for attempt := 1; len(r.took) < cuts; attempt++ {
+		if void > cuts {
+			t.Fatalf("%d of %d cuts were void: the guest stalls longer than BFD's detection time too often to measure", void, attempt-1)
+		}
+		if attempt > 1 {
+			if err := netlink.LinkSetUp(vlb1); err != nil {
+				t.Fatalf("set vlb1 up: %v", err)
+			}
+			ready()
+		}
+		from := time.Now()
+		l := startLoadWith(t, tp, loadOptions{Port: 80, Long: 20, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
+		time.Sleep(2 * time.Second)
+		n1 := lb1.established(t)
+		before := time.Now()
+		if err := netlink.LinkSetDown(vlb1); err != nil {
+			t.Fatalf("cut %d: set vlb1 down: %v", attempt, err)
+		}
+		cut := time.Now()
+		end, updates, changed := mon.first(before, wait, lb2.ip)
+		if err := mon.err(); err != nil {
+			t.Fatalf("cut %d: the monitor of the router's route to %s failed: %v", attempt, tp.VIP, err)
+		}
+		// Every BFD session that went down since the load started, but
+		// lb1's at its cut, went down because the guest stalled.
+		stalled := func() []string {
+			if !bfd {
+				return nil
+			}
+			downs := bfdDowns(birdLog.String(), from)
+			if i := slices.IndexFunc(downs, func(d birdLine) bool {
+				return !d.at.Before(cut.Truncate(time.Millisecond)) && strings.Contains(d.text, " "+lb1.ip+" ")
+			}); i >= 0 {
+				downs = slices.Delete(downs, i, i+1)
+			}
+			var s []string
+			for _, d := range downs {
+				s = append(s, d.String())
+			}
+			return s
+		}
+		stalls := stalled()
+		if !changed && len(stalls) == 0 {
+			t.Fatalf("cut %d: %v after it the router's route to %s was not updated to via %s only; its updates: %v; its table: %v",
+				attempt, wait, tp.VIP, lb2.ip, updates, nextHops(t, tp.VIP))
+		}
+		where := ""
+		if changed && len(stalls) == 0 {
+			if hops := nextHops(t, tp.VIP); !slices.Equal(hops, []string{lb2.ip}) {
+				t.Errorf("cut %d: the route update said via %s only, the router's table says via %v", attempt, lb2.ip, hops)
+			}
+			if bfd {
+				// BFD, not the hold timer, ended the session with lb1.
+				if out := birdc("show", "protocols", "all", "lb1"); !strings.Contains(out, "BFD session down") {
+					t.Errorf("cut %d: the router did not end its session with lb1 for BFD:\n%s", attempt, out)
+				}
+				where = "; " + birdTimes(birdLog.String(), cut, lb1.ip, tp.VIP)
+				// lb1 saw the silence: vipd status shows its BFD
+				// session down once more.
+				var st string
+				Eventually(t, 10*time.Second, 100*time.Millisecond, func() bool {
+					st = status()
+					m := downRE.FindStringSubmatch(st)
+					if m == nil {
+						return false
+					}
+					n, _ := strconv.Atoi(m[1])
+					return n >= len(r.took)+1
+				}, "cut %d: vipd status on lb1 does not show its BFD session down (%d downs at least):\n%s", attempt, len(r.took)+1, st)
 			}
 		}
-		return m
+		time.Sleep(5 * time.Second)
+		close(l.stop)
+		l.wg.Wait()
+		stalls = stalled()
+		l.mu.Lock()
+		lb, sf, n := len(l.longErrs), len(l.shortErr), l.longOK+l.shortOK
+		for _, e := range l.longErrs {
+			t.Logf("cut %d: long-lived: %s", attempt, e)
+		}
+		l.mu.Unlock()
+		if len(stalls) > 0 {
+			void++
+			t.Logf("cut %d at %s is void: BFD sessions went down without a cut (the guest stalled): %s; the route's updates: %v; in its load %d long-lived connections broke, %d short requests failed, %d succeeded",
+				attempt, cut.Format("15:04:05.000"), strings.Join(stalls, "; "), updates, lb, sf, n)
+			// Which side missed the other's packets first.
+			for _, l := range birdLines(birdLog.String(), from, "bfd1: Session to ") {
+				t.Logf("cut %d: router: %s", attempt, l)
+			}
+			for _, node := range []*bgpNode{lb1, lb2} {
+				for _, l := range strings.Split(node.logSince(), "\n") {
+					stamp, _, _ := strings.Cut(l, " ")
+					at, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(stamp, "time="))
+					if err == nil && !at.Before(from) && strings.Contains(l, "bfd: session state") {
+						t.Logf("cut %d: %s: %s", attempt, node.name, l)
+					}
+				}
+			}
+			continue
+		}
+		r.took, r.call = append(r.took, end.at.Sub(cut)), append(r.call, cut.Sub(before))
+		if r.on1 < 0 || n1 < r.on1 {
+			r.on1 = n1
+		}
+		r.broken, r.failed, r.ok = r.broken+lb, r.failed+sf, r.ok+n
+		t.Logf("cut %d at %s: the router routed the VIP via lb2 only %v after it (the netlink call took %v)%s; the route's updates: %v; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d succeeded",
+			attempt, cut.Format("15:04:05.000"), r.took[len(r.took)-1].Round(time.Millisecond), cut.Sub(before).Round(time.Microsecond), where, updates, n1, lb, sf, n)
 	}
-	sa, sb := since(a), since(b)
-	if len(sa) == 0 || len(sa) != len(sb) {
-		return false
+	return r
+}
+
+// birdLine is a line of bird's log and its time stamp.
+type birdLine struct {
+	at   time.Time
+	text string
+}
+
+func (l birdLine) String() string { return l.at.Format("15:04:05.000") + " " + l.text }
+
+// birdLines returns the lines of bird's log stamped at or after from
+// (to the millisecond) that contain match.
+func birdLines(log string, from time.Time, match string) []birdLine {
+	var out []birdLine
+	from = from.Truncate(time.Millisecond)
+	for _, l := range strings.Split(log, "\n") {
+		f := strings.SplitN(strings.TrimSpace(l), " ", 3)
+		if len(f) < 3 || !strings.Contains(l, match) {
+			continue
+		}
+		at, err := time.ParseInLocation("2006-01-02 15:04:05.000", f[0]+" "+f[1], time.Local)
+		if err != nil || at.Before(from) {
+			continue
+		}
+		out = append(out, birdLine{at, f[2]})
 	}
-	for k, at := range sa {
-		if d := sb[k].Sub(at); sb[k].IsZero() || d > 50*time.Millisecond || d < -50*time.Millisecond {
-			return false
+	return out
+}
+
+// bfdDowns returns the lines of bird's log from from on in which one of
+// its BFD sessions went down.
+func bfdDowns(log string, from time.Time) []birdLine {
+	return birdLines(log, from, " changed state from Up to Down")
+}
+
+// birdTimes finds in bird's log, after cut, when bird's BFD session
+// with node expired, when it stopped its BGP session with node, and when
+// it wrote its new route to vip to the kernel, and says each as the time
+// since cut (bird stamps its lines to the millisecond).
+func birdTimes(log string, cut time.Time, node, vip string) string {
+	steps := []struct{ what, match string }{
+		{"bird's BFD session expired", "bfd1: Session to " + node + " expired"},
+		{"its BGP session stopped", "lb1: State changed to stop"},
+		{"its route went to the kernel", "kernel1.ipv4 < replaced " + vip + "/32 "},
+	}
+	var out []string
+	for _, s := range steps {
+		found := "not in its log"
+		if l := birdLines(log, cut, s.match); len(l) > 0 {
+			found = "+" + l[0].at.Sub(cut).Round(time.Millisecond).String()
+		}
+		out = append(out, s.what+" "+found)
+	}
+	return strings.Join(out, ", ")
+}
+
+// routeMonitor records the updates of one of a namespace's kernel
+// routes, each stamped when the test received it from its netlink
+// subscription.
+type routeMonitor struct {
+	prefix netip.Prefix
+	seen   chan struct{} // a value after each update
+	mu     sync.Mutex
+	events []routeEvent
+	errs   []error
+}
+
+// routeEvent is one update of the monitored route.
+type routeEvent struct {
+	at      time.Time
+	deleted bool
+	hops    []string // its next hops, sorted
+}
+
+func (e routeEvent) String() string {
+	if e.deleted {
+		return e.at.Format("15:04:05.000") + " deleted"
+	}
+	return e.at.Format("15:04:05.000") + " via " + strings.Join(e.hops, " ")
+}
+
+// startRouteMonitor subscribes to the route updates of namespace ns and
+// records those of prefix until the test ends.
+func startRouteMonitor(t *testing.T, ns string, prefix netip.Prefix) *routeMonitor {
+	t.Helper()
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatalf("namespace %s: %v", ns, err)
+	}
+	defer h.Close()
+	m := &routeMonitor{prefix: prefix, seen: make(chan struct{}, 1)}
+	ch := make(chan netlink.RouteUpdate, 64)
+	done := make(chan struct{})
+	var closing atomic.Bool
+	err = netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{
+		Namespace:         &h,
+		ReceiveBufferSize: 1 << 20,
+		ErrorCallback: func(err error) {
+			if !closing.Load() {
+				m.mu.Lock()
+				m.errs = append(m.errs, err)
+				m.mu.Unlock()
+			}
+		},
+	})
+	if err != nil {
+		t.Fatalf("subscribe to the routes of namespace %s: %v", ns, err)
+	}
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for u := range ch {
+			at := time.Now()
+			if u.Dst == nil {
+				continue
+			}
+			addr, ok := netip.AddrFromSlice(u.Dst.IP)
+			bits, _ := u.Dst.Mask.Size()
+			if !ok || netip.PrefixFrom(addr.Unmap(), bits) != prefix {
+				continue
+			}
+			e := routeEvent{at: at, deleted: u.Type == unix.RTM_DELROUTE}
+			for _, nh := range u.MultiPath {
+				e.hops = append(e.hops, nh.Gw.String())
+			}
+			if len(u.MultiPath) == 0 && u.Gw != nil {
+				e.hops = append(e.hops, u.Gw.String())
+			}
+			slices.Sort(e.hops)
+			m.mu.Lock()
+			m.events = append(m.events, e)
+			m.mu.Unlock()
+			select {
+			case m.seen <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		closing.Store(true)
+		close(done)
+		<-finished
+	})
+	return m
+}
+
+// err returns what went wrong with the subscription: updates may be
+// missing.
+func (m *routeMonitor) err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return errors.Join(m.errs...)
+}
+
+// first waits until an update at or after from routes the prefix via
+// exactly hops, and returns it and every update from from until then;
+// after timeout, it returns the updates from from and false.
+func (m *routeMonitor) first(from time.Time, timeout time.Duration, hops ...string) (routeEvent, []routeEvent, bool) {
+	want := slices.Sorted(slices.Values(hops))
+	expire := time.NewTimer(timeout)
+	defer expire.Stop()
+	for {
+		m.mu.Lock()
+		var since []routeEvent
+		for _, e := range m.events {
+			if !e.at.Before(from) {
+				since = append(since, e)
+			}
+		}
+		m.mu.Unlock()
+		for i, e := range since {
+			if !e.deleted && slices.Equal(e.hops, want) {
+				return e, since[:i+1], true
+			}
+		}
+		select {
+		case <-m.seen:
+		case <-expire.C:
+			return routeEvent{}, since, false
 		}
 	}
-	return true
 }
 
 // TestBGPNodeLoss: lb1 loses its link (a dead node: no withdrawal, no
@@ -447,41 +745,66 @@ func sameBFDSessions(a, b string) bool {
 // expires; with mh and sloppy TCP the long-lived connections that were on
 // lb1 continue on lb2.
 func TestBGPNodeLoss(t *testing.T) {
-	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"mh\"", "sloppy = true", "")
+	r := nodeLoss(t, 1, "scheduler = \"mh\"", "sloppy = true", "")
 	t.Logf("mh, sloppy TCP: the router stopped using lb1 %v after its link was cut; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d requests succeeded",
-		took.Round(time.Millisecond), on1, broken, failed, ok)
-	if broken != 0 {
-		t.Errorf("%d long-lived connections broke with mh and sloppy TCP", broken)
+		r.took[0].Round(time.Millisecond), r.on1, r.broken, r.failed, r.ok)
+	if r.broken != 0 {
+		t.Errorf("%d long-lived connections broke with mh and sloppy TCP", r.broken)
 	}
-	if on1 == 0 {
+	if r.on1 == 0 {
 		t.Error("no long-lived connection was on lb1: the test proves nothing")
 	}
 }
 
 // TestBGPNodeLossBFD: the same loss (the router's port keeps its
-// carrier) with BFD between the nodes and the router (100 ms × 3; bird
-// asks for 100 ms): the router drops lb1 when its BFD session fails,
-// not at the hold time (it measured 0.41–1.53 s, p50 0.64 s; with the
-// defaults, 200 ms × 3, 0.70–1.26 s). With mh and sloppy TCP no
-// long-lived connection breaks.
+// carrier), five times, with BFD between the nodes and the router
+// (100 ms × 3; bird asks for 100 ms): the router drops lb1 when its BFD
+// session fails, not at the hold time, within the issue's goal of 1 s
+// of the cut (it measured 38–297 ms, p50 249 ms, in 45 cuts, 322 ms at
+// most counted from the start of the netlink call: bird's BFD session
+// expires 300 ms after the last packet it received, up to an interval
+// before the cut; its route reaches the kernel 0–12 ms later, the test
+// 1–52 ms after that). With mh and sloppy TCP no long-lived connection
+// breaks.
 func TestBGPNodeLossBFD(t *testing.T) {
-	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"mh\"", "sloppy = true", "bfd = true\nbfd_interval = \"100ms\"\nbfd_multiplier = 3")
-	t.Logf("BFD 100ms x 3, mh, sloppy TCP: the router stopped using lb1 %v after its link was cut; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d requests succeeded",
-		took.Round(time.Millisecond), on1, broken, failed, ok)
+	const cuts = 5
+	r := nodeLoss(t, cuts, "scheduler = \"mh\"", "sloppy = true", "bfd = true\nbfd_interval = \"100ms\"\nbfd_multiplier = 3")
+	p50, highest := medianMax(r.took)
+	var each []string
+	for _, d := range r.took {
+		each = append(each, d.Round(time.Millisecond).String())
+	}
+	t.Logf("BFD 100ms x 3, mh, sloppy TCP: the router stopped using lb1 after its link was cut: n=%d, %s, p50 %v, max %v; at least %d long-lived connections were on lb1 at each cut, %d broke; %d short requests failed, %d requests succeeded",
+		len(r.took), strings.Join(each, " "), p50.Round(time.Millisecond), highest.Round(time.Millisecond), r.on1, r.broken, r.failed, r.ok)
 	// BFD, not the hold timer, took lb1 out (nodeLoss checks bird's
-	// reason): a hold timer of 3 s with keepalives every second cannot
-	// end the session sooner than 2 s after the cut. The goal of 1 s is
-	// a measurement (docs/bgp.md), not this test's bound: the emulated
-	// guest's scheduling adds up to half a second to single cuts.
-	if took >= 2*time.Second {
-		t.Errorf("the router stopped using lb1 %v after the cut, want less than the hold timer's 2 s at least", took.Round(time.Millisecond))
+	// reason), within the goal, counted from the start of the netlink
+	// call: more than three times the slowest cut measured, which a
+	// stall that did not take a BFD session down (nodeLoss voids the
+	// cuts those did) does not reach.
+	for i, d := range r.took {
+		if d+r.call[i] >= time.Second {
+			t.Errorf("cut %d: the router stopped using lb1 %v after the cut (%v after the call to cut began), want less than 1 s",
+				i+1, d.Round(time.Millisecond), (d + r.call[i]).Round(time.Millisecond))
+		}
 	}
-	if broken != 0 {
-		t.Errorf("%d long-lived connections broke with mh and sloppy TCP", broken)
+	if r.broken != 0 {
+		t.Errorf("%d long-lived connections broke with mh and sloppy TCP", r.broken)
 	}
-	if on1 == 0 {
-		t.Error("no long-lived connection was on lb1: the test proves nothing")
+	if r.on1 == 0 {
+		t.Error("no long-lived connection was on lb1 at a cut: the test proves nothing")
 	}
+}
+
+// medianMax returns the median and the largest of d.
+func medianMax(d []time.Duration) (p50, highest time.Duration) {
+	s := slices.Sorted(slices.Values(d))
+	if len(s) == 0 {
+		return 0, 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2], s[len(s)-1]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2, s[len(s)-1]
 }
 
 // TestBGPNodeLossWithoutSloppy: the same loss with wlc (the other node's
@@ -489,11 +812,11 @@ func TestBGPNodeLossBFD(t *testing.T) {
 // a mid-stream packet it does not know): the connections that were on
 // lb1 break. Reported, not asserted beyond that some broke.
 func TestBGPNodeLossWithoutSloppy(t *testing.T) {
-	took, on1, broken, failed, ok := nodeLoss(t, "scheduler = \"wlc\"", "sloppy = false", "")
+	r := nodeLoss(t, 1, "scheduler = \"wlc\"", "sloppy = false", "")
 	t.Logf("wlc, no sloppy TCP: the router stopped using lb1 %v after its link was cut; %d long-lived connections were on lb1, %d broke; %d short requests failed, %d requests succeeded",
-		took.Round(time.Millisecond), on1, broken, failed, ok)
-	if on1 > 0 && broken == 0 {
-		t.Errorf("no connection broke without sloppy TCP although %d were on lb1", on1)
+		r.took[0].Round(time.Millisecond), r.on1, r.broken, r.failed, r.ok)
+	if r.on1 > 0 && r.broken == 0 {
+		t.Errorf("no connection broke without sloppy TCP although %d were on lb1", r.on1)
 	}
 }
 
