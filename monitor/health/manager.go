@@ -22,7 +22,13 @@ const (
 	DefaultStartSpread = time.Second
 	DefaultRetain      = time.Minute
 	DefaultSlack       = 10 * time.Millisecond
+	// MaxSlack bounds the slack that a zero Options.Slack adapts to.
+	MaxSlack = 50 * time.Millisecond
 )
+
+// slackShare is the share of the shortest interval in use that a zero
+// Options.Slack lets a probe start late: 1/slackShare of it.
+const slackShare = 20
 
 // Transition reports that a backend of a service changed state.
 type Transition struct {
@@ -69,9 +75,13 @@ type Options struct {
 	// the scheduler costs the runtime more than a probe to a nearby
 	// backend costs the kernel, so at a few hundred probes a second
 	// batching them saves a good part of the checker's CPU
-	// (test/bench/results); a check's interval is seconds, and 10 ms
-	// late is nothing to it. Zero means DefaultSlack; a negative value
-	// wakes for every due time.
+	// (test/bench/results); a check's interval is seconds, and tens of
+	// milliseconds late is nothing to it. The poller of tcp checks
+	// times its probes out with the same slack: a timeout is seen at
+	// most Slack after it passed. Zero means 1/20 of the shortest
+	// interval of the checks in use, at least DefaultSlack and at most
+	// MaxSlack (50 ms for checks every second); a negative value wakes
+	// for every due time and deadline.
 	Slack time.Duration
 	// Retain is how long the state of a check that an Update removed is
 	// kept for a later Update that asks for its target again, as the
@@ -141,7 +151,10 @@ type Manager struct {
 	pending   []Transition
 	running   bool
 	workers   int // worker goroutines alive
-	stats     Stats
+	// slack is the scheduler's (Options.Slack, or what its zero value
+	// adapts to for the checks in use).
+	slack time.Duration
+	stats Stats
 }
 
 // Worker pool sizing: workers beyond the first minWorkers exit after
@@ -233,9 +246,6 @@ func NewManager(opts Options) *Manager {
 	if opts.Retain == 0 {
 		opts.Retain = DefaultRetain
 	}
-	if opts.Slack == 0 {
-		opts.Slack = DefaultSlack
-	}
 	seed := opts.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -253,7 +263,19 @@ func NewManager(opts Options) *Manager {
 		removed:   map[targetKey][]removedCheck{},
 		backends:  map[ref]*backend{},
 		byService: map[string][]netip.AddrPort{},
+		slack:     slackFor(opts.Slack, 0),
 	}
+}
+
+// slackFor returns the scheduler's slack for the Options.Slack of opt,
+// with minInterval the shortest interval of the checks (zero if none):
+// opt itself if not zero, else minInterval/slackShare between
+// DefaultSlack and MaxSlack.
+func slackFor(opt, minInterval time.Duration) time.Duration {
+	if opt != 0 {
+		return opt
+	}
+	return min(max(minInterval/slackShare, DefaultSlack), MaxSlack)
 }
 
 // wanted is one check an Update asks for.
@@ -416,6 +438,13 @@ func (m *Manager) Update(targets []Target) error {
 		byService[r.service] = append(byService[r.service], r.backend)
 	}
 	m.backends, m.byService = backends, byService
+	var shortest time.Duration
+	for _, c := range m.checks {
+		if shortest == 0 || c.interval < shortest {
+			shortest = c.interval
+		}
+	}
+	m.slack = slackFor(m.opts.Slack, shortest)
 	m.mu.Unlock()
 	for _, c := range dropped {
 		closeIdle(c)
@@ -715,7 +744,8 @@ func (m *Manager) Run(ctx context.Context) error {
 	timer := m.clock.NewTimer()
 	defer timer.Stop()
 	for {
-		due, next, now := m.popDue()
+		due, next, now, slack := m.popDue()
+		p.setSlack(slack)
 		for i, c := range due {
 			if !m.hand(ctx, &wg, p, c) {
 				m.requeue(due[i:])
@@ -734,10 +764,10 @@ func (m *Manager) Run(ctx context.Context) error {
 		switch {
 		case next.IsZero():
 			timer.Stop()
-		case m.opts.Slack > 0 && next.Before(now.Add(m.opts.Slack)):
-			// Not again within Slack: the probes due by then start
-			// together.
-			timer.Reset(now.Add(m.opts.Slack))
+		case slack > 0 && next.Before(now.Add(slack)):
+			// Not again within the slack: the probes due by then
+			// start together.
+			timer.Reset(now.Add(slack))
 		default:
 			timer.Reset(next)
 		}
@@ -863,9 +893,9 @@ func (m *Manager) retire(force bool) bool {
 }
 
 // popDue takes the checks due now off the queue, and returns them with the
-// due time of the next check still queued (zero if none) and the time it
-// took them at.
-func (m *Manager) popDue() ([]*check, time.Time, time.Time) {
+// due time of the next check still queued (zero if none), the time it
+// took them at, and the slack.
+func (m *Manager) popDue() ([]*check, time.Time, time.Time, time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.clock.Now()
@@ -875,9 +905,9 @@ func (m *Manager) popDue() ([]*check, time.Time, time.Time) {
 	}
 	m.stats.InFlight += len(due)
 	if len(m.queue) == 0 {
-		return due, time.Time{}, now
+		return due, time.Time{}, now, m.slack
 	}
-	return due, m.queue[0].next, now
+	return due, m.queue[0].next, now, m.slack
 }
 
 // requeue puts checks taken off the queue but not probed back on it.

@@ -56,6 +56,10 @@ type poller struct {
 	closing bool
 	// failed says that the loop ended on an error of its own.
 	failed atomic.Bool
+	// slack (ns) is how late the loop may see a deadline pass, so that
+	// it wakes once for the deadlines within it rather than once for
+	// each: it wakes for deadlines at most once per slack.
+	slack atomic.Int64
 }
 
 // pollHandler is what a kind of probe does on its socket's readiness.
@@ -224,6 +228,15 @@ func (p *poller) setWake() {
 	_ = p.file.SetReadDeadline(t) // fails only once closed
 }
 
+// setSlack makes d (none if not positive) the slack of p's deadlines (p
+// may be nil): the Manager's, whose probes end at most d after their
+// deadlines.
+func (p *poller) setSlack(d time.Duration) {
+	if p != nil {
+		p.slack.Store(int64(max(d, 0)))
+	}
+}
+
 // flush sends what the probes started on p since the last flush have
 // queued (half-open probes' SYNs, sent together).
 func (p *poller) flush() { flushSYNs() }
@@ -318,7 +331,7 @@ func (p *poller) loop() {
 				done = append(done, ended{op, errPollerClosed})
 			}
 		}
-		p.plan()
+		p.plan(now)
 		p.mu.Unlock()
 		for _, d := range done {
 			if d.op.fd >= 0 {
@@ -356,12 +369,15 @@ func (p *poller) remove(op *pollOp) {
 	}
 }
 
-// plan makes the loop wake on its own at the first deadline. Called with
-// mu held.
-func (p *poller) plan() {
+// plan makes the loop, which woke at now, wake on its own at the first
+// deadline, or, if that is sooner, at the end of the slack: with probes
+// in flight all the time, it wakes once per slack for the deadlines of
+// the probes started since, most of which replies have ended before.
+// Called with mu held.
+func (p *poller) plan(now int64) {
 	p.sleep = math.MaxInt64
 	if len(p.deadlines) > 0 {
-		p.sleep = p.deadlines[0].deadline
+		p.sleep = max(p.deadlines[0].deadline, now+p.slack.Load())
 	}
 	p.setWake()
 }

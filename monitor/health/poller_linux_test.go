@@ -484,3 +484,45 @@ func httpProbes(t *testing.T, c *HTTPCheck) map[string]func(time.Duration) error
 	}
 	return ways
 }
+
+// sockless is the handler of test probes without a socket, which only
+// time out.
+type sockless struct{}
+
+func (sockless) event(*pollOp, uint32) (bool, error) { return false, nil }
+func (sockless) timeout(*pollOp) error               { return os.ErrDeadlineExceeded }
+func (sockless) release(*pollOp)                     {}
+
+// TestPollerSlack checks that the poller wakes for deadlines at most once
+// per its slack: of two probes due 20ms apart, the second times out with
+// the first without slack, and a slack after it with one.
+func TestPollerSlack(t *testing.T) {
+	for _, slack := range []time.Duration{0, 300 * time.Millisecond} {
+		p := testPoller(t)
+		p.setSlack(slack)
+		t0 := time.Now()
+		ended := make(chan time.Duration, 2)
+		for _, d := range []time.Duration{50 * time.Millisecond, 70 * time.Millisecond} {
+			op := &pollOp{fd: -1, deadline: p.at(t0.Add(d)), handler: sockless{}, owner: p}
+			op.done = func(err error) {
+				if !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Errorf("probe due at %v ended with %v, want a timeout", d, err)
+				}
+				ended <- time.Since(t0)
+			}
+			if err := p.add(op, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		first, second := <-ended, <-ended
+		if first < 50*time.Millisecond || second < 70*time.Millisecond {
+			t.Errorf("slack %v: the probes timed out at %v and %v, before their deadlines", slack, first, second)
+		}
+		if slack > 0 && second-first < slack {
+			t.Errorf("slack %v: the second probe timed out %v after the first, want the slack", slack, second-first)
+		}
+		if slack == 0 && second-first > 200*time.Millisecond {
+			t.Errorf("no slack: the second probe timed out %v after the first, want about 20ms", second-first)
+		}
+	}
+}

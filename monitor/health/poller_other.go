@@ -2,7 +2,10 @@
 
 package health
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // errPollerClosed ends the probes in flight when a poller closes.
 var errPollerClosed = errors.New("health checks stopped")
@@ -22,6 +25,9 @@ func (p *poller) close() {}
 
 // flush does nothing.
 func (p *poller) flush() {}
+
+// setSlack does nothing.
+func (p *poller) setSlack(time.Duration) {}
 
 // pollRequest returns nil: no http check runs on a poller.
 func (c *HTTPCheck) pollRequest() []byte { return nil }
