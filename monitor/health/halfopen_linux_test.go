@@ -523,7 +523,7 @@ func TestHalfOpenFilter(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.file.Close()
+			defer unix.Close(s.fd)
 			count := func() (synacks, resets int) {
 				var buf [synSnap]byte
 				time.Sleep(50 * time.Millisecond)

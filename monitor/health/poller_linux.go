@@ -51,9 +51,12 @@ type poller struct {
 	deadlines opHeap
 	// sleep is when the loop wakes on its own (math.MaxInt64: never),
 	// so that add wakes it only for an earlier deadline.
-	sleep   int64
-	gen     uint32
-	closing bool
+	sleep int64
+	// sockless counts the ops in flight without a socket (half-open
+	// probes), whose replies the loop collects.
+	sockless int
+	gen      uint32
+	closing  bool
 	// failed says that the loop ended on an error of its own.
 	failed atomic.Bool
 	// slack (ns) is how late the loop may see a deadline pass, so that
@@ -178,10 +181,17 @@ func (p *poller) add(op *pollOp, events uint32) error {
 	op.gen = p.gen
 	if op.fd >= 0 {
 		p.ops[int32(op.fd)] = op
+	} else {
+		p.sockless++
 	}
 	heap.Push(&p.deadlines, op)
-	if op.deadline < p.sleep {
-		p.sleep = op.deadline
+	wake := op.deadline
+	if op.fd < 0 {
+		// Its reply is to be collected within a slack.
+		wake = min(wake, p.now()+p.collectEvery())
+	}
+	if wake < p.sleep {
+		p.sleep = wake
 		p.setWake()
 	}
 	p.mu.Unlock()
@@ -212,6 +222,7 @@ func (p *poller) finish(op *pollOp, err error) {
 		return
 	}
 	heap.Remove(&p.deadlines, op.index)
+	p.sockless--
 	// The loop may wake for the deadline of op, find nothing due and
 	// plan again: cheaper than waking it now.
 	p.mu.Unlock()
@@ -280,6 +291,14 @@ func (p *poller) loop() {
 	}
 	for {
 		err := p.raw.Read(wait)
+		p.mu.Lock()
+		collect := p.sockless > 0
+		p.mu.Unlock()
+		if collect {
+			// Before the deadlines: a reply that came in time ends
+			// its probe, which does not time out.
+			collectSYNs()
+		}
 		switch {
 		case err == nil && werr == nil:
 		case errors.Is(err, os.ErrDeadlineExceeded):
@@ -366,6 +385,9 @@ func (p *poller) remove(op *pollOp) {
 	}
 	if op.index >= 0 {
 		heap.Remove(&p.deadlines, op.index)
+		if op.fd < 0 {
+			p.sockless--
+		}
 	}
 }
 
@@ -373,14 +395,25 @@ func (p *poller) remove(op *pollOp) {
 // deadline, or, if that is sooner, at the end of the slack: with probes
 // in flight all the time, it wakes once per slack for the deadlines of
 // the probes started since, most of which replies have ended before.
-// Called with mu held.
+// With half-open probes in flight, it wakes within collectEvery to
+// collect their replies. Called with mu held.
 func (p *poller) plan(now int64) {
 	p.sleep = math.MaxInt64
 	if len(p.deadlines) > 0 {
 		p.sleep = max(p.deadlines[0].deadline, now+p.slack.Load())
 	}
+	if p.sockless > 0 {
+		p.sleep = min(p.sleep, now+p.collectEvery())
+	}
 	p.setWake()
 }
+
+// collectEvery is how long the replies of half-open probes may wait to
+// be collected: the slack, at least minCollect.
+func (p *poller) collectEvery() int64 { return max(p.slack.Load(), int64(minCollect)) }
+
+// minCollect is the shortest wait of a reply with no slack.
+const minCollect = time.Millisecond
 
 // opHeap orders ops by deadline.
 type opHeap []*pollOp
