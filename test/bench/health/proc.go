@@ -150,3 +150,41 @@ func parseRSS(s string) (uint64, error) {
 	}
 	return 0, fmt.Errorf("no VmRSS line")
 }
+
+// RSSParts returns the resident set of process pid by kind, in bytes:
+// anonymous memory (heap, stacks) and file-backed pages (the mapped
+// executable and libraries), from the RssAnon and RssFile lines of
+// /proc/PID/status.
+func RSSParts(pid int) (anon, file uint64, err error) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	anon, file, err = parseRSSParts(string(status))
+	if err != nil {
+		return 0, 0, fmt.Errorf("/proc/%d/status: %w", pid, err)
+	}
+	return anon, file, nil
+}
+
+// parseRSSParts returns the RssAnon and RssFile of a /proc/PID/status
+// file, in bytes.
+func parseRSSParts(s string) (anon, file uint64, err error) {
+	found := 0
+	for line := range strings.Lines(s) {
+		for key, dst := range map[string]*uint64{"RssAnon:": &anon, "RssFile:": &file} {
+			if rest, ok := strings.CutPrefix(line, key); ok {
+				kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				if err != nil {
+					return 0, 0, fmt.Errorf("parse %q: %w", strings.TrimSpace(line), err)
+				}
+				*dst = kb << 10
+				found++
+			}
+		}
+	}
+	if found != 2 {
+		return 0, 0, fmt.Errorf("%d of the RssAnon and RssFile lines", found)
+	}
+	return anon, file, nil
+}

@@ -42,6 +42,10 @@ type Peer struct {
 	// RSS is the checker's resident set size in MiB, sampled each second
 	// of the window.
 	RSS []float64
+	// RSSAnon and RSSFile split the RSS at the window's end, in MiB:
+	// anonymous memory (heap, stacks) and file-backed pages (the
+	// executable's and libraries' touched pages).
+	RSSAnon, RSSFile float64
 	// Lateness holds the lateness histogram's observations in the window
 	// (vipd_health_check_lateness_seconds), nil for a checker that
 	// exports none.
@@ -199,6 +203,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 		notes = append(notes, fmt.Sprintf("%s: %.0f %s (every backend listening); the listener process used %.1f%% of one core in its window", p.Name, p.Failures, what, p.ListenersCPU))
 		if p.CPUMean > 0 {
 			notes = append(notes, fmt.Sprintf("%s: %.0f%% of its CPU in the kernel", p.Name, 100*p.SysMean/p.CPUMean))
+		}
+		if p.RSSAnon+p.RSSFile > 0 {
+			notes = append(notes, fmt.Sprintf("%s: rss at the window's end %.1f MiB anonymous, %.1f MiB file-backed", p.Name, p.RSSAnon, p.RSSFile))
 		}
 		if isVipd(p.Name) {
 			notes = append(notes, fmt.Sprintf("%s: %.0f probes in flight at the window's end", p.Name, p.InFlight))
