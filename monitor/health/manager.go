@@ -739,11 +739,15 @@ func (m *Manager) Run(ctx context.Context) error {
 	} else {
 		// Before wg.Wait: closing ends the probes in flight.
 		defer p.close()
+		// The rounds below collect the replies of half-open probes
+		// and time them out: no wake-up of the poller's own for them.
+		p.drive()
 	}
 
 	timer := m.clock.NewTimer()
 	defer timer.Stop()
 	for {
+		p.tend()
 		due, next, now, slack := m.popDue()
 		p.setSlack(slack)
 		for i, c := range due {
@@ -760,6 +764,13 @@ func (m *Manager) Run(ctx context.Context) error {
 		if len(due) > 0 {
 			// Handing them out may have taken a while: look again.
 			continue
+		}
+		if p.pending() {
+			// Half-open probes in flight: their replies wait for
+			// the next round, at most a slack away.
+			if at := now.Add(collectWait(slack)); next.IsZero() || at.Before(next) {
+				next = at
+			}
 		}
 		switch {
 		case next.IsZero():
@@ -797,9 +808,7 @@ func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, p *poller, c *ch
 		// must be sent, or their slots would free only at their
 		// deadlines.
 		p.flush()
-		select {
-		case m.slots <- struct{}{}:
-		case <-ctx.Done():
+		if !m.waitSlot(ctx, p) {
 			return false
 		}
 	}
@@ -825,6 +834,31 @@ func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, p *poller, c *ch
 	case <-ctx.Done():
 		<-m.slots
 		return false
+	}
+}
+
+// waitSlot waits for a free slot and takes it, tending p's half-open
+// probes meanwhile (whose ends free slots, and which nothing else tends
+// while the scheduler waits here), and returns false if ctx ended first.
+func (m *Manager) waitSlot(ctx context.Context, p *poller) bool {
+	var tick <-chan time.Time
+	if p.pending() {
+		m.mu.Lock()
+		slack := m.slack
+		m.mu.Unlock()
+		t := time.NewTicker(collectWait(slack))
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case m.slots <- struct{}{}:
+			return true
+		case <-ctx.Done():
+			return false
+		case <-tick:
+			p.tend()
+		}
 	}
 }
 

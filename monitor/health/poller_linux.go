@@ -47,16 +47,18 @@ type poller struct {
 
 	mu  sync.Mutex
 	ops map[int32]*pollOp // by descriptor
-	// deadlines orders the ops by deadline.
-	deadlines opHeap
+	// deadlines orders the ops with a socket by deadline, sockOps those
+	// without.
+	deadlines, sockOps opHeap
 	// sleep is when the loop wakes on its own (math.MaxInt64: never),
 	// so that add wakes it only for an earlier deadline.
-	sleep int64
-	// sockless counts the ops in flight without a socket (half-open
-	// probes), whose replies the loop collects.
-	sockless int
-	gen      uint32
-	closing  bool
+	sleep   int64
+	gen     uint32
+	closing bool
+	// driven says that the Manager's rounds tend the ops without a
+	// socket (see tend), and the loop leaves them alone but when it
+	// closes.
+	driven atomic.Bool
 	// failed says that the loop ended on an error of its own.
 	failed atomic.Bool
 	// slack (ns) is how late the loop may see a deadline pass, so that
@@ -179,16 +181,17 @@ func (p *poller) add(op *pollOp, events uint32) error {
 	}
 	p.gen++
 	op.gen = p.gen
+	wake := op.deadline
 	if op.fd >= 0 {
 		p.ops[int32(op.fd)] = op
+		heap.Push(&p.deadlines, op)
 	} else {
-		p.sockless++
-	}
-	heap.Push(&p.deadlines, op)
-	wake := op.deadline
-	if op.fd < 0 {
+		heap.Push(&p.sockOps, op)
 		// Its reply is to be collected within a slack.
-		wake = min(wake, p.now()+p.collectEvery())
+		wake = p.now() + p.collectEvery()
+		if p.driven.Load() {
+			wake = math.MaxInt64 // the Manager's rounds do
+		}
 	}
 	if wake < p.sleep {
 		p.sleep = wake
@@ -202,9 +205,7 @@ func (p *poller) add(op *pollOp, events uint32) error {
 	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, op.fd, &ev); err != nil {
 		p.mu.Lock()
 		delete(p.ops, int32(op.fd))
-		if op.index >= 0 {
-			heap.Remove(&p.deadlines, op.index)
-		}
+		p.remove(op)
 		p.mu.Unlock()
 		return fmt.Errorf("watch socket: %w", err)
 	}
@@ -221,8 +222,7 @@ func (p *poller) finish(op *pollOp, err error) {
 		p.mu.Unlock()
 		return
 	}
-	heap.Remove(&p.deadlines, op.index)
-	p.sockless--
+	heap.Remove(&p.sockOps, op.index)
 	// The loop may wake for the deadline of op, find nothing due and
 	// plan again: cheaper than waking it now.
 	p.mu.Unlock()
@@ -292,7 +292,7 @@ func (p *poller) loop() {
 	for {
 		err := p.raw.Read(wait)
 		p.mu.Lock()
-		collect := p.sockless > 0
+		collect := len(p.sockOps) > 0 && !p.driven.Load()
 		p.mu.Unlock()
 		if collect {
 			// Before the deadlines: a reply that came in time ends
@@ -336,18 +336,19 @@ func (p *poller) loop() {
 		for _, d := range done {
 			p.remove(d.op)
 		}
-		for len(p.deadlines) > 0 && p.deadlines[0].deadline <= now {
-			op := p.deadlines[0]
-			p.remove(op)
-			done = append(done, ended{op, op.handler.timeout(op)})
+		done = p.expire(&p.deadlines, now, done)
+		if !p.driven.Load() {
+			done = p.expire(&p.sockOps, now, done)
 		}
 		closing := p.closing
 		if closing {
-			// Every op is on the heap, those without a socket too.
-			for len(p.deadlines) > 0 {
-				op := p.deadlines[0]
-				p.remove(op)
-				done = append(done, ended{op, errPollerClosed})
+			// Every op is on a heap.
+			for _, h := range []*opHeap{&p.deadlines, &p.sockOps} {
+				for len(*h) > 0 {
+					op := (*h)[0]
+					p.remove(op)
+					done = append(done, ended{op, errPollerClosed})
+				}
 			}
 		}
 		p.plan(now)
@@ -384,10 +385,62 @@ func (p *poller) remove(op *pollOp) {
 		delete(p.ops, int32(op.fd))
 	}
 	if op.index >= 0 {
-		heap.Remove(&p.deadlines, op.index)
-		if op.fd < 0 {
-			p.sockless--
+		if op.fd >= 0 {
+			heap.Remove(&p.deadlines, op.index)
+		} else {
+			heap.Remove(&p.sockOps, op.index)
 		}
+	}
+}
+
+// expire takes the ops of h whose deadline is at or before now off the
+// poller, and appends them to done with their timeouts. Called with mu
+// held.
+func (p *poller) expire(h *opHeap, now int64, done []ended) []ended {
+	for len(*h) > 0 && (*h)[0].deadline <= now {
+		op := (*h)[0]
+		p.remove(op)
+		done = append(done, ended{op, op.handler.timeout(op)})
+	}
+	return done
+}
+
+// drive makes the caller's rounds, rather than p's loop, tend the
+// probes without a socket (p may be nil): they call tend at least once
+// per collectEvery while pending says that some are in flight.
+func (p *poller) drive() {
+	if p != nil {
+		p.driven.Store(true)
+	}
+}
+
+// pending reports whether probes without a socket are in flight on p
+// (which may be nil).
+func (p *poller) pending() bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.sockOps) > 0
+}
+
+// tend collects the replies of the probes without a socket (half-open
+// ones), which ends them, and times out those whose deadline has
+// passed, on the caller's goroutine: the Manager's round does it, where
+// the loop's own wake-up would cost a second one per round. p may be
+// nil.
+func (p *poller) tend() {
+	if !p.pending() {
+		return
+	}
+	collectSYNs()
+	p.mu.Lock()
+	done := p.expire(&p.sockOps, p.now(), nil)
+	p.mu.Unlock()
+	for _, d := range done {
+		d.op.handler.(pollReleaser).release(d.op)
+		d.op.done(d.err)
 	}
 }
 
@@ -402,7 +455,7 @@ func (p *poller) plan(now int64) {
 	if len(p.deadlines) > 0 {
 		p.sleep = max(p.deadlines[0].deadline, now+p.slack.Load())
 	}
-	if p.sockless > 0 {
+	if len(p.sockOps) > 0 && !p.driven.Load() {
 		p.sleep = min(p.sleep, now+p.collectEvery())
 	}
 	p.setWake()
@@ -410,7 +463,11 @@ func (p *poller) plan(now int64) {
 
 // collectEvery is how long the replies of half-open probes may wait to
 // be collected: the slack, at least minCollect.
-func (p *poller) collectEvery() int64 { return max(p.slack.Load(), int64(minCollect)) }
+func (p *poller) collectEvery() int64 { return int64(collectWait(time.Duration(p.slack.Load()))) }
+
+// collectWait is how long the replies of half-open probes may wait to
+// be collected with slack: slack, at least minCollect.
+func collectWait(slack time.Duration) time.Duration { return max(slack, minCollect) }
 
 // minCollect is the shortest wait of a reply with no slack.
 const minCollect = time.Millisecond

@@ -485,13 +485,12 @@ func httpProbes(t *testing.T, c *HTTPCheck) map[string]func(time.Duration) error
 	return ways
 }
 
-// sockless is the handler of test probes without a socket, which only
-// time out.
-type sockless struct{}
+// idleSocket is the handler of test probes on a socket that never gets
+// an event, which only time out.
+type idleSocket struct{}
 
-func (sockless) event(*pollOp, uint32) (bool, error) { return false, nil }
-func (sockless) timeout(*pollOp) error               { return os.ErrDeadlineExceeded }
-func (sockless) release(*pollOp)                     {}
+func (idleSocket) event(*pollOp, uint32) (bool, error) { return false, nil }
+func (idleSocket) timeout(*pollOp) error               { return os.ErrDeadlineExceeded }
 
 // TestPollerSlack checks that the poller wakes for deadlines at most once
 // per its slack: of two probes due 20ms apart, the second times out with
@@ -503,7 +502,11 @@ func TestPollerSlack(t *testing.T) {
 		t0 := time.Now()
 		ended := make(chan time.Duration, 2)
 		for _, d := range []time.Duration{50 * time.Millisecond, 70 * time.Millisecond} {
-			op := &pollOp{fd: -1, deadline: p.at(t0.Add(d)), handler: sockless{}, owner: p}
+			fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+			if err != nil {
+				t.Fatal(err)
+			}
+			op := &pollOp{fd: fd, deadline: p.at(t0.Add(d)), handler: idleSocket{}}
 			op.done = func(err error) {
 				if !errors.Is(err, os.ErrDeadlineExceeded) {
 					t.Errorf("probe due at %v ended with %v, want a timeout", d, err)

@@ -26,6 +26,15 @@ func (p *poller) close() {}
 // flush does nothing.
 func (p *poller) flush() {}
 
+// drive does nothing.
+func (p *poller) drive() {}
+
+// pending reports false: there is no poller.
+func (p *poller) pending() bool { return false }
+
+// tend does nothing.
+func (p *poller) tend() {}
+
 // setSlack does nothing.
 func (p *poller) setSlack(time.Duration) {}
 
@@ -44,3 +53,10 @@ func (*keptConn) init(*HTTPCheck) {}
 
 // closeKept does nothing: there is no poller.
 func (c *HTTPCheck) closeKept() {}
+
+// collectWait is how long the replies of half-open probes may wait to
+// be collected with slack: slack, at least minCollect.
+func collectWait(slack time.Duration) time.Duration { return max(slack, minCollect) }
+
+// minCollect is the shortest wait of a reply with no slack.
+const minCollect = time.Millisecond
