@@ -624,12 +624,13 @@ func (b *bench) measure(p *Peer, pids []int) {
 	p.SysMean = 100 * (prev.Sys - u0.Sys).Seconds() / prevT.Sub(t0).Seconds()
 	p.SwitchesMean = float64(prev.Switches-u0.Switches) / prevT.Sub(t0).Seconds()
 	for _, pid := range pids {
-		anon, file, err := RSSParts(pid)
+		anon, file, shmem, err := RSSParts(pid)
 		if err != nil {
 			t.Fatalf("%s: %v", p.Name, err)
 		}
 		p.RSSAnon += float64(anon) / (1 << 20)
 		p.RSSFile += float64(file) / (1 << 20)
+		p.RSSShmem += float64(shmem) / (1 << 20)
 	}
 	l1, err := ReadProc(b.listeners.cmd.Process.Pid)
 	if err != nil {

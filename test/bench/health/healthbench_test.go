@@ -290,11 +290,11 @@ func TestParseStat(t *testing.T) {
 	if _, err := parseSwitches("Name:\tx\nvoluntary_ctxt_switches:\t1\n"); err == nil {
 		t.Error("a status without nonvoluntary_ctxt_switches parsed")
 	}
-	anon, file, err := parseRSSParts("RssAnon:\t  2048 kB\nRssFile:\t 1024 kB\n")
-	if err != nil || anon != 2048<<10 || file != 1024<<10 {
-		t.Fatalf("parseRSSParts: %v, %v, %v", anon, file, err)
+	anon, file, shmem, err := parseRSSParts("RssAnon:\t  2048 kB\nRssFile:\t 1024 kB\nRssShmem:\t 512 kB\n")
+	if err != nil || anon != 2048<<10 || file != 1024<<10 || shmem != 512<<10 {
+		t.Fatalf("parseRSSParts: %v, %v, %v, %v", anon, file, shmem, err)
 	}
-	if _, _, err := parseRSSParts("RssAnon:\t1 kB\n"); err == nil {
+	if _, _, _, err := parseRSSParts("RssAnon:\t1 kB\nRssFile:\t1 kB\n"); err == nil {
 		t.Error("a status without RssFile parsed")
 	}
 	u, err := ReadProc(os.Getpid())
@@ -375,7 +375,7 @@ func TestReport(t *testing.T) {
 	w := DefaultWorkload.Scaled(1000, 200)
 	lat := []Bucket{{0.001, 90}, {0.01, 100}, {math.Inf(1), 100}}
 	r := &Result{Where: "guest", Workload: w, Window: 20, Detection: "weight 0 in the kernel's table", Peers: []Peer{
-		{Name: "vipd", CPU: []float64{10, 12, 11}, CPUMean: 11, Sys: []float64{8, 9, 8.5}, SysMean: 8.8, Switches: []float64{300, 320, 310}, SwitchesMean: 310, RSS: []float64{30, 31}, RSSAnon: 20, RSSFile: 11, Lateness: lat, Probes: 1100, InFlight: 12, ListenersCPU: 30, DetectTCP: []float64{2100, 2500}, DetectHTTP: []float64{4000}},
+		{Name: "vipd", CPU: []float64{10, 12, 11}, CPUMean: 11, Sys: []float64{8, 9, 8.5}, SysMean: 8.8, Switches: []float64{300, 320, 310}, SwitchesMean: 310, RSS: []float64{30, 31}, RSSAnon: 20, RSSFile: 11, RSSShmem: 1, Lateness: lat, Probes: 1100, InFlight: 12, ListenersCPU: 30, DetectTCP: []float64{2100, 2500}, DetectHTTP: []float64{4000}},
 		{Name: "keepalived", CPU: []float64{40, 44}, CPUMean: 42, RSS: []float64{20}, Failures: 2, DetectTCP: []float64{2300}, DetectHTTP: []float64{4100}},
 		{Name: "vipd-halfopen", CPU: []float64{5, 5}, CPUMean: 5, RSS: []float64{30}, Lateness: lat, InFlight: 3, DetectTCP: []float64{2000}, DetectHTTP: []float64{4000}},
 	}, Sides: "sides: apart"}
@@ -405,7 +405,7 @@ func TestReport(t *testing.T) {
 		"vipd        context switches per s         3     310   320   mean 310",
 		"keepalived  context switches per s         0     -     -     mean 0",
 		"vipd: 80% of its CPU in the kernel",
-		"vipd: rss at the window's end 20.0 MiB anonymous, 11.0 MiB file-backed",
+		"vipd: rss at the window's end 20.0 MiB anonymous, 11.0 MiB file-backed, 1.0 MiB shared (files on a RAM file system count here)",
 		"keepalived: 0% of its CPU in the kernel",
 		"detection: from the listener closed to weight 0 in the kernel's table",
 		"vipd: 0 probes failed in the window (every backend listening); the listener process used 30.0% of one core in its window",

@@ -152,39 +152,40 @@ func parseRSS(s string) (uint64, error) {
 }
 
 // RSSParts returns the resident set of process pid by kind, in bytes:
-// anonymous memory (heap, stacks) and file-backed pages (the mapped
-// executable and libraries), from the RssAnon and RssFile lines of
-// /proc/PID/status.
-func RSSParts(pid int) (anon, file uint64, err error) {
+// anonymous memory (heap, stacks), file-backed pages (the mapped
+// executable and libraries), and shared memory, where the pages of files
+// on a RAM file system count (the guest's /payload, and its root), from
+// the RssAnon, RssFile and RssShmem lines of /proc/PID/status.
+func RSSParts(pid int) (anon, file, shmem uint64, err error) {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	anon, file, err = parseRSSParts(string(status))
+	anon, file, shmem, err = parseRSSParts(string(status))
 	if err != nil {
-		return 0, 0, fmt.Errorf("/proc/%d/status: %w", pid, err)
+		return 0, 0, 0, fmt.Errorf("/proc/%d/status: %w", pid, err)
 	}
-	return anon, file, nil
+	return anon, file, shmem, nil
 }
 
-// parseRSSParts returns the RssAnon and RssFile of a /proc/PID/status
-// file, in bytes.
-func parseRSSParts(s string) (anon, file uint64, err error) {
+// parseRSSParts returns the RssAnon, RssFile and RssShmem of a
+// /proc/PID/status file, in bytes.
+func parseRSSParts(s string) (anon, file, shmem uint64, err error) {
 	found := 0
 	for line := range strings.Lines(s) {
-		for key, dst := range map[string]*uint64{"RssAnon:": &anon, "RssFile:": &file} {
+		for key, dst := range map[string]*uint64{"RssAnon:": &anon, "RssFile:": &file, "RssShmem:": &shmem} {
 			if rest, ok := strings.CutPrefix(line, key); ok {
 				kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 				if err != nil {
-					return 0, 0, fmt.Errorf("parse %q: %w", strings.TrimSpace(line), err)
+					return 0, 0, 0, fmt.Errorf("parse %q: %w", strings.TrimSpace(line), err)
 				}
 				*dst = kb << 10
 				found++
 			}
 		}
 	}
-	if found != 2 {
-		return 0, 0, fmt.Errorf("%d of the RssAnon and RssFile lines", found)
+	if found != 3 {
+		return 0, 0, 0, fmt.Errorf("%d of the RssAnon, RssFile and RssShmem lines", found)
 	}
-	return anon, file, nil
+	return anon, file, shmem, nil
 }

@@ -42,10 +42,12 @@ type Peer struct {
 	// RSS is the checker's resident set size in MiB, sampled each second
 	// of the window.
 	RSS []float64
-	// RSSAnon and RSSFile split the RSS at the window's end, in MiB:
-	// anonymous memory (heap, stacks) and file-backed pages (the
-	// executable's and libraries' touched pages).
-	RSSAnon, RSSFile float64
+	// RSSAnon, RSSFile and RSSShmem split the RSS at the window's end,
+	// in MiB: anonymous memory (heap, stacks), file-backed pages (the
+	// executable's and libraries' touched pages), and shared memory
+	// (those pages too where the files are on a RAM file system, as in
+	// the guest).
+	RSSAnon, RSSFile, RSSShmem float64
 	// Lateness holds the lateness histogram's observations in the window
 	// (vipd_health_check_lateness_seconds), nil for a checker that
 	// exports none.
@@ -204,8 +206,8 @@ func (r *Result) WriteTable(w io.Writer) error {
 		if p.CPUMean > 0 {
 			notes = append(notes, fmt.Sprintf("%s: %.0f%% of its CPU in the kernel", p.Name, 100*p.SysMean/p.CPUMean))
 		}
-		if p.RSSAnon+p.RSSFile > 0 {
-			notes = append(notes, fmt.Sprintf("%s: rss at the window's end %.1f MiB anonymous, %.1f MiB file-backed", p.Name, p.RSSAnon, p.RSSFile))
+		if p.RSSAnon+p.RSSFile+p.RSSShmem > 0 {
+			notes = append(notes, fmt.Sprintf("%s: rss at the window's end %.1f MiB anonymous, %.1f MiB file-backed, %.1f MiB shared (files on a RAM file system count here)", p.Name, p.RSSAnon, p.RSSFile, p.RSSShmem))
 		}
 		if isVipd(p.Name) {
 			notes = append(notes, fmt.Sprintf("%s: %.0f probes in flight at the window's end", p.Name, p.InFlight))
