@@ -296,7 +296,7 @@ func synFilter(family int, ports []uint16) (*unix.SockFprog, error) {
 	return &unix.SockFprog{Len: uint16(len(f)), Filter: &f[0]}, nil
 }
 
-// replies is the receiver's buffer: recvBatch messages of synSnap bytes
+// replies is collect's buffer: recvBatch messages of synSnap bytes
 // and their senders' addresses.
 type replies struct {
 	hdrs [recvBatch]mmsghdr
@@ -667,8 +667,9 @@ func (c *HalfOpenCheck) drop(op *pollOp) bool {
 
 // start begins a probe on p: its deadline on p's heap, its SYN queued
 // for the poller's next flush (which the Manager asks for once it has
-// started the probes due), its reply awaited by the socket's goroutine,
-// which ends it with p.finish. It always runs on p.
+// started the probes due), its reply left on the socket for the next
+// collect (the Manager's next round, or p's loop), which ends it with
+// p.finish. It always runs on p.
 func (c *HalfOpenCheck) start(p *poller, deadline time.Time, done func(error)) bool {
 	op := &pollOp{fd: -1, deadline: p.at(deadline), handler: c, done: done, owner: p}
 	if err := c.begin(op); err != nil {

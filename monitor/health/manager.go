@@ -118,8 +118,10 @@ type Options struct {
 // plain http ones, on Linux) itself: a non-blocking connect that one
 // epoll instance and its goroutine see to the end, timing it out from a
 // heap of deadlines, with no goroutine, timer or context per probe (a
-// half-open tcp check's probe is a SYN from a shared raw socket, which
-// the poller's heap times out and the socket's reader ends). It
+// half-open tcp check's probe is a SYN from a shared raw socket, whose
+// reply the scheduler's next round reads, and which a round times out:
+// the replies of a round's probes cost no wake-up of their own, and wait
+// at most a slack). It
 // hands the other checks to a pool of workers, which grows with demand
 // and shrinks when idle: a waiting check costs a heap entry and no
 // goroutine. At most MaxInFlight probes of either kind run at once.

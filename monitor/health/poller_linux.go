@@ -23,6 +23,11 @@ import (
 // a blocking epoll_wait: a thread blocked in a system call costs the
 // runtime a thread hand-off and keeps its monitor waking every 20 µs.
 //
+// Probes without a socket (half-open ones, see pollOp.owner) are on a
+// heap of their own: the loop collects their replies and times them out
+// unless a caller drives the poller (drive), as the Manager does, whose
+// rounds do it (tend) with no wake-up of the loop's.
+//
 // A probe (pollOp) is started by its prober on the caller's goroutine,
 // which creates the socket and starts connecting (and may end the probe
 // there and then, without the poller); once added, the poller's
