@@ -10,7 +10,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -56,15 +55,23 @@ type synKey struct {
 
 // synSocket is the raw TCP socket of one address family that sends the
 // SYNs of every half-open probe of the process and receives the replies.
+//
+// Nothing waits on it for replies, which would wake the process for each
+// (the runtime's network poller, and a goroutine, at every arrival): they
+// queue on it until collected, by the pollers with half-open probes in
+// flight once per their slack (see poller.plan), and by Probe while it
+// waits. A reply waits at most a slack, which is far below any timeout.
 type synSocket struct {
 	family int
 	fd     int
-	file   *os.File
-	raw    syscall.RawConn
 	ports  []uint16
 	next   atomic.Uint32
-	// err is why the receiver stopped, if it did.
+	// err is why reading the socket failed, if it did.
 	err atomic.Pointer[error]
+
+	// collectMu serializes collect, whose buffer is replies.
+	collectMu sync.Mutex
+	replies   *replies
 
 	mu    sync.Mutex
 	waits map[synKey]*pollOp
@@ -132,7 +139,6 @@ func synSocketFor(family int) (*synSocket, error) {
 		return nil, err
 	}
 	halfOpen.socks[i] = s
-	go s.receive()
 	return s, nil
 }
 
@@ -243,13 +249,7 @@ func newSynSocket(family int, ports []uint16) (*synSocket, error) {
 			break
 		}
 	}
-	file := os.NewFile(uintptr(fd), "raw tcp")
-	raw, err := file.SyscallConn()
-	if err != nil {
-		file.Close()
-		return nil, fmt.Errorf("open a raw TCP socket for half-open tcp checks: %w", err)
-	}
-	return &synSocket{family: family, fd: fd, file: file, raw: raw, ports: ports, waits: map[synKey]*pollOp{}}, nil
+	return &synSocket{family: family, fd: fd, ports: ports, replies: newReplies(), waits: map[synKey]*pollOp{}}, nil
 }
 
 // synFilter returns the socket filter of a raw TCP socket of family that
@@ -296,7 +296,7 @@ func synFilter(family int, ports []uint16) (*unix.SockFprog, error) {
 	return &unix.SockFprog{Len: uint16(len(f)), Filter: &f[0]}, nil
 }
 
-// replies is the receiver's buffer: recvBatch messages of synSnap bytes
+// replies is collect's buffer: recvBatch messages of synSnap bytes
 // and their senders' addresses.
 type replies struct {
 	hdrs [recvBatch]mmsghdr
@@ -318,24 +318,31 @@ func newReplies() *replies {
 	return r
 }
 
-// receive reads the replies the filter lets through and ends the probes
-// they answer, until the socket fails: at each wake-up of the runtime's
-// network poller, whatever has come, recvBatch replies a system call.
-func (s *synSocket) receive() {
-	r := newReplies()
-	var rerr error
-	err := s.raw.Read(func(fd uintptr) bool {
-		if err := s.drain(fd, r); err != nil {
-			rerr = err
-			return true
-		}
-		return false // wait for more
-	})
-	if err == nil {
-		err = rerr
+// collect reads the replies the filter let through, recvBatch a system
+// call, and ends the probes they answer. If reading fails, the socket
+// takes no more probes, and those in flight time out.
+func (s *synSocket) collect() {
+	if s.err.Load() != nil {
+		return
 	}
-	err = fmt.Errorf("half-open tcp checks' raw socket failed: %w", err)
-	s.err.Store(&err)
+	s.collectMu.Lock()
+	defer s.collectMu.Unlock()
+	if err := s.drain(uintptr(s.fd), s.replies); err != nil {
+		err = fmt.Errorf("half-open tcp checks' raw socket failed: %w", err)
+		s.err.Store(&err)
+	}
+}
+
+// collectSYNs collects the replies to half-open probes.
+func collectSYNs() {
+	halfOpen.mu.Lock()
+	socks := halfOpen.socks
+	halfOpen.mu.Unlock()
+	for _, s := range socks {
+		if s != nil {
+			s.collect()
+		}
+	}
 }
 
 // drain reads the replies waiting on fd, recvBatch at a time, and ends
@@ -660,8 +667,9 @@ func (c *HalfOpenCheck) drop(op *pollOp) bool {
 
 // start begins a probe on p: its deadline on p's heap, its SYN queued
 // for the poller's next flush (which the Manager asks for once it has
-// started the probes due), its reply awaited by the socket's goroutine,
-// which ends it with p.finish. It always runs on p.
+// started the probes due), its reply left on the socket for the next
+// collect (the Manager's next round, or p's loop), which ends it with
+// p.finish. It always runs on p.
 func (c *HalfOpenCheck) start(p *poller, deadline time.Time, done func(error)) bool {
 	op := &pollOp{fd: -1, deadline: p.at(deadline), handler: c, done: done, owner: p}
 	if err := c.begin(op); err != nil {
@@ -690,7 +698,13 @@ func (c *HalfOpenCheck) timeout(*pollOp) error {
 // release takes a probe the poller ended off the socket's table.
 func (c *HalfOpenCheck) release(op *pollOp) { c.drop(op) }
 
-// Probe sends a SYN and waits for the reply, or for ctx to end.
+// probeWait is the longest Probe waits on the raw socket before it looks
+// at its context again.
+const probeWait = 10 * time.Millisecond
+
+// Probe sends a SYN and waits for the reply, or for ctx to end. It waits
+// in poll(2) on the raw socket, a thread blocked in a system call: the
+// way of a probe when there is no poller, not of the Manager's.
 func (c *HalfOpenCheck) Probe(ctx context.Context) error {
 	ch := make(chan error, 1)
 	op := &pollOp{fd: -1, handler: c, done: func(err error) { ch <- err }}
@@ -701,15 +715,27 @@ func (c *HalfOpenCheck) Probe(ctx context.Context) error {
 		c.drop(op)
 		return err
 	}
-	select {
-	case err := <-ch:
-		return err
-	case <-ctx.Done():
-		if c.drop(op) {
-			c.stale.Store(true)
-			return c.dialError(ctx.Err())
+	s := c.sock
+	fds := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}}
+	for {
+		s.collect()
+		select {
+		case err := <-ch:
+			return err
+		default:
 		}
-		return <-ch
+		if ctx.Err() != nil {
+			if c.drop(op) {
+				c.stale.Store(true)
+				return c.dialError(ctx.Err())
+			}
+			return <-ch
+		}
+		wait := probeWait
+		if dl, ok := ctx.Deadline(); ok {
+			wait = min(wait, time.Until(dl))
+		}
+		_, _ = unix.Poll(fds, int(max(wait.Milliseconds(), 1))) // EINTR: look again
 	}
 }
 

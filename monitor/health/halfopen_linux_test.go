@@ -523,7 +523,7 @@ func TestHalfOpenFilter(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.file.Close()
+			defer unix.Close(s.fd)
 			count := func() (synacks, resets int) {
 				var buf [synSnap]byte
 				time.Sleep(50 * time.Millisecond)
@@ -631,4 +631,45 @@ func TestHalfOpenFlush(t *testing.T) {
 	}
 	// A flush with nothing queued sends nothing and ends nothing.
 	p.flush()
+}
+
+// TestHalfOpenTend: on a poller that the caller drives, as the Manager
+// does, half-open probes end only when it tends them: a reply waits for
+// tend, and so does a timeout whose deadline has passed.
+func TestHalfOpenTend(t *testing.T) {
+	peer := newHalfOpenPeer(t)
+	_, up := peer.listen(t, peer.addrs["v4"], true)
+	_, dropped := peer.listen(t, peer.addrs["v4"], true)
+	peer.iptables(t, false, "-A", "INPUT", "-p", "tcp", "--dport", strconv.Itoa(int(dropped.Port())), "-j", "DROP")
+	p := testPoller(t)
+	p.drive()
+	for _, tc := range []struct {
+		target  netip.AddrPort
+		timeout time.Duration
+		want    error
+	}{{up, 5 * time.Second, nil}, {dropped, 100 * time.Millisecond, os.ErrDeadlineExceeded}} {
+		ch := make(chan error, 2)
+		newTestHalfOpen(t, tc.target).start(p, time.Now().Add(tc.timeout), func(err error) { ch <- err })
+		p.flush()
+		if !p.pending() {
+			t.Fatalf("%s: no probe pending after the start", tc.target)
+		}
+		select {
+		case err := <-ch:
+			t.Fatalf("%s: the probe ended untended: %v", tc.target, err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		p.tend()
+		select {
+		case err := <-ch:
+			if !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
+				t.Errorf("%s: tended probe ended with %v, want %v", tc.target, err, tc.want)
+			}
+		default:
+			t.Fatalf("%s: the probe did not end when tended", tc.target)
+		}
+		if p.pending() {
+			t.Errorf("%s: a probe pending after it ended", tc.target)
+		}
+	}
 }

@@ -22,7 +22,13 @@ const (
 	DefaultStartSpread = time.Second
 	DefaultRetain      = time.Minute
 	DefaultSlack       = 10 * time.Millisecond
+	// MaxSlack bounds the slack that a zero Options.Slack adapts to.
+	MaxSlack = 50 * time.Millisecond
 )
+
+// slackShare is the share of the shortest interval in use that a zero
+// Options.Slack lets a probe start late: 1/slackShare of it.
+const slackShare = 20
 
 // Transition reports that a backend of a service changed state.
 type Transition struct {
@@ -69,9 +75,13 @@ type Options struct {
 	// the scheduler costs the runtime more than a probe to a nearby
 	// backend costs the kernel, so at a few hundred probes a second
 	// batching them saves a good part of the checker's CPU
-	// (test/bench/results); a check's interval is seconds, and 10 ms
-	// late is nothing to it. Zero means DefaultSlack; a negative value
-	// wakes for every due time.
+	// (test/bench/results); a check's interval is seconds, and tens of
+	// milliseconds late is nothing to it. The poller of tcp checks
+	// times its probes out with the same slack: a timeout is seen at
+	// most Slack after it passed. Zero means 1/20 of the shortest
+	// interval of the checks in use, at least DefaultSlack and at most
+	// MaxSlack (50 ms for checks every second); a negative value wakes
+	// for every due time and deadline.
 	Slack time.Duration
 	// Retain is how long the state of a check that an Update removed is
 	// kept for a later Update that asks for its target again, as the
@@ -108,8 +118,10 @@ type Options struct {
 // plain http ones, on Linux) itself: a non-blocking connect that one
 // epoll instance and its goroutine see to the end, timing it out from a
 // heap of deadlines, with no goroutine, timer or context per probe (a
-// half-open tcp check's probe is a SYN from a shared raw socket, which
-// the poller's heap times out and the socket's reader ends). It
+// half-open tcp check's probe is a SYN from a shared raw socket, whose
+// reply the scheduler's next round reads, and which a round times out:
+// the replies of a round's probes cost no wake-up of their own, and wait
+// at most a slack). It
 // hands the other checks to a pool of workers, which grows with demand
 // and shrinks when idle: a waiting check costs a heap entry and no
 // goroutine. At most MaxInFlight probes of either kind run at once.
@@ -141,7 +153,10 @@ type Manager struct {
 	pending   []Transition
 	running   bool
 	workers   int // worker goroutines alive
-	stats     Stats
+	// slack is the scheduler's (Options.Slack, or what its zero value
+	// adapts to for the checks in use).
+	slack time.Duration
+	stats Stats
 }
 
 // Worker pool sizing: workers beyond the first minWorkers exit after
@@ -233,9 +248,6 @@ func NewManager(opts Options) *Manager {
 	if opts.Retain == 0 {
 		opts.Retain = DefaultRetain
 	}
-	if opts.Slack == 0 {
-		opts.Slack = DefaultSlack
-	}
 	seed := opts.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -253,7 +265,19 @@ func NewManager(opts Options) *Manager {
 		removed:   map[targetKey][]removedCheck{},
 		backends:  map[ref]*backend{},
 		byService: map[string][]netip.AddrPort{},
+		slack:     slackFor(opts.Slack, 0),
 	}
+}
+
+// slackFor returns the scheduler's slack for the Options.Slack of opt,
+// with minInterval the shortest interval of the checks (zero if none):
+// opt itself if not zero, else minInterval/slackShare between
+// DefaultSlack and MaxSlack.
+func slackFor(opt, minInterval time.Duration) time.Duration {
+	if opt != 0 {
+		return opt
+	}
+	return min(max(minInterval/slackShare, DefaultSlack), MaxSlack)
 }
 
 // wanted is one check an Update asks for.
@@ -416,6 +440,13 @@ func (m *Manager) Update(targets []Target) error {
 		byService[r.service] = append(byService[r.service], r.backend)
 	}
 	m.backends, m.byService = backends, byService
+	var shortest time.Duration
+	for _, c := range m.checks {
+		if shortest == 0 || c.interval < shortest {
+			shortest = c.interval
+		}
+	}
+	m.slack = slackFor(m.opts.Slack, shortest)
 	m.mu.Unlock()
 	for _, c := range dropped {
 		closeIdle(c)
@@ -710,12 +741,17 @@ func (m *Manager) Run(ctx context.Context) error {
 	} else {
 		// Before wg.Wait: closing ends the probes in flight.
 		defer p.close()
+		// The rounds below collect the replies of half-open probes
+		// and time them out: no wake-up of the poller's own for them.
+		p.drive()
 	}
 
 	timer := m.clock.NewTimer()
 	defer timer.Stop()
 	for {
-		due, next, now := m.popDue()
+		p.tend()
+		due, next, now, slack := m.popDue()
+		p.setSlack(slack)
 		for i, c := range due {
 			if !m.hand(ctx, &wg, p, c) {
 				m.requeue(due[i:])
@@ -731,13 +767,20 @@ func (m *Manager) Run(ctx context.Context) error {
 			// Handing them out may have taken a while: look again.
 			continue
 		}
+		if p.pending() {
+			// Half-open probes in flight: their replies wait for
+			// the next round, at most a slack away.
+			if at := now.Add(collectWait(slack)); next.IsZero() || at.Before(next) {
+				next = at
+			}
+		}
 		switch {
 		case next.IsZero():
 			timer.Stop()
-		case m.opts.Slack > 0 && next.Before(now.Add(m.opts.Slack)):
-			// Not again within Slack: the probes due by then start
-			// together.
-			timer.Reset(now.Add(m.opts.Slack))
+		case slack > 0 && next.Before(now.Add(slack)):
+			// Not again within the slack: the probes due by then
+			// start together.
+			timer.Reset(now.Add(slack))
 		default:
 			timer.Reset(next)
 		}
@@ -767,9 +810,7 @@ func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, p *poller, c *ch
 		// must be sent, or their slots would free only at their
 		// deadlines.
 		p.flush()
-		select {
-		case m.slots <- struct{}{}:
-		case <-ctx.Done():
+		if !m.waitSlot(ctx, p) {
 			return false
 		}
 	}
@@ -795,6 +836,31 @@ func (m *Manager) hand(ctx context.Context, wg *sync.WaitGroup, p *poller, c *ch
 	case <-ctx.Done():
 		<-m.slots
 		return false
+	}
+}
+
+// waitSlot waits for a free slot and takes it, tending p's half-open
+// probes meanwhile (whose ends free slots, and which nothing else tends
+// while the scheduler waits here), and returns false if ctx ended first.
+func (m *Manager) waitSlot(ctx context.Context, p *poller) bool {
+	var tick <-chan time.Time
+	if p.pending() {
+		m.mu.Lock()
+		slack := m.slack
+		m.mu.Unlock()
+		t := time.NewTicker(collectWait(slack))
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case m.slots <- struct{}{}:
+			return true
+		case <-ctx.Done():
+			return false
+		case <-tick:
+			p.tend()
+		}
 	}
 }
 
@@ -863,9 +929,9 @@ func (m *Manager) retire(force bool) bool {
 }
 
 // popDue takes the checks due now off the queue, and returns them with the
-// due time of the next check still queued (zero if none) and the time it
-// took them at.
-func (m *Manager) popDue() ([]*check, time.Time, time.Time) {
+// due time of the next check still queued (zero if none), the time it
+// took them at, and the slack.
+func (m *Manager) popDue() ([]*check, time.Time, time.Time, time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.clock.Now()
@@ -875,9 +941,9 @@ func (m *Manager) popDue() ([]*check, time.Time, time.Time) {
 	}
 	m.stats.InFlight += len(due)
 	if len(m.queue) == 0 {
-		return due, time.Time{}, now
+		return due, time.Time{}, now, m.slack
 	}
-	return due, m.queue[0].next, now
+	return due, m.queue[0].next, now, m.slack
 }
 
 // requeue puts checks taken off the queue but not probed back on it.

@@ -669,9 +669,6 @@ func TestManagerLateness(t *testing.T) {
 // starts with the probes due by the end of the slack, 1ms after the
 // first, and so counts as 0.7ms late; with no slack it starts when due.
 func TestManagerSlack(t *testing.T) {
-	if m := NewManager(Options{}); m.opts.Slack != DefaultSlack {
-		t.Errorf("zero slack is %v, want DefaultSlack", m.opts.Slack)
-	}
 	for _, slack := range []time.Duration{time.Millisecond, -1} {
 		clock := newFakeClock()
 		m := NewManager(Options{
@@ -725,5 +722,52 @@ func TestManagerSlack(t *testing.T) {
 		}
 		cancel()
 		<-done
+	}
+}
+
+// TestManagerSlackAdapts checks that a zero Options.Slack adapts to the
+// shortest interval of the checks in use, between DefaultSlack and
+// MaxSlack, and that a set one does not.
+func TestManagerSlackAdapts(t *testing.T) {
+	spec := func(iv time.Duration) Spec {
+		s := tcpSpec()
+		s.Interval, s.Timeout = iv, min(iv, time.Second)
+		return s
+	}
+	for _, tc := range []struct {
+		opt       time.Duration
+		intervals []time.Duration
+		want      time.Duration
+	}{
+		{0, nil, DefaultSlack},
+		{0, []time.Duration{time.Second}, 50 * time.Millisecond},
+		{0, []time.Duration{5 * time.Second, 400 * time.Millisecond}, 20 * time.Millisecond},
+		{0, []time.Duration{100 * time.Millisecond}, DefaultSlack},
+		{0, []time.Duration{30 * time.Second}, MaxSlack},
+		{time.Millisecond, []time.Duration{time.Second}, time.Millisecond},
+		{-1, []time.Duration{time.Second}, -1},
+	} {
+		m := NewManager(Options{Clock: newFakeClock(), Slack: tc.opt})
+		var targets []Target
+		for i, iv := range tc.intervals {
+			targets = append(targets, Target{Service: "s", Backend: netip.AddrPortFrom(be1.Addr(), uint16(80+i)), Spec: spec(iv)})
+		}
+		if err := m.Update(targets); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, _, got := m.popDue(); got != tc.want {
+			t.Errorf("slack %v, intervals %v: the scheduler's slack is %v, want %v", tc.opt, tc.intervals, got, tc.want)
+		}
+	}
+	// An Update that drops the short interval widens it again.
+	m := NewManager(Options{Clock: newFakeClock()})
+	if err := m.Update([]Target{{Service: "s", Backend: be1, Spec: spec(200 * time.Millisecond)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Update([]Target{{Service: "s", Backend: be1, Spec: spec(time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, got := m.popDue(); got != 50*time.Millisecond {
+		t.Errorf("after dropping the 200ms check: slack %v, want 50ms", got)
 	}
 }

@@ -23,6 +23,11 @@ import (
 // a blocking epoll_wait: a thread blocked in a system call costs the
 // runtime a thread hand-off and keeps its monitor waking every 20 µs.
 //
+// Probes without a socket (half-open ones, see pollOp.owner) are on a
+// heap of their own: the loop collects their replies and times them out
+// unless a caller drives the poller (drive), as the Manager does, whose
+// rounds do it (tend) with no wake-up of the loop's.
+//
 // A probe (pollOp) is started by its prober on the caller's goroutine,
 // which creates the socket and starts connecting (and may end the probe
 // there and then, without the poller); once added, the poller's
@@ -47,15 +52,24 @@ type poller struct {
 
 	mu  sync.Mutex
 	ops map[int32]*pollOp // by descriptor
-	// deadlines orders the ops by deadline.
-	deadlines opHeap
+	// deadlines orders the ops with a socket by deadline, sockOps those
+	// without.
+	deadlines, sockOps opHeap
 	// sleep is when the loop wakes on its own (math.MaxInt64: never),
 	// so that add wakes it only for an earlier deadline.
 	sleep   int64
 	gen     uint32
 	closing bool
+	// driven says that the Manager's rounds tend the ops without a
+	// socket (see tend), and the loop leaves them alone but when it
+	// closes.
+	driven atomic.Bool
 	// failed says that the loop ended on an error of its own.
 	failed atomic.Bool
+	// slack (ns) is how late the loop may see a deadline pass, so that
+	// it wakes once for the deadlines within it rather than once for
+	// each: it wakes for deadlines at most once per slack.
+	slack atomic.Int64
 }
 
 // pollHandler is what a kind of probe does on its socket's readiness.
@@ -172,12 +186,20 @@ func (p *poller) add(op *pollOp, events uint32) error {
 	}
 	p.gen++
 	op.gen = p.gen
+	wake := op.deadline
 	if op.fd >= 0 {
 		p.ops[int32(op.fd)] = op
+		heap.Push(&p.deadlines, op)
+	} else {
+		heap.Push(&p.sockOps, op)
+		// Its reply is to be collected within a slack.
+		wake = p.now() + p.collectEvery()
+		if p.driven.Load() {
+			wake = math.MaxInt64 // the Manager's rounds do
+		}
 	}
-	heap.Push(&p.deadlines, op)
-	if op.deadline < p.sleep {
-		p.sleep = op.deadline
+	if wake < p.sleep {
+		p.sleep = wake
 		p.setWake()
 	}
 	p.mu.Unlock()
@@ -188,9 +210,7 @@ func (p *poller) add(op *pollOp, events uint32) error {
 	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, op.fd, &ev); err != nil {
 		p.mu.Lock()
 		delete(p.ops, int32(op.fd))
-		if op.index >= 0 {
-			heap.Remove(&p.deadlines, op.index)
-		}
+		p.remove(op)
 		p.mu.Unlock()
 		return fmt.Errorf("watch socket: %w", err)
 	}
@@ -207,7 +227,7 @@ func (p *poller) finish(op *pollOp, err error) {
 		p.mu.Unlock()
 		return
 	}
-	heap.Remove(&p.deadlines, op.index)
+	heap.Remove(&p.sockOps, op.index)
 	// The loop may wake for the deadline of op, find nothing due and
 	// plan again: cheaper than waking it now.
 	p.mu.Unlock()
@@ -222,6 +242,15 @@ func (p *poller) setWake() {
 		t = p.t0.Add(time.Duration(p.sleep))
 	}
 	_ = p.file.SetReadDeadline(t) // fails only once closed
+}
+
+// setSlack makes d (none if not positive) the slack of p's deadlines (p
+// may be nil): the Manager's, whose probes end at most d after their
+// deadlines.
+func (p *poller) setSlack(d time.Duration) {
+	if p != nil {
+		p.slack.Store(int64(max(d, 0)))
+	}
 }
 
 // flush sends what the probes started on p since the last flush have
@@ -267,6 +296,14 @@ func (p *poller) loop() {
 	}
 	for {
 		err := p.raw.Read(wait)
+		p.mu.Lock()
+		collect := len(p.sockOps) > 0 && !p.driven.Load()
+		p.mu.Unlock()
+		if collect {
+			// Before the deadlines: a reply that came in time ends
+			// its probe, which does not time out.
+			collectSYNs()
+		}
 		switch {
 		case err == nil && werr == nil:
 		case errors.Is(err, os.ErrDeadlineExceeded):
@@ -304,21 +341,22 @@ func (p *poller) loop() {
 		for _, d := range done {
 			p.remove(d.op)
 		}
-		for len(p.deadlines) > 0 && p.deadlines[0].deadline <= now {
-			op := p.deadlines[0]
-			p.remove(op)
-			done = append(done, ended{op, op.handler.timeout(op)})
+		done = p.expire(&p.deadlines, now, done)
+		if !p.driven.Load() {
+			done = p.expire(&p.sockOps, now, done)
 		}
 		closing := p.closing
 		if closing {
-			// Every op is on the heap, those without a socket too.
-			for len(p.deadlines) > 0 {
-				op := p.deadlines[0]
-				p.remove(op)
-				done = append(done, ended{op, errPollerClosed})
+			// Every op is on a heap.
+			for _, h := range []*opHeap{&p.deadlines, &p.sockOps} {
+				for len(*h) > 0 {
+					op := (*h)[0]
+					p.remove(op)
+					done = append(done, ended{op, errPollerClosed})
+				}
 			}
 		}
-		p.plan()
+		p.plan(now)
 		p.mu.Unlock()
 		for _, d := range done {
 			if d.op.fd >= 0 {
@@ -352,19 +390,92 @@ func (p *poller) remove(op *pollOp) {
 		delete(p.ops, int32(op.fd))
 	}
 	if op.index >= 0 {
-		heap.Remove(&p.deadlines, op.index)
+		if op.fd >= 0 {
+			heap.Remove(&p.deadlines, op.index)
+		} else {
+			heap.Remove(&p.sockOps, op.index)
+		}
 	}
 }
 
-// plan makes the loop wake on its own at the first deadline. Called with
-// mu held.
-func (p *poller) plan() {
+// expire takes the ops of h whose deadline is at or before now off the
+// poller, and appends them to done with their timeouts. Called with mu
+// held.
+func (p *poller) expire(h *opHeap, now int64, done []ended) []ended {
+	for len(*h) > 0 && (*h)[0].deadline <= now {
+		op := (*h)[0]
+		p.remove(op)
+		done = append(done, ended{op, op.handler.timeout(op)})
+	}
+	return done
+}
+
+// drive makes the caller's rounds, rather than p's loop, tend the
+// probes without a socket (p may be nil): they call tend at least once
+// per collectEvery while pending says that some are in flight.
+func (p *poller) drive() {
+	if p != nil {
+		p.driven.Store(true)
+	}
+}
+
+// pending reports whether probes without a socket are in flight on p
+// (which may be nil).
+func (p *poller) pending() bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.sockOps) > 0
+}
+
+// tend collects the replies of the probes without a socket (half-open
+// ones), which ends them, and times out those whose deadline has
+// passed, on the caller's goroutine: the Manager's round does it, where
+// the loop's own wake-up would cost a second one per round. p may be
+// nil.
+func (p *poller) tend() {
+	if !p.pending() {
+		return
+	}
+	collectSYNs()
+	p.mu.Lock()
+	done := p.expire(&p.sockOps, p.now(), nil)
+	p.mu.Unlock()
+	for _, d := range done {
+		d.op.handler.(pollReleaser).release(d.op)
+		d.op.done(d.err)
+	}
+}
+
+// plan makes the loop, which woke at now, wake on its own at the first
+// deadline, or, if that is sooner, at the end of the slack: with probes
+// in flight all the time, it wakes once per slack for the deadlines of
+// the probes started since, most of which replies have ended before.
+// With half-open probes in flight, it wakes within collectEvery to
+// collect their replies. Called with mu held.
+func (p *poller) plan(now int64) {
 	p.sleep = math.MaxInt64
 	if len(p.deadlines) > 0 {
-		p.sleep = p.deadlines[0].deadline
+		p.sleep = max(p.deadlines[0].deadline, now+p.slack.Load())
+	}
+	if len(p.sockOps) > 0 && !p.driven.Load() {
+		p.sleep = min(p.sleep, now+p.collectEvery())
 	}
 	p.setWake()
 }
+
+// collectEvery is how long the replies of half-open probes may wait to
+// be collected: the slack, at least minCollect.
+func (p *poller) collectEvery() int64 { return int64(collectWait(time.Duration(p.slack.Load()))) }
+
+// collectWait is how long the replies of half-open probes may wait to
+// be collected with slack: slack, at least minCollect.
+func collectWait(slack time.Duration) time.Duration { return max(slack, minCollect) }
+
+// minCollect is the shortest wait of a reply with no slack.
+const minCollect = time.Millisecond
 
 // opHeap orders ops by deadline.
 type opHeap []*pollOp

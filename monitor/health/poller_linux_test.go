@@ -484,3 +484,51 @@ func httpProbes(t *testing.T, c *HTTPCheck) map[string]func(time.Duration) error
 	}
 	return ways
 }
+
+// idleSocket is the handler of test probes on a socket that never gets
+// an event, which only time out.
+type idleSocket struct{}
+
+func (idleSocket) event(*pollOp, uint32) (bool, error) { return false, nil }
+func (idleSocket) timeout(*pollOp) error               { return os.ErrDeadlineExceeded }
+
+// TestPollerSlack checks that the poller wakes for deadlines at most once
+// per its slack: of two probes due 20ms apart, the second times out 20ms
+// after the first without slack, and a slack after the first's deadline
+// with one.
+func TestPollerSlack(t *testing.T) {
+	for _, slack := range []time.Duration{0, 300 * time.Millisecond} {
+		p := testPoller(t)
+		p.setSlack(slack)
+		t0 := time.Now()
+		ended := make(chan time.Duration, 2)
+		for _, d := range []time.Duration{50 * time.Millisecond, 70 * time.Millisecond} {
+			fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+			if err != nil {
+				t.Fatal(err)
+			}
+			op := &pollOp{fd: fd, deadline: p.at(t0.Add(d)), handler: idleSocket{}}
+			op.done = func(err error) {
+				if !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Errorf("probe due at %v ended with %v, want a timeout", d, err)
+				}
+				ended <- time.Since(t0)
+			}
+			if err := p.add(op, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		first, second := <-ended, <-ended
+		if first < 50*time.Millisecond || second < 70*time.Millisecond {
+			t.Errorf("slack %v: the probes timed out at %v and %v, before their deadlines", slack, first, second)
+		}
+		// The loop woke for the first at its deadline or later, and
+		// not again within the slack.
+		if slack > 0 && second < 50*time.Millisecond+slack {
+			t.Errorf("slack %v: the second probe timed out at %v, want at least the first's deadline and the slack, %v", slack, second, 50*time.Millisecond+slack)
+		}
+		if slack == 0 && second-first > 200*time.Millisecond {
+			t.Errorf("no slack: the second probe timed out %v after the first, want about 20ms", second-first)
+		}
+	}
+}

@@ -2,7 +2,10 @@
 
 package health
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // errPollerClosed ends the probes in flight when a poller closes.
 var errPollerClosed = errors.New("health checks stopped")
@@ -23,6 +26,18 @@ func (p *poller) close() {}
 // flush does nothing.
 func (p *poller) flush() {}
 
+// drive does nothing.
+func (p *poller) drive() {}
+
+// pending reports false: there is no poller.
+func (p *poller) pending() bool { return false }
+
+// tend does nothing.
+func (p *poller) tend() {}
+
+// setSlack does nothing.
+func (p *poller) setSlack(time.Duration) {}
+
 // pollRequest returns nil: no http check runs on a poller.
 func (c *HTTPCheck) pollRequest() []byte { return nil }
 
@@ -38,3 +53,10 @@ func (*keptConn) init(*HTTPCheck) {}
 
 // closeKept does nothing: there is no poller.
 func (c *HTTPCheck) closeKept() {}
+
+// collectWait is how long the replies of half-open probes may wait to
+// be collected with slack: slack, at least minCollect.
+func collectWait(slack time.Duration) time.Duration { return max(slack, minCollect) }
+
+// minCollect is the shortest wait of a reply with no slack.
+const minCollect = time.Millisecond

@@ -55,7 +55,10 @@ func TestWorkloadPlan(t *testing.T) {
 	if got := DefaultWorkload.ChecksPerSecond(); got != 11000 {
 		t.Errorf("checks/s %v, want 11000", got)
 	}
-	for _, w := range []Workload{small.Scaled(0, 0), small.Scaled(70000, 0), {TCP: 1, TCPInterval: 1500 * time.Millisecond, HTTPInterval: time.Second, Timeout: time.Second, Fall: 1, PerService: 1}} {
+	if w := small.Scaled(0, 0); w.Validate() != nil || !w.Idle() {
+		t.Errorf("0/0 does not validate as idle: %v", w.Validate())
+	}
+	for _, w := range []Workload{small.Scaled(-1, 0), small.Scaled(70000, 0), {TCP: 1, TCPInterval: 1500 * time.Millisecond, HTTPInterval: time.Second, Timeout: time.Second, Fall: 1, PerService: 1}} {
 		if w.Validate() == nil {
 			t.Errorf("%+v validates", w)
 		}
@@ -280,8 +283,22 @@ func TestParseStat(t *testing.T) {
 	if _, err := parseRSS("Name: x\n"); err == nil {
 		t.Error("no VmRSS parsed")
 	}
+	sw, err := parseSwitches("Name:\tvipd\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n")
+	if err != nil || sw != 127 {
+		t.Fatalf("parseSwitches: %v, %v; want 127", sw, err)
+	}
+	if _, err := parseSwitches("Name:\tx\nvoluntary_ctxt_switches:\t1\n"); err == nil {
+		t.Error("a status without nonvoluntary_ctxt_switches parsed")
+	}
+	anon, file, shmem, err := parseRSSParts("RssAnon:\t  2048 kB\nRssFile:\t 1024 kB\nRssShmem:\t 512 kB\n")
+	if err != nil || anon != 2048<<10 || file != 1024<<10 || shmem != 512<<10 {
+		t.Fatalf("parseRSSParts: %v, %v, %v, %v", anon, file, shmem, err)
+	}
+	if _, _, _, err := parseRSSParts("RssAnon:\t1 kB\nRssFile:\t1 kB\n"); err == nil {
+		t.Error("a status without RssFile parsed")
+	}
 	u, err := ReadProc(os.Getpid())
-	if err != nil || u.RSS == 0 || u.Sys > u.CPU {
+	if err != nil || u.RSS == 0 || u.Sys > u.CPU || u.Switches == 0 {
 		t.Fatalf("ReadProc(self): %+v, %v", u, err)
 	}
 }
@@ -358,7 +375,7 @@ func TestReport(t *testing.T) {
 	w := DefaultWorkload.Scaled(1000, 200)
 	lat := []Bucket{{0.001, 90}, {0.01, 100}, {math.Inf(1), 100}}
 	r := &Result{Where: "guest", Workload: w, Window: 20, Detection: "weight 0 in the kernel's table", Peers: []Peer{
-		{Name: "vipd", CPU: []float64{10, 12, 11}, CPUMean: 11, Sys: []float64{8, 9, 8.5}, SysMean: 8.8, RSS: []float64{30, 31}, Lateness: lat, Probes: 1100, InFlight: 12, ListenersCPU: 30, DetectTCP: []float64{2100, 2500}, DetectHTTP: []float64{4000}},
+		{Name: "vipd", CPU: []float64{10, 12, 11}, CPUMean: 11, Sys: []float64{8, 9, 8.5}, SysMean: 8.8, Switches: []float64{300, 320, 310}, SwitchesMean: 310, RSS: []float64{30, 31}, RSSAnon: 20, RSSFile: 11, RSSShmem: 1, Lateness: lat, Probes: 1100, InFlight: 12, ListenersCPU: 30, DetectTCP: []float64{2100, 2500}, DetectHTTP: []float64{4000}},
 		{Name: "keepalived", CPU: []float64{40, 44}, CPUMean: 42, RSS: []float64{20}, Failures: 2, DetectTCP: []float64{2300}, DetectHTTP: []float64{4100}},
 		{Name: "vipd-halfopen", CPU: []float64{5, 5}, CPUMean: 5, RSS: []float64{30}, Lateness: lat, InFlight: 3, DetectTCP: []float64{2000}, DetectHTTP: []float64{4000}},
 	}, Sides: "sides: apart"}
@@ -385,7 +402,10 @@ func TestReport(t *testing.T) {
 		"vipd-halfopen: 3 probes in flight at the window's end",
 		"sides: apart",
 		"vipd        of which in the kernel %       3     8.5   9.0   mean 8.8",
+		"vipd        context switches per s         3     310   320   mean 310",
+		"keepalived  context switches per s         0     -     -     mean 0",
 		"vipd: 80% of its CPU in the kernel",
+		"vipd: rss at the window's end 20.0 MiB anonymous, 11.0 MiB file-backed, 1.0 MiB shared (files on a RAM file system count here)",
 		"keepalived: 0% of its CPU in the kernel",
 		"detection: from the listener closed to weight 0 in the kernel's table",
 		"vipd: 0 probes failed in the window (every backend listening); the listener process used 30.0% of one core in its window",
@@ -406,6 +426,19 @@ func TestReport(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("check: %v, want %q", err, want)
 		}
+	}
+
+	idle := &Result{Where: "guest", Workload: DefaultWorkload.Scaled(0, 0), Window: 20, Detection: "-",
+		Peers: []Peer{{Name: "vipd-halfopen", CPU: []float64{1}, CPUMean: 1, RSS: []float64{40}}}}
+	if err := idle.Check("vipd-halfopen"); err != nil {
+		t.Errorf("idle: %v", err)
+	}
+	b.Reset()
+	if err := idle.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(strings.Fields(b.String()), " "); !strings.Contains(got, "vipd-halfopen check lateness ms - - - no checks") {
+		t.Errorf("idle table lacks the lateness row:\n%s", b.String())
 	}
 
 	host := &Result{Where: "host (fake kernel)", Workload: DefaultWorkload.Scaled(10000, 0), Window: 20, Detection: "vipd applying weight 0",

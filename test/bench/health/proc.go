@@ -1,7 +1,9 @@
 package healthbench
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -13,10 +15,13 @@ import (
 const clockTick = 10 * time.Millisecond
 
 // ProcUsage is a process's CPU time (user and system), the part of it
-// spent in the kernel (system), and its resident set size.
+// spent in the kernel (system), its resident set size, and the context
+// switches of its threads alive (voluntary and not): each wake-up of a
+// thread that slept is one.
 type ProcUsage struct {
 	CPU, Sys time.Duration
 	RSS      uint64
+	Switches uint64
 }
 
 // ReadProc reads the CPU time and resident set size of process pid.
@@ -37,7 +42,59 @@ func ReadProc(pid int) (ProcUsage, error) {
 	if err != nil {
 		return ProcUsage{}, fmt.Errorf("/proc/%d/status: %w", pid, err)
 	}
-	return ProcUsage{CPU: user + sys, Sys: sys, RSS: rss}, nil
+	switches, err := readSwitches(pid)
+	if err != nil {
+		return ProcUsage{}, err
+	}
+	return ProcUsage{CPU: user + sys, Sys: sys, RSS: rss, Switches: switches}, nil
+}
+
+// readSwitches sums the context switches of process pid's threads.
+func readSwitches(pid int) (uint64, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	var sum uint64
+	for _, task := range tasks {
+		status, err := os.ReadFile(dir + "/" + task.Name() + "/status")
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the thread exited
+		}
+		if err != nil {
+			return 0, err
+		}
+		n, err := parseSwitches(string(status))
+		if err != nil {
+			return 0, fmt.Errorf("%s/%s/status: %w", dir, task.Name(), err)
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
+// parseSwitches returns the sum of voluntary_ctxt_switches and
+// nonvoluntary_ctxt_switches of a /proc/PID/status file.
+func parseSwitches(s string) (uint64, error) {
+	var sum uint64
+	found := 0
+	for line := range strings.Lines(s) {
+		for _, key := range []string{"voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"} {
+			if rest, ok := strings.CutPrefix(line, key); ok {
+				n, err := strconv.ParseUint(strings.TrimSpace(rest), 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("parse %q: %w", strings.TrimSpace(line), err)
+				}
+				sum += n
+				found++
+			}
+		}
+	}
+	if found != 2 {
+		return 0, fmt.Errorf("%d context switch lines, want 2", found)
+	}
+	return sum, nil
 }
 
 // ReadProcs sums ReadProc over pids.
@@ -51,6 +108,7 @@ func ReadProcs(pids []int) (ProcUsage, error) {
 		sum.CPU += u.CPU
 		sum.Sys += u.Sys
 		sum.RSS += u.RSS
+		sum.Switches += u.Switches
 	}
 	return sum, nil
 }
@@ -91,4 +149,43 @@ func parseRSS(s string) (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS line")
+}
+
+// RSSParts returns the resident set of process pid by kind, in bytes:
+// anonymous memory (heap, stacks), file-backed pages (the mapped
+// executable and libraries), and shared memory, where the pages of files
+// on a RAM file system count (the guest's /payload, and its root), from
+// the RssAnon, RssFile and RssShmem lines of /proc/PID/status.
+func RSSParts(pid int) (anon, file, shmem uint64, err error) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	anon, file, shmem, err = parseRSSParts(string(status))
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("/proc/%d/status: %w", pid, err)
+	}
+	return anon, file, shmem, nil
+}
+
+// parseRSSParts returns the RssAnon, RssFile and RssShmem of a
+// /proc/PID/status file, in bytes.
+func parseRSSParts(s string) (anon, file, shmem uint64, err error) {
+	found := 0
+	for line := range strings.Lines(s) {
+		for key, dst := range map[string]*uint64{"RssAnon:": &anon, "RssFile:": &file, "RssShmem:": &shmem} {
+			if rest, ok := strings.CutPrefix(line, key); ok {
+				kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				if err != nil {
+					return 0, 0, 0, fmt.Errorf("parse %q: %w", strings.TrimSpace(line), err)
+				}
+				*dst = kb << 10
+				found++
+			}
+		}
+	}
+	if found != 3 {
+		return 0, 0, 0, fmt.Errorf("%d of the RssAnon, RssFile and RssShmem lines", found)
+	}
+	return anon, file, shmem, nil
 }

@@ -34,9 +34,20 @@ type Peer struct {
 	// handshake on the loopback.
 	Sys     []float64
 	SysMean float64
+	// Switches is the context switches of the checker's threads per
+	// second (a thread's every wake-up is one), over each second of the
+	// window; SwitchesMean over the whole window.
+	Switches     []float64
+	SwitchesMean float64
 	// RSS is the checker's resident set size in MiB, sampled each second
 	// of the window.
 	RSS []float64
+	// RSSAnon, RSSFile and RSSShmem split the RSS at the window's end,
+	// in MiB: anonymous memory (heap, stacks), file-backed pages (the
+	// executable's and libraries' touched pages), and shared memory
+	// (those pages too where the files are on a RAM file system, as in
+	// the guest).
+	RSSAnon, RSSFile, RSSShmem float64
 	// Lateness holds the lateness histogram's observations in the window
 	// (vipd_health_check_lateness_seconds), nil for a checker that
 	// exports none.
@@ -97,7 +108,7 @@ func (r *Result) Check(peers ...string) error {
 		if r.Workload.HTTP > 0 && len(p.DetectHTTP) == 0 {
 			errs = append(errs, fmt.Errorf("%s: no http detection sample", name))
 		}
-		if isVipd(name) && len(p.Lateness) == 0 {
+		if isVipd(name) && len(p.Lateness) == 0 && !r.Workload.Idle() {
 			errs = append(errs, fmt.Errorf("%s: no lateness histogram", name))
 		}
 	}
@@ -150,10 +161,13 @@ func (r *Result) WriteTable(w io.Writer) error {
 	for _, p := range r.Peers {
 		fmt.Fprintf(tw, "%s\tcpu %% of one core (per s)\t%d\t%s\t%s\tmean %s\t\n", p.Name, len(p.CPU), f(Percentile(p.CPU, 50), 1), f(Percentile(p.CPU, 99), 1), f(p.CPUMean, 1))
 		fmt.Fprintf(tw, "%s\tof which in the kernel %%\t%d\t%s\t%s\tmean %s\t\n", p.Name, len(p.Sys), f(Percentile(p.Sys, 50), 1), f(Percentile(p.Sys, 99), 1), f(p.SysMean, 1))
+		fmt.Fprintf(tw, "%s\tcontext switches per s\t%d\t%s\t%s\tmean %s\t\n", p.Name, len(p.Switches), f(Percentile(p.Switches, 50), 0), f(Percentile(p.Switches, 99), 0), f(p.SwitchesMean, 0))
 		fmt.Fprintf(tw, "%s\trss MiB (per s)\t%d\t%s\t%s\tmax %s\t\n", p.Name, len(p.RSS), f(Percentile(p.RSS, 50), 1), f(Percentile(p.RSS, 99), 1), f(Percentile(p.RSS, 100), 1))
 		if p.Lateness != nil {
 			n := p.Lateness[len(p.Lateness)-1].Count
 			fmt.Fprintf(tw, "%s\tcheck lateness ms\t%.0f\t%s\t%s\t%s probes/s\t\n", p.Name, n, f(1000*Quantile(p.Lateness, 0.5), 2), f(1000*Quantile(p.Lateness, 0.99), 2), f(p.Probes, 0))
+		} else if r.Workload.Idle() {
+			fmt.Fprintf(tw, "%s\tcheck lateness ms\t-\t-\t-\tno checks\t\n", p.Name)
 		} else {
 			fmt.Fprintf(tw, "%s\tcheck lateness ms\t-\t-\t-\tnot exported\t\n", p.Name)
 		}
@@ -191,6 +205,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 		notes = append(notes, fmt.Sprintf("%s: %.0f %s (every backend listening); the listener process used %.1f%% of one core in its window", p.Name, p.Failures, what, p.ListenersCPU))
 		if p.CPUMean > 0 {
 			notes = append(notes, fmt.Sprintf("%s: %.0f%% of its CPU in the kernel", p.Name, 100*p.SysMean/p.CPUMean))
+		}
+		if p.RSSAnon+p.RSSFile+p.RSSShmem > 0 {
+			notes = append(notes, fmt.Sprintf("%s: rss at the window's end %.1f MiB anonymous, %.1f MiB file-backed, %.1f MiB shared (files on a RAM file system count here)", p.Name, p.RSSAnon, p.RSSFile, p.RSSShmem))
 		}
 		if isVipd(p.Name) {
 			notes = append(notes, fmt.Sprintf("%s: %.0f probes in flight at the window's end", p.Name, p.InFlight))

@@ -52,11 +52,12 @@ func (w Workload) Scaled(n, m int) Workload {
 	return w
 }
 
-// Validate reports a workload the address plan cannot hold.
+// Validate reports a workload the address plan cannot hold. A workload
+// of no backends is valid: it measures vipd's agent idle.
 func (w Workload) Validate() error {
 	var errs []error
-	if w.TCP < 0 || w.HTTP < 0 || w.TCP+w.HTTP == 0 || w.TCP+w.HTTP > maxBackends {
-		errs = append(errs, fmt.Errorf("%d tcp and %d http backends: want 1..%d in all", w.TCP, w.HTTP, maxBackends))
+	if w.TCP < 0 || w.HTTP < 0 || w.TCP+w.HTTP > maxBackends {
+		errs = append(errs, fmt.Errorf("%d tcp and %d http backends: want 0..%d in all", w.TCP, w.HTTP, maxBackends))
 	}
 	if w.PerService < 1 {
 		errs = append(errs, fmt.Errorf("%d backends per service: want at least 1", w.PerService))
@@ -77,6 +78,9 @@ func (w Workload) String() string {
 	return fmt.Sprintf("%d tcp every %s + %d http every %s (fall %d, timeout %s, %d backends a service)",
 		w.TCP, w.TCPInterval, w.HTTP, w.HTTPInterval, w.Fall, w.Timeout, w.PerService)
 }
+
+// Idle reports whether w has no backends: vipd's agent alone.
+func (w Workload) Idle() bool { return w.TCP+w.HTTP == 0 }
 
 // ChecksPerSecond is the probe rate w asks for.
 func (w Workload) ChecksPerSecond() float64 {
