@@ -20,14 +20,17 @@
 # to the checker (VIPD_HEALTHBENCH_SIDES=one: the layout before, one
 # namespace and the loopback).
 #
-# Each prints a table: CPU (% of one core, per second of a window), RSS,
+# Each prints a table: CPU (% of one core, per second of a window), context
+# switches per second of the checker's threads (its wake-ups), RSS (and at
+# the window's end its anonymous, file-backed and shared parts),
 # check lateness (vipd_health_check_lateness_seconds), and detection
 # latency (a listener closed -> weight 0), with n, p50, p99, and the
 # ratios to the targets. It fails when a peer cannot be measured.
 #
 #   VIPD_HEALTHBENCH_HOST_SIZES   host workloads, TCP/HTTP (default 10000/0,10000/2000)
 #   VIPD_HEALTHBENCH_GUEST_SIZES  guest workloads (default 1000/0,400/0,200/40: at 1,000/200 the
-#                                 emulated checkers fall behind by seconds)
+#                                 emulated checkers fall behind by seconds; 0/0 measures vipd's
+#                                 agent with no checks, keepalived skipped)
 #   VIPD_HEALTHBENCH_PEERS        checkers (host: vipd,vipd-halfopen; guest: those and keepalived)
 #   VIPD_HEALTHBENCH_SIDES        apart (default) or one
 #   VIPD_HEALTHBENCH_WINDOW       CPU window, s (default 20)
