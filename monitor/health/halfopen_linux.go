@@ -334,13 +334,16 @@ func (s *synSocket) collect() {
 }
 
 // collectSYNs collects the replies to half-open probes.
-func collectSYNs() {
+func collectSYNs() { eachSYNSocket((*synSocket).collect) }
+
+// eachSYNSocket calls f with each open raw socket of half-open checks.
+func eachSYNSocket(f func(*synSocket)) {
 	halfOpen.mu.Lock()
 	socks := halfOpen.socks
 	halfOpen.mu.Unlock()
 	for _, s := range socks {
 		if s != nil {
-			s.collect()
+			f(s)
 		}
 	}
 }
@@ -420,16 +423,7 @@ func (s *synSocket) flush() {
 
 // flushSYNs sends the SYNs that half-open probes started on pollers
 // have queued.
-func flushSYNs() {
-	halfOpen.mu.Lock()
-	socks := halfOpen.socks
-	halfOpen.mu.Unlock()
-	for _, s := range socks {
-		if s != nil {
-			s.flush()
-		}
-	}
-}
+func flushSYNs() { eachSYNSocket((*synSocket).flush) }
 
 // reply ends the probe that b, a reply from from, answers, if any.
 func (s *synSocket) reply(b []byte, from *unix.RawSockaddrInet6) {
