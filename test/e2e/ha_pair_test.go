@@ -563,6 +563,9 @@ type failoverResult struct {
 	// Announced is the backup's announcement path, from its log: from
 	// its master down timer handled to its announcements sent.
 	Announced time.Duration
+	// Adopting is the part of it spent tracking the synchronized SNAT
+	// connections before the announcements (vipd's adopt_took).
+	Adopting time.Duration
 	// Failing is how long the failure itself took to make (the commands
 	// that cut the links or kill the daemon): the failure happened
 	// somewhere in it, and the times above count from its start.
@@ -700,7 +703,8 @@ func (p *pair) failover(how string) (failoverResult, error) {
 			if err != nil || !when.After(at) {
 				continue
 			}
-			r.Announced, _ = time.ParseDuration(m[2])
+			r.Adopting, _ = time.ParseDuration(m[2])
+			r.Announced, _ = time.ParseDuration(m[3])
 			break
 		}
 	}
@@ -709,7 +713,7 @@ func (p *pair) failover(how string) (failoverResult, error) {
 
 // announcedLine is a vipd's change of role to master, with its time and
 // the time from its elector's event to its announcements sent.
-var announcedLine = regexp.MustCompile(`time=(\S+) level=INFO msg="high availability: role changed" role=master .*?announced_in=(\S+)`)
+var announcedLine = regexp.MustCompile(`time=(\S+) level=INFO msg="high availability: role changed" role=master .*?adopt_took=(\S+) announced_in=(\S+)`)
 
 // electedLine is a vipd's VRRP transition to master, with its time and,
 // when a timer caused it, how late the timer was handled.
