@@ -98,6 +98,10 @@ type ha struct {
 	// snat holds the services of the last pass that need it.
 	tracker ConnTracker
 	snat    atomic.Pointer[snatServices]
+	// synced says a backup sync daemon brings a peer's connections to
+	// this node (vipd's own, or one it found running): only then has a
+	// takeover SNAT connections to track.
+	synced atomic.Bool
 	// term counts the changes of role, so that the late tracking of a
 	// term as master stops when it ends.
 	term atomic.Uint64
@@ -134,6 +138,12 @@ func (h *ha) report(c RoleChange) {
 	s := h.snat.Load()
 	partial := false
 	start := time.Now()
+	if !h.synced.Load() {
+		// No peer's connections come to this node: the connection
+		// table holds only its own, tracked already, and reading it
+		// would hold the announcements back for nothing.
+		s = nil
+	}
 	if c.Master && s != nil {
 		// Before the first packet: the clients and the backends reach
 		// the node once it announces.
@@ -605,10 +615,26 @@ type syncer interface {
 // a takeover.
 func (a *Agent) startSync(k lb.Kernel) error {
 	h := a.ha.cfg
+	s, ok := k.IPVS.(syncer)
 	if h.SyncInterface == "" {
+		// A backup daemon vipd did not start (ipvsadm --start-daemon,
+		// another tool's) brings a peer's connections too: their SNAT
+		// tracking is taken over as with vipd's own.
+		if ok {
+			running, err := s.SyncDaemons()
+			if err != nil {
+				// Without synchronization of its own vipd needs
+				// none: it runs on, as a node no peer syncs to.
+				a.log.Warn("high availability: cannot read the IPVS sync daemons; SNAT connections are not taken over", "err", err)
+				return nil
+			}
+			if slices.ContainsFunc(running, func(d ipvs.SyncDaemon) bool { return d.State == ipvs.SyncBackup }) {
+				a.ha.synced.Store(true)
+				a.log.Info("high availability: an IPVS backup sync daemon runs that vipd did not start; a takeover tracks the SNAT connections it synchronizes")
+			}
+		}
 		return nil
 	}
-	s, ok := k.IPVS.(syncer)
 	if !ok {
 		return fmt.Errorf("[ha] sync_interface = %q: the kernel adapter cannot run IPVS connection synchronization", h.SyncInterface)
 	}
@@ -638,6 +664,7 @@ func (a *Agent) startSync(k lb.Kernel) error {
 		}
 		a.log.Info("high availability: connection synchronization started", "role", state.String(), "interface", want.Interface, "sync_id", id)
 	}
+	a.ha.synced.Store(true)
 	return nil
 }
 

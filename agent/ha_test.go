@@ -381,10 +381,45 @@ type fakeTracker struct {
 	before    []bool
 	// slow is how long reading the table stalls after 256 connections.
 	slow time.Duration
+	// reads counts the readings of the table.
+	reads int
+}
+
+// syncingIPVS is the fake kernel's IPVS with the connection
+// synchronization daemons of a real one.
+type syncingIPVS struct {
+	lb.IPVS
+	mu      sync.Mutex
+	daemons []ipvs.SyncDaemon
+}
+
+func (s *syncingIPVS) StartSync(d ipvs.SyncDaemon) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.daemons = append(s.daemons, d)
+	return nil
+}
+
+func (s *syncingIPVS) SyncDaemons() ([]ipvs.SyncDaemon, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.daemons), nil
+}
+
+// withSyncDaemons makes the kernel o opens one that runs connection
+// synchronization, with running's daemons running already.
+func withSyncDaemons(o *Options, running ...ipvs.SyncDaemon) {
+	open := o.OpenKernel
+	o.OpenKernel = func(cfg *config.Config, log *slog.Logger) (lb.Kernel, func(), error) {
+		k, done, err := open(cfg, log)
+		k.IPVS = &syncingIPVS{IPVS: k.IPVS, daemons: slices.Clone(running)}
+		return k, done, err
+	}
 }
 
 func (f *fakeTracker) Connections(fn func(ipvs.Connection) bool) error {
 	f.mu.Lock()
+	f.reads++
 	conns := slices.Clone(f.conns)
 	f.mu.Unlock()
 	for i, c := range conns {
@@ -424,12 +459,13 @@ func TestHATakesSNATConnectionsOver(t *testing.T) {
 	}}
 	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
 	e := &fakeElector{}
-	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]")+services(1, 1)+snat, func(o *Options) {
+	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"")+services(1, 1)+snat, func(o *Options) {
 		o.OpenElector = func(opts ElectorOptions) (Elector, error) {
 			e.opts = opts
 			return e, nil
 		}
 		o.ConnTracker = f
+		withSyncDaemons(o)
 	})
 	f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
 	r.has(t, "snat-source=10.0.3.99")
@@ -488,6 +524,53 @@ func grepLines(s, sub string) string {
 	return strings.Join(out, "")
 }
 
+// TestHASNATTakeoverWithoutSync: a node to which no peer synchronizes
+// connections reads no connection table as it takes over (its own
+// connections are tracked already): the announcements wait for nothing.
+// A backup sync daemon vipd did not start counts as synchronization.
+func TestHASNATTakeoverWithoutSync(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		running []ipvs.SyncDaemon
+		reads   bool
+	}{
+		{"no daemon", nil, false},
+		{"a master daemon only", []ipvs.SyncDaemon{{State: ipvs.SyncMaster, Interface: "eth0", SyncID: 51}}, false},
+		{"a backup daemon vipd did not start", []ipvs.SyncDaemon{{State: ipvs.SyncBackup, Interface: "eth0", SyncID: 51}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeTracker{conns: []ipvs.Connection{{Proto: lb.TCP, Client: netip.MustParseAddrPort("198.51.100.7:40000"),
+				Virtual: netip.MustParseAddrPort("192.0.2.50:80"), Backend: netip.MustParseAddrPort("10.0.3.5:8080"), State: "ESTABLISHED", Expires: time.Minute}}}
+			snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
+			e := &fakeElector{}
+			r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]")+snat, func(o *Options) {
+				o.OpenElector = func(opts ElectorOptions) (Elector, error) {
+					e.opts = opts
+					return e, nil
+				}
+				o.ConnTracker = f
+				withSyncDaemons(o, tc.running...)
+			})
+			f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
+			r.has(t, "snat-source=10.0.3.99")
+			e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
+			r.waitFor(t, []string{"announce 192.0.2.50", "announce 10.0.3.99"}, nil)
+			// The late passes start 100 ms after the takeover.
+			time.Sleep(300 * time.Millisecond)
+			f.mu.Lock()
+			reads := f.reads
+			f.mu.Unlock()
+			if got := reads > 0; got != tc.reads {
+				t.Errorf("the takeover read the connection table %d times, want reads %v", reads, tc.reads)
+			}
+			const found = "an IPVS backup sync daemon runs that vipd did not start"
+			if got := strings.Contains(r.log.String(), found); got != tc.reads {
+				t.Errorf("log has %q: %v, want %v:\n%s", found, got, tc.reads, r.log.String())
+			}
+		})
+	}
+}
+
 // TestHATakeoverBoundsSNATTracking: a connection table too long to read
 // within the budget before the announcement is read in part, and the
 // rest is tracked right after it.
@@ -499,12 +582,13 @@ func TestHATakeoverBoundsSNATTracking(t *testing.T) {
 	}
 	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
 	e := &fakeElector{}
-	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]")+snat, func(o *Options) {
+	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"")+snat, func(o *Options) {
 		o.OpenElector = func(opts ElectorOptions) (Elector, error) {
 			e.opts = opts
 			return e, nil
 		}
 		o.ConnTracker = f
+		withSyncDaemons(o)
 	})
 	f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
 	e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
