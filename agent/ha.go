@@ -17,8 +17,10 @@ import (
 
 	"github.com/vipd/vipd/agent/ledger"
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/kernel/conntrack"
 	"github.com/vipd/vipd/kernel/ipvs"
 	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/monitor/metrics"
 	"github.com/vipd/vipd/monitor/status"
 )
 
@@ -147,7 +149,7 @@ func (h *ha) report(c RoleChange) {
 	if c.Master && s != nil {
 		// Before the first packet: the clients and the backends reach
 		// the node once it announces.
-		a := adoptSNAT(h.tracker, s, start.Add(adoptBudget))
+		a := adoptSNAT(h.tracker, s, start.Add(adoptBudget), conntrack.Replace)
 		r.adopted, partial = &a, a.partial
 		r.adopting = time.Since(start)
 		start = time.Now()
@@ -194,7 +196,7 @@ func (h *ha) adoptLate(term uint64, partial bool) {
 		if h.term.Load() != term || s == nil {
 			return
 		}
-		if a := adoptSNAT(h.tracker, s, time.Time{}); a.Created > 0 || a.Failed > 0 || a.err != nil {
+		if a := adoptSNAT(h.tracker, s, time.Time{}, conntrack.Keep); a.Created > 0 || a.Failed > 0 || a.err != nil {
 			h.queue(roleReport{RoleChange: RoleChange{Master: true}, late: true, adopted: &a})
 		}
 	}
@@ -471,8 +473,9 @@ func (a *Agent) reannounce() {
 
 // logAdoption logs what tracking the synchronized SNAT connections did.
 func (a *Agent) logAdoption(ad *adoption, msg string) {
-	a.m.HASNAT(ad.Created, ad.Existing, ad.Failed)
-	a.log.Info(msg, "tracked", ad.Created, "tracked_already", ad.Existing, "failed", ad.Failed, "took", ad.took.Round(time.Microsecond))
+	a.m.HASNAT(metrics.SNATTakeover{Tracked: ad.Created, Existing: ad.Existing, Replaced: ad.Replaced, Failed: ad.Failed})
+	a.log.Info(msg, "tracked", ad.Created, "tracked_already", ad.Existing, "replaced", ad.Replaced, "failed", ad.Failed, "took", ad.took.Round(time.Microsecond),
+		"connections_read", ad.listed, "read_took", ad.read.Round(time.Microsecond))
 	if ad.err != nil {
 		a.log.Error("high availability: tracking SNAT connections", "err", ad.err)
 	}

@@ -379,6 +379,8 @@ type fakeTracker struct {
 	announced func() bool
 	tracked   [][]conntrack.Flow
 	before    []bool
+	// existing is what each Track was told to do with existing entries.
+	existing []conntrack.Existing
 	// slow is how long reading the table stalls after 256 connections.
 	slow time.Duration
 	// reads counts the readings of the table.
@@ -433,10 +435,11 @@ func (f *fakeTracker) Connections(fn func(ipvs.Connection) bool) error {
 	return nil
 }
 
-func (f *fakeTracker) Track(flows []conntrack.Flow) (conntrack.Result, error) {
+func (f *fakeTracker) Track(flows []conntrack.Flow, existing conntrack.Existing) (conntrack.Result, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.tracked = append(f.tracked, flows)
+	f.existing = append(f.existing, existing)
 	f.before = append(f.before, f.announced())
 	return conntrack.Result{Created: len(flows)}, nil
 }
@@ -482,6 +485,11 @@ func TestHATakesSNATConnectionsOver(t *testing.T) {
 	if len(f.before) > 0 && f.before[0] {
 		t.Error("the node announced its VIPs before it tracked the SNAT connections")
 	}
+	// Before it announces, the node replaces its own leftover entries
+	// with the peer's connections; once master, it keeps its own.
+	if len(f.existing) == 0 || f.existing[0] != conntrack.Replace {
+		t.Errorf("the takeover's tracking was told %v about existing entries, want Replace", f.existing)
+	}
 	// A connection whose synchronization arrives after the takeover is
 	// tracked later.
 	late := conn(lb.TCP, "192.0.2.50:80", "ESTABLISHED")
@@ -501,6 +509,9 @@ func TestHATakesSNATConnectionsOver(t *testing.T) {
 	f.mu.Lock()
 	if last := f.tracked[len(f.tracked)-1]; !slices.Contains(last, flow(late)) {
 		t.Errorf("the late tracking has %+v, want %+v in it", last, flow(late))
+	}
+	if slices.Contains(f.existing[1:], conntrack.Replace) {
+		t.Errorf("a late tracking replaced the master's own entries: %v", f.existing)
 	}
 	f.mu.Unlock()
 	rec := httptest.NewRecorder()

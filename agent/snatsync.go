@@ -17,9 +17,9 @@ type ConnTracker interface {
 	// Connections calls fn for each connection of the kernel's IPVS
 	// table, until fn returns false.
 	Connections(fn func(ipvs.Connection) bool) error
-	// Track creates an entry for each flow that has none, going on after
-	// a failure.
-	Track(flows []conntrack.Flow) (conntrack.Result, error)
+	// Track creates an entry for each flow, doing what existing says
+	// with those that have one, going on after a failure.
+	Track(flows []conntrack.Flow, existing conntrack.Existing) (conntrack.Result, error)
 }
 
 // snatKey is a service whose traffic comes from a floating SNAT source;
@@ -79,18 +79,23 @@ func (s *snatServices) flow(c ipvs.Connection) (conntrack.Flow, bool) {
 type adoption struct {
 	conntrack.Result
 	took time.Duration
-	err  error
+	// read is the part of took spent reading the connection table, and
+	// listed the connections it listed.
+	read   time.Duration
+	listed int
+	err    error
 	// partial says that the pass stopped at its deadline, having read
 	// part of the connection table.
 	partial bool
 }
 
-// adoptSNAT tracks the connections of the IPVS table to s's services
-// that the node does not track yet: those a peer synchronized. It stops
-// reading the table at deadline (the zero time reads it all), so that a
-// table of a million connections does not hold a takeover back: what it
-// leaves, a later pass tracks.
-func adoptSNAT(t ConnTracker, s *snatServices, deadline time.Time) adoption {
+// adoptSNAT tracks the connections of the IPVS table to s's services:
+// those a peer synchronized. It stops reading the table at deadline (the
+// zero time reads it all), so that a table of a million connections does
+// not hold a takeover back: what it leaves, a later pass tracks. A
+// takeover replaces the entries the node has already (conntrack.Replace:
+// leftovers of its last turn as master); a pass once master keeps them.
+func adoptSNAT(t ConnTracker, s *snatServices, deadline time.Time, existing conntrack.Existing) adoption {
 	start := time.Now()
 	var a adoption
 	var flows []conntrack.Flow
@@ -106,8 +111,9 @@ func adoptSNAT(t ConnTracker, s *snatServices, deadline time.Time) adoption {
 		}
 		return true
 	})
+	a.read, a.listed = time.Since(start), n
 	if err == nil {
-		a.Result, err = t.Track(flows)
+		a.Result, err = t.Track(flows, existing)
 	}
 	a.took, a.err = time.Since(start), err
 	return a

@@ -114,7 +114,8 @@ const minTimeout = time.Minute
 
 // Netlink's values (linux/netfilter/nfnetlink_conntrack.h).
 const (
-	ctMsgNew = 0 // IPCTNL_MSG_CT_NEW
+	ctMsgNew    = 0 // IPCTNL_MSG_CT_NEW
+	ctMsgDelete = 2 // IPCTNL_MSG_CT_DELETE
 
 	ctaTupleOrig  = 1
 	ctaTupleReply = 2
@@ -203,6 +204,19 @@ func (f Flow) request() *nl.NetlinkRequest {
 	return req
 }
 
+// deleteRequest returns the netlink request that deletes f's entry,
+// found by its original direction.
+func (f Flow) deleteRequest() *nl.NetlinkRequest {
+	family := unix.AF_INET
+	if f.Client.Addr().Is6() {
+		family = unix.AF_INET6
+	}
+	req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_CTNETLINK<<8|ctMsgDelete, unix.NLM_F_ACK)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(family), Version: nl.NFNETLINK_V0})
+	req.AddData(tuple(ctaTupleOrig, protoNumber(f.Proto), f.Client, f.Virtual))
+	return req
+}
+
 // tuple returns a tuple attribute of type typ from src to dst.
 func tuple(typ int, proto uint8, src, dst netip.AddrPort) *nl.RtAttr {
 	t := nl.NewRtAttr(unix.NLA_F_NESTED|typ, nil)
@@ -234,8 +248,9 @@ func protoNumber(p lb.Proto) uint8 {
 type Result struct {
 	// Created counts the entries made; Existing those the kernel had
 	// already (a packet of the connection came first, or a previous
-	// takeover made it); Failed those it refused.
-	Created, Existing, Failed int
+	// takeover made it) and kept; Replaced those it had and made again
+	// (Replace); Failed those it refused.
+	Created, Existing, Replaced, Failed int
 }
 
 // maxErrors bounds the errors Track returns: the first ones say what
@@ -252,10 +267,41 @@ func (Tracker) Connections(fn func(ipvs.Connection) bool) error {
 	return ipvs.Connections(fn)
 }
 
-// Track creates an entry for each flow, leaving alone those that exist,
-// and goes on after a failure: it returns what it did, and the first
-// errors.
-func (Tracker) Track(flows []Flow) (Result, error) {
+// window bounds the requests Track has sent and not yet seen answered:
+// enough that a takeover's handful of flows costs one round trip to the
+// kernel, few enough that the answers fit the socket's receive buffer.
+const window = 128
+
+// Existing says what Track does with a flow that has an entry already.
+type Existing int
+
+const (
+	// Keep leaves the entry as it is: the node's own, live.
+	Keep Existing = iota
+	// Replace deletes the entry and makes the flow's: on a node about
+	// to take a VIP over, an entry of the flow is a leftover of its last
+	// turn as master, or of a handshake that straddled the last change
+	// of master (its state stuck in SYN_SENT while the peer's went on),
+	// and the peer's synchronized connection is the truth. A leftover
+	// kept in the wrong state makes connection tracking refuse the
+	// connection's next packets, which then leave untranslated.
+	Replace
+)
+
+// op is one request of Track: make flow's entry, or delete it.
+type op struct {
+	flow   int
+	delete bool
+	// again says the entry is made a second time, after its delete.
+	again bool
+}
+
+// Track makes an entry for each flow, doing what existing says with
+// those that have one, and goes on after a failure: it returns what it
+// did, and the first errors. It sends the requests without waiting for
+// each answer (up to window of them in flight), so that a takeover does
+// not pay a round trip to the kernel per connection.
+func (Tracker) Track(flows []Flow, existing Existing) (Result, error) {
 	var r Result
 	if len(flows) == 0 {
 		return r, nil
@@ -265,21 +311,88 @@ func (Tracker) Track(flows []Flow) (Result, error) {
 		return r, fmt.Errorf("conntrack: open netlink socket: %w", err)
 	}
 	defer s.Close()
-	sockets := map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: {Socket: s}}
+	// The kernel answers every request; the timeout is for a kernel
+	// that would not, so that a takeover cannot hang on it.
+	if err := s.SetReceiveTimeout(&unix.Timeval{Sec: 5}); err != nil {
+		return r, fmt.Errorf("conntrack: netlink socket: %w", err)
+	}
 	var errs []error
-	for _, f := range flows {
-		req := f.request()
-		req.Sockets = sockets
-		_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
-		switch {
-		case err == nil:
-			r.Created++
-		case errors.Is(err, unix.EEXIST):
-			r.Existing++
-		default:
-			r.Failed++
-			if len(errs) < maxErrors {
-				errs = append(errs, fmt.Errorf("conntrack: track %s %s -> %s via %s from %s: %w", f.Proto, f.Client, f.Virtual, f.Backend, f.Source, err))
+	failed := map[int]bool{}
+	fail := func(o op, err error) {
+		if failed[o.flow] {
+			return
+		}
+		failed[o.flow] = true
+		r.Failed++
+		if len(errs) < maxErrors {
+			f, what := flows[o.flow], "track"
+			if o.delete {
+				what = "delete the entry of"
+			}
+			errs = append(errs, fmt.Errorf("conntrack: %s %s %s -> %s via %s from %s: %w", what, f.Proto, f.Client, f.Virtual, f.Backend, f.Source, err))
+		}
+	}
+	queue := make([]op, len(flows))
+	for i := range queue {
+		queue[i] = op{flow: i}
+	}
+	pending := make(map[uint32]op, min(window, len(flows)))
+	for len(queue) > 0 || len(pending) > 0 {
+		for len(queue) > 0 && len(pending) < window {
+			o := queue[0]
+			queue = queue[1:]
+			req := flows[o.flow].request()
+			if o.delete {
+				req = flows[o.flow].deleteRequest()
+			}
+			if err := s.Send(req); err != nil {
+				fail(o, err)
+				continue
+			}
+			pending[req.Seq] = o
+		}
+		if len(pending) == 0 {
+			continue
+		}
+		msgs, _, err := s.Receive()
+		if err != nil {
+			// The socket is in an unknown state: what was in flight
+			// failed, and the rest is not tried.
+			for _, o := range pending {
+				fail(o, fmt.Errorf("read the answer: %w", err))
+			}
+			for _, o := range queue {
+				fail(o, fmt.Errorf("not tried: %w", err))
+			}
+			break
+		}
+		for _, m := range msgs {
+			o, ok := pending[m.Header.Seq]
+			if !ok || m.Header.Type != unix.NLMSG_ERROR || len(m.Data) < 4 {
+				continue
+			}
+			delete(pending, m.Header.Seq)
+			errno := unix.Errno(-int32(nl.NativeEndian().Uint32(m.Data[:4])))
+			switch {
+			case failed[o.flow]:
+			case o.delete:
+				// ENOENT: the entry went meanwhile; the flow's is made
+				// next all the same.
+				if errno != 0 && errno != unix.ENOENT {
+					fail(o, errno)
+				}
+			case errno == 0 && o.again:
+				r.Replaced++
+			case errno == 0:
+				r.Created++
+			case errno == unix.EEXIST && existing == Replace && !o.again:
+				// The delete and the second make go out in this order on
+				// one socket, which the kernel handles in order.
+				queue = append(queue, op{flow: o.flow, delete: true}, op{flow: o.flow, again: true})
+			case errno == unix.EEXIST:
+				r.Existing++
+			default:
+				fail(o, errno)
 			}
 		}
 	}

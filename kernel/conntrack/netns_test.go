@@ -1,9 +1,12 @@
 package conntrack
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,7 +29,7 @@ func TestTrackKernel(t *testing.T) {
 			Backend: netip.MustParseAddrPort("[2001:db8:1::3]:5353"), Source: netip.MustParseAddr("2001:db8:1::99"), Timeout: time.Minute},
 	}
 	forget(t, flows)
-	r, err := Tracker{}.Track(flows)
+	r, err := Tracker{}.Track(flows, Keep)
 	if err != nil || r != (Result{Created: 2}) {
 		t.Fatalf("Track: %+v, %v", r, err)
 	}
@@ -58,7 +61,7 @@ func TestTrackKernel(t *testing.T) {
 			t.Errorf("%s: no entry in %d", f.Client, len(list))
 		}
 	}
-	r, err = Tracker{}.Track(flows)
+	r, err = Tracker{}.Track(flows, Keep)
 	if err != nil || r != (Result{Existing: 2}) {
 		t.Fatalf("second Track: %+v, %v", r, err)
 	}
@@ -112,7 +115,7 @@ func TestTrackTraffic(t *testing.T) {
 	f := Flow{Proto: lb.UDP, Client: netip.MustParseAddrPort("192.0.2.2:40000"), Virtual: netip.MustParseAddrPort("198.51.100.10:53"),
 		Backend: netip.MustParseAddrPort("203.0.113.3:8080"), Source: netip.MustParseAddr("203.0.113.99"), Timeout: time.Minute}
 	forget(t, []Flow{f})
-	if r, err := (Tracker{}).Track([]Flow{f}); err != nil || r.Created != 1 {
+	if r, err := (Tracker{}).Track([]Flow{f}, Keep); err != nil || r.Created != 1 {
 		t.Fatalf("Track: %+v, %v", r, err)
 	}
 	// The neighbour entries may take a moment: the answer is sent until
@@ -155,4 +158,83 @@ func forget(t *testing.T, flows []Flow) {
 			}
 		}
 	})
+}
+
+// TestTrackMany tracks more flows than Track keeps in flight, one of
+// which the kernel refuses (a TCP state it does not know): every other
+// flow is made, the refused one is counted and named, and a second Track
+// finds the rest there.
+func TestTrackMany(t *testing.T) {
+	nstest.Need(t)
+	const n = 3*window + 7
+	flows := make([]Flow, n)
+	for i := range flows {
+		flows[i] = Flow{Proto: lb.TCP, Client: netip.AddrPortFrom(netip.MustParseAddr("192.0.2.7"), uint16(20000+i)), Virtual: netip.MustParseAddrPort("198.51.100.10:80"),
+			Backend: netip.MustParseAddrPort("203.0.113.3:8080"), Source: netip.MustParseAddr("203.0.113.99"), State: TCPEstablished, Timeout: time.Minute}
+	}
+	const bad = window + 3
+	flows[bad].State = 200
+	forget(t, flows[:1])
+	r, err := Tracker{}.Track(flows, Keep)
+	if r != (Result{Created: n - 1, Failed: 1}) {
+		t.Fatalf("Track: %+v, %v", r, err)
+	}
+	if err == nil || !strings.Contains(err.Error(), flows[bad].Client.String()) || !errors.As(err, new(unix.Errno)) {
+		t.Errorf("Track's error does not name %s's refusal: %v", flows[bad].Client, err)
+	}
+	flows = slices.Delete(flows, bad, bad+1)
+	if r, err := (Tracker{}).Track(flows, Keep); err != nil || r != (Result{Existing: n - 1}) {
+		t.Fatalf("second Track: %+v, %v", r, err)
+	}
+}
+
+// TestTrackReplace: an entry left in SYN_SENT (the node forwarded the
+// client's SYN, and the backend answered the peer) is kept by Keep and
+// made again in the peer's state by Replace; a flow with no entry is made
+// either way.
+func TestTrackReplace(t *testing.T) {
+	nstest.Need(t)
+	flow := func(port uint16, state TCPState) Flow {
+		return Flow{Proto: lb.TCP, Client: netip.AddrPortFrom(netip.MustParseAddr("192.0.2.8"), port), Virtual: netip.MustParseAddrPort("198.51.100.10:80"),
+			Backend: netip.MustParseAddrPort("203.0.113.3:8080"), Source: netip.MustParseAddr("203.0.113.99"), State: state, Timeout: time.Minute}
+	}
+	stale := flow(40000, TCPSynSent)
+	forget(t, []Flow{stale})
+	if r, err := (Tracker{}).Track([]Flow{stale}, Keep); err != nil || r != (Result{Created: 1}) {
+		t.Fatalf("Track the stale entry: %+v, %v", r, err)
+	}
+	peers := []Flow{flow(40000, TCPEstablished), flow(40001, TCPEstablished)}
+	if r, err := (Tracker{}).Track(peers, Keep); err != nil || r != (Result{Created: 1, Existing: 1}) {
+		t.Fatalf("Track, Keep: %+v, %v", r, err)
+	}
+	if got := tcpState(t, stale.Client); got != TCPSynSent {
+		t.Errorf("Keep left the entry in state %d, want %d", got, TCPSynSent)
+	}
+	if r, err := (Tracker{}).Track(peers, Replace); err != nil || r != (Result{Replaced: 2}) {
+		t.Fatalf("Track, Replace: %+v, %v", r, err)
+	}
+	for _, f := range peers {
+		if got := tcpState(t, f.Client); got != TCPEstablished {
+			t.Errorf("%s: state %d after Replace, want %d", f.Client, got, TCPEstablished)
+		}
+	}
+}
+
+// tcpState returns the TCP state of the entry from client.
+func tcpState(t *testing.T, client netip.AddrPort) TCPState {
+	t.Helper()
+	list, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list {
+		if e.Forward.SrcIP.Equal(client.Addr().AsSlice()) && e.Forward.SrcPort == client.Port() {
+			if p, ok := e.ProtoInfo.(*netlink.ProtoInfoTCP); ok {
+				return TCPState(p.State)
+			}
+			t.Fatalf("%s: entry without TCP state: %s", client, e)
+		}
+	}
+	t.Fatalf("%s: no entry", client)
+	return 0
 }

@@ -238,7 +238,7 @@ func New(opts Options) *Metrics {
 		}, []string{"role", "cause"}),
 		haSNAT: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vipd_ha_snat_connections_total",
-			Help: "Synchronized connections of snat services whose connection tracking this node took over on becoming master, by result: tracked (entry made), existing (the kernel had one), failed.",
+			Help: "Synchronized connections of snat services whose connection tracking this node took over on becoming master, by result: tracked (entry made), existing (the kernel had one, kept), replaced (the kernel had one, a leftover of the node's last turn as master, made again from the peer's connection), failed.",
 		}, []string{"result"}),
 		sourceUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "vipd_source_up",
@@ -545,18 +545,26 @@ func (m *Metrics) HA(master bool, priority uint8, cause string) {
 
 func (m *Metrics) registerHA() {
 	m.register(m.haMaster, m.haPriority, m.haTransitions, m.haSNAT)
-	for _, r := range []string{"tracked", "existing", "failed"} {
+	for _, r := range []string{"tracked", "existing", "replaced", "failed"} {
 		m.haSNAT.WithLabelValues(r)
 	}
 }
 
+// SNATTakeover is what a new master did to the connection tracking of
+// the SNAT connections it took over: entries made, found and kept,
+// found and made again, refused.
+type SNATTakeover struct {
+	Tracked, Existing, Replaced, Failed int
+}
+
 // HASNAT counts what a new master did to the connection tracking of the
 // SNAT connections it took over.
-func (m *Metrics) HASNAT(tracked, existing, failed int) {
+func (m *Metrics) HASNAT(t SNATTakeover) {
 	m.haOnce.Do(m.registerHA)
-	m.haSNAT.WithLabelValues("tracked").Add(float64(tracked))
-	m.haSNAT.WithLabelValues("existing").Add(float64(existing))
-	m.haSNAT.WithLabelValues("failed").Add(float64(failed))
+	m.haSNAT.WithLabelValues("tracked").Add(float64(t.Tracked))
+	m.haSNAT.WithLabelValues("existing").Add(float64(t.Existing))
+	m.haSNAT.WithLabelValues("replaced").Add(float64(t.Replaced))
+	m.haSNAT.WithLabelValues("failed").Add(float64(t.Failed))
 }
 
 // Source records whether a source is in step with its origin.

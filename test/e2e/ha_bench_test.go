@@ -132,8 +132,8 @@ func TestHAFailoverBench(t *testing.T) {
 				if out.FirstError == "" && len(res.Errors) > 0 {
 					out.FirstError = res.Errors[0]
 				}
-				t.Logf("%s %s #%d: failure made in %v (first link down at %v), backup elected %v (timer %v late, announced %v after it, %v of it tracking SNAT connections), master %v, moved %v, answered %v, back %v, on the wire %v after the master's last advertisement (%v before the start), %d failed, %d broken", r.o, r.how, i+1,
-					res.Failing.Round(time.Millisecond), res.Down.Round(time.Millisecond), res.Elected.Round(time.Millisecond), res.TimerLate.Round(time.Millisecond), res.Announced.Round(time.Microsecond), res.Adopting.Round(time.Microsecond), res.Master.Round(time.Millisecond), res.Moved.Round(time.Millisecond), res.Answered.Round(time.Millisecond), res.Back.Round(time.Millisecond), res.Claimed.Round(100*time.Microsecond), -res.LastAdvert.Round(100*time.Microsecond), res.Failed+res.FailedBack, res.Broken)
+				t.Logf("%s %s #%d: failure made in %v (first link down at %v), backup elected %v (timer %v late, announced %v after it, %v of it tracking SNAT connections, %v reading %d connections), master %v, moved %v, answered %v, back %v, on the wire %v after the master's last advertisement (%v before the start), %d failed, %d broken", r.o, r.how, i+1,
+					res.Failing.Round(time.Millisecond), res.Down.Round(time.Millisecond), res.Elected.Round(time.Millisecond), res.TimerLate.Round(time.Millisecond), res.Announced.Round(time.Microsecond), res.Adopting.Round(time.Microsecond), res.AdoptRead.Round(time.Microsecond), res.AdoptListed, res.Master.Round(time.Millisecond), res.Moved.Round(time.Millisecond), res.Answered.Round(time.Millisecond), res.Back.Round(time.Millisecond), res.Claimed.Round(100*time.Microsecond), -res.LastAdvert.Round(100*time.Microsecond), res.Failed+res.FailedBack, res.Broken)
 			}
 			out.MovedP50, out.MovedP99, out.MovedMax = quantileMS(moved, 0.5), quantileMS(moved, 0.99), quantileMS(moved, 1)
 			out.FromDownP50, out.FromDownP99 = quantileMS(fromDown, 0.5), quantileMS(fromDown, 0.99)

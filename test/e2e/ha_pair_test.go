@@ -400,7 +400,27 @@ type wirePacket struct {
 func startWireMonitor(t *testing.T, ns string) *wireMonitor {
 	t.Helper()
 	m := &wireMonitor{}
-	cmd := exec.Command("ip", "netns", "exec", ns, "tcpdump", "-Z", "root", "-l", "-n", "-e", "-tt", "-i", "eth0", "vrrp or arp")
+	startTcpdump(t, ns, []string{"-e", "-i", "eth0", "vrrp or arp"}, func(at time.Time, line string) {
+		f := strings.Fields(line)
+		pk := wirePacket{at: at, src: f[1], vrrp: strings.Contains(line, ": VRRP"), text: line}
+		m.mu.Lock()
+		m.packets = append(m.packets, pk)
+		m.mu.Unlock()
+	})
+	return m
+}
+
+// startTcpdump runs tcpdump with args in namespace ns ("" for the
+// root's) until the test ends, and hands each packet's line to packet
+// with the time the kernel captured it. It returns once tcpdump
+// captures.
+func startTcpdump(t *testing.T, ns string, args []string, packet func(at time.Time, line string)) {
+	t.Helper()
+	argv := append([]string{"tcpdump", "-Z", "root", "-l", "-n", "-tt"}, args...)
+	if ns != "" {
+		argv = append([]string{"ip", "netns", "exec", ns}, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -440,22 +460,18 @@ func startWireMonitor(t *testing.T, ns string) *wireMonitor {
 			if err != nil {
 				continue
 			}
-			pk := wirePacket{at: time.UnixMicro(int64(sec*1e6 + 0.5)), src: f[1], vrrp: strings.Contains(sc.Text(), ": VRRP"), text: sc.Text()}
-			m.mu.Lock()
-			m.packets = append(m.packets, pk)
-			m.mu.Unlock()
+			packet(time.UnixMicro(int64(sec*1e6+0.5)), sc.Text())
 		}
 	}()
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); <-done })
 	select {
 	case said := <-ready:
 		if said != "" {
-			t.Fatalf("tcpdump in %s did not start: %s", ns, said)
+			t.Fatalf("tcpdump %q did not start: %s", args, said)
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatalf("tcpdump in %s did not start within 20s", ns)
+		t.Fatalf("tcpdump %q did not start within 20s", args)
 	}
-	return m
 }
 
 // takeover returns, for a failover that began at from, the backup's
@@ -566,6 +582,10 @@ type failoverResult struct {
 	// Adopting is the part of it spent tracking the synchronized SNAT
 	// connections before the announcements (vipd's adopt_took).
 	Adopting time.Duration
+	// AdoptRead is the part of Adopting spent reading the connection
+	// table, and AdoptListed the connections it listed.
+	AdoptRead   time.Duration
+	AdoptListed int
 	// Failing is how long the failure itself took to make (the commands
 	// that cut the links or kill the daemon): the failure happened
 	// somewhere in it, and the times above count from its start.
@@ -707,6 +727,15 @@ func (p *pair) failover(how string) (failoverResult, error) {
 			r.Announced, _ = time.ParseDuration(m[3])
 			break
 		}
+		for _, m := range adoptedLine.FindAllStringSubmatch(backup.vipd.logSince(), -1) {
+			when, err := time.Parse(time.RFC3339Nano, m[1])
+			if err != nil || !when.After(at) {
+				continue
+			}
+			r.AdoptListed, _ = strconv.Atoi(m[2])
+			r.AdoptRead, _ = time.ParseDuration(m[3])
+			break
+		}
 	}
 	return r, nil
 }
@@ -714,6 +743,10 @@ func (p *pair) failover(how string) (failoverResult, error) {
 // announcedLine is a vipd's change of role to master, with its time and
 // the time from its elector's event to its announcements sent.
 var announcedLine = regexp.MustCompile(`time=(\S+) level=INFO msg="high availability: role changed" role=master .*?adopt_took=(\S+) announced_in=(\S+)`)
+
+// adoptedLine is what a vipd's takeover did to the SNAT connections: the
+// connections it read from the table, and how long that took.
+var adoptedLine = regexp.MustCompile(`time=(\S+) level=INFO msg="high availability: SNAT connections taken over" .*?connections_read=(\d+) read_took=(\S+)`)
 
 // electedLine is a vipd's VRRP transition to master, with its time and,
 // when a timer caused it, how late the timer was handled.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -32,6 +33,62 @@ type returnsResult struct {
 	// slowest return, slowest.
 	slowLog []string
 	slowest time.Duration
+	// Diag holds, for each failed request, the nodes' connection tables
+	// as it failed and its handshake's packets on every link.
+	Diag []string
+}
+
+// handshakeTrace records the TCP handshakes to and from port 80 on every
+// link of the topology (tcpdump on the root namespace's ends of the
+// veths): SYN, SYN-ACK and RST packets.
+type handshakeTrace struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func startHandshakeTrace(t *testing.T) *handshakeTrace {
+	t.Helper()
+	h := &handshakeTrace{}
+	startTcpdump(t, "", []string{"-e", "-i", "any", "tcp port 80 and tcp[tcpflags] & (tcp-syn|tcp-rst) != 0"}, func(at time.Time, line string) {
+		h.mu.Lock()
+		h.lines = append(h.lines, at.UTC().Format("15:04:05.000000")+" "+line)
+		h.mu.Unlock()
+	})
+	return h
+}
+
+// port returns the packets of the connections from client port port.
+func (h *handshakeTrace) port(port int) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, l := range h.lines {
+		if strings.Contains(l, fmt.Sprintf(".%d > ", port)) || strings.Contains(l, fmt.Sprintf(".%d: ", port)) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// connTables returns what each node's IPVS connection table and
+// conntrack hold for client port port.
+func (p *pair) connTables(port int) string {
+	var b strings.Builder
+	for _, n := range p.nodes {
+		for _, argv := range [][]string{{"ipvsadm", "-Lnc"}, {"conntrack", "-L", "-p", "tcp"}} {
+			res := Exec("ip", append([]string{"netns", "exec", n.name}, argv...)...)
+			fmt.Fprintf(&b, "%s %s:\n", n.name, strings.Join(argv, " "))
+			for _, l := range strings.Split(res.Stdout, "\n") {
+				if strings.Contains(l, fmt.Sprintf(":%d ", port)) || strings.Contains(l, fmt.Sprintf("=%d ", port)) {
+					b.WriteString(l + "\n")
+				}
+			}
+			if res.Err != nil {
+				fmt.Fprintf(&b, "(%v: %s)\n", res.Err, strings.TrimSpace(res.Stderr))
+			}
+		}
+	}
+	return b.String()
 }
 
 // haLogWindow returns the lines of d's log stamped from from to to.
@@ -56,8 +113,21 @@ func (p *pair) returns(n int, serving time.Duration) returnsResult {
 	t, tp := p.t, p.tp
 	t.Helper()
 	master, backup := p.nodes[p.master], p.nodes[1-p.master]
+	var r returnsResult
 	const long = 10
-	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: long, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond})
+	// The handshakes on every link, and the nodes' tables as a request
+	// fails, to find where a lost request's packets went.
+	trace := startHandshakeTrace(t)
+	var diagMu sync.Mutex
+	onFail := func(port int, err error) {
+		go func() {
+			dump := p.connTables(port)
+			diagMu.Lock()
+			defer diagMu.Unlock()
+			r.Diag = append(r.Diag, fmt.Sprintf("-- client port %d failed (%v); the nodes' tables then:\n%s", port, err, dump))
+		}()
+	}
+	l := startLoadWith(t, tp, loadOptions{Port: 80, Long: long, LongEvery: 200 * time.Millisecond, Short: 2, ShortEvery: 50 * time.Millisecond, OnShortFail: onFail})
 	if p.o.Sync {
 		p.waitSynced(backup, long)
 	}
@@ -65,7 +135,6 @@ func (p *pair) returns(n int, serving time.Duration) returnsResult {
 	// takeover holds the windows [cut, moved+200ms) of the cycles.
 	type window struct{ from, to time.Time }
 	var takeovers []window
-	var r returnsResult
 	for i := 0; i < n; i++ {
 		cut := time.Now()
 		p.cut(master, true)
@@ -104,6 +173,14 @@ func (p *pair) returns(n int, serving time.Duration) returnsResult {
 		time.Sleep(time.Second)
 	}
 	l.end()
+	diagMu.Lock()
+	for _, port := range l.failedPorts() {
+		if port == 0 {
+			continue
+		}
+		r.Diag = append(r.Diag, fmt.Sprintf("-- client port %d's handshakes on every link:\n%s", port, strings.Join(trace.port(port), "\n")))
+	}
+	diagMu.Unlock()
 	r.PerCycle = make([]int, n)
 	for _, sent := range l.shortFailed {
 		taking := false
@@ -154,6 +231,9 @@ func TestHAReturns(t *testing.T) {
 				p.o, r.Done, time.Since(start).Round(time.Millisecond), r.Short, r.Long, r.Failed, r.FailedBack, r.PerCycle, r.Broken, strings.Join(back, " "), r.Errors, r.Broken1)
 			t.Logf("%s: the slowest return (%v from %s, links up at the first line's time or before):\n%s", p.o, r.slowest.Round(time.Millisecond),
 				p.nodes[0].name, strings.Join(r.slowLog, "\n"))
+			if len(r.Diag) > 0 {
+				t.Logf("%s: where the failed requests went:\n%s", p.o, strings.Join(r.Diag, "\n"))
+			}
 			if r.FailedBack != 0 {
 				t.Errorf("%s: %d requests failed as the master came back over %d returns (per cycle %v): %q", p.o, r.FailedBack, r.Done, r.PerCycle, r.Errors)
 			}

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -444,6 +445,7 @@ type load struct {
 	shortErr []string
 	// shortFailed holds when each failed short request was sent.
 	shortFailed []time.Time
+	shortPorts  []int
 	last        map[int]string // backend of each long-lived client's last answer
 	opts        loadOptions
 	start       time.Time
@@ -466,6 +468,11 @@ type loadOptions struct {
 	// ShortEvery.
 	Short      int
 	ShortEvery time.Duration
+	// OnShortFail, when set, is called (on the failing worker's
+	// goroutine) with the local port of each short request that failed,
+	// 0 when the socket got none: to look for the connection in the
+	// kernels' tables while they still hold it.
+	OnShortFail func(port int, err error)
 }
 
 func startLoadWith(t *testing.T, tp *Topo, o loadOptions) *load {
@@ -546,8 +553,35 @@ func (l *load) shortLoop(ns netns.NsHandle, addr string, every time.Duration) {
 		l.mu.Unlock()
 		return
 	}
+	var port int
+	d := net.Dialer{Timeout: 5 * time.Second, Control: func(network, _ string, rc syscall.RawConn) error {
+		// Bind to a port of the kernel's choosing before connecting,
+		// so that a request whose handshake fails names its port.
+		port = 0
+		var err error
+		if cerr := rc.Control(func(fd uintptr) {
+			var sa syscall.Sockaddr = &syscall.SockaddrInet4{}
+			if strings.HasSuffix(network, "6") {
+				sa = &syscall.SockaddrInet6{}
+			}
+			if err = syscall.Bind(int(fd), sa); err != nil {
+				return
+			}
+			switch got, gerr := syscall.Getsockname(int(fd)); a := got.(type) {
+			case *syscall.SockaddrInet4:
+				port = a.Port
+			case *syscall.SockaddrInet6:
+				port = a.Port
+			default:
+				err = gerr
+			}
+		}); cerr != nil {
+			return cerr
+		}
+		return err
+	}}
 	get := func() error {
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		c, err := d.Dial("tcp", addr)
 		if err != nil {
 			return err
 		}
@@ -572,11 +606,15 @@ func (l *load) shortLoop(ns netns.NsHandle, addr string, every time.Duration) {
 	l.loop(every, func() bool {
 		sent := time.Now()
 		err := get()
+		if err != nil && l.opts.OnShortFail != nil {
+			l.opts.OnShortFail(port, err)
+		}
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if err != nil {
-			l.shortErr = append(l.shortErr, time.Now().Format("15:04:05.000 ")+err.Error())
+			l.shortErr = append(l.shortErr, fmt.Sprintf("%s port %d: %v", time.Now().Format("15:04:05.000"), port, err))
 			l.shortFailed = append(l.shortFailed, sent)
+			l.shortPorts = append(l.shortPorts, port)
 			return true
 		}
 		l.shortOK++
@@ -598,6 +636,14 @@ func (l *load) loop(every time.Duration, f func() bool) {
 			}
 		}
 	}
+}
+
+// failedPorts returns the local ports of the short requests that failed
+// (0 for one whose socket got none).
+func (l *load) failedPorts() []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.shortPorts)
 }
 
 // end stops the load and waits for its clients.
