@@ -127,16 +127,26 @@ func (g *roleGate) announceMissing() (int, error) {
 	for _, a := range g.inner.Announced() {
 		on[a] = true
 	}
-	var errs []error
-	n := 0
+	var missing []netip.Addr
 	for _, a := range slices.SortedFunc(maps.Keys(g.wanted), netip.Addr.Compare) {
-		if on[a] {
-			continue
+		if !on[a] {
+			missing = append(missing, a)
 		}
-		n++
+	}
+	if b, ok := g.inner.(batchAnnouncer); ok && len(missing) > 1 {
+		return len(missing), b.AnnounceAll(missing)
+	}
+	var errs []error
+	for _, a := range missing {
 		errs = append(errs, g.inner.Announce(a))
 	}
-	return n, errors.Join(errs...)
+	return len(missing), errors.Join(errs...)
+}
+
+// batchAnnouncer announces several addresses at once, back to back on
+// the wire (arp.Announcer).
+type batchAnnouncer interface {
+	AnnounceAll([]netip.Addr) error
 }
 
 // reassert announces every address again, on a master: a new burst of

@@ -123,3 +123,39 @@ func TestRoleGateWithdrawsPartial(t *testing.T) {
 		t.Errorf("handover: %q, want both withdrawn", got)
 	}
 }
+
+// batchWire is a wireAnnouncer that also announces several addresses at
+// once, as arp.Announcer does.
+type batchWire struct{ *wireAnnouncer }
+
+func (w batchWire) AnnounceAll(addrs []netip.Addr) error {
+	for _, a := range addrs {
+		w.on[a] = true
+	}
+	w.calls = append(w.calls, fmt.Sprint("announce all ", addrs))
+	return nil
+}
+
+// TestRoleGateBatch: a takeover hands every address to an announcer that
+// takes several at once in one call, in order, so that they reach the
+// wire back to back; a single address goes alone.
+func TestRoleGateBatch(t *testing.T) {
+	w := batchWire{&wireAnnouncer{on: map[netip.Addr]bool{}}}
+	g := newRoleGate(w)
+	g.Announce(netip.MustParseAddr("10.0.3.100"))
+	g.Announce(netip.MustParseAddr("10.0.2.254"))
+	w.take()
+	if n, err := g.setRole(true); n != 2 || err != nil {
+		t.Fatalf("takeover: %d, %v", n, err)
+	}
+	if got, want := w.take(), "announce all [10.0.2.254 10.0.3.100]"; got != want {
+		t.Errorf("takeover: %q, want %q", got, want)
+	}
+	delete(w.on, netip.MustParseAddr("10.0.3.100"))
+	if n, err := g.retry(); n != 1 || err != nil {
+		t.Fatalf("retry: %d, %v", n, err)
+	}
+	if got, want := w.take(), "announce 10.0.3.100"; got != want {
+		t.Errorf("retry: %q, want %q", got, want)
+	}
+}

@@ -80,6 +80,9 @@ type Announcer struct {
 	closed bool
 	vips   map[netip.Addr]*vip
 	open   map[linkKey]*link
+	// looked, while AnnounceAll prepares its addresses, holds the
+	// uplinks it looked up: one lookup of each for the whole batch.
+	looked map[string]lookup
 	wg     sync.WaitGroup
 
 	announcements, replies, errs atomic.Uint64
@@ -209,6 +212,64 @@ func (a *Announcer) Announce(addr netip.Addr) error {
 	return nil
 }
 
+// AnnounceAll announces each of addrs as Announce does, with one lookup
+// of each uplink for them all and their first announcements sent back to
+// back, in the order of addrs: a node that takes several addresses over
+// (a VIP and the floating address its backends answer) puts them all on
+// the wire within microseconds of one another, so that no connection
+// opens through the node in between with half of its way there. It
+// returns an error naming each address it could not announce on every
+// uplink.
+func (a *Announcer) AnnounceAll(addrs []netip.Addr) error {
+	type job struct {
+		v     *vip
+		fresh []string
+	}
+	var errs []error
+	jobs := make([]job, 0, len(addrs))
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return fmt.Errorf("announce %d addresses: %w", len(addrs), errClosed)
+	}
+	a.looked = map[string]lookup{}
+	for _, addr := range addrs {
+		if !addr.IsValid() {
+			errs = append(errs, errors.New("announce: invalid address"))
+			continue
+		}
+		addr = addr.Unmap()
+		v := a.vips[addr]
+		if v == nil {
+			v = &vip{addr: addr, stop: make(chan struct{}), on: map[string]bool{}}
+			a.vips[addr] = v
+			if a.opts.Refresh > 0 {
+				a.wg.Add(1)
+				go a.refresh(v)
+			}
+		}
+		fresh, err := a.prepare(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("announce %s: %w", addr, err))
+		}
+		jobs = append(jobs, job{v, fresh})
+	}
+	a.looked = nil
+	a.mu.Unlock()
+	for _, j := range jobs {
+		if err := a.startBurst(j.v, j.fresh); err != nil {
+			errs = append(errs, fmt.Errorf("announce %s: %w", j.v.addr, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// lookup is an uplink as AnnounceAll looked it up.
+type lookup struct {
+	ifi *net.Interface
+	err error
+}
+
 // Ready opens, on every uplink, the connection that announcing addr
 // needs, without answering for addr or announcing it: a node that stands
 // by (a high-availability backup) is then one packet away from taking
@@ -319,7 +380,16 @@ func (a *Announcer) prepare(v *vip) ([]string, error) {
 // opening it (and starting its responder) if needed. An interface that
 // was replaced since is reopened. The caller holds a.mu.
 func (a *Announcer) link(name string, fam lb.Family) (*link, error) {
-	ifi, err := a.links.Interface(name)
+	var ifi *net.Interface
+	var err error
+	if got, ok := a.looked[name]; ok {
+		ifi, err = got.ifi, got.err
+	} else {
+		ifi, err = a.links.Interface(name)
+		if a.looked != nil {
+			a.looked[name] = lookup{ifi, err}
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("uplink %s: %w", name, err)
 	}

@@ -430,3 +430,46 @@ func TestReady(t *testing.T) {
 		t.Errorf("missing uplink: %v", err)
 	}
 }
+
+// TestAnnounceAll announces several addresses with one lookup of each
+// uplink, their first announcements back to back in the order given; an
+// address it cannot take (invalid) or an uplink it cannot use (missing)
+// is named in its error, and the rest is announced all the same.
+func TestAnnounceAll(t *testing.T) {
+	links := newFakeLinks("eth0", "eth1")
+	a := newTest(t, links, Options{Count: 1})
+	if err := a.AnnounceAll([]netip.Addr{vip4b, vip4, vip6}); err != nil {
+		t.Fatal(err)
+	}
+	if links.lookups != 2 {
+		t.Errorf("%d interface lookups for 3 addresses on 2 uplinks, want 2", links.lookups)
+	}
+	if got := a.Announced(); !slices.Equal(got, []netip.Addr{vip4, vip4b, vip6}) {
+		t.Errorf("Announced = %v", got)
+	}
+	for _, name := range []string{"eth0", "eth1"} {
+		var order []netip.Addr
+		for _, s := range links.arp(t, name).take() {
+			order = append(order, s.p.SenderIP)
+		}
+		if want := []netip.Addr{vip4b, vip4b, vip4, vip4}; !slices.Equal(order, want) {
+			t.Errorf("%s: announced %v, want %v", name, order, want)
+		}
+		if n := len(links.ndp(t, name).take()); n != 1 {
+			t.Errorf("%s: %d neighbour advertisements, want 1", name, n)
+		}
+	}
+	links.remove("eth1")
+	vip4c := netip.MustParseAddr("198.51.100.12")
+	err := a.AnnounceAll([]netip.Addr{{}, vip4c})
+	if err == nil || !strings.Contains(err.Error(), "invalid address") || !strings.Contains(err.Error(), "announce "+vip4c.String()+": uplink eth1") {
+		t.Errorf("AnnounceAll with an invalid address and a missing uplink: %v", err)
+	}
+	if n := len(links.arp(t, "eth0").take()); n != 2 {
+		t.Errorf("eth0: %d packets for %s, want 2", n, vip4c)
+	}
+	a.Close()
+	if err := a.AnnounceAll([]netip.Addr{vip4}); err == nil {
+		t.Error("AnnounceAll after Close succeeded")
+	}
+}

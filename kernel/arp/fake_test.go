@@ -21,6 +21,8 @@ type fakeLinks struct {
 	arps   map[string]*fakeARP
 	ndps   map[string]*fakeNDP
 	opened int
+	// lookups counts the calls of Interface.
+	lookups int
 }
 
 func newFakeLinks(names ...string) *fakeLinks {
@@ -63,6 +65,7 @@ func (f *fakeLinks) setUp(name string, up bool) {
 func (f *fakeLinks) Interface(name string) (*net.Interface, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lookups++
 	ifi, ok := f.ifaces[name]
 	if !ok {
 		return nil, fmt.Errorf("route ip+net: no such network interface")

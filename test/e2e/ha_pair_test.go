@@ -97,6 +97,13 @@ type pair struct {
 	// (otherwise the harness's fixed sleeps cut each pair at its own,
 	// nearly constant, point of the interval).
 	phase time.Duration
+	// anchor, with phase, makes failover fail the master phase after
+	// one of its advertisements as captured on the client's LAN, rather
+	// than phase after the harness's waits: every pair is failed at the
+	// same points of its advertisement interval.
+	anchor bool
+	// interval is the pair's advertisement interval (for anchor).
+	interval time.Duration
 }
 
 // startPair builds topo_ha for o and starts lb1, then lb2, each once the
@@ -474,6 +481,50 @@ func startTcpdump(t *testing.T, ns string, args []string, packet func(at time.Ti
 	}
 }
 
+// waitPhase waits p.phase: from the harness's waits, or, with p.anchor,
+// from the next advertisement of the master (mmac) the client's LAN
+// carries, counted from its capture time (one interval later, the
+// advertisements being periodic, when the capture reached the harness
+// after that point).
+func (p *pair) waitPhase(mmac string) {
+	if !p.anchor {
+		time.Sleep(p.phase)
+		return
+	}
+	from := time.Now()
+	for deadline := from.Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		adv := p.wire.advertAfter(mmac, from)
+		if adv.IsZero() {
+			continue
+		}
+		target := adv.Add(p.phase)
+		for time.Until(target) < 500*time.Microsecond {
+			target = target.Add(p.interval)
+		}
+		time.Sleep(time.Until(target))
+		return
+	}
+	p.t.Fatalf("%s: no advertisement from the master %s on the client's LAN within 2s", p.o, mmac)
+}
+
+// advertAfter returns the capture time of the first VRRP advertisement
+// from mac captured after from, or the zero time.
+func (m *wireMonitor) advertAfter(mac string, from time.Time) time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// The packets are in capture order: look at the recent ones only.
+	i := len(m.packets)
+	for i > 0 && m.packets[i-1].at.After(from) {
+		i--
+	}
+	for _, pk := range m.packets[i:] {
+		if pk.vrrp && pk.src == mac {
+			return pk.at
+		}
+	}
+	return time.Time{}
+}
+
 // takeover returns, for a failover that began at from, the backup's
 // (bmac's) first claim of vip after from (a gratuitous ARP, or its
 // answer to a request) and the last VRRP advertisement the master (mmac)
@@ -635,7 +686,7 @@ func (p *pair) failover(how string) (failoverResult, error) {
 		time.Sleep(1500 * time.Millisecond)
 	}
 	bmac, mmac := macOf(t, backup.name), macOf(t, master.name)
-	time.Sleep(p.phase)
+	p.waitPhase(mmac)
 	at := time.Now()
 	var down time.Time
 	switch how {
