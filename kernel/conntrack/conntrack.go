@@ -267,9 +267,9 @@ func (Tracker) Connections(fn func(ipvs.Connection) bool) error {
 	return ipvs.Connections(fn)
 }
 
-// window bounds the requests Track has sent and not yet seen answered:
-// enough that a takeover's handful of flows costs one round trip to the
-// kernel, few enough that the answers fit the socket's receive buffer.
+// window bounds the requests Track sends in one message to the kernel:
+// few enough that the answers of a batch that fails whole fit the
+// socket's receive buffer.
 const window = 128
 
 // Existing says what Track does with a flow that has an entry already.
@@ -298,9 +298,10 @@ type op struct {
 
 // Track makes an entry for each flow, doing what existing says with
 // those that have one, and goes on after a failure: it returns what it
-// did, and the first errors. It sends the requests without waiting for
-// each answer (up to window of them in flight), so that a takeover does
-// not pay a round trip to the kernel per connection.
+// did, and the first errors. It sends its requests in batches of up to
+// window in one message to the kernel, which handles them in order and
+// answers only the failures and the last of a batch: a takeover pays two
+// system calls per batch, not two per connection.
 func (Tracker) Track(flows []Flow, existing Existing) (Result, error) {
 	var r Result
 	if len(flows) == 0 {
@@ -311,8 +312,8 @@ func (Tracker) Track(flows []Flow, existing Existing) (Result, error) {
 		return r, fmt.Errorf("conntrack: open netlink socket: %w", err)
 	}
 	defer s.Close()
-	// The kernel answers every request; the timeout is for a kernel
-	// that would not, so that a takeover cannot hang on it.
+	// The kernel answers the last request of every batch; the timeout
+	// is for a kernel that would not, so that a takeover cannot hang.
 	if err := s.SetReceiveTimeout(&unix.Timeval{Sec: 5}); err != nil {
 		return r, fmt.Errorf("conntrack: netlink socket: %w", err)
 	}
@@ -336,43 +337,35 @@ func (Tracker) Track(flows []Flow, existing Existing) (Result, error) {
 	for i := range queue {
 		queue[i] = op{flow: i}
 	}
-	pending := make(map[uint32]op, min(window, len(flows)))
-	for len(queue) > 0 || len(pending) > 0 {
-		for len(queue) > 0 && len(pending) < window {
-			o := queue[0]
-			queue = queue[1:]
+	for len(queue) > 0 {
+		batch := queue[:min(window, len(queue))]
+		queue = queue[len(batch):]
+		sent := make(map[uint32]op, len(batch))
+		var buf []byte
+		var last uint32
+		for i, o := range batch {
 			req := flows[o.flow].request()
 			if o.delete {
 				req = flows[o.flow].deleteRequest()
 			}
-			if err := s.Send(req); err != nil {
-				fail(o, err)
-				continue
+			if i < len(batch)-1 {
+				req.Flags &^= unix.NLM_F_ACK // answered only if it fails
 			}
-			pending[req.Seq] = o
+			sent[req.Seq], last = o, req.Seq
+			buf = append(buf, req.Serialize()...)
 		}
-		if len(pending) == 0 {
-			continue
-		}
-		msgs, _, err := s.Receive()
+		answers, err := exchange(s, buf, last)
 		if err != nil {
-			// The socket is in an unknown state: what was in flight
-			// failed, and the rest is not tried.
-			for _, o := range pending {
-				fail(o, fmt.Errorf("read the answer: %w", err))
+			for _, o := range batch {
+				fail(o, err)
 			}
 			for _, o := range queue {
 				fail(o, fmt.Errorf("not tried: %w", err))
 			}
 			break
 		}
-		for _, m := range msgs {
-			o, ok := pending[m.Header.Seq]
-			if !ok || m.Header.Type != unix.NLMSG_ERROR || len(m.Data) < 4 {
-				continue
-			}
-			delete(pending, m.Header.Seq)
-			errno := unix.Errno(-int32(nl.NativeEndian().Uint32(m.Data[:4])))
+		for seq, o := range sent {
+			errno := answers[seq] // 0 when it succeeded: no answer, or the last one's
 			switch {
 			case failed[o.flow]:
 			case o.delete:
@@ -386,8 +379,8 @@ func (Tracker) Track(flows []Flow, existing Existing) (Result, error) {
 			case errno == 0:
 				r.Created++
 			case errno == unix.EEXIST && existing == Replace && !o.again:
-				// The delete and the second make go out in this order on
-				// one socket, which the kernel handles in order.
+				// The delete and the second make go out in this order in
+				// one message, which the kernel handles in order.
 				queue = append(queue, op{flow: o.flow, delete: true}, op{flow: o.flow, again: true})
 			case errno == unix.EEXIST:
 				r.Existing++
@@ -397,4 +390,31 @@ func (Tracker) Track(flows []Flow, existing Existing) (Result, error) {
 		}
 	}
 	return r, errors.Join(errs...)
+}
+
+// exchange sends buf, requests the kernel handles in order, and reads
+// the answers up to that of the request numbered last: the errors of the
+// requests that failed, by sequence number.
+func exchange(s *nl.NetlinkSocket, buf []byte, last uint32) (map[uint32]unix.Errno, error) {
+	if err := unix.Sendto(s.GetFd(), buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, fmt.Errorf("send: %w", err)
+	}
+	answers := map[uint32]unix.Errno{}
+	for {
+		msgs, _, err := s.Receive()
+		if err != nil {
+			return nil, fmt.Errorf("read the answers: %w", err)
+		}
+		for _, m := range msgs {
+			if m.Header.Type != unix.NLMSG_ERROR || len(m.Data) < 4 {
+				continue
+			}
+			if errno := unix.Errno(-int32(nl.NativeEndian().Uint32(m.Data[:4]))); errno != 0 {
+				answers[m.Header.Seq] = errno
+			}
+			if m.Header.Seq == last {
+				return answers, nil
+			}
+		}
+	}
 }

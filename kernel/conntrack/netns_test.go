@@ -238,3 +238,34 @@ func tcpState(t *testing.T, client netip.AddrPort) TCPState {
 	t.Fatalf("%s: no entry", client)
 	return 0
 }
+
+// BenchmarkTrack tracks a takeover's handful of flows (15): made anew,
+// found and kept, found and made again.
+func BenchmarkTrack(b *testing.B) {
+	flows := make([]Flow, 15)
+	for i := range flows {
+		flows[i] = Flow{Proto: lb.TCP, Client: netip.AddrPortFrom(netip.MustParseAddr("192.0.2.9"), uint16(30000+i)), Virtual: netip.MustParseAddrPort("198.51.100.10:80"),
+			Backend: netip.MustParseAddrPort("203.0.113.3:8080"), Source: netip.MustParseAddr("203.0.113.99"), State: TCPEstablished, Timeout: time.Minute}
+	}
+	b.Run("create", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			for _, f := range flows {
+				_, _ = f.deleteRequest().Execute(unix.NETLINK_NETFILTER, 0)
+			}
+			b.StartTimer()
+			if r, err := (Tracker{}).Track(flows, Keep); err != nil || r.Created != len(flows) {
+				b.Fatal(r, err)
+			}
+		}
+	})
+	for _, existing := range []Existing{Keep, Replace} {
+		b.Run(map[Existing]string{Keep: "keep", Replace: "replace"}[existing], func(b *testing.B) {
+			for b.Loop() {
+				if _, err := (Tracker{}).Track(flows, existing); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
