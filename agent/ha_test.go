@@ -383,8 +383,10 @@ type fakeTracker struct {
 	existing []conntrack.Existing
 	// slow is how long reading the table stalls after 256 connections.
 	slow time.Duration
-	// reads counts the readings of the table.
-	reads int
+	// reads counts the readings of the table; readBefore says of each
+	// whether it came before the VIPs were announced.
+	reads      int
+	readBefore []bool
 }
 
 // syncingIPVS is the fake kernel's IPVS with the connection
@@ -422,6 +424,9 @@ func withSyncDaemons(o *Options, running ...ipvs.SyncDaemon) {
 func (f *fakeTracker) Connections(fn func(ipvs.Connection) bool) error {
 	f.mu.Lock()
 	f.reads++
+	if f.announced != nil {
+		f.readBefore = append(f.readBefore, !f.announced())
+	}
 	conns := slices.Clone(f.conns)
 	f.mu.Unlock()
 	for i, c := range conns {
@@ -680,5 +685,101 @@ func TestHAInterfaceDownElectorWatches(t *testing.T) {
 	defer e.mu.Unlock()
 	if !slices.Equal(e.resigned, []string{"drained by the operator"}) || e.resumed != 1 {
 		t.Errorf("resigned %q, resumed %d; want only the drain's resignation and the undrain's resumption", e.resigned, e.resumed)
+	}
+}
+
+// TestHASNATPrereadOnSuspicion: a backup whose master the elector
+// suspects reads the synchronized SNAT connections then, and the
+// takeover by the master down timer that follows tracks them without
+// reading the table before it announces; it reads it right after, for
+// what came since. A takeover for another cause reads the table first.
+func TestHASNATPrereadOnSuspicion(t *testing.T) {
+	conn := func(port uint16) ipvs.Connection {
+		return ipvs.Connection{Proto: lb.TCP, Client: netip.AddrPortFrom(netip.MustParseAddr("198.51.100.7"), port), Virtual: netip.MustParseAddrPort("192.0.2.50:80"),
+			Backend: netip.MustParseAddrPort("10.0.3.5:8080"), State: "ESTABLISHED", Expires: 900 * time.Second}
+	}
+	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
+	for _, tc := range []struct {
+		name       string
+		masterDown bool
+		// readsBefore is how many readings of the table come before
+		// the announcements: the suspicion's, and the takeover's own.
+		readsBefore int
+	}{
+		{"master down", true, 1},
+		{"preempting", false, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeTracker{conns: []ipvs.Connection{conn(40000)}}
+			e := &fakeElector{}
+			r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"")+snat, func(o *Options) {
+				o.OpenElector = func(opts ElectorOptions) (Elector, error) {
+					e.opts = opts
+					return e, nil
+				}
+				o.ConnTracker = f
+				withSyncDaemons(o)
+			})
+			f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
+			r.has(t, "snat-source=10.0.3.99")
+			if e.opts.Suspect == nil {
+				t.Fatal("the elector was given no Suspect")
+			}
+			e.opts.Suspect("no advertisement from master 10.0.3.21 for 2 intervals")
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+				f.mu.Lock()
+				reads := f.reads
+				f.mu.Unlock()
+				if reads == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the suspicion read no table")
+				}
+			}
+			// Synchronized after the read: the pass after the
+			// announcements takes it.
+			f.mu.Lock()
+			f.conns = append(f.conns, conn(40001))
+			f.mu.Unlock()
+			e.opts.Report(RoleChange{Master: true, Reason: "test", Cause: "test", MasterDown: tc.masterDown})
+			r.waitFor(t, []string{"announce 192.0.2.50"}, nil)
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				f.mu.Lock()
+				n := len(f.tracked)
+				f.mu.Unlock()
+				if n >= 2 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no tracking after the announcements")
+				}
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			before := 0
+			for _, b := range f.readBefore {
+				if b {
+					before++
+				}
+			}
+			if before != tc.readsBefore {
+				t.Errorf("%d readings of the table before the announcements, want %d (%v)", before, tc.readsBefore, f.readBefore)
+			}
+			if f.before[0] {
+				t.Error("announced before tracking")
+			}
+			want := []conntrack.Flow{{Proto: lb.TCP, Client: conn(40000).Client, Virtual: conn(40000).Virtual, Backend: conn(40000).Backend,
+				Source: netip.MustParseAddr("10.0.3.99"), State: conntrack.TCPEstablished, Timeout: 900 * time.Second}}
+			if tc.masterDown && !slices.Equal(f.tracked[0], want) {
+				t.Errorf("tracked before the announcements %+v, want the suspicion's read %+v", f.tracked[0], want)
+			}
+			if !tc.masterDown && len(f.tracked[0]) != 2 {
+				t.Errorf("tracked before the announcements %+v, want both connections", f.tracked[0])
+			}
+			if len(f.tracked[1]) != 2 || f.existing[1] != conntrack.Keep {
+				t.Errorf("the pass after the announcements tracked %+v (%v), want both connections, keeping", f.tracked[1], f.existing[1])
+			}
+		})
 	}
 }

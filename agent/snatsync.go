@@ -85,8 +85,9 @@ type adoption struct {
 	listed int
 	err    error
 	// partial says that the pass stopped at its deadline, having read
-	// part of the connection table.
-	partial bool
+	// part of the connection table; preread that it read no table but
+	// tracked what a read during the master's suspicion found.
+	partial, preread bool
 }
 
 // adoptSNAT tracks the connections of the IPVS table to s's services:
@@ -97,24 +98,38 @@ type adoption struct {
 // leftovers of its last turn as master); a pass once master keeps them.
 func adoptSNAT(t ConnTracker, s *snatServices, deadline time.Time, existing conntrack.Existing) adoption {
 	start := time.Now()
-	var a adoption
-	var flows []conntrack.Flow
-	n := 0
-	err := t.Connections(func(c ipvs.Connection) bool {
+	flows, n, partial, err := readSNAT(t, s, deadline)
+	a := adoption{read: time.Since(start), listed: n, partial: partial}
+	if err == nil {
+		a.Result, err = t.Track(flows, existing)
+	}
+	a.took, a.err = time.Since(start), err
+	return a
+}
+
+// readSNAT reads the flows of s's services from the IPVS table, until
+// deadline (the zero time reads it all): the flows, the connections it
+// listed, and whether it stopped at the deadline.
+func readSNAT(t ConnTracker, s *snatServices, deadline time.Time) (flows []conntrack.Flow, n int, partial bool, err error) {
+	err = t.Connections(func(c ipvs.Connection) bool {
 		if f, ok := s.flow(c); ok {
 			flows = append(flows, f)
 		}
 		// The clock is read every 256 connections.
 		if n++; n%256 == 0 && !deadline.IsZero() && time.Now().After(deadline) {
-			a.partial = true
+			partial = true
 			return false
 		}
 		return true
 	})
-	a.read, a.listed = time.Since(start), n
-	if err == nil {
-		a.Result, err = t.Track(flows, existing)
-	}
-	a.took, a.err = time.Since(start), err
+	return flows, n, partial, err
+}
+
+// trackSNAT tracks flows read before (preread).
+func trackSNAT(t ConnTracker, flows []conntrack.Flow, existing conntrack.Existing) adoption {
+	start := time.Now()
+	var a adoption
+	a.Result, a.err = t.Track(flows, existing)
+	a.took = time.Since(start)
 	return a
 }

@@ -35,9 +35,11 @@ func openElector(log *slog.Logger) func(agent.ElectorOptions) (agent.Elector, er
 			Source:       h.Source,
 			Logger:       log.With("vrid", h.VRID),
 			OnTransition: func(t vrrp.Transition) {
-				o.Report(agent.RoleChange{Master: t.To == vrrp.Master, Reason: t.Reason, Cause: string(t.Cause), MasterAddr: t.Master, At: t.At, Late: t.Late})
+				o.Report(agent.RoleChange{Master: t.To == vrrp.Master, Reason: t.Reason, Cause: string(t.Cause), MasterAddr: t.Master, At: t.At, Late: t.Late,
+					MasterDown: t.Cause == vrrp.CauseMasterDown})
 			},
 			OnReassert: o.Reassert,
+			OnSuspect:  o.Suspect,
 		})
 		if err != nil {
 			return nil, err

@@ -84,7 +84,18 @@ type Step struct {
 	// why the master announces its addresses again: the clients that
 	// followed the other master's announcements come back.
 	Reassert string
+	// Suspect, set on a backup that has heard nothing from its master
+	// for SuspectIntervals advertisement intervals, says so: the master
+	// may be gone, and the backup may take over when the master down
+	// timer fires. The caller can ready what a takeover needs.
+	Suspect string
 }
+
+// SuspectIntervals is how many of the master's advertisement intervals
+// a backup waits without one before it reports the master suspect (Step
+// Suspect): two, so that one advertisement late or lost does not, and
+// well before the master down timer (three intervals and the skew time).
+const SuspectIntervals = 2
 
 // MachineConfig is a virtual router's configuration as the state machine
 // sees it.
@@ -119,6 +130,9 @@ type MachineConfig struct {
 	// whose connections are synchronized lets its peer's catch up. Zero
 	// preempts at the first advertisement (see Start).
 	RejoinDelay time.Duration
+	// Suspect makes a backup report its master suspect (Step.Suspect)
+	// after SuspectIntervals without an advertisement.
+	Suspect bool
 }
 
 // Machine is the VRRPv3 state machine of RFC 5798 section 6.4, without
@@ -136,6 +150,9 @@ type Machine struct {
 	// downAt is the Master_Down_Timer's deadline (backup), advertAt the
 	// Adver_Timer's (master).
 	downAt, advertAt time.Time
+	// suspectAt is when a backup that heard its master reports it
+	// suspect; zero once it did, until the next advertisement.
+	suspectAt time.Time
 	// downReason and downCause are why the master down timer will have
 	// fired.
 	downReason string
@@ -200,6 +217,9 @@ func (m *Machine) MasterAddr() (netip.Addr, uint8) { return m.master, m.masterPr
 func (m *Machine) Deadline() time.Time {
 	switch m.role {
 	case Backup:
+		if !m.suspectAt.IsZero() && m.suspectAt.Before(m.downAt) {
+			return m.suspectAt
+		}
 		return m.downAt
 	case Master:
 		return m.advertAt
@@ -213,13 +233,13 @@ func (m *Machine) transition(to Role, cause Cause, reason string) *Transition {
 	switch to {
 	case Master:
 		m.master, m.masterPriority = m.cfg.Self, m.cfg.Priority
-		m.downAt = time.Time{}
+		m.downAt, m.suspectAt = time.Time{}, time.Time{}
 	case Backup:
 		m.advertAt = time.Time{}
 	case Init:
 		m.reclaiming, m.rejoining = false, false
 		m.master, m.masterPriority = netip.Addr{}, 0
-		m.downAt, m.advertAt, m.preemptAt = time.Time{}, time.Time{}, time.Time{}
+		m.downAt, m.advertAt, m.preemptAt, m.suspectAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
 	}
 	t.Master = m.master
 	return t
@@ -253,6 +273,14 @@ func AdoptedInterval(own, advertised uint16) uint16 {
 func (m *Machine) armDown(now time.Time) {
 	m.downAt = now.Add(MasterDownInterval(m.cfg.Priority, m.masterInterval))
 	m.downReason, m.downCause = "master down timer expired", CauseMasterDown
+}
+
+// armSuspect sets when a backup that heard its master at now reports it
+// suspect.
+func (m *Machine) armSuspect(now time.Time) {
+	if m.cfg.Suspect {
+		m.suspectAt = now.Add(SuspectIntervals * centis(m.masterInterval))
+	}
 }
 
 // Start handles the Startup event in Initialize; elsewhere it does
@@ -305,6 +333,9 @@ func (m *Machine) Expire(now time.Time) Step {
 	case m.role == Master && !now.Before(m.advertAt):
 		m.advertAt = now.Add(centis(m.cfg.Interval))
 		return Step{Send: true, SendPriority: m.cfg.Priority}
+	case m.role == Backup && !m.suspectAt.IsZero() && !now.Before(m.suspectAt):
+		m.suspectAt = time.Time{}
+		return Step{Suspect: fmt.Sprintf("no advertisement from master %v for %d intervals", m.master, SuspectIntervals)}
 	}
 	return Step{}
 }
@@ -360,6 +391,7 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 		m.masterInterval = AdoptedInterval(m.cfg.Interval, p.Interval)
 		m.master, m.masterPriority = src, p.Priority
 		m.armDown(now)
+		m.armSuspect(now)
 	case Master:
 		if p.Priority == 0 {
 			m.advertAt = now.Add(centis(m.cfg.Interval))
@@ -376,6 +408,7 @@ func (m *Machine) Receive(now time.Time, src netip.Addr, p Packet) Step {
 			t.Master = src
 			m.preemptAt = time.Time{}
 			m.armDown(now)
+			m.armSuspect(now)
 			return Step{Transition: t}
 		}
 		// Another master of lower priority: RFC 5798 discards its

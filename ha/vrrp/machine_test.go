@@ -673,3 +673,57 @@ func TestRejoinCatchUp(t *testing.T) {
 		}
 	})
 }
+
+// TestSuspect: a backup asked to (MachineConfig.Suspect) reports its
+// master suspect once after SuspectIntervals without an advertisement,
+// again only after the next one, and takes over when the master down
+// timer fires all the same; before it hears a master, as master, and
+// without Suspect, it reports nothing.
+func TestSuspect(t *testing.T) {
+	master := netip.MustParseAddr("10.0.0.2")
+	adv := Packet{Priority: 200, Interval: 10}
+	newM := func(suspect bool) *Machine {
+		m, err := NewMachine(MachineConfig{Self: netip.MustParseAddr("10.0.0.1"), Priority: 100, Interval: 10, Preempt: true, Suspect: suspect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Start(t0)
+		return m
+	}
+	down := MasterDownInterval(100, 10)
+	m := newM(true)
+	if got := m.Deadline(); !got.Equal(t0.Add(down)) {
+		t.Errorf("before a master: deadline %v, want the master down timer", got.Sub(t0))
+	}
+	at := t0.Add(50 * time.Millisecond)
+	m.Receive(at, master, adv)
+	if got, want := m.Deadline(), at.Add(200*time.Millisecond); !got.Equal(want) {
+		t.Fatalf("deadline %v after the advertisement, want %v", got.Sub(at), want.Sub(at))
+	}
+	st := m.Expire(m.Deadline())
+	if !strings.Contains(st.Suspect, "10.0.0.2") || st.Transition != nil || st.Send {
+		t.Fatalf("at 2 intervals: %+v", st)
+	}
+	if got := m.Deadline(); !got.Equal(at.Add(down)) {
+		t.Errorf("after the suspicion: deadline %v, want the master down timer", got.Sub(at))
+	}
+	if st := m.Expire(at.Add(250 * time.Millisecond)); st.Suspect != "" {
+		t.Errorf("suspect twice without an advertisement: %+v", st)
+	}
+	at = at.Add(300 * time.Millisecond)
+	m.Receive(at, master, adv)
+	if st := m.Expire(at.Add(200 * time.Millisecond)); st.Suspect == "" {
+		t.Errorf("no suspicion after the next advertisement's 2 intervals: %+v", st)
+	}
+	if st := m.Expire(at.Add(down)); st.Transition == nil || st.Transition.To != Master || st.Suspect != "" {
+		t.Fatalf("master down: %+v", st)
+	}
+	if got := m.Deadline(); !got.Equal(at.Add(down).Add(100 * time.Millisecond)) {
+		t.Errorf("master: deadline %v, want the next advertisement", got.Sub(at))
+	}
+	m = newM(false)
+	m.Receive(t0, master, adv)
+	if got := m.Deadline(); !got.Equal(t0.Add(down)) {
+		t.Errorf("without Suspect: deadline %v, want the master down timer", got.Sub(t0))
+	}
+}

@@ -79,6 +79,11 @@ type Options struct {
 	// another master of lower priority and must announce its addresses
 	// again, with why.
 	OnReassert func(reason string)
+	// OnSuspect, when set, is called, as OnTransition is, when a backup
+	// has heard nothing from its master for SuspectIntervals
+	// advertisement intervals, with why: a takeover may follow when the
+	// master down timer fires, and the caller can ready what it needs.
+	OnSuspect func(reason string)
 	// Logger receives a record per transition and per failure. Nil
 	// discards them.
 	Logger *slog.Logger
@@ -261,6 +266,7 @@ func newRouter(opts Options, c conn) (*Router, error) {
 	m, err := NewMachine(MachineConfig{
 		Self: opts.Source, Priority: opts.Priority, Interval: opts.Interval,
 		Preempt: opts.Preempt, PreemptDelay: opts.PreemptDelay, StartAsMaster: opts.StartAsMaster, RejoinDelay: opts.RejoinDelay,
+		Suspect: opts.OnSuspect != nil,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("vrrp: %w", err)
@@ -815,6 +821,9 @@ func (r *Router) apply(st Step) {
 			}
 		}
 		r.log.Info("vrrp transition", args...)
+	}
+	if st.Suspect != "" && r.opts.OnSuspect != nil {
+		r.opts.OnSuspect(st.Suspect)
 	}
 	if st.Reassert != "" {
 		r.log.Warn("vrrp: another master; announcing the addresses again", "reason", st.Reassert)

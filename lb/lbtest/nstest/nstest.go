@@ -12,9 +12,11 @@ import (
 	"runtime"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // netnsEnv is set in the test binary re-executed in a private network
@@ -127,7 +129,36 @@ func NewPeer(t *testing.T, local, remote string) *Peer {
 		}
 		return LinkUp(remote)
 	})
+	// The link-local addresses come once the kernel has seen the
+	// carrier; a packet sent from one still tentative is refused.
+	if err := waitLinkLocal(local); err != nil {
+		t.Fatal(err)
+	}
+	p.Do(t, func() error { return waitLinkLocal(remote) })
 	return &p
+}
+
+// waitLinkLocal waits, up to 5 s, until link has an IPv6 link-local
+// address that is not tentative.
+func waitLinkLocal(link string) error {
+	l, err := netlink.LinkByName(link)
+	if err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			return fmt.Errorf("addresses of %s: %w", link, err)
+		}
+		for _, a := range addrs {
+			if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: no usable IPv6 link-local address within 5s: %v", link, addrs)
+		}
+	}
 }
 
 // Do runs f on a thread in the peer's namespace, failing t on error.
