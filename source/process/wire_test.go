@@ -1,0 +1,244 @@
+package process
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/lb"
+	"github.com/vipd/vipd/monitor/check"
+	"github.com/vipd/vipd/source"
+)
+
+// notOnWire are the fields of check.Spec the wire refuses to carry.
+var notOnWire = map[string]bool{"Spec.Exec": true, "HTTPOptions.CA": true, "HTTPOptions.CAFile": true}
+
+// fill sets every exported field under v to a value other than zero,
+// failing on what JSON cannot carry (unexported fields, funcs,
+// channels, interfaces), so that a field added later to the types the
+// wire carries is caught by the round trip.
+func fill(t *testing.T, v reflect.Value, path string, n *int) {
+	t.Helper()
+	*n++
+	switch v.Interface().(type) {
+	case netip.Addr:
+		v.Set(reflect.ValueOf(netip.AddrFrom4([4]byte{192, 0, 2, byte(*n)})))
+		return
+	case netip.AddrPort:
+		v.Set(reflect.ValueOf(netip.AddrPortFrom(netip.MustParseAddr("2001:db8::1"), uint16(*n))))
+		return
+	case netip.Prefix:
+		v.Set(reflect.ValueOf(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(*n), 0, 0}), 16)))
+		return
+	}
+	switch v.Kind() {
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		v.SetInt(int64(*n))
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		v.SetUint(uint64(*n))
+	case reflect.Float32, reflect.Float64:
+		v.SetFloat(float64(*n) + 0.5)
+	case reflect.String:
+		v.SetString(path)
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem()))
+		fill(t, v.Elem(), path, n)
+	case reflect.Slice:
+		v.Set(reflect.MakeSlice(v.Type(), 2, 2))
+		for i := range 2 {
+			fill(t, v.Index(i), path, n)
+		}
+	case reflect.Map:
+		v.Set(reflect.MakeMap(v.Type()))
+		k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+		fill(t, k, path+"[key]", n)
+		fill(t, e, path+"[]", n)
+		v.SetMapIndex(k, e)
+	case reflect.Struct:
+		for i := range v.NumField() {
+			f := v.Type().Field(i)
+			name := v.Type().Name() + "." + f.Name
+			if notOnWire[name] {
+				continue
+			}
+			if !f.IsExported() {
+				t.Fatalf("%s (%s) is not exported: the wire does not carry it", name, path)
+			}
+			fill(t, v.Field(i), path+"."+f.Name, n)
+		}
+	default:
+		t.Fatalf("%s: the wire cannot carry a %s", path, v.Kind())
+	}
+}
+
+// roundTrip writes m and reads it back.
+func roundTrip(t *testing.T, m *Message) *Message {
+	t.Helper()
+	var buf bytes.Buffer
+	c := NewConn(&buf, &buf, 0)
+	if err := c.Write(m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// TestSnapshotRoundTrip fills every field of the services and health a
+// snapshot carries and proves they cross the wire unchanged.
+func TestSnapshotRoundTrip(t *testing.T) {
+	n := 0
+	var vs lb.VirtualService
+	fill(t, reflect.ValueOf(&vs).Elem(), "vs", &n)
+	var h config.ServiceHealth
+	fill(t, reflect.ValueOf(&h).Elem(), "health", &n)
+	snap := source.Snapshot{Services: []lb.VirtualService{vs, {Name: "empty"}}, Health: map[string]config.ServiceHealth{"vs": h, "none": {}},
+		Changed: []string{"vs"}}
+	p, err := PublishOf(7, snap, []PoolCount{{Pool: "p", Family: "ipv4", Total: 8, InUse: 1, Free: 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := roundTrip(t, &Message{Type: TypePublish, Publish: p}).Publish
+	if got.Seq != 7 || !reflect.DeepEqual(got.Counts, p.Counts) || !reflect.DeepEqual(got.Changed, snap.Changed) {
+		t.Errorf("seq %d, counts %+v, changed %v", got.Seq, got.Counts, got.Changed)
+	}
+	if !reflect.DeepEqual(got.Services, snap.Services) {
+		t.Errorf("services:\n got %+v\nwant %+v", got.Services, snap.Services)
+	}
+	for name, w := range got.Health {
+		back := config.ServiceHealth{Policy: w.Policy}
+		if w.Checks != nil {
+			back.Checks = map[netip.AddrPort]check.Spec{}
+		}
+		for a, s := range w.Checks {
+			back.Checks[a] = s.spec()
+		}
+		if !reflect.DeepEqual(back, snap.Health[name]) {
+			t.Errorf("health %q:\n got %+v\nwant %+v", name, back, snap.Health[name])
+		}
+	}
+	if len(got.Health) != len(snap.Health) {
+		t.Errorf("health of %d services, want %d", len(got.Health), len(snap.Health))
+	}
+}
+
+// TestSnapshotValid: a snapshot such as the Kubernetes source publishes
+// (a Node probe) comes back whole through Snapshot; a check that does
+// not validate is refused.
+func TestSnapshotValid(t *testing.T) {
+	addr := netip.MustParseAddrPort("10.1.0.5:31000")
+	spec := check.Spec{Kind: check.KindHTTP, Port: 10256, Interval: 5 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3,
+		Initial: check.Up, HTTP: check.HTTPOptions{Path: "/healthz", Status: []check.StatusRange{{Lo: 200, Hi: 200}}}}
+	snap := source.Snapshot{
+		Services: []lb.VirtualService{{Name: "k8s/default/web/80/tcp", VIP: netip.MustParseAddr("192.0.2.200"), Announce: true,
+			Service:  lb.Service{Key: lb.ServiceKey{Family: lb.IPv4, Proto: lb.TCP, Addr: netip.MustParseAddr("192.0.2.200"), Port: 80}, Scheduler: "wrr"},
+			Allow:    []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+			Backends: []lb.Destination{{Addr: addr, Weight: 1, Forward: lb.Masq}}}},
+		Health: map[string]config.ServiceHealth{"k8s/default/web/80/tcp": {Policy: check.Policy{Action: check.Remove, Quorum: 1},
+			Checks: map[netip.AddrPort]check.Spec{addr: spec}}},
+	}
+	p, err := PublishOf(1, snap, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := roundTrip(t, &Message{Type: TypePublish, Publish: p}).Publish.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, snap) {
+		t.Errorf("got %+v\nwant %+v", got, snap)
+	}
+	w := p.Health["k8s/default/web/80/tcp"].Checks[addr]
+	w.Kind = 99
+	p.Health["k8s/default/web/80/tcp"].Checks[addr] = w
+	if _, err := p.Snapshot(); err == nil || !strings.Contains(err.Error(), "check type is missing or unknown") {
+		t.Errorf("a check of kind 99: %v", err)
+	}
+}
+
+// TestRefusedChecks: exec checks and CAs do not cross the wire.
+func TestRefusedChecks(t *testing.T) {
+	for name, spec := range map[string]check.Spec{
+		"exec":   {Kind: check.KindExec, Exec: check.ExecOptions{Command: "/bin/true"}},
+		"cafile": {Kind: check.KindHTTPS, HTTP: check.HTTPOptions{CAFile: "/etc/shadow"}},
+	} {
+		snap := source.Snapshot{Health: map[string]config.ServiceHealth{"s": {Checks: map[netip.AddrPort]check.Spec{netip.MustParseAddrPort("10.0.0.1:80"): spec}}}}
+		if _, err := PublishOf(1, snap, nil); err == nil || !strings.Contains(err.Error(), "do not cross the wire") && !strings.Contains(err.Error(), "does not cross the wire") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// frame returns data as a frame.
+func frame(data string) []byte {
+	return append(binary.BigEndian.AppendUint32(nil, uint32(len(data))), data...)
+}
+
+// TestConnRefuses: a frame over the bound (before it is read), bad JSON,
+// unknown fields and types, a message without its body, trailing data,
+// and a frame cut short.
+func TestConnRefuses(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		in   []byte
+		want string
+	}{
+		{"too big", binary.BigEndian.AppendUint32(nil, 1025), "a frame of 1025 bytes: frame too big (the bound is 1024)"},
+		{"garbage", frame("{nonsense"), "decode a frame"},
+		{"not json", frame("\x00\x01\x02"), "decode a frame"},
+		{"unknown type", frame(`{"type":"bogus"}`), `unknown message type "bogus"`},
+		{"unknown field", frame(`{"type":"report","report":{},"extra":1}`), `unknown field "extra"`},
+		{"no body", frame(`{"type":"publish"}`), "a publish message without its body"},
+		{"trailing", frame(`{"type":"report","report":{}} {}`), "data after the message"},
+		{"cut short", frame(`{"type":"report","report":{}}`)[:10], "unexpected EOF"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := NewConn(bytes.NewReader(tt.in), nil, 1024)
+			m, err := c.Read()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Read = %+v, %v; want an error with %q", m, err, tt.want)
+			}
+			if tt.name == "too big" && !errors.Is(err, ErrFrameTooBig) {
+				t.Errorf("%v is not ErrFrameTooBig", err)
+			}
+		})
+	}
+	var buf bytes.Buffer
+	err := NewConn(nil, &buf, 64).Write(&Message{Type: TypeReport, Report: &Result{Error: strings.Repeat("x", 64)}})
+	if !errors.Is(err, ErrFrameTooBig) || buf.Len() != 0 {
+		t.Errorf("Write of a big frame = %v, wrote %d bytes", err, buf.Len())
+	}
+	if m, err := NewConn(bytes.NewReader(frame(`{"type":"report","report":{"error":"x"}}`)), nil, 0).Read(); err != nil || m.Report.err().Error() != "x" {
+		t.Errorf("a good frame: %+v, %v", m, err)
+	}
+}
+
+// TestHello refuses another version, another schema, and another first
+// message.
+func TestHello(t *testing.T) {
+	if err := checkHello(hello()); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		m    *Message
+		want string
+	}{
+		{&Message{Type: TypeHello, Hello: &Hello{Version: Version + 1, Schema: Schema()}}, "wire version 2, want 1"},
+		{&Message{Type: TypeHello, Hello: &Hello{Version: Version, Schema: "0"}}, "wire schema 0"},
+		{&Message{Type: TypeReport, Report: &Result{}}, `the first message is "report"`},
+	} {
+		if err := checkHello(tt.m); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("checkHello(%+v) = %v, want %q", tt.m, err, tt.want)
+		}
+	}
+}
