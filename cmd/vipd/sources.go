@@ -37,7 +37,7 @@ func openSources(cfg *config.Config, log *slog.Logger) ([]source.Source, error) 
 	log = log.With("source", "kubernetes")
 	opts := process.OptionsOf(cfg)
 	opts.LogLevel = int(leastLevel(log))
-	src, err := process.New(process.SourceOptions{Program: program, Options: opts, Logger: log})
+	src, err := process.New(process.SourceOptions{Program: program, Options: opts, Logger: log, NamePrefix: "k8s/"})
 	if err != nil {
 		where := "(the default beside vipd; [kubernetes] program names another)"
 		if k.Program != "" {

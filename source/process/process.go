@@ -29,6 +29,7 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -58,6 +59,10 @@ type SourceOptions struct {
 	Program string
 	Args    []string
 	Env     []string
+	// NamePrefix, when not empty, is how the names of the child's
+	// services begin ("k8s/"): a publish with another name is refused,
+	// so that the child cannot name a service as another source does.
+	NamePrefix string
 	// Options are the child's options. Their pools are replaced by
 	// ReloadPools.
 	Options Options
@@ -375,6 +380,9 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 			switch m.Type {
 			case TypePublish:
 				snap, err := m.Publish.Snapshot()
+				if err == nil {
+					err = s.checkNames(snap)
+				}
 				if err != nil {
 					return exitedWith(fmt.Errorf("refused its publish: %w", err))
 				}
@@ -415,6 +423,36 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 			}
 		}
 	}
+}
+
+// checkNames refuses a snapshot with a service, health or change whose
+// name does not begin with NamePrefix.
+func (s *Source) checkNames(snap source.Snapshot) error {
+	if s.opts.NamePrefix == "" {
+		return nil
+	}
+	bad := func(name string) error {
+		if strings.HasPrefix(name, s.opts.NamePrefix) {
+			return nil
+		}
+		return fmt.Errorf("service %q: the name does not begin with %q", name, s.opts.NamePrefix)
+	}
+	for i := range snap.Services {
+		if err := bad(snap.Services[i].Name); err != nil {
+			return err
+		}
+	}
+	for name := range snap.Health {
+		if err := bad(name); err != nil {
+			return err
+		}
+	}
+	for _, name := range snap.Changed {
+		if err := bad(name); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // logLines logs the child's output, line by line: its JSON log records

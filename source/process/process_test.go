@@ -51,7 +51,11 @@ type fakeProvider struct {
 
 func (p *fakeProvider) Run(ctx context.Context, sink source.Sink) error {
 	p.sink <- sink
-	conflicts, err := sink.Publish(ctx, source.Snapshot{Services: []lb.VirtualService{fakeService}})
+	vs := fakeService
+	if p.mode == "badname" {
+		vs.Name = "web"
+	}
+	conflicts, err := sink.Publish(ctx, source.Snapshot{Services: []lb.VirtualService{vs}})
 	if err != nil {
 		return nil
 	}
@@ -201,9 +205,9 @@ func start(t *testing.T, mode string, tweak func(*SourceOptions)) *running {
 	dir := t.TempDir()
 	log := &syncBuffer{}
 	opts := SourceOptions{Program: exe, Env: []string{fakeEnv + "=" + mode, fakeDirEnv + "=" + dir},
-		Options: Options{Pools: []Pool{{Name: "first", Addresses: []string{"192.0.2.200/29"}}}, LogLevel: int(slog.LevelDebug)},
-		Logger:  slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Backoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, StopGrace: 200 * time.Millisecond, MaxLine: 300}
+		Options:    Options{Pools: []Pool{{Name: "first", Addresses: []string{"192.0.2.200/29"}}}, LogLevel: int(slog.LevelDebug)},
+		Logger:     slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		NamePrefix: "k8s/", Backoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, StopGrace: 200 * time.Millisecond, MaxLine: 300}
 	if tweak != nil {
 		tweak(&opts)
 	}
@@ -251,6 +255,13 @@ func (r *running) report(want string) error {
 			r.t.Fatalf("no report with %q; log:\n%s", want, r.log.String())
 		}
 	}
+}
+
+// starts returns how many times the fake child started.
+func (r *running) starts() int {
+	b, _ := os.ReadFile(filepath.Join(r.dir, "starts"))
+	n, _ := strconv.Atoi(string(b))
+	return n
 }
 
 // stop ends the source's context and returns Run's error.
@@ -359,8 +370,8 @@ func TestCrashRestarts(t *testing.T) {
 		}
 		r.report("exit status 3")
 	}
-	if b, _ := os.ReadFile(filepath.Join(r.dir, "starts")); string(b) < "3" {
-		t.Errorf("started %s times", b)
+	if n := r.starts(); n < 3 {
+		t.Errorf("started %d times", n)
 	}
 	if !strings.Contains(r.log.String(), "restarting in 50ms") {
 		t.Errorf("the backoff did not grow to its bound:\n%s", r.log.String())
@@ -376,13 +387,14 @@ func TestRefusedChild(t *testing.T) {
 		{"unknown", `unknown message type "bogus"`},
 		{"fromparent", "it sent a options message"},
 		{"badhello", "wire version 99, want 1"},
+		{"badname", `refused its publish: service "web": the name does not begin with "k8s/"`},
 	} {
 		t.Run(tt.mode, func(t *testing.T) {
 			r := start(t, tt.mode, nil)
 			r.report(tt.want)
 			r.report(tt.want)
-			if b, _ := os.ReadFile(filepath.Join(r.dir, "starts")); string(b) < "2" {
-				t.Errorf("started %s times", b)
+			if n := r.starts(); n < 2 {
+				t.Errorf("started %d times", n)
 			}
 		})
 	}
