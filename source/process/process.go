@@ -349,8 +349,16 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 	case s.repool <- struct{}{}:
 	default:
 	}
-	// sent are the pools sent and not yet answered, in order.
+	// sent are the pools sent and not yet answered, in order; the last
+	// goes to the next child when this one dies first.
 	var sent [][]Pool
+	defer func() {
+		s.mu.Lock()
+		if len(sent) > 0 && s.pending == nil {
+			s.pending = sent[len(sent)-1]
+		}
+		s.mu.Unlock()
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -363,15 +371,10 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 			if pools == nil {
 				continue
 			}
+			sent = append(sent, pools)
 			if err := c.Write(&Message{Type: TypePools, Pools: pools}); err != nil {
-				s.mu.Lock()
-				if s.pending == nil {
-					s.pending = pools
-				}
-				s.mu.Unlock()
 				return exitedWith(err)
 			}
-			sent = append(sent, pools)
 		case r := <-reads:
 			if r.err != nil {
 				return exitedWith(r.err)

@@ -45,6 +45,7 @@ var fakeService = lb.VirtualService{Name: "k8s/default/web/80/tcp", VIP: netip.M
 // back, and reports the pools it is handed.
 type fakeProvider struct {
 	mode, dir string
+	start     int
 	log       *slog.Logger
 	sink      chan source.Sink
 }
@@ -72,6 +73,9 @@ func (p *fakeProvider) Run(ctx context.Context, sink source.Sink) error {
 }
 
 func (p *fakeProvider) SetPools(pools []Pool) error {
+	if p.mode == "diepools" && p.start == 1 {
+		os.Exit(4)
+	}
 	if pools[0].Name == "refused" {
 		return errors.New("pool \"refused\": no")
 	}
@@ -135,7 +139,7 @@ func fakeChild(mode, dir string) int {
 			return nil, errors.New("kubeconfig /nonexistent: no such file")
 		}
 		log.Info("fake provider started", "pools", o.Pools[0].Name, "start", n)
-		return &fakeProvider{mode: mode, dir: dir, log: log, sink: make(chan source.Sink, 1)}, nil
+		return &fakeProvider{mode: mode, dir: dir, start: n, log: log, sink: make(chan source.Sink, 1)}, nil
 	}})
 	os.WriteFile(filepath.Join(dir, "stopped"), []byte(fmt.Sprint(err)), 0o600)
 	if err != nil {
@@ -356,6 +360,23 @@ func TestReloadPools(t *testing.T) {
 	r.publish()
 	if !strings.Contains(r.log.String(), `msg="fake provider started" pools=second start=2`) {
 		t.Errorf("the second child did not start with the pools the first took:\n%s", r.log.String())
+	}
+}
+
+// TestReloadPoolsLost: pools sent to a child that dies before it
+// answers go to the next child.
+func TestReloadPoolsLost(t *testing.T) {
+	r := start(t, "diepools", nil)
+	r.publish()
+	r.report("conflicts")
+	k := config.Kubernetes{Pools: []config.KubernetesPool{{Name: "second", Addresses: []string{"192.0.2.0/29"}, AutoAssign: true}}}
+	if err := r.s.ReloadPools(k); err != nil {
+		t.Fatal(err)
+	}
+	r.report("exit status 4")
+	r.report("pools second")
+	if n := r.starts(); n != 2 {
+		t.Errorf("started %d times", n)
 	}
 }
 
