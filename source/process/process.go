@@ -349,6 +349,10 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 	case s.repool <- struct{}{}:
 	default:
 	}
+	// base is the last snapshot the sink took from this child, the base
+	// of its deltas, and index its services' positions by name.
+	var base *source.Snapshot
+	var index map[string]int
 	// sent are the pools sent and not yet answered, in order; the last
 	// goes to the next child when this one dies first.
 	var sent [][]Pool
@@ -382,7 +386,7 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 			m := r.m
 			switch m.Type {
 			case TypePublish:
-				snap, err := m.Publish.Snapshot()
+				snap, err := m.Publish.Snapshot(base, index)
 				if err == nil {
 					err = s.checkNames(snap)
 				}
@@ -399,6 +403,17 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 						return nil
 					}
 					ans.Error = err.Error()
+				}
+				if err == nil {
+					// The base of the next delta: the names and their
+					// order change only with a whole snapshot.
+					if !m.Publish.Delta {
+						index = make(map[string]int, len(snap.Services))
+						for i := range snap.Services {
+							index[snap.Services[i].Name] = i
+						}
+					}
+					base = &snap
 				}
 				if err := c.Write(&Message{Type: TypePublished, Published: ans}); err != nil {
 					return exitedWith(err)

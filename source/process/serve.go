@@ -100,6 +100,9 @@ type sink struct {
 	mu      sync.Mutex
 	seq     uint64
 	replies map[uint64]chan *Published
+	// taken says that the parent's sink took the last publish: the
+	// next may be a delta. Publish is not called concurrently.
+	taken bool
 }
 
 // send writes m.
@@ -155,7 +158,7 @@ func (s *sink) Publish(ctx context.Context, snap source.Snapshot) ([]source.Conf
 		delete(s.replies, seq)
 		s.mu.Unlock()
 	}
-	p, err := PublishOf(seq, snap, s.p.Counts())
+	p, err := PublishOf(seq, snap, s.p.Counts(), s.taken)
 	if err != nil {
 		drop()
 		return nil, err
@@ -164,11 +167,13 @@ func (s *sink) Publish(ctx context.Context, snap source.Snapshot) ([]source.Conf
 		drop()
 		return nil, err
 	}
+	s.taken = false
 	select {
 	case r := <-ch:
 		if r.Error != "" {
 			return r.Conflicts, errors.New(r.Error)
 		}
+		s.taken = true
 		return r.Conflicts, nil
 	case <-ctx.Done():
 		drop()

@@ -1,14 +1,17 @@
 package process
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -176,7 +179,14 @@ func PoolsOf(k config.Kubernetes) []Pool {
 // Publish is a source.Snapshot on the wire, with the pools' counts.
 type Publish struct {
 	// Seq numbers the child's publishes; the answer carries it.
-	Seq      uint64                   `json:"seq"`
+	Seq uint64 `json:"seq"`
+	// Delta says that Services and Health hold only the services of
+	// Changed: the rest are those of the last snapshot the parent's
+	// sink took from this child, whose names and order Changed keeps
+	// (see source.Snapshot.Changed). A child sends one only after a
+	// publish the sink took, so that an update of a few services does
+	// not cross the wire with all of them.
+	Delta    bool                     `json:"delta,omitempty"`
 	Services []lb.VirtualService      `json:"services"`
 	Health   map[string]ServiceHealth `json:"health"`
 	Changed  []string                 `json:"changed"`
@@ -197,10 +207,13 @@ type Published struct {
 	Error     string            `json:"error,omitempty"`
 }
 
-// ServiceHealth is config.ServiceHealth on the wire.
+// ServiceHealth is config.ServiceHealth on the wire: each distinct
+// check once, in Specs, and each backend's index in Specs (a service's
+// backends mostly share one check).
 type ServiceHealth struct {
 	Policy check.Policy
-	Checks map[netip.AddrPort]Spec
+	Specs  []Spec
+	Checks map[netip.AddrPort]int
 }
 
 // Spec is check.Spec on the wire: its Kind and Initial as numbers. It
@@ -265,32 +278,75 @@ func (w Spec) spec() check.Spec {
 			FollowRedirects: h.FollowRedirects, KeepAlive: h.KeepAlive}}
 }
 
-// PublishOf returns snap on the wire.
-func PublishOf(seq uint64, snap source.Snapshot, counts []PoolCount) (*Publish, error) {
+// PublishOf returns snap on the wire; delta sends only the services of
+// snap.Changed (see Publish.Delta), when it names any.
+func PublishOf(seq uint64, snap source.Snapshot, counts []PoolCount, delta bool) (*Publish, error) {
 	p := &Publish{Seq: seq, Services: snap.Services, Changed: snap.Changed, Counts: counts}
-	if snap.Health != nil {
-		p.Health = make(map[string]ServiceHealth, len(snap.Health))
+	health := snap.Health
+	if delta && snap.Changed != nil {
+		p.Delta, p.Services, health = true, nil, nil
+		changed := make(map[string]bool, len(snap.Changed))
+		for _, name := range snap.Changed {
+			changed[name] = true
+		}
+		for i := range snap.Services {
+			if changed[snap.Services[i].Name] {
+				p.Services = append(p.Services, snap.Services[i])
+			}
+		}
+		for _, name := range snap.Changed {
+			if h, ok := snap.Health[name]; ok {
+				if health == nil {
+					health = map[string]config.ServiceHealth{}
+				}
+				health[name] = h
+			}
+		}
 	}
-	for name, h := range snap.Health {
+	if health != nil {
+		p.Health = make(map[string]ServiceHealth, len(health))
+	}
+	for name, h := range health {
 		w := ServiceHealth{Policy: h.Policy}
 		if h.Checks != nil {
-			w.Checks = make(map[netip.AddrPort]Spec, len(h.Checks))
+			w.Checks = make(map[netip.AddrPort]int, len(h.Checks))
 		}
 		for addr, s := range h.Checks {
 			ws, err := specOf(s)
 			if err != nil {
 				return nil, fmt.Errorf("service %q, backend %s: %w", name, addr, err)
 			}
-			w.Checks[addr] = ws
+			i := slices.IndexFunc(w.Specs, ws.equal)
+			if i < 0 {
+				i = len(w.Specs)
+				w.Specs = append(w.Specs, ws)
+			}
+			w.Checks[addr] = i
 		}
 		p.Health[name] = w
 	}
 	return p, nil
 }
 
+// equal reports whether two specs are the same (a test proves it
+// compares every field).
+func (w Spec) equal(o Spec) bool {
+	a, b := w.HTTP, o.HTTP
+	return w.Kind == o.Kind && w.Addr == o.Addr && w.Port == o.Port && w.Interval == o.Interval && w.Timeout == o.Timeout &&
+		w.Rise == o.Rise && w.Fall == o.Fall && w.Initial == o.Initial && w.Jitter == o.Jitter && w.Dial == o.Dial &&
+		w.TCP == o.TCP && bytes.Equal(w.UDP.Payload, o.UDP.Payload) && bytes.Equal(w.UDP.Expect, o.UDP.Expect) &&
+		(w.UDP.Payload == nil) == (o.UDP.Payload == nil) && (w.UDP.Expect == nil) == (o.UDP.Expect == nil) && w.DNS == o.DNS &&
+		a.Method == b.Method && a.Path == b.Path && a.Host == b.Host && a.SNI == b.SNI && maps.Equal(a.Header, b.Header) &&
+		(a.Header == nil) == (b.Header == nil) && slices.Equal(a.Status, b.Status) && (a.Status == nil) == (b.Status == nil) &&
+		a.Body == b.Body && a.BodyRegexp == b.BodyRegexp && a.InsecureSkipVerify == b.InsecureSkipVerify &&
+		a.FollowRedirects == b.FollowRedirects && a.KeepAlive == b.KeepAlive
+}
+
 // Snapshot returns p as a source.Snapshot, refusing a check that does
-// not validate.
-func (p *Publish) Snapshot() (source.Snapshot, error) {
+// not validate. A delta takes the rest from base, the last snapshot the
+// sink took, whose services index names by position (nil: none, and
+// a delta is refused).
+func (p *Publish) Snapshot(base *source.Snapshot, index map[string]int) (source.Snapshot, error) {
 	snap := source.Snapshot{Services: p.Services, Changed: p.Changed}
 	if p.Health != nil {
 		snap.Health = make(map[string]config.ServiceHealth, len(p.Health))
@@ -300,16 +356,52 @@ func (p *Publish) Snapshot() (source.Snapshot, error) {
 		if w.Checks != nil {
 			h.Checks = make(map[netip.AddrPort]check.Spec, len(w.Checks))
 		}
-		for addr, ws := range w.Checks {
-			s := ws.spec()
-			if err := s.Validate(); err != nil {
-				return source.Snapshot{}, fmt.Errorf("service %q, backend %s: check: %w", name, addr, err)
+		specs := make([]check.Spec, len(w.Specs))
+		for i, ws := range w.Specs {
+			specs[i] = ws.spec()
+			if err := specs[i].Validate(); err != nil {
+				return source.Snapshot{}, fmt.Errorf("service %q: check: %w", name, err)
 			}
-			h.Checks[addr] = s
+		}
+		for addr, i := range w.Checks {
+			if i < 0 || i >= len(specs) {
+				return source.Snapshot{}, fmt.Errorf("service %q, backend %s: check %d of %d", name, addr, i, len(specs))
+			}
+			h.Checks[addr] = specs[i]
 		}
 		snap.Health[name] = h
 	}
-	return snap, nil
+	if !p.Delta {
+		return snap, nil
+	}
+	if base == nil {
+		return source.Snapshot{}, errors.New("a delta without a snapshot taken before")
+	}
+	if len(p.Services) != len(p.Changed) {
+		return source.Snapshot{}, fmt.Errorf("a delta of %d services names %d", len(p.Services), len(p.Changed))
+	}
+	out := source.Snapshot{Services: slices.Clone(base.Services), Health: maps.Clone(base.Health), Changed: p.Changed}
+	for k, vs := range p.Services {
+		i, ok := index[vs.Name]
+		if !ok || vs.Name != p.Changed[k] {
+			return source.Snapshot{}, fmt.Errorf("a delta's service %q is not a service of the snapshot before, or not its change %d", vs.Name, k)
+		}
+		out.Services[i] = vs
+		if h, ok := snap.Health[vs.Name]; ok {
+			if out.Health == nil {
+				out.Health = map[string]config.ServiceHealth{}
+			}
+			out.Health[vs.Name] = h
+		} else {
+			delete(out.Health, vs.Name)
+		}
+	}
+	for name := range snap.Health {
+		if !slices.Contains(p.Changed, name) {
+			return source.Snapshot{}, fmt.Errorf("a delta's health names service %q, which it does not change", name)
+		}
+	}
+	return out, nil
 }
 
 // Schema fingerprints the wire's types: their fields' names, JSON names
@@ -394,11 +486,13 @@ func (c *Conn) Read() (*Message, error) {
 	if uint64(n) > uint64(c.maxFrame) {
 		return nil, fmt.Errorf("a frame of %d bytes: %w (the bound is %d)", n, ErrFrameTooBig, c.maxFrame)
 	}
-	data := make([]byte, n)
-	if _, err := io.ReadFull(c.r, data); err != nil {
+	// The buffer grows with what arrives, not with what the header
+	// says.
+	var data bytes.Buffer
+	if _, err := io.CopyN(&data, c.r, int64(n)); err != nil {
 		return nil, fmt.Errorf("read a frame of %d bytes: %w", n, noEOF(err))
 	}
-	d := json.NewDecoder(strings.NewReader(string(data)))
+	d := json.NewDecoder(&data)
 	d.DisallowUnknownFields()
 	m := &Message{}
 	if err := d.Decode(m); err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -104,7 +105,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	fill(t, reflect.ValueOf(&h).Elem(), "health", &n)
 	snap := source.Snapshot{Services: []lb.VirtualService{vs, {Name: "empty"}}, Health: map[string]config.ServiceHealth{"vs": h, "none": {}},
 		Changed: []string{"vs"}}
-	p, err := PublishOf(7, snap, []PoolCount{{Pool: "p", Family: "ipv4", Total: 8, InUse: 1, Free: 7}})
+	p, err := PublishOf(7, snap, []PoolCount{{Pool: "p", Family: "ipv4", Total: 8, InUse: 1, Free: 7}}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,8 +121,8 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		if w.Checks != nil {
 			back.Checks = map[netip.AddrPort]check.Spec{}
 		}
-		for a, s := range w.Checks {
-			back.Checks[a] = s.spec()
+		for a, i := range w.Checks {
+			back.Checks[a] = w.Specs[i].spec()
 		}
 		if !reflect.DeepEqual(back, snap.Health[name]) {
 			t.Errorf("health %q:\n got %+v\nwant %+v", name, back, snap.Health[name])
@@ -147,21 +148,19 @@ func TestSnapshotValid(t *testing.T) {
 		Health: map[string]config.ServiceHealth{"k8s/default/web/80/tcp": {Policy: check.Policy{Action: check.Remove, Quorum: 1},
 			Checks: map[netip.AddrPort]check.Spec{addr: spec}}},
 	}
-	p, err := PublishOf(1, snap, nil)
+	p, err := PublishOf(1, snap, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := roundTrip(t, &Message{Type: TypePublish, Publish: p}).Publish.Snapshot()
+	got, err := roundTrip(t, &Message{Type: TypePublish, Publish: p}).Publish.Snapshot(nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(got, snap) {
 		t.Errorf("got %+v\nwant %+v", got, snap)
 	}
-	w := p.Health["k8s/default/web/80/tcp"].Checks[addr]
-	w.Kind = 99
-	p.Health["k8s/default/web/80/tcp"].Checks[addr] = w
-	if _, err := p.Snapshot(); err == nil || !strings.Contains(err.Error(), "check type is missing or unknown") {
+	p.Health["k8s/default/web/80/tcp"].Specs[0].Kind = 99
+	if _, err := p.Snapshot(nil, nil); err == nil || !strings.Contains(err.Error(), "check type is missing or unknown") {
 		t.Errorf("a check of kind 99: %v", err)
 	}
 }
@@ -173,7 +172,7 @@ func TestRefusedChecks(t *testing.T) {
 		"cafile": {Kind: check.KindHTTPS, HTTP: check.HTTPOptions{CAFile: "/etc/shadow"}},
 	} {
 		snap := source.Snapshot{Health: map[string]config.ServiceHealth{"s": {Checks: map[netip.AddrPort]check.Spec{netip.MustParseAddrPort("10.0.0.1:80"): spec}}}}
-		if _, err := PublishOf(1, snap, nil); err == nil || !strings.Contains(err.Error(), "do not cross the wire") && !strings.Contains(err.Error(), "does not cross the wire") {
+		if _, err := PublishOf(1, snap, nil, false); err == nil || !strings.Contains(err.Error(), "do not cross the wire") && !strings.Contains(err.Error(), "does not cross the wire") {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
@@ -239,6 +238,106 @@ func TestHello(t *testing.T) {
 	} {
 		if err := checkHello(tt.m); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("checkHello(%+v) = %v, want %q", tt.m, err, tt.want)
+		}
+	}
+}
+
+// TestSpecEqual: equal compares every field of Spec: a change of any
+// one makes two specs differ.
+func TestSpecEqual(t *testing.T) {
+	n := 0
+	var full Spec
+	fill(t, reflect.ValueOf(&full).Elem(), "spec", &n)
+	if !full.equal(full) || !(Spec{}).equal(Spec{}) {
+		t.Fatal("a spec differs from itself")
+	}
+	var leaves func(v reflect.Value, path string, f func(reflect.Value, string))
+	leaves = func(v reflect.Value, path string, f func(reflect.Value, string)) {
+		if v.Kind() == reflect.Struct && v.Type().PkgPath() != "net/netip" {
+			for i := range v.NumField() {
+				leaves(v.Field(i), path+"."+v.Type().Field(i).Name, f)
+			}
+			return
+		}
+		f(v, path)
+	}
+	count := 0
+	leaves(reflect.ValueOf(&full).Elem(), "spec", func(_ reflect.Value, path string) {
+		count++
+		var one Spec
+		fill(t, reflect.ValueOf(&one).Elem(), "spec", new(int))
+		// one is full but at path, which is zero there.
+		var zero Spec
+		src := reflect.ValueOf(&zero).Elem()
+		dst := reflect.ValueOf(&one).Elem()
+		setAt(dst, src, strings.Split(path, ".")[1:])
+		if one.equal(full) || full.equal(one) {
+			t.Errorf("specs that differ in %s are equal", path)
+		}
+	})
+	if count < 20 {
+		t.Errorf("%d fields walked", count)
+	}
+}
+
+// setAt sets the field of dst at path to src's.
+func setAt(dst, src reflect.Value, path []string) {
+	for _, name := range path {
+		dst, src = dst.FieldByName(name), src.FieldByName(name)
+	}
+	dst.Set(src)
+}
+
+// TestDelta: a delta rebuilds, from the snapshot taken before, the
+// snapshot the child published; a delta without a base, of a service
+// the base does not have, out of the order of Changed, or with health
+// of a service it does not change, is refused.
+func TestDelta(t *testing.T) {
+	full := bigSnapshot(3, 2)
+	p, err := PublishOf(1, full, nil, true) // no Changed: whole
+	if err != nil || p.Delta {
+		t.Fatalf("a publish without Changed: delta %v, %v", p.Delta, err)
+	}
+	base, err := roundTrip(t, &Message{Type: TypePublish, Publish: p}).Publish.Snapshot(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	index := map[string]int{}
+	for i, vs := range base.Services {
+		index[vs.Name] = i
+	}
+	next := full
+	next.Services = slices.Clone(full.Services)
+	next.Services[1].Backends = next.Services[1].Backends[:1]
+	next.Changed = []string{next.Services[1].Name}
+	d, err := PublishOf(2, next, nil, true)
+	if err != nil || !d.Delta || len(d.Services) != 1 || len(d.Health) != 1 {
+		t.Fatalf("delta %+v, %v", d, err)
+	}
+	got, err := roundTrip(t, &Message{Type: TypePublish, Publish: d}).Publish.Snapshot(&base, index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, next) {
+		t.Errorf("the delta's snapshot:\n got %+v\nwant %+v", got, next)
+	}
+	for _, tt := range []struct {
+		name   string
+		change func(p *Publish)
+		base   *source.Snapshot
+		want   string
+	}{
+		{"no base", func(*Publish) {}, nil, "a delta without a snapshot taken before"},
+		{"unknown", func(p *Publish) { p.Services[0].Name, p.Changed[0] = "k8s/x", "k8s/x"; p.Health = nil }, &base, `service "k8s/x" is not a service of the snapshot before`},
+		{"order", func(p *Publish) { p.Changed[0] = full.Services[0].Name }, &base, "not a service of the snapshot before, or not its change 0"},
+		{"count", func(p *Publish) { p.Changed = append(p.Changed, full.Services[0].Name) }, &base, "a delta of 1 services names 2"},
+		{"health", func(p *Publish) { p.Health[full.Services[2].Name] = p.Health[full.Services[1].Name] }, &base, "which it does not change"},
+	} {
+		d, _ := PublishOf(2, next, nil, true)
+		d.Changed = slices.Clone(d.Changed)
+		tt.change(d)
+		if _, err := d.Snapshot(tt.base, index); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want %q", tt.name, err, tt.want)
 		}
 	}
 }
