@@ -187,11 +187,68 @@ type Publish struct {
 	// publish the sink took, so that an update of a few services does
 	// not cross the wire with all of them.
 	Delta    bool                     `json:"delta,omitempty"`
-	Services []lb.VirtualService      `json:"services"`
+	Services []VirtualService         `json:"services"`
 	Health   map[string]ServiceHealth `json:"health"`
 	Changed  []string                 `json:"changed"`
 	// Counts are the pools' addresses (source/kubernetes.PoolCount).
 	Counts []PoolCount `json:"counts"`
+}
+
+// VirtualService is lb.VirtualService on the wire: its zero fields left
+// out, its backends in short.
+type VirtualService struct {
+	Name       string         `json:"name"`
+	Service    lb.Service     `json:"service"`
+	VIP        netip.Addr     `json:"vip,omitzero"`
+	NodePort   bool           `json:"node_port,omitzero"`
+	Interfaces []string       `json:"interfaces,omitzero"`
+	Announce   bool           `json:"announce,omitzero"`
+	SNAT       bool           `json:"snat,omitzero"`
+	Allow      []netip.Prefix `json:"allow,omitzero"`
+	Backends   []Destination  `json:"backends,omitzero"`
+}
+
+// Destination is lb.Destination on the wire, field for field (the two
+// convert to each other), in short: a snapshot carries one per Node or
+// endpoint of every Service port.
+type Destination struct {
+	Addr          netip.AddrPort `json:"a"`
+	Weight        int            `json:"w,omitzero"`
+	Forward       lb.Forward     `json:"f,omitzero"`
+	Tunnel        lb.TunnelType  `json:"t,omitzero"`
+	TunnelPort    uint16         `json:"tp,omitzero"`
+	TunnelCsum    lb.TunnelCsum  `json:"tc,omitzero"`
+	Upper         uint32         `json:"u,omitzero"`
+	Lower         uint32         `json:"l,omitzero"`
+	ActiveConns   uint32         `json:"ac,omitzero"`
+	InactiveConns uint32         `json:"ic,omitzero"`
+	Stats         *lb.Stats      `json:"s,omitzero"`
+}
+
+// virtualServiceOf returns vs on the wire.
+func virtualServiceOf(vs *lb.VirtualService) VirtualService {
+	w := VirtualService{Name: vs.Name, Service: vs.Service, VIP: vs.VIP, NodePort: vs.NodePort, Interfaces: vs.Interfaces,
+		Announce: vs.Announce, SNAT: vs.SNAT, Allow: vs.Allow}
+	if vs.Backends != nil {
+		w.Backends = make([]Destination, len(vs.Backends))
+		for i, d := range vs.Backends {
+			w.Backends[i] = Destination(d)
+		}
+	}
+	return w
+}
+
+// virtualService returns w as an lb.VirtualService.
+func (w *VirtualService) virtualService() lb.VirtualService {
+	vs := lb.VirtualService{Name: w.Name, Service: w.Service, VIP: w.VIP, NodePort: w.NodePort, Interfaces: w.Interfaces,
+		Announce: w.Announce, SNAT: w.SNAT, Allow: w.Allow}
+	if w.Backends != nil {
+		vs.Backends = make([]lb.Destination, len(w.Backends))
+		for i, d := range w.Backends {
+			vs.Backends[i] = lb.Destination(d)
+		}
+	}
+	return vs
 }
 
 // PoolCount is the addresses of one pool and family.
@@ -281,17 +338,17 @@ func (w Spec) spec() check.Spec {
 // PublishOf returns snap on the wire; delta sends only the services of
 // snap.Changed (see Publish.Delta), when it names any.
 func PublishOf(seq uint64, snap source.Snapshot, counts []PoolCount, delta bool) (*Publish, error) {
-	p := &Publish{Seq: seq, Services: snap.Services, Changed: snap.Changed, Counts: counts}
+	p := &Publish{Seq: seq, Changed: snap.Changed, Counts: counts}
 	health := snap.Health
 	if delta && snap.Changed != nil {
-		p.Delta, p.Services, health = true, nil, nil
+		p.Delta, health = true, nil
 		changed := make(map[string]bool, len(snap.Changed))
 		for _, name := range snap.Changed {
 			changed[name] = true
 		}
 		for i := range snap.Services {
 			if changed[snap.Services[i].Name] {
-				p.Services = append(p.Services, snap.Services[i])
+				p.Services = append(p.Services, virtualServiceOf(&snap.Services[i]))
 			}
 		}
 		for _, name := range snap.Changed {
@@ -301,6 +358,11 @@ func PublishOf(seq uint64, snap source.Snapshot, counts []PoolCount, delta bool)
 				}
 				health[name] = h
 			}
+		}
+	} else if snap.Services != nil {
+		p.Services = make([]VirtualService, len(snap.Services))
+		for i := range snap.Services {
+			p.Services[i] = virtualServiceOf(&snap.Services[i])
 		}
 	}
 	if health != nil {
@@ -347,7 +409,13 @@ func (w Spec) equal(o Spec) bool {
 // sink took, whose services index names by position (nil: none, and
 // a delta is refused).
 func (p *Publish) Snapshot(base *source.Snapshot, index map[string]int) (source.Snapshot, error) {
-	snap := source.Snapshot{Services: p.Services, Changed: p.Changed}
+	snap := source.Snapshot{Changed: p.Changed}
+	if p.Services != nil {
+		snap.Services = make([]lb.VirtualService, len(p.Services))
+		for i := range p.Services {
+			snap.Services[i] = p.Services[i].virtualService()
+		}
+	}
 	if p.Health != nil {
 		snap.Health = make(map[string]config.ServiceHealth, len(p.Health))
 	}
@@ -381,7 +449,7 @@ func (p *Publish) Snapshot(base *source.Snapshot, index map[string]int) (source.
 		return source.Snapshot{}, fmt.Errorf("a delta of %d services names %d", len(p.Services), len(p.Changed))
 	}
 	out := source.Snapshot{Services: slices.Clone(base.Services), Health: maps.Clone(base.Health), Changed: p.Changed}
-	for k, vs := range p.Services {
+	for k, vs := range snap.Services {
 		i, ok := index[vs.Name]
 		if !ok || vs.Name != p.Changed[k] {
 			return source.Snapshot{}, fmt.Errorf("a delta's service %q is not a service of the snapshot before, or not its change %d", vs.Name, k)

@@ -113,8 +113,12 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if got.Seq != 7 || !reflect.DeepEqual(got.Counts, p.Counts) || !reflect.DeepEqual(got.Changed, snap.Changed) {
 		t.Errorf("seq %d, counts %+v, changed %v", got.Seq, got.Counts, got.Changed)
 	}
-	if !reflect.DeepEqual(got.Services, snap.Services) {
-		t.Errorf("services:\n got %+v\nwant %+v", got.Services, snap.Services)
+	var services []lb.VirtualService
+	for i := range got.Services {
+		services = append(services, got.Services[i].virtualService())
+	}
+	if !reflect.DeepEqual(services, snap.Services) {
+		t.Errorf("services:\n got %+v\nwant %+v", services, snap.Services)
 	}
 	for name, w := range got.Health {
 		back := config.ServiceHealth{Policy: w.Policy}
