@@ -232,7 +232,7 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 		return fmt.Errorf("pipe: %w", err)
 	}
 	cmd := exec.Command(s.opts.Program, s.opts.Args...)
-	cmd.Env = append(os.Environ(), s.opts.Env...)
+	cmd.Env = append(childEnviron(), s.opts.Env...)
 	cmd.Stdout, cmd.Stderr = outW, outW
 	cmd.ExtraFiles = []*os.File{childEnd}
 	// The child dies with the thread that started it, which stays
@@ -441,6 +441,15 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 			}
 		}
 	}
+}
+
+// childEnviron returns the daemon's environment but systemd's
+// notification and watchdog variables, which are the daemon's alone.
+func childEnviron() []string {
+	return slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return name == "NOTIFY_SOCKET" || name == "WATCHDOG_USEC" || name == "WATCHDOG_PID"
+	})
 }
 
 // checkNames refuses a snapshot with a service, health or change whose

@@ -130,6 +130,9 @@ func fakeChild(mode, dir string) int {
 		time.Sleep(time.Minute)
 		return 0
 	}
+	if v, ok := os.LookupEnv("NOTIFY_SOCKET"); ok {
+		fmt.Fprintln(os.Stderr, "NOTIFY_SOCKET="+v)
+	}
 	fmt.Fprintln(os.Stderr, "a line that is not JSON")
 	fmt.Fprintln(os.Stderr, strings.Repeat("y", 10000))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
@@ -288,6 +291,7 @@ func (r *running) stop() error {
 // logged at their level with their attributes; other output is logged
 // as warnings, bounded.
 func TestPublishConflictsReport(t *testing.T) {
+	t.Setenv("NOTIFY_SOCKET", "/run/systemd/notify")
 	r := start(t, "serve", nil)
 	snap := r.publish()
 	if len(snap.Services) != 1 || snap.Services[0].Name != fakeService.Name || snap.Services[0].Backends[0] != fakeService.Backends[0] {
@@ -312,6 +316,9 @@ func TestPublishConflictsReport(t *testing.T) {
 		if !strings.Contains(log, want) {
 			t.Errorf("the log has no %q:\n%s", want, log)
 		}
+	}
+	if strings.Contains(log, "NOTIFY_SOCKET") {
+		t.Errorf("the child got the daemon's NOTIFY_SOCKET:\n%s", log)
 	}
 	if strings.Contains(log, strings.Repeat("y", 301)) {
 		t.Errorf("a line longer than MaxLine was logged whole")
