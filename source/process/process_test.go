@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -29,9 +30,22 @@ const (
 	fakeDirEnv = "VIPD_PROCESS_FAKE_DIR"
 )
 
+// daemonEnv makes the test binary a daemon that runs a Source of the
+// fake child "hang", with the fake's directory.
+const daemonEnv = "VIPD_PROCESS_DAEMON"
+
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(fakeEnv); mode != "" {
 		os.Exit(fakeChild(mode, os.Getenv(fakeDirEnv)))
+	}
+	if dir := os.Getenv(daemonEnv); dir != "" {
+		exe, _ := os.Executable()
+		s, err := New(SourceOptions{Program: exe, Env: []string{fakeEnv + "=hang", fakeDirEnv + "=" + dir, daemonEnv + "="}})
+		if err != nil {
+			os.Exit(2)
+		}
+		s.Run(context.Background(), newFakeSink())
+		os.Exit(3)
 	}
 	os.Exit(m.Run())
 }
@@ -483,4 +497,48 @@ func TestMissingProgram(t *testing.T) {
 	if _, err := New(SourceOptions{Program: f}); err == nil || !strings.Contains(err.Error(), "is not an executable file") {
 		t.Errorf("a file that is not executable: %v", err)
 	}
+}
+
+// TestParentDeath: the child dies with the daemon, even one that
+// ignores SIGTERM and the end of its socket (PR_SET_PDEATHSIG).
+func TestParentDeath(t *testing.T) {
+	dir := t.TempDir()
+	daemon := exec.Command(os.Args[0])
+	daemon.Env = append(os.Environ(), daemonEnv+"="+dir)
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer daemon.Process.Kill()
+	var pid int
+	deadline := time.Now().Add(10 * time.Second)
+	for pid == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon's child did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+		b, _ := os.ReadFile(filepath.Join(dir, "pid"))
+		pid, _ = strconv.Atoi(string(b))
+	}
+	if !alive(pid) {
+		t.Fatalf("the child %d is not running", pid)
+	}
+	daemon.Process.Kill()
+	daemon.Wait()
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the child %d outlived its daemon", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// alive reports whether pid is a process that has not exited (neither
+// gone nor a zombie).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
 }
