@@ -58,12 +58,14 @@ unit: deps k8s-rig
 	$(GO) test -count=1 ./...
 
 ## fuzz: short, bounded runs of the parsers' fuzz targets (the config
-## file, and vipd import's keepalived.conf and ipvsadm -Sn readers).
+## file, vipd import's keepalived.conf and ipvsadm -Sn readers, and the
+## wire from the Kubernetes provider).
 fuzz:
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $$((100000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./config
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzKeepalived$$' -fuzztime $$((100000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./migrate
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzIpvsadm$$' -fuzztime $$((40000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./migrate
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzMetalLB$$' -fuzztime $$((20000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./migrate
+	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzWire$$' -fuzztime $$((100000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./source/process
 
 ## e2e: the end-to-end suite in a qemu guest with Debian's kernel.
 e2e: deps
