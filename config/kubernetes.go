@@ -22,6 +22,10 @@ type Kubernetes struct {
 	// Kubeconfig is the path of a kubeconfig file; "" means the
 	// in-cluster configuration.
 	Kubeconfig string
+	// Program is the path of the provider program the daemon runs the
+	// source in; "" means vipd-kubernetes in the directory of the vipd
+	// executable.
+	Program string
 	// LoadBalancerClass is the spec.loadBalancerClass vipd serves;
 	// DefaultClass serves the Services without one too.
 	LoadBalancerClass string
@@ -216,7 +220,7 @@ func (k Kubernetes) EqualBesidesPools(o Kubernetes) bool {
 
 // Equal reports whether two sections are the same.
 func (k Kubernetes) Equal(o Kubernetes) bool {
-	return k.Enabled == o.Enabled && k.Kubeconfig == o.Kubeconfig && k.LoadBalancerClass == o.LoadBalancerClass &&
+	return k.Enabled == o.Enabled && k.Kubeconfig == o.Kubeconfig && k.Program == o.Program && k.LoadBalancerClass == o.LoadBalancerClass &&
 		k.DefaultClass == o.DefaultClass && slices.Equal(k.Namespaces, o.Namespaces) && k.ServiceSelector == o.ServiceSelector &&
 		k.Backends == o.Backends && k.LeaderElection == o.LeaderElection && k.LeaseNamespace == o.LeaseNamespace &&
 		k.LeaseName == o.LeaseName && k.Identity == o.Identity && k.LeaseDuration == o.LeaseDuration &&
@@ -231,6 +235,7 @@ func (k Kubernetes) Equal(o Kubernetes) bool {
 // rawKubernetes is the [kubernetes] section as written.
 type rawKubernetes struct {
 	Kubeconfig         *string        `toml:"kubeconfig"`
+	Program            *string        `toml:"program"`
 	LoadBalancerClass  *string        `toml:"load_balancer_class"`
 	DefaultClass       *bool          `toml:"default_class"`
 	Namespaces         []string       `toml:"namespaces"`
@@ -274,7 +279,7 @@ type rawK8sPool struct {
 
 // set reports whether the section has any key.
 func (k *rawKubernetes) set() bool {
-	return k.Kubeconfig != nil || k.LoadBalancerClass != nil || k.DefaultClass != nil || k.Namespaces != nil ||
+	return k.Kubeconfig != nil || k.Program != nil || k.LoadBalancerClass != nil || k.DefaultClass != nil || k.Namespaces != nil ||
 		k.ServiceSelector != nil || k.Backends != nil || k.Pool != nil || k.LeaderElection != nil || k.LeaseNamespace != nil ||
 		k.LeaseName != nil || k.Identity != nil || k.LeaseDuration != nil || k.RenewDeadline != nil || k.RetryPeriod != nil ||
 		k.APIQPS != nil || k.APIBurst != nil || k.MetalLBAnnotations != nil || k.NodeHealth != nil
@@ -293,6 +298,12 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 		out.Kubeconfig = *k.Kubeconfig
 		if out.Kubeconfig != "" && out.Kubeconfig[0] != '/' {
 			v.errorf("kubernetes.kubeconfig", ctx, "kubeconfig %q must be an absolute path (or \"\" for the in-cluster configuration)", out.Kubeconfig)
+		}
+	}
+	if k.Program != nil {
+		out.Program = *k.Program
+		if out.Program == "" || out.Program[0] != '/' {
+			v.errorf("kubernetes.program", ctx, "program %q must be an absolute path (or left out for vipd-kubernetes beside vipd)", out.Program)
 		}
 	}
 	if k.LoadBalancerClass != nil {

@@ -11,6 +11,7 @@ import (
 func TestKubernetesSection(t *testing.T) {
 	in := `[kubernetes]
 kubeconfig = "/etc/vipd/kubeconfig"
+program = "/usr/libexec/vipd/vipd-kubernetes"
 load_balancer_class = "vipd.io/lb"
 namespaces = ["web"]
 service_selector = "lb=vipd"
@@ -39,7 +40,7 @@ share_across_namespaces = true
 		t.Fatal(err)
 	}
 	k := cfg.Kubernetes
-	if !k.Enabled || k.Kubeconfig != "/etc/vipd/kubeconfig" || k.LoadBalancerClass != "vipd.io/lb" || k.DefaultClass ||
+	if !k.Enabled || k.Kubeconfig != "/etc/vipd/kubeconfig" || k.Program != "/usr/libexec/vipd/vipd-kubernetes" || k.LoadBalancerClass != "vipd.io/lb" || k.DefaultClass ||
 		len(k.Namespaces) != 1 || k.ServiceSelector != "lb=vipd" || k.Backends != "endpoints" || len(k.Pools) != 2 ||
 		!k.Pools[0].AutoAssign || !k.Pools[0].AvoidNetworkBroadcast || k.Pools[1].AutoAssign || k.Pools[1].Addresses[0] != "198.51.100.10-198.51.100.20" {
 		t.Errorf("got %+v", k)
@@ -155,6 +156,8 @@ func TestKubernetesErrors(t *testing.T) {
 	for _, tt := range []struct{ name, in, want string }{
 		{"no class", "[kubernetes]\nkubeconfig = \"/k\"\n" + pool, `t.toml:1: kubernetes: serves no Service`},
 		{"relative kubeconfig", "[kubernetes]\ndefault_class = true\nkubeconfig = \"k\"\n" + pool, `t.toml:3: kubernetes: kubeconfig "k" must be an absolute path`},
+		{"relative program", "[kubernetes]\ndefault_class = true\nprogram = \"vipd-kubernetes\"\n" + pool, `t.toml:3: kubernetes: program "vipd-kubernetes" must be an absolute path`},
+		{"empty program", "[kubernetes]\ndefault_class = true\nprogram = \"\"\n" + pool, `t.toml:3: kubernetes: program "" must be an absolute path`},
 		{"backends", "[kubernetes]\ndefault_class = true\nbackends = \"pods\"\n" + pool, `t.toml:3: kubernetes: backends "pods" must be "nodeport" or "endpoints"`},
 		{"no pool", "[kubernetes]\ndefault_class = true\n", `t.toml:1: kubernetes: no pools`},
 		{"pool without name", "[kubernetes]\ndefault_class = true\n[[kubernetes.pool]]\naddresses = [\"192.0.2.32/28\"]\n", `kubernetes.pool 1: name is required`},

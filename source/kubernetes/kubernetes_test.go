@@ -1,11 +1,13 @@
 package kubernetes_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/vipd/vipd/source"
 	"github.com/vipd/vipd/source/kubernetes"
 	"github.com/vipd/vipd/source/kubernetes/apitest"
+	"github.com/vipd/vipd/source/process"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,17 +27,61 @@ import (
 )
 
 // fakeSink records what the source publishes and reports. It refuses the
-// services that refuse names.
+// services that refuse names. Every snapshot crosses the wire to the
+// daemon (source/process) first, and must come out the same.
 type fakeSink struct {
 	mu      sync.Mutex
 	snaps   []source.Snapshot
 	reports []error
 	refuse  map[string]bool
+	// wire is the daemon's side of the wire: the last snapshot taken,
+	// the base of the next delta.
+	wire struct {
+		base  *source.Snapshot
+		index map[string]int
+	}
+}
+
+// crossWire sends snap over the wire as vipd-kubernetes does (a delta
+// after a snapshot taken), and returns what the daemon makes of it.
+func (f *fakeSink) crossWire(snap source.Snapshot) (source.Snapshot, error) {
+	p, err := process.PublishOf(1, snap, nil, f.wire.base != nil)
+	if err != nil {
+		return source.Snapshot{}, err
+	}
+	var buf bytes.Buffer
+	c := process.NewConn(&buf, &buf, 0)
+	if err := c.Write(&process.Message{Type: process.TypePublish, Publish: p}); err != nil {
+		return source.Snapshot{}, err
+	}
+	m, err := c.Read()
+	if err != nil {
+		return source.Snapshot{}, err
+	}
+	got, err := m.Publish.Snapshot(f.wire.base, f.wire.index)
+	if err != nil {
+		return source.Snapshot{}, err
+	}
+	if !p.Delta {
+		f.wire.index = map[string]int{}
+		for i := range got.Services {
+			f.wire.index[got.Services[i].Name] = i
+		}
+	}
+	f.wire.base = &got
+	return got, nil
 }
 
 func (f *fakeSink) Publish(ctx context.Context, snap source.Snapshot) ([]source.Conflict, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	got, err := f.crossWire(snap)
+	if err != nil {
+		panic(fmt.Sprintf("the snapshot does not cross the wire: %v", err))
+	}
+	if !reflect.DeepEqual(got, snap) {
+		panic(fmt.Sprintf("the snapshot changed on the wire:\n got %+v\nwant %+v", got, snap))
+	}
 	// The source may reuse the Services of a snapshot once it has
 	// published the next: keep a copy.
 	snap.Services = slices.Clone(snap.Services)

@@ -64,6 +64,9 @@ var rules = []rule{
 	// Sources turn the world into services.
 	{Room: "source", May: []string{"config", "lb"}},
 	{Room: "source/kubernetes/...", May: []string{"config", "lb", "source", "monitor/check"}},
+	// The daemon's side of a source in a program of its own, and its
+	// wire: no Kubernetes client (see TestDaemonLinksNoKubernetesClient).
+	{Room: "source/process", May: []string{"config", "lb", "source", "monitor/check"}, Never: []string{"k8s.io/client-go/...", "k8s.io/api/..."}},
 	{Room: "migrate", May: []string{"config", "lb"}},
 	{Room: "systemd", May: nil},
 	// The agent wires the rooms together; main wires the agent.
@@ -181,5 +184,43 @@ func TestViolations(t *testing.T) {
 	graph[module+"/lb"] = []string{"net/netip"}
 	if got := violations(graph, rules); len(got) != 0 {
 		t.Errorf("a graph that keeps the rules: violations %q", got)
+	}
+}
+
+// daemonNever lists what vipd's daemon (cmd/vipd) may not link, directly
+// or not: the Kubernetes client, whose package initialisers cost every
+// vipd its memory, runs in vipd-kubernetes (see source/process).
+var daemonNever = []string{"k8s.io/client-go/...", "k8s.io/api/...", module + "/source/kubernetes/..."}
+
+// TestDaemonLinksNoKubernetesClient lists every package cmd/vipd links
+// and refuses those of daemonNever; cmd/vipd-kubernetes links them.
+func TestDaemonLinksNoKubernetesClient(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go tool is needed to list the dependencies: %v", err)
+	}
+	deps := func(pkg string) []string {
+		out, err := exec.Command(goTool, "list", "-deps", module+"/"+pkg).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", pkg, err)
+		}
+		return strings.Fields(string(out))
+	}
+	never := func(pkgs []string) []string {
+		var bad []string
+		for _, p := range pkgs {
+			if slices.ContainsFunc(daemonNever, func(n string) bool { return match(n, p) }) {
+				bad = append(bad, p)
+			}
+		}
+		return bad
+	}
+	if bad := never(deps("cmd/vipd")); len(bad) > 0 {
+		t.Errorf("cmd/vipd links %d packages it may not (%v), such as %s", len(bad), daemonNever, strings.Join(bad[:min(5, len(bad))], ", "))
+	}
+	// The check sees what it looks for: the provider links them all.
+	if bad := never(deps("cmd/vipd-kubernetes")); !slices.Contains(bad, "k8s.io/client-go/kubernetes") ||
+		!slices.Contains(bad, module+"/source/kubernetes") {
+		t.Errorf("cmd/vipd-kubernetes: the check found %v, not client-go and source/kubernetes", bad)
 	}
 }

@@ -32,6 +32,7 @@ trap 'rm -rf "$payload"' EXIT
 cd "$REPO_ROOT"
 export CGO_ENABLED=0
 go build -trimpath -ldflags "-s -w" -o "$payload/vipd" ./cmd/vipd
+go build -trimpath -ldflags "-s -w" -o "$payload/vipd-kubernetes" ./cmd/vipd-kubernetes
 go test -c -tags k8sbench -ldflags "-s -w" -o "$payload/k8sbench.test" ./test/bench/k8s
 mkdir -p "$payload/k8s"
 cp "$assets/etcd" "$assets/kube-apiserver" "$assets/kube-proxy" "$payload/k8s/"

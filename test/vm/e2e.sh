@@ -6,6 +6,7 @@
 # 1. prepare.sh (packages, kernel, base initramfs; fast when done before)
 # 2. builds, all static (CGO_ENABLED=0), into a payload directory:
 #      vipd                ./cmd/vipd, when it exists       -> /payload/vipd
+#      vipd-kubernetes     ./cmd/vipd-kubernetes            -> /payload/vipd-kubernetes
 #      bin/rignode         test backend/client tool          -> /payload/bin/rignode
 #      tests/NN-NAME/*.test  `go test -c` of each package in $VIPD_GUEST_PKGS,
 #                          then `go test -c -tags e2e ./test/e2e`, each with
@@ -56,7 +57,9 @@ tb=$(now)
 # vipd itself, once it exists.
 if compgen -G "cmd/vipd/*.go" >/dev/null; then
 	go build -o "$payload/vipd" ./cmd/vipd
-	log "built vipd"
+	# The Kubernetes provider, beside vipd where it looks for it.
+	go build -o "$payload/vipd-kubernetes" ./cmd/vipd-kubernetes
+	log "built vipd and vipd-kubernetes"
 fi
 go build -ldflags='-s -w' -o "$payload/bin/rignode" ./test/e2e/cmd/rignode
 
