@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -74,6 +75,8 @@ type Kubernetes struct {
 type poolRange struct {
 	first, last, maxLast netip.Addr
 	pool                 int
+	// text is the entry as written.
+	text string
 }
 
 // poolHolding returns the index of the pool that holds a, and whether
@@ -357,7 +360,7 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 				v.errorf(fmt.Sprintf("kubernetes.pool.%d.addresses", i), pctx, "pool %q: %v", pool.Name, err)
 				continue
 			}
-			out.ranges = append(out.ranges, poolRange{first: first, last: last, pool: i})
+			out.ranges = append(out.ranges, poolRange{first: first, last: last, pool: i, text: a})
 		}
 		setBool(&pool.AutoAssign, p.AutoAssign)
 		setBool(&pool.AvoidNetworkBroadcast, p.AvoidNetworkBroadcast)
@@ -420,11 +423,27 @@ func (v *validator) kubernetes(k *rawKubernetes, cfg *Config) {
 		}
 	}
 	slices.SortStableFunc(out.ranges, func(a, b poolRange) int { return a.first.Compare(b.first) })
+	widest := 0 // the range up to i that ends last
 	for i := range out.ranges {
 		r := &out.ranges[i]
 		r.maxLast = r.last
-		if i > 0 && out.ranges[i-1].maxLast.Compare(r.maxLast) > 0 {
+		if i == 0 {
+			continue
+		}
+		if w := out.ranges[widest]; w.maxLast.Compare(r.first) >= 0 && w.first.Is4() == r.first.Is4() {
+			// An address in two entries: the Kubernetes source would
+			// refuse the pools once started.
+			other := "pool " + strconv.Quote(out.Pools[w.pool].Name) + "'s " + w.text
+			if w.pool == r.pool {
+				other = w.text
+			}
+			v.errorf(fmt.Sprintf("kubernetes.pool.%d.addresses", r.pool), fmt.Sprintf("kubernetes.pool %d", r.pool+1), "pool %q: %s overlaps %s", out.Pools[r.pool].Name, r.text, other)
+		}
+		if out.ranges[i-1].maxLast.Compare(r.maxLast) > 0 {
 			r.maxLast = out.ranges[i-1].maxLast
+		}
+		if r.last.Compare(out.ranges[widest].last) > 0 {
+			widest = i
 		}
 	}
 	out.file, out.src = v.file, v.src

@@ -163,6 +163,8 @@ func TestKubernetesErrors(t *testing.T) {
 		{"pool without name", "[kubernetes]\ndefault_class = true\n[[kubernetes.pool]]\naddresses = [\"192.0.2.32/28\"]\n", `kubernetes.pool 1: name is required`},
 		{"pool namespace", "[kubernetes]\ndefault_class = true\n" + pool + "namespaces = [\"ok\", \"\"]\n", `t.toml:7: kubernetes.pool 1: namespaces: "" is not a namespace name`},
 		{"pool twice", "[kubernetes]\ndefault_class = true\n" + pool + pool, `kubernetes.pool 2: pool "p" is defined twice`},
+		{"pool overlaps itself", "[kubernetes]\ndefault_class = true\n[[kubernetes.pool]]\nname = \"p\"\naddresses = [\"192.0.2.32/28\", \"192.0.2.40-192.0.2.50\"]\n", `t.toml:5: kubernetes.pool 1: pool "p": 192.0.2.40-192.0.2.50 overlaps 192.0.2.32/28`},
+		{"pools overlap", "[kubernetes]\ndefault_class = true\n" + pool + "[[kubernetes.pool]]\nname = \"q\"\naddresses = [\"fd00::/120\", \"192.0.2.47\"]\n", `t.toml:9: kubernetes.pool 2: pool "q": 192.0.2.47 overlaps pool "p"'s 192.0.2.32/28`},
 		{"selector", "[kubernetes]\ndefault_class = true\nservice_selector = \"app in (a\"\n" + pool, `t.toml:3: kubernetes: service_selector "app in (a" is not a label selector`},
 		{"pool selector", "[kubernetes]\ndefault_class = true\n" + pool + "service_selector = \"tier notin\"\n", `t.toml:7: kubernetes.pool 1: pool "p": service_selector "tier notin" is not a label selector`},
 		{"unknown key", "[kubernetes]\ndefault_class = true\nclass = \"x\"\n" + pool, `t.toml:3: `},
