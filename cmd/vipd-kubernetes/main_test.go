@@ -264,8 +264,9 @@ func TestOptionsOf(t *testing.T) {
 	}
 }
 
-// TestPoolsOf: the daemon derives the same pools and Node probes from a
-// configuration as the source's own functions.
+// TestPoolsOf: the pools and Node probes of a configuration reach the
+// source in the provider program as the configuration gives them, with
+// the defaults the configuration filled in.
 func TestPoolsOf(t *testing.T) {
 	cfg, err := config.Parse("t.toml", []byte(`[kubernetes]
 default_class = true
@@ -289,11 +290,19 @@ namespaces = ["web"]
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := kubernetes.PoolsOf(cfg.Kubernetes); !reflect.DeepEqual(opts.Pools, want) || len(want) != 2 {
-		t.Errorf("pools %+v, want %+v", opts.Pools, want)
+	no, yes := false, true
+	wantPools := []kubernetes.Pool{
+		{Name: "a", Addresses: []string{"192.0.2.0/29"}, AutoAssign: &no, SNAT: true},
+		{Name: "b", Addresses: []string{"2001:db8::/120"}, AutoAssign: &yes, Namespaces: []string{"web"}},
 	}
-	if want := kubernetes.NodeHealthOf(cfg.Kubernetes); !reflect.DeepEqual(opts.NodeHealth, want) || want == nil {
-		t.Errorf("node health %+v, want %+v", opts.NodeHealth, want)
+	if !reflect.DeepEqual(opts.Pools, wantPools) {
+		t.Errorf("pools %+v, want %+v", opts.Pools, wantPools)
+	}
+	nh := cfg.Kubernetes.NodeHealth
+	wantHealth := &kubernetes.NodeHealth{Port: 10256, Path: nh.Path, Local: true, Interval: nh.Interval,
+		Timeout: nh.Timeout, Rise: nh.Rise, Fall: nh.Fall}
+	if !reflect.DeepEqual(opts.NodeHealth, wantHealth) || nh.Interval == 0 || nh.Path == "" {
+		t.Errorf("node health %+v, want %+v", opts.NodeHealth, wantHealth)
 	}
 	if opts.LeaderElection == nil || *opts.LeaderElection != cfg.Kubernetes.LeaderElection || opts.NoPacketFilter == cfg.Daemon.ManageIPTables {
 		t.Errorf("leader election %v, no packet filter %v", opts.LeaderElection, opts.NoPacketFilter)

@@ -195,6 +195,18 @@ func (a *Announcer) Announce(addr netip.Addr) error {
 		a.mu.Unlock()
 		return fmt.Errorf("announce %s: %w", addr, errClosed)
 	}
+	v := a.vipLocked(addr)
+	fresh, err := a.prepare(v)
+	a.mu.Unlock()
+	if err := errors.Join(err, a.startBurst(v, fresh)); err != nil {
+		return fmt.Errorf("announce %s: %w", addr, err)
+	}
+	return nil
+}
+
+// vipLocked returns the state of addr, making it (and starting its
+// refresh) the first time. a.mu must be held.
+func (a *Announcer) vipLocked(addr netip.Addr) *vip {
 	v := a.vips[addr]
 	if v == nil {
 		v = &vip{addr: addr, stop: make(chan struct{}), on: map[string]bool{}}
@@ -204,12 +216,7 @@ func (a *Announcer) Announce(addr netip.Addr) error {
 			go a.refresh(v)
 		}
 	}
-	fresh, err := a.prepare(v)
-	a.mu.Unlock()
-	if err := errors.Join(err, a.startBurst(v, fresh)); err != nil {
-		return fmt.Errorf("announce %s: %w", addr, err)
-	}
-	return nil
+	return v
 }
 
 // AnnounceAll announces each of addrs as Announce does, with one lookup
@@ -239,15 +246,7 @@ func (a *Announcer) AnnounceAll(addrs []netip.Addr) error {
 			continue
 		}
 		addr = addr.Unmap()
-		v := a.vips[addr]
-		if v == nil {
-			v = &vip{addr: addr, stop: make(chan struct{}), on: map[string]bool{}}
-			a.vips[addr] = v
-			if a.opts.Refresh > 0 {
-				a.wg.Add(1)
-				go a.refresh(v)
-			}
-		}
+		v := a.vipLocked(addr)
 		fresh, err := a.prepare(v)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("announce %s: %w", addr, err))

@@ -17,7 +17,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/vipd/vipd/config"
 	checkdesc "github.com/vipd/vipd/monitor/check"
 	"github.com/vipd/vipd/source"
 	corev1 "k8s.io/api/core/v1"
@@ -277,33 +276,6 @@ func (s *Source) SetPools(pools []Pool) error {
 	default:
 	}
 	return nil
-}
-
-// ReloadPools hands the source the [[kubernetes.pool]] tables of k, as
-// SetPools does: a reload of the configuration calls it.
-func (s *Source) ReloadPools(k config.Kubernetes) error { return s.SetPools(PoolsOf(k)) }
-
-// PoolsOf returns the pools of k's [[kubernetes.pool]] tables.
-func PoolsOf(k config.Kubernetes) []Pool {
-	var out []Pool
-	for _, p := range k.Pools {
-		auto := p.AutoAssign
-		out = append(out, Pool{Name: p.Name, Addresses: p.Addresses, AutoAssign: &auto,
-			AvoidNetworkBroadcast: p.AvoidNetworkBroadcast, Namespaces: p.Namespaces, ServiceSelector: p.ServiceSelector,
-			ShareAcrossNamespaces: p.ShareAcrossNamespaces, SNAT: p.SNAT})
-	}
-	return out
-}
-
-// NodeHealthOf returns the Node probes of k's [kubernetes.node_health]
-// table, nil when it turns them off.
-func NodeHealthOf(k config.Kubernetes) *NodeHealth {
-	nh := k.NodeHealth
-	if !nh.Enabled {
-		return nil
-	}
-	return &NodeHealth{Port: nh.Port, Path: nh.Path, Local: nh.Local, Interval: nh.Interval, Timeout: nh.Timeout,
-		Rise: nh.Rise, Fall: nh.Fall}
 }
 
 // EachPool calls f with the addresses of each pool and family, as the

@@ -7,17 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/source/kubernetes"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 )
-
-// A reload hands the source its new pools (agent's poolSource).
-var _ interface {
-	ReloadPools(config.Kubernetes) error
-} = (*kubernetes.Source)(nil)
 
 // waitIngress waits until the status of ns/name in cs holds ips, in order.
 func waitIngress(t *testing.T, cs *fake.Clientset, name string, ips ...string) {
