@@ -164,10 +164,10 @@ func (h *ha) report(c RoleChange) {
 		// the node once it announces.
 		var a adoption
 		if h.fresh(pre, s, c) {
-			// Read while the master was suspect: what it synchronized
-			// before it fell silent. A pass right after the
-			// announcements reads the table for anything since.
-			a = trackSNAT(h.tracker, pre.flows, conntrack.Replace)
+			// Read and tracked while the master was suspect: what it
+			// synchronized before it fell silent. A pass right after
+			// the announcements reads the table for anything since.
+			a = pre.tracked
 			a.listed, a.preread = pre.listed, true
 			partial = true
 		} else {
@@ -192,13 +192,17 @@ func (h *ha) report(c RoleChange) {
 	}
 }
 
-// suspect reads, on a backup whose master has missed advertisements
-// (the elector's suspicion), the synchronized SNAT connections from the
-// connection table, in the background: a takeover that follows tracks
-// them without reading the table on its way to the announcements, which
-// a table of many connections would hold back (reading 1,300 took 9-21
-// ms in the emulated guest). A master that fell silent synchronizes
-// nothing more, so the read holds what a read at the takeover would.
+// suspect reads and tracks, on a backup whose master has missed
+// advertisements (the elector's suspicion), the synchronized SNAT
+// connections of the connection table, in the background, replacing the
+// entries the node holds for them: a takeover that follows announces
+// without reading the table or tracking first, which a table of many
+// connections would hold back. A master that fell silent synchronizes
+// nothing more, so the read holds what a read at the takeover would;
+// while the node is backup no packet of those connections reaches it,
+// so its entries wait unused until it takes over, and a master that
+// speaks again leaves them as a takeover's leftovers are left (the next
+// takeover replaces them).
 func (h *ha) suspect(string) {
 	s := h.snat.Load()
 	if s == nil || !h.synced.Load() || h.tracker == nil {
@@ -212,13 +216,18 @@ func (h *ha) suspect(string) {
 	go func() {
 		defer h.reading.Store(false)
 		flows, listed, _, err := readSNAT(h.tracker, s, time.Time{})
-		h.preread.Store(&preread{flows: flows, s: s, at: start, listed: listed, err: err})
+		p := &preread{s: s, at: start, listed: listed, err: err}
+		if err == nil {
+			p.tracked = trackSNAT(h.tracker, flows, conntrack.Replace)
+			p.err = p.tracked.err
+		}
+		h.preread.Store(p)
 	}()
 }
 
-// preread is what suspect read.
+// preread is what suspect read and tracked.
 type preread struct {
-	flows []conntrack.Flow
+	tracked adoption
 	// s are the services it was read for, at when the read began.
 	s      *snatServices
 	at     time.Time
@@ -226,8 +235,9 @@ type preread struct {
 	err    error
 }
 
-// fresh says whether a takeover c may track p's connections instead of
-// reading the table: p was read, whole and for the services of now,
+// fresh says whether a takeover c may take p's tracking for its own
+// instead of reading the table: p was read and tracked, whole and
+// without error, for the services of now,
 // since the last suspicion, which the master down timer that made c
 // followed (a master that spoke again in between, and fell silent once
 // more, made a new suspicion and a new read).
@@ -543,7 +553,7 @@ func (a *Agent) reannounce() {
 func (a *Agent) logAdoption(ad *adoption, msg string) {
 	a.m.HASNAT(metrics.SNATTakeover{Tracked: ad.Created, Existing: ad.Existing, Replaced: ad.Replaced, Failed: ad.Failed})
 	a.log.Info(msg, "tracked", ad.Created, "tracked_already", ad.Existing, "replaced", ad.Replaced, "failed", ad.Failed, "took", ad.took.Round(time.Microsecond),
-		"connections_read", ad.listed, "read_took", ad.read.Round(time.Microsecond), "read_before", ad.preread)
+		"connections_read", ad.listed, "read_took", ad.read.Round(time.Microsecond), "tracked_on_suspicion", ad.preread)
 	if ad.err != nil {
 		a.log.Error("high availability: tracking SNAT connections", "err", ad.err)
 	}

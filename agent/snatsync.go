@@ -85,8 +85,9 @@ type adoption struct {
 	listed int
 	err    error
 	// partial says that the pass stopped at its deadline, having read
-	// part of the connection table; preread that it read no table but
-	// tracked what a read during the master's suspicion found.
+	// part of the connection table; preread that the takeover neither
+	// read the table nor tracked, but took the tracking done during the
+	// master's suspicion.
 	partial, preread bool
 }
 
@@ -125,7 +126,7 @@ func readSNAT(t ConnTracker, s *snatServices, deadline time.Time) (flows []connt
 	return flows, n, partial, err
 }
 
-// trackSNAT tracks flows read before (preread).
+// trackSNAT tracks flows read before (on suspicion).
 func trackSNAT(t ConnTracker, flows []conntrack.Flow, existing conntrack.Existing) adoption {
 	start := time.Now()
 	var a adoption
