@@ -48,7 +48,12 @@ const (
 	DefaultStartTimeout = 30 * time.Second
 	DefaultStopGrace    = 5 * time.Second
 	DefaultMaxLine      = 4096
+	DefaultPingInterval = 10 * time.Second
 )
+
+// pingMisses is how many pings in a row a child may leave unanswered, a
+// PingInterval each, before the source takes it for hung.
+const pingMisses = 3
 
 // SourceOptions configure a Source.
 type SourceOptions struct {
@@ -80,6 +85,11 @@ type SourceOptions struct {
 	// StartTimeout bounds the wait for the child's hello; StopGrace
 	// the wait for its exit once asked to stop, before it is killed.
 	StartTimeout, StopGrace time.Duration
+	// PingInterval is how often the source pings the running child: a
+	// child that leaves three pings in a row unanswered (stopped, or
+	// wedged so that it neither reads nor writes its socket) is killed
+	// and started again, as one that died. Zero means the default.
+	PingInterval time.Duration
 }
 
 // Source runs the child program as a source.Source.
@@ -121,6 +131,7 @@ func New(opts SourceOptions) (*Source, error) {
 	def(&opts.Healthy, DefaultHealthy)
 	def(&opts.StartTimeout, DefaultStartTimeout)
 	def(&opts.StopGrace, DefaultStopGrace)
+	def(&opts.PingInterval, DefaultPingInterval)
 	if opts.MaxLine <= 0 {
 		opts.MaxLine = DefaultMaxLine
 	}
@@ -363,10 +374,32 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 		}
 		s.mu.Unlock()
 	}()
+	// pinged is the last ping's number, answered the last answer's, and
+	// missed how many ticks in a row found the last ping unanswered.
+	// Ticks are counted as the loop takes them, so that a sink slow to
+	// take a snapshot (the loop waits for it) delays no answer into a
+	// miss: an answer read in between resets the count.
+	ping := time.NewTicker(s.opts.PingInterval)
+	defer ping.Stop()
+	var pinged, answered uint64
+	missed := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-ping.C:
+			if answered < pinged {
+				missed++
+			} else {
+				missed = 0
+			}
+			if missed >= pingMisses {
+				return exitedWith(fmt.Errorf("it answered no ping for %d intervals of %s: taken for hung", missed, s.opts.PingInterval))
+			}
+			pinged++
+			if err := c.Write(&Message{Type: TypePing, Ping: &Ping{Seq: pinged}}); err != nil {
+				return exitedWith(err)
+			}
 		case <-s.repool:
 			s.mu.Lock()
 			pools := s.pending
@@ -420,6 +453,11 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 				}
 			case TypeReport:
 				sink.Report(m.Report.err())
+			case TypePong:
+				if m.Pong.Seq > pinged {
+					return exitedWith(fmt.Errorf("it answered ping %d, which was not sent", m.Pong.Seq))
+				}
+				answered = max(answered, m.Pong.Seq)
 			case TypePoolsResult:
 				if len(sent) == 0 {
 					return exitedWith(errors.New("it answered pools it was not sent"))

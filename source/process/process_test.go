@@ -542,3 +542,31 @@ func alive(pid int) bool {
 	_, rest, _ := strings.Cut(string(b), ") ")
 	return !strings.HasPrefix(rest, "Z")
 }
+
+// TestHungChildRestarts: a child that answers no ping (it neither reads
+// nor writes its socket) is reported, killed and started again; one that
+// answers runs on.
+func TestHungChildRestarts(t *testing.T) {
+	fast := func(o *SourceOptions) { o.PingInterval = 20 * time.Millisecond }
+	r := start(t, "hang", fast)
+	r.report("answered no ping for 3 intervals of 20ms: taken for hung")
+	r.report("answered no ping")
+	if n := r.starts(); n < 2 {
+		t.Errorf("started %d times", n)
+	}
+
+	// Pings every 100 ms: an answer would have to come 300 ms late, on
+	// a loaded machine, to be missed three times in a row.
+	r = start(t, "serve", func(o *SourceOptions) { o.PingInterval = 100 * time.Millisecond })
+	r.publish()
+	r.report("conflicts: ")
+	time.Sleep(5 * 100 * time.Millisecond)
+	select {
+	case err := <-r.sink.reports:
+		t.Errorf("reported %v", err)
+	default:
+	}
+	if n := r.starts(); n != 1 {
+		t.Errorf("an answering child started %d times:\n%s", n, r.log.String())
+	}
+}

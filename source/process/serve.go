@@ -134,6 +134,10 @@ func (s *sink) read(ctx context.Context) error {
 				return fmt.Errorf("the parent answered publish %d, which is not waiting", m.Published.Seq)
 			}
 			ch <- m.Published
+		case TypePing:
+			if err := s.send(&Message{Type: TypePong, Pong: m.Ping}); err != nil {
+				return err
+			}
 		case TypePools:
 			err := s.p.SetPools(m.Pools)
 			if err := s.send(&Message{Type: TypePoolsResult, PoolsResult: resultOf(err)}); err != nil {

@@ -51,6 +51,11 @@ const (
 	// TypeFatal says the source cannot go on (child to parent): its
 	// Run returned this error, and the child exits.
 	TypeFatal = "fatal"
+	// TypePing asks the child whether it is alive (parent to child);
+	// the child answers with TypePong and the same Ping.
+	TypePing = "ping"
+	// TypePong answers a TypePing.
+	TypePong = "pong"
 )
 
 // Message is one frame. Type says which one field is set.
@@ -64,6 +69,13 @@ type Message struct {
 	Published   *Published `json:"published,omitempty"`
 	Report      *Result    `json:"report,omitempty"`
 	Fatal       *Result    `json:"fatal,omitempty"`
+	Ping        *Ping      `json:"ping,omitempty"`
+	Pong        *Ping      `json:"pong,omitempty"`
+}
+
+// Ping is a ping or its answer: the parent numbers its pings.
+type Ping struct {
+	Seq uint64 `json:"seq"`
 }
 
 // Hello is the first message of each end.
@@ -603,6 +615,10 @@ func (m *Message) check() error {
 		ok = m.Report != nil
 	case TypeFatal:
 		ok = m.Fatal != nil
+	case TypePing:
+		ok = m.Ping != nil
+	case TypePong:
+		ok = m.Pong != nil
 	default:
 		return fmt.Errorf("unknown message type %q", m.Type)
 	}
