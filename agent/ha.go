@@ -119,6 +119,8 @@ type ha struct {
 	preread   atomic.Pointer[preread]
 	reading   atomic.Bool
 	suspected atomic.Int64
+	// readDone is closed when the read that reading says runs ends.
+	readDone atomic.Pointer[chan struct{}]
 
 	mu      sync.Mutex
 	reports []roleReport
@@ -158,6 +160,18 @@ func (h *ha) report(c RoleChange) {
 		// would hold the announcements back for nothing.
 		s = nil
 	}
+	if c.Master && s != nil && c.MasterDown && h.reading.Load() {
+		// The suspicion's read and tracking began before this
+		// takeover: waiting for them costs less than starting over.
+		if d := h.readDone.Load(); d != nil {
+			t := time.NewTimer(adoptBudget)
+			select {
+			case <-*d:
+			case <-t.C:
+			}
+			t.Stop()
+		}
+	}
 	pre := h.preread.Swap(nil)
 	if c.Master && s != nil {
 		// Before the first packet: the clients and the backends reach
@@ -171,6 +185,8 @@ func (h *ha) report(c RoleChange) {
 			a.listed, a.preread = pre.listed, true
 			partial = true
 		} else {
+			// Within the budget, counting any wait for the
+			// suspicion's read.
 			a = adoptSNAT(h.tracker, s, start.Add(adoptBudget), conntrack.Replace)
 			partial = a.partial
 		}
@@ -213,7 +229,12 @@ func (h *ha) suspect(string) {
 	if !h.reading.CompareAndSwap(false, true) {
 		return
 	}
+	done := make(chan struct{})
+	h.readDone.Store(&done)
 	go func() {
+		// reading is false before done closes: a takeover that waited
+		// finds the read fresh.
+		defer close(done)
 		defer h.reading.Store(false)
 		flows, listed, _, err := readSNAT(h.tracker, s, time.Time{})
 		p := &preread{s: s, at: start, listed: listed, err: err}

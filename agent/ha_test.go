@@ -793,3 +793,63 @@ func TestHASNATPrereadOnSuspicion(t *testing.T) {
 		})
 	}
 }
+
+// TestHASNATTakeoverWaitsForSuspicionRead: a takeover by the master down
+// timer that comes while the suspicion's read of the connection table
+// still runs waits for it, and takes its tracking, instead of reading
+// the table again beside it.
+func TestHASNATTakeoverWaitsForSuspicionRead(t *testing.T) {
+	var conns []ipvs.Connection
+	for port := range uint16(300) {
+		conns = append(conns, ipvs.Connection{Proto: lb.TCP, Client: netip.AddrPortFrom(netip.MustParseAddr("198.51.100.7"), 40000+port),
+			Virtual: netip.MustParseAddrPort("192.0.2.50:80"), Backend: netip.MustParseAddrPort("10.0.3.5:8080"), State: "ESTABLISHED", Expires: 900 * time.Second})
+	}
+	// The read stalls 50 ms after 256 connections: the takeover comes
+	// in the middle of it.
+	f := &fakeTracker{conns: conns, slow: 50 * time.Millisecond}
+	e := &fakeElector{}
+	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
+	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"")+snat, func(o *Options) {
+		o.OpenElector = func(opts ElectorOptions) (Elector, error) {
+			e.opts = opts
+			return e, nil
+		}
+		o.ConnTracker = f
+		withSyncDaemons(o)
+	})
+	f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
+	r.has(t, "snat-source=10.0.3.99")
+	e.opts.Suspect("no advertisement from master 10.0.3.21 for 2 intervals")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		f.mu.Lock()
+		reads := f.reads
+		f.mu.Unlock()
+		if reads == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the suspicion read no table")
+		}
+	}
+	e.opts.Report(RoleChange{Master: true, Reason: "test", Cause: "test", MasterDown: true})
+	r.waitFor(t, []string{"announce 192.0.2.50"}, nil)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		f.mu.Lock()
+		n := len(f.tracked)
+		f.mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no tracking after the announcements")
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.readBefore[0] != true || len(f.readBefore) < 2 || f.readBefore[1] {
+		t.Errorf("readings of the table before the announcements: %v, want only the suspicion's", f.readBefore)
+	}
+	if len(f.tracked[0]) != 300 || f.existing[0] != conntrack.Replace || f.before[0] || !f.before[1] {
+		t.Errorf("tracked %d connections (%v) first, announced before each Track: %v; want the suspicion's 300, replacing, then the pass after the announcements", len(f.tracked[0]), f.existing[0], f.before)
+	}
+}
