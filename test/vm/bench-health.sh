@@ -36,6 +36,7 @@
 #   VIPD_HEALTHBENCH_WINDOW       CPU window, s (default 20)
 #   VIPD_HEALTHBENCH_SAMPLES      detection samples per workload (default 20 TCP, 10 HTTP)
 #   VIPD_HEALTHBENCH_WHERE        host, guest or both (default both)
+#   VIPD_HEALTHBENCH_GOGC         guest part: GOGC for vipd (default: the runtime's)
 #   VIPD_HEALTHBENCH_CPUPROFILE   host part: the daemon writes a CPU profile of its run to
 #                                 this file (go tool pprof)
 #   VIPD_BENCH_OUT                result path prefix (default bin/bench/bench-health-DATE);
@@ -51,7 +52,7 @@ out=${VIPD_BENCH_OUT:-$REPO_ROOT/bin/bench/bench-health-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$(dirname "$out")"
 where=${VIPD_HEALTHBENCH_WHERE:-both}
 commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD)
-export VIPD_HEALTHBENCH_WINDOW VIPD_HEALTHBENCH_SAMPLES VIPD_HEALTHBENCH_PEERS VIPD_HEALTHBENCH_SIDES
+export VIPD_HEALTHBENCH_WINDOW VIPD_HEALTHBENCH_SAMPLES VIPD_HEALTHBENCH_PEERS VIPD_HEALTHBENCH_SIDES VIPD_HEALTHBENCH_GOGC
 
 if [[ $where == host || $where == both ]]; then
 	bin=$(mktemp -d /tmp/vipd-healthbench.XXXXXX)

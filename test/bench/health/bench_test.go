@@ -45,6 +45,8 @@ import (
 //	VIPD_HEALTHBENCH_SAMPLES  detection samples of TCP backends (default 20;
 //	                          HTTP: half as many)
 //	VIPD_HEALTHBENCH_OUT      file the tables also go to
+//	VIPD_HEALTHBENCH_GOGC     GOGC for vipd in the guest (default: the
+//	                          runtime's)
 //	VIPD_HEALTHBENCH_NETNS=1  says the host run is in a private network
 //	                          namespace (bench-health.sh runs it under
 //	                          unshare -n), where it may route 10.77.0.0/16
@@ -414,6 +416,11 @@ func (b *bench) vipd(halfOpen bool) Peer {
 		argv := b.sides.checker(env("VIPD_HEALTHBENCH_VIPD", "/payload/vipd"), "run", "-c", path, "--log-level", "warn")
 		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.Stdout, cmd.Stderr = logf, logf
+		if v := os.Getenv("VIPD_HEALTHBENCH_GOGC"); v != "" {
+			// The Go runtime's GOGC for the daemon: what a lower
+			// one saves of its memory, and costs of its CPU.
+			cmd.Env = append(os.Environ(), "GOGC="+v)
+		}
 	} else {
 		argv := b.sides.checker(os.Args[0])
 		cmd = exec.Command(argv[0], argv[1:]...)
