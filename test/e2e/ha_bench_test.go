@@ -127,6 +127,12 @@ func TestHAFailoverBench(t *testing.T) {
 				if res.Announced > 0 {
 					path = append(path, res.Announced)
 				}
+				if res.Announced > 20*time.Millisecond {
+					// A slow announcement path, in the console log: where
+					// its time went.
+					t.Logf("%s %s #%d: announcement path %s: timer late %s, SNAT tracking %s (reading %d connections %s)",
+						r.o, r.how, i+1, res.Announced, res.TimerLate, res.Adopting, res.AdoptListed, res.AdoptRead)
+				}
 				if res.Answered > 0 {
 					answered = append(answered, res.Answered)
 				}
