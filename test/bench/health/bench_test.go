@@ -490,6 +490,7 @@ func (b *bench) vipd(halfOpen bool) Peer {
 	p.Probes = (s1.Values["vipd_health_probes_total"] - s0.Values["vipd_health_probes_total"]) / time.Since(at0).Seconds()
 	p.Failures = s1.Values["vipd_health_probe_failures_total"] - s0.Values["vipd_health_probe_failures_total"]
 	p.InFlight = s1.Values["vipd_health_probes_in_flight"]
+	p.GoMem = GoMemOf(s1)
 
 	if b.w.Idle() {
 		return p // nothing to detect

@@ -379,6 +379,15 @@ func TestReport(t *testing.T) {
 		{Name: "keepalived", CPU: []float64{40, 44}, CPUMean: 42, RSS: []float64{20}, Failures: 2, DetectTCP: []float64{2300}, DetectHTTP: []float64{4100}},
 		{Name: "vipd-halfopen", CPU: []float64{5, 5}, CPUMean: 5, RSS: []float64{30}, Lateness: lat, InFlight: 3, DetectTCP: []float64{2000}, DetectHTTP: []float64{4000}},
 	}, Sides: "sides: apart"}
+	scrape, err := ParseScrape(strings.NewReader("go_memstats_heap_alloc_bytes 3.145728e+06\ngo_memstats_next_gc_bytes 4194304\ngo_memstats_heap_inuse_bytes 4194304\n" +
+		"go_memstats_heap_idle_bytes 3145728\ngo_memstats_heap_released_bytes 1048576\ngo_memstats_stack_inuse_bytes 524288\ngo_memstats_sys_bytes 12582912\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Peers[0].GoMem = GoMemOf(scrape)
+	if GoMemOf(&Scrape{Values: map[string]float64{}}) != nil {
+		t.Error("Go memory of a scrape without go_memstats")
+	}
 	if err := r.Check("vipd", "keepalived"); err != nil {
 		t.Fatal(err)
 	}
@@ -410,6 +419,7 @@ func TestReport(t *testing.T) {
 		"detection: from the listener closed to weight 0 in the kernel's table",
 		"vipd: 0 probes failed in the window (every backend listening); the listener process used 30.0% of one core in its window",
 		"vipd: 12 probes in flight at the window's end",
+		"vipd: Go memory at the window's end: heap 3.0 MiB allocated (GC goal 4.0), 4.0 MiB of spans in use, 2.0 MiB free and not returned to the kernel; stacks 0.5 MiB; all the runtime holds 11.0 MiB",
 		"keepalived: 2 backends at weight 0 after the window (every backend listening); the listener process used 0.0% of one core in its window",
 	} {
 		if want = strings.Join(strings.Fields(want), " "); !strings.Contains(got, want) {
@@ -421,7 +431,7 @@ func TestReport(t *testing.T) {
 	r.Peers[1].DetectHTTP = nil
 	r.Peers[0].Lateness = nil
 	r.Peers[2].Lateness = nil
-	err := r.Check("vipd", "keepalived", "vipd-halfopen", "other")
+	err = r.Check("vipd", "keepalived", "vipd-halfopen", "other")
 	for _, want := range []string{"keepalived: no http detection", "vipd: no lateness", "vipd-halfopen: no lateness", "other: not measured"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("check: %v, want %q", err, want)

@@ -64,6 +64,10 @@ type Peer struct {
 	// process's CPU over the window, in % of one core: the other half of
 	// every check on a loopback.
 	InFlight, ListenersCPU float64
+	// GoMem is, for vipd, its Go runtime's memory at the window's end,
+	// from its go_memstats_* metrics; nil for a checker that exports
+	// none.
+	GoMem *GoMem
 	// DetectTCP and DetectHTTP are the detection latencies, in ms: from
 	// a backend's listener closed to its weight 0.
 	DetectTCP, DetectHTTP []float64
@@ -212,6 +216,10 @@ func (r *Result) WriteTable(w io.Writer) error {
 		if isVipd(p.Name) {
 			notes = append(notes, fmt.Sprintf("%s: %.0f probes in flight at the window's end", p.Name, p.InFlight))
 		}
+		if m := p.GoMem; m != nil {
+			notes = append(notes, fmt.Sprintf("%s: Go memory at the window's end: heap %.1f MiB allocated (GC goal %.1f), %.1f MiB of spans in use, %.1f MiB free and not returned to the kernel; stacks %.1f MiB; all the runtime holds %.1f MiB",
+				p.Name, m.HeapAlloc/(1<<20), m.NextGC/(1<<20), m.HeapInuse/(1<<20), (m.HeapIdle-m.HeapReleased)/(1<<20), m.StackInuse/(1<<20), (m.Sys-m.HeapReleased)/(1<<20)))
+		}
 	}
 	notes = append(notes, "detection: from the listener closed to "+r.Detection)
 	if r.Sides != "" {
@@ -230,4 +238,22 @@ func verdict(ok bool) string {
 		return "met"
 	}
 	return "missed"
+}
+
+// GoMem is a Go program's memory, in bytes, from its go_memstats_*
+// metrics.
+type GoMem struct {
+	HeapAlloc, NextGC, HeapInuse, HeapIdle, HeapReleased, StackInuse, Sys float64
+}
+
+// GoMemOf returns the Go memory s reports, nil when it has no
+// go_memstats_sys_bytes.
+func GoMemOf(s *Scrape) *GoMem {
+	v := s.Values
+	if _, ok := v["go_memstats_sys_bytes"]; !ok {
+		return nil
+	}
+	return &GoMem{HeapAlloc: v["go_memstats_heap_alloc_bytes"], NextGC: v["go_memstats_next_gc_bytes"], HeapInuse: v["go_memstats_heap_inuse_bytes"],
+		HeapIdle: v["go_memstats_heap_idle_bytes"], HeapReleased: v["go_memstats_heap_released_bytes"], StackInuse: v["go_memstats_stack_inuse_bytes"],
+		Sys: v["go_memstats_sys_bytes"]}
 }
