@@ -39,6 +39,8 @@
 #   VIPD_HEALTHBENCH_GOGC         guest part: GOGC for vipd (default: the runtime's)
 #   VIPD_HEALTHBENCH_CPUPROFILE   host part: the daemon writes a CPU profile of its run to
 #                                 this file (go tool pprof)
+#   VIPD_HEALTHBENCH_MEMPROFILE   host part: the daemon writes a heap profile to this file
+#                                 as it stops
 #   VIPD_BENCH_OUT                result path prefix (default bin/bench/bench-health-DATE);
 #                                 tables in PREFIX-host.txt and PREFIX-guest.txt
 #

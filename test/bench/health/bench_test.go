@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -53,6 +54,8 @@ import (
 //	                          to lo
 //	VIPD_HEALTHBENCH_CPUPROFILE  file the host's vipd writes a CPU profile
 //	                          of its whole run to (go tool pprof)
+//	VIPD_HEALTHBENCH_MEMPROFILE  file the host's vipd writes a heap profile
+//	                          to as it stops (go tool pprof -sample_index=inuse_space)
 //
 // Roles of the test binary's child processes.
 const (
@@ -135,6 +138,25 @@ func runDaemon() int {
 			return 1
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if path := os.Getenv("VIPD_HEALTHBENCH_MEMPROFILE"); path != "" {
+		runtime.MemProfileRate = 4096
+		// What the checks hold at the end of the run, as the window
+		// left it: written once the agent stops, its state still
+		// referenced by a.
+		defer func() {
+			f, err := os.Create(path)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return
+			}
+			defer f.Close()
+			runtime.GC()
+			if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+			runtime.KeepAlive(a)
+		}()
 	}
 	if err := a.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
