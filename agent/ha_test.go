@@ -699,7 +699,6 @@ func TestHASNATPrereadOnSuspicion(t *testing.T) {
 		return ipvs.Connection{Proto: lb.TCP, Client: netip.AddrPortFrom(netip.MustParseAddr("198.51.100.7"), port), Virtual: netip.MustParseAddrPort("192.0.2.50:80"),
 			Backend: netip.MustParseAddrPort("10.0.3.5:8080"), State: "ESTABLISHED", Expires: 900 * time.Second}
 	}
-	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
 	for _, tc := range []struct {
 		name       string
 		masterDown bool
@@ -712,32 +711,7 @@ func TestHASNATPrereadOnSuspicion(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeTracker{conns: []ipvs.Connection{conn(40000)}}
-			e := &fakeElector{}
-			r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"")+snat, func(o *Options) {
-				o.OpenElector = func(opts ElectorOptions) (Elector, error) {
-					e.opts = opts
-					return e, nil
-				}
-				o.ConnTracker = f
-				withSyncDaemons(o)
-			})
-			f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
-			r.has(t, "snat-source=10.0.3.99")
-			if e.opts.Suspect == nil {
-				t.Fatal("the elector was given no Suspect")
-			}
-			e.opts.Suspect("no advertisement from master 10.0.3.21 for 2 intervals")
-			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-				f.mu.Lock()
-				reads := f.reads
-				f.mu.Unlock()
-				if reads == 1 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("the suspicion read no table")
-				}
-			}
+			r, e := suspectedSNATRig(t, f)
 			// Synchronized after the read: the pass after the
 			// announcements takes it.
 			f.mu.Lock()
@@ -807,30 +781,7 @@ func TestHASNATTakeoverWaitsForSuspicionRead(t *testing.T) {
 	// The read stalls 50 ms after 256 connections: the takeover comes
 	// in the middle of it.
 	f := &fakeTracker{conns: conns, slow: 50 * time.Millisecond}
-	e := &fakeElector{}
-	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
-	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"")+snat, func(o *Options) {
-		o.OpenElector = func(opts ElectorOptions) (Elector, error) {
-			e.opts = opts
-			return e, nil
-		}
-		o.ConnTracker = f
-		withSyncDaemons(o)
-	})
-	f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
-	r.has(t, "snat-source=10.0.3.99")
-	e.opts.Suspect("no advertisement from master 10.0.3.21 for 2 intervals")
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		f.mu.Lock()
-		reads := f.reads
-		f.mu.Unlock()
-		if reads == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the suspicion read no table")
-		}
-	}
+	r, e := suspectedSNATRig(t, f)
 	e.opts.Report(RoleChange{Master: true, Reason: "test", Cause: "test", MasterDown: true})
 	r.waitFor(t, []string{"announce 192.0.2.50"}, nil)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
@@ -851,5 +802,39 @@ func TestHASNATTakeoverWaitsForSuspicionRead(t *testing.T) {
 	}
 	if len(f.tracked[0]) != 300 || f.existing[0] != conntrack.Replace || f.before[0] || !f.before[1] {
 		t.Errorf("tracked %d connections (%v) first, announced before each Track: %v; want the suspicion's 300, replacing, then the pass after the announcements", len(f.tracked[0]), f.existing[0], f.before)
+	}
+}
+
+// suspectedSNATRig runs a synchronized SNAT backup on f, makes its
+// elector suspect the master, and waits for the suspicion's read of the
+// connection table to begin.
+func suspectedSNATRig(t *testing.T, f *fakeTracker) (*rig, *fakeElector) {
+	t.Helper()
+	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
+	e := &fakeElector{}
+	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"")+snat, func(o *Options) {
+		o.OpenElector = func(opts ElectorOptions) (Elector, error) {
+			e.opts = opts
+			return e, nil
+		}
+		o.ConnTracker = f
+		withSyncDaemons(o)
+	})
+	f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
+	r.has(t, "snat-source=10.0.3.99")
+	if e.opts.Suspect == nil {
+		t.Fatal("the elector was given no Suspect")
+	}
+	e.opts.Suspect("no advertisement from master 10.0.3.21 for 2 intervals")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		f.mu.Lock()
+		reads := f.reads
+		f.mu.Unlock()
+		if reads == 1 {
+			return r, e
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the suspicion read no table")
+		}
 	}
 }
