@@ -16,7 +16,6 @@ import (
 	"github.com/mdlayher/ndp"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/net/ipv6"
-	"golang.org/x/sys/unix"
 )
 
 // kernelRig is the test's namespace with an uplink veth to a peer
@@ -86,35 +85,10 @@ func newKernelRig(t *testing.T) *kernelRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitLinkLocal(t, uplink)
-	return &kernelRig{peer: p, mac: ifi.HardwareAddr}
-}
-
-// waitLinkLocal waits until link's IPv6 link-local address is no longer
-// tentative: even without duplicate address detection it is for a moment
-// after the link comes up, and sending from it fails until then.
-func waitLinkLocal(t *testing.T, link string) {
-	t.Helper()
-	l, err := netlink.LinkByName(link)
-	if err != nil {
+	if err := nstest.WaitLinkLocal(uplink); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, a := range addrs {
-			if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s has no usable link-local address: %v", link, addrs)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return &kernelRig{peer: p, mac: ifi.HardwareAddr}
 }
 
 // neighbour returns the peer's neighbour entry for addr, or nil.
@@ -131,6 +105,10 @@ func (r *kernelRig) neighbour(t *testing.T, addr netip.Addr) *netlink.Neigh {
 			fam = netlink.FAMILY_V6
 		}
 		neighs, err := netlink.NeighList(l.Attrs().Index, fam)
+		// The table changed during the dump: read it again.
+		for i := 0; errors.Is(err, netlink.ErrDumpInterrupted) && i < 100; i++ {
+			neighs, err = netlink.NeighList(l.Attrs().Index, fam)
+		}
 		if err != nil {
 			return err
 		}
@@ -320,7 +298,7 @@ func TestKernelNDPHopLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+	addrs, err := nstest.AddrList(l, netlink.FAMILY_V6)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,26 +313,7 @@ func TestKernelNDPHopLimit(t *testing.T) {
 	}
 	// The peer sends from its own link-local address, which must be
 	// usable first (a fresh guest is quick to get here).
-	r.peer.Do(t, func() error {
-		l, err := netlink.LinkByName(peerLink)
-		if err != nil {
-			return err
-		}
-		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
-			if err != nil {
-				return err
-			}
-			for _, a := range addrs {
-				if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
-					return nil
-				}
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%s has no usable link-local address: %v", peerLink, addrs)
-			}
-		}
-	})
+	r.peer.Do(t, func() error { return nstest.WaitLinkLocal(peerLink) })
 	solicit := func(hops int) {
 		t.Helper()
 		r.peer.Do(t, func() error {

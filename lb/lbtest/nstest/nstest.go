@@ -131,22 +131,23 @@ func NewPeer(t *testing.T, local, remote string) *Peer {
 	})
 	// The link-local addresses come once the kernel has seen the
 	// carrier; a packet sent from one still tentative is refused.
-	if err := waitLinkLocal(local); err != nil {
+	if err := WaitLinkLocal(local); err != nil {
 		t.Fatal(err)
 	}
-	p.Do(t, func() error { return waitLinkLocal(remote) })
+	p.Do(t, func() error { return WaitLinkLocal(remote) })
 	return &p
 }
 
-// waitLinkLocal waits, up to 5 s, until link has an IPv6 link-local
-// address that is not tentative.
-func waitLinkLocal(link string) error {
+// WaitLinkLocal waits, up to 5 s, until link (in the calling thread's
+// network namespace) has an IPv6 link-local address that is no longer
+// tentative: sending from it fails until then.
+func WaitLinkLocal(link string) error {
 	l, err := netlink.LinkByName(link)
 	if err != nil {
 		return err
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+		addrs, err := AddrList(l, netlink.FAMILY_V6)
 		if err != nil {
 			return fmt.Errorf("addresses of %s: %w", link, err)
 		}
@@ -159,6 +160,20 @@ func waitLinkLocal(link string) error {
 			return fmt.Errorf("%s: no usable IPv6 link-local address within 5s: %v", link, addrs)
 		}
 	}
+}
+
+// AddrList lists l's addresses of family as netlink.AddrList does,
+// reading them again when the kernel says they changed during the dump
+// (ErrDumpInterrupted: duplicate address detection finishing, say), up
+// to 100 times.
+func AddrList(l netlink.Link, family int) ([]netlink.Addr, error) {
+	for range 100 {
+		addrs, err := netlink.AddrList(l, family)
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return addrs, err
+		}
+	}
+	return nil, fmt.Errorf("addresses of %s: %w 100 times", l.Attrs().Name, netlink.ErrDumpInterrupted)
 }
 
 // Do runs f on a thread in the peer's namespace, failing t on error.
