@@ -449,6 +449,22 @@ func (f *fakeTracker) Track(flows []conntrack.Flow, existing conntrack.Existing)
 	return conntrack.Result{Created: len(flows)}, nil
 }
 
+// waitTracks waits, up to 5 s, until Track has been called n times.
+func (f *fakeTracker) waitTracks(t *testing.T, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		f.mu.Lock()
+		got := len(f.tracked)
+		f.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no tracking after the announcements")
+		}
+	}
+}
+
 // TestHATakesSNATConnectionsOver tracks the SNAT connections a peer
 // synchronized as the node becomes master, before it announces the VIPs:
 // only those of services whose traffic comes from the floating SNAT
@@ -465,17 +481,7 @@ func TestHATakesSNATConnectionsOver(t *testing.T) {
 		conn(lb.TCP, "192.0.2.10:80", "ESTABLISHED"),
 		conn(lb.TCP, "192.0.2.50:443", "ESTABLISHED"),
 	}}
-	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
-	e := &fakeElector{}
-	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"")+services(1, 1)+snat, func(o *Options) {
-		o.OpenElector = func(opts ElectorOptions) (Elector, error) {
-			e.opts = opts
-			return e, nil
-		}
-		o.ConnTracker = f
-		withSyncDaemons(o)
-	})
-	f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
+	r, e := snatBackupRig(t, f, "snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"", services(1, 1))
 	r.has(t, "snat-source=10.0.3.99")
 	e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
 	r.waitFor(t, []string{"announce 192.0.2.50", "announce 10.0.3.99"}, nil)
@@ -557,17 +563,7 @@ func TestHASNATTakeoverWithoutSync(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeTracker{conns: []ipvs.Connection{{Proto: lb.TCP, Client: netip.MustParseAddrPort("198.51.100.7:40000"),
 				Virtual: netip.MustParseAddrPort("192.0.2.50:80"), Backend: netip.MustParseAddrPort("10.0.3.5:8080"), State: "ESTABLISHED", Expires: time.Minute}}}
-			snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
-			e := &fakeElector{}
-			r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]")+snat, func(o *Options) {
-				o.OpenElector = func(opts ElectorOptions) (Elector, error) {
-					e.opts = opts
-					return e, nil
-				}
-				o.ConnTracker = f
-				withSyncDaemons(o, tc.running...)
-			})
-			f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
+			r, e := snatBackupRig(t, f, "snat_addresses = [\"10.0.3.99\"]", "", tc.running...)
 			r.has(t, "snat-source=10.0.3.99")
 			e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
 			r.waitFor(t, []string{"announce 192.0.2.50", "announce 10.0.3.99"}, nil)
@@ -596,17 +592,7 @@ func TestHATakeoverBoundsSNATTracking(t *testing.T) {
 		f.conns = append(f.conns, ipvs.Connection{Proto: lb.TCP, Client: netip.AddrPortFrom(netip.MustParseAddr("198.51.100.7"), uint16(10000+i)),
 			Virtual: netip.MustParseAddrPort("192.0.2.50:80"), Backend: netip.MustParseAddrPort("10.0.3.5:8080"), State: "ESTABLISHED", Expires: time.Minute})
 	}
-	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
-	e := &fakeElector{}
-	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"")+snat, func(o *Options) {
-		o.OpenElector = func(opts ElectorOptions) (Elector, error) {
-			e.opts = opts
-			return e, nil
-		}
-		o.ConnTracker = f
-		withSyncDaemons(o)
-	})
-	f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
+	r, e := snatBackupRig(t, f, "snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"", "")
 	e.opts.Report(RoleChange{Master: true, Reason: "master down timer expired", Cause: "test"})
 	r.waitFor(t, []string{"announce 192.0.2.50"}, nil)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
@@ -726,17 +712,7 @@ func TestHASNATPrereadOnSuspicion(t *testing.T) {
 			if !tc.masterDown {
 				want = 3
 			}
-			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-				f.mu.Lock()
-				n := len(f.tracked)
-				f.mu.Unlock()
-				if n >= want {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("no tracking after the announcements")
-				}
-			}
+			f.waitTracks(t, want)
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			before := 0
@@ -784,17 +760,7 @@ func TestHASNATTakeoverWaitsForSuspicionRead(t *testing.T) {
 	r, e := suspectedSNATRig(t, f)
 	e.opts.Report(RoleChange{Master: true, Reason: "test", Cause: "test", MasterDown: true})
 	r.waitFor(t, []string{"announce 192.0.2.50"}, nil)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		f.mu.Lock()
-		n := len(f.tracked)
-		f.mu.Unlock()
-		if n >= 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no tracking after the announcements")
-		}
-	}
+	f.waitTracks(t, 2)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.readBefore[0] != true || len(f.readBefore) < 2 || f.readBefore[1] {
@@ -805,22 +771,35 @@ func TestHASNATTakeoverWaitsForSuspicionRead(t *testing.T) {
 	}
 }
 
-// suspectedSNATRig runs a synchronized SNAT backup on f, makes its
-// elector suspect the master, and waits for the suspicion's read of the
-// connection table to begin.
-func suspectedSNATRig(t *testing.T, f *fakeTracker) (*rig, *fakeElector) {
+// oneArmSNAT is a one-arm service whose traffic comes from the floating
+// SNAT source.
+const oneArmSNAT = "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
+
+// snatBackupRig runs a node of an [ha] section with ha's keys, the
+// services of more and oneArmSNAT, whose connections f tracks, whose
+// kernel runs connection synchronization (with running's daemons
+// running already), and whose elector is the returned fake.
+func snatBackupRig(t *testing.T, f *fakeTracker, ha, more string, running ...ipvs.SyncDaemon) (*rig, *fakeElector) {
 	t.Helper()
-	snat := "[[service]]\nname = \"one-arm\"\nvip = \"192.0.2.50\"\nport = 80\nsnat = true\nforward = \"masq\"\nbackend = [{ address = \"10.0.3.5:8080\" }]\n"
 	e := &fakeElector{}
-	r := newRigWith(t, haSection("snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"")+snat, func(o *Options) {
+	r := newRigWith(t, haSection(ha)+more+oneArmSNAT, func(o *Options) {
 		o.OpenElector = func(opts ElectorOptions) (Elector, error) {
 			e.opts = opts
 			return e, nil
 		}
 		o.ConnTracker = f
-		withSyncDaemons(o)
+		withSyncDaemons(o, running...)
 	})
 	f.announced = func() bool { return strings.Contains(r.k.Dump(), "announce ") }
+	return r, e
+}
+
+// suspectedSNATRig runs a synchronized SNAT backup on f, makes its
+// elector suspect the master, and waits for the suspicion's read of the
+// connection table to begin.
+func suspectedSNATRig(t *testing.T, f *fakeTracker) (*rig, *fakeElector) {
+	t.Helper()
+	r, e := snatBackupRig(t, f, "snat_addresses = [\"10.0.3.99\"]\nsync_interface = \"eth0\"", "")
 	r.has(t, "snat-source=10.0.3.99")
 	if e.opts.Suspect == nil {
 		t.Fatal("the elector was given no Suspect")
