@@ -104,11 +104,7 @@ func (r *kernelRig) neighbour(t *testing.T, addr netip.Addr) *netlink.Neigh {
 		if addr.Is6() {
 			fam = netlink.FAMILY_V6
 		}
-		neighs, err := netlink.NeighList(l.Attrs().Index, fam)
-		// The table changed during the dump: read it again.
-		for i := 0; errors.Is(err, netlink.ErrDumpInterrupted) && i < 100; i++ {
-			neighs, err = netlink.NeighList(l.Attrs().Index, fam)
-		}
+		neighs, err := nstest.Dump(func() ([]netlink.Neigh, error) { return netlink.NeighList(l.Attrs().Index, fam) })
 		if err != nil {
 			return err
 		}

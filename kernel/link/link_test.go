@@ -118,11 +118,7 @@ func mustVIPs(t *testing.T, d *Dummy, want ...string) {
 // kernelAddrs lists the interface's addresses as netlink reports them.
 func kernelAddrs(t *testing.T, h *netlink.Handle, l netlink.Link) map[string]netlink.Addr {
 	t.Helper()
-	list, err := h.AddrList(l, netlink.FAMILY_ALL)
-	// The addresses changed during the dump: read them again.
-	for i := 0; errors.Is(err, netlink.ErrDumpInterrupted) && i < 100; i++ {
-		list, err = h.AddrList(l, netlink.FAMILY_ALL)
-	}
+	list, err := dump(func() ([]netlink.Addr, error) { return h.AddrList(l, netlink.FAMILY_ALL) })
 	if err != nil {
 		t.Fatal(err)
 	}

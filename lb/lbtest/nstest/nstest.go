@@ -164,16 +164,19 @@ func WaitLinkLocal(link string) error {
 
 // AddrList lists l's addresses of family as netlink.AddrList does,
 // reading them again when the kernel says they changed during the dump
-// (ErrDumpInterrupted: duplicate address detection finishing, say), up
-// to 100 times.
+// (duplicate address detection finishing, say).
 func AddrList(l netlink.Link, family int) ([]netlink.Addr, error) {
-	for range 100 {
-		addrs, err := netlink.AddrList(l, family)
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			return addrs, err
-		}
+	return Dump(func() ([]netlink.Addr, error) { return netlink.AddrList(l, family) })
+}
+
+// Dump calls f, a netlink dump, again while the kernel says its table
+// changed during the dump (netlink.ErrDumpInterrupted), up to 100 times.
+func Dump[T any](f func() (T, error)) (T, error) {
+	v, err := f()
+	for i := 0; errors.Is(err, netlink.ErrDumpInterrupted) && i < 100; i++ {
+		v, err = f()
 	}
-	return nil, fmt.Errorf("addresses of %s: %w 100 times", l.Attrs().Name, netlink.ErrDumpInterrupted)
+	return v, err
 }
 
 // Do runs f on a thread in the peer's namespace, failing t on error.
