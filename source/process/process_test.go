@@ -131,6 +131,8 @@ func fakeChild(mode, dir string) int {
 		return raw(frame(`{"type":"bogus"}`))
 	case "fromparent":
 		return raw(frame(`{"type":"options","options":{}}`))
+	case "badpong":
+		return raw(frame(`{"type":"pong","pong":{"seq":99}}`))
 	case "badhello":
 		NewConn(conn, conn, 0).Write(&Message{Type: TypeHello, Hello: &Hello{Version: 99, Schema: Schema()}})
 		time.Sleep(time.Minute)
@@ -428,6 +430,7 @@ func TestRefusedChild(t *testing.T) {
 		{"garbage", "decode a frame"},
 		{"unknown", `unknown message type "bogus"`},
 		{"fromparent", "it sent a options message"},
+		{"badpong", "it answered ping 99, which was not sent"},
 		{"badhello", "wire version 99, want 1"},
 		{"badname", `refused its publish: service "web": the name does not begin with "k8s/"`},
 	} {
