@@ -49,14 +49,7 @@ func newKernelRig(t *testing.T) *kernelRig {
 		}
 	}
 	for _, s := range []string{"198.51.100.10/32", "2001:db8:100::10/128"} {
-		if err := nstest.AddAddr("lo", s); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			lo, _ := netlink.LinkByName("lo")
-			a, _ := netlink.ParseAddr(s)
-			netlink.AddrDel(lo, a)
-		})
+		nstest.AddAddrFor(t, "lo", s)
 	}
 	p.Do(t, func() error {
 		for k, v := range map[string]string{

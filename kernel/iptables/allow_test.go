@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/lb/lbtest/nstest"
 )
@@ -38,19 +36,7 @@ func TestAllowTraffic(t *testing.T) {
 	// VIPs of their own, removed at the end: the namespace's other
 	// tests put theirs on lo too.
 	for _, s := range []string{"198.51.100.30/32", "2001:db8:100::30/128"} {
-		if err := nstest.AddAddr("lo", s); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			lo, err := netlink.LinkByName("lo")
-			if err == nil {
-				a, _ := netlink.ParseAddr(s)
-				err = netlink.AddrDel(lo, a)
-			}
-			if err != nil {
-				t.Errorf("remove %s from lo: %v", s, err)
-			}
-		})
+		nstest.AddAddrFor(t, "lo", s)
 	}
 	peerSetup := func(link, v4, gw4, v6, gw6 string) func() error {
 		return func() error {

@@ -26,9 +26,7 @@ func TestFilterTraffic(t *testing.T) {
 		}
 	}
 	for _, s := range []string{"198.51.100.10/32", "2001:db8:100::10/128"} {
-		if err := nstest.AddAddr("lo", s); err != nil {
-			t.Fatal(err)
-		}
+		nstest.AddAddrFor(t, "lo", s)
 	}
 	p.Do(t, func() error {
 		for _, s := range []string{"192.0.2.2/24", "2001:db8::2/64"} {

@@ -216,6 +216,29 @@ func AddAddr(link, prefix string) error {
 	return nil
 }
 
+// AddAddrFor adds prefix to link as AddAddr does, and removes it when t
+// ends: a test that adds addresses to a link that outlives it (lo) runs
+// again in the same namespace (go test -count).
+func AddAddrFor(t *testing.T, link, prefix string) {
+	t.Helper()
+	if err := AddAddr(link, prefix); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		l, err := netlink.LinkByName(link)
+		if err != nil {
+			return // the link is gone, and its addresses with it
+		}
+		a, err := netlink.ParseAddr(prefix)
+		if err == nil {
+			err = netlink.AddrDel(l, a)
+		}
+		if err != nil {
+			t.Errorf("remove %s from %s: %v", prefix, link, err)
+		}
+	})
+}
+
 // Sysctl writes a value below /proc/sys.
 func Sysctl(path, value string) error {
 	return os.WriteFile("/proc/sys/"+path, []byte(value), 0o644)
