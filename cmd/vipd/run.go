@@ -48,6 +48,9 @@ and status, and sends watchdog keep-alives from its main loop.`,
 			if err != nil {
 				return err
 			}
+			if err := smallPages(); err != nil {
+				log.Warn("memory may be backed by huge pages", "err", err)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return runDaemon(ctx, daemonOptions{Path: path, Logger: log, Notifier: systemd.FromEnv()})

@@ -261,7 +261,7 @@ func TestHealthBench(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := &Result{Workload: w, Window: float64(window), Sides: sd.describe()}
+		r := &Result{Workload: w, Window: float64(window), Sides: sd.describe(), HugePages: hugePages()}
 		if inGuest() {
 			r.Where, r.Detection = "guest", "weight 0 in the kernel's IPVS table (polled every 5 ms)"
 		} else {
@@ -887,4 +887,14 @@ func flushIPVS(t *testing.T) {
 	if out, err := exec.Command("ipvsadm", "-C").CombinedOutput(); err != nil {
 		t.Fatalf("ipvsadm -C: %v\n%s", err, out)
 	}
+}
+
+// hugePages returns the kernel's transparent huge page mode, "" when it
+// has none.
+func hugePages() string {
+	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }

@@ -87,6 +87,10 @@ type Result struct {
 	Detection string
 	// Sides describes the layout of checker and backends.
 	Sides string
+	// HugePages is the kernel's transparent huge page mode
+	// (/sys/kernel/mm/transparent_hugepage/enabled), which decides how
+	// much of a heap counts in a resident set.
+	HugePages string
 }
 
 // isVipd reports whether a peer's name is one of vipd's runs.
@@ -224,6 +228,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 	notes = append(notes, "detection: from the listener closed to "+r.Detection)
 	if r.Sides != "" {
 		notes = append(notes, r.Sides)
+	}
+	if r.HugePages != "" {
+		notes = append(notes, "transparent huge pages: "+r.HugePages)
 	}
 	for _, n := range notes {
 		if _, err := fmt.Fprintln(w, n); err != nil {
