@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/vipd/vipd/program"
 	"github.com/vipd/vipd/source"
 	"github.com/vipd/vipd/source/kubernetes"
 	"github.com/vipd/vipd/source/process"
@@ -28,20 +29,13 @@ func main() {
 	}
 }
 
-// connFD is the file descriptor of the socket to the daemon.
-const connFD = 3
-
 func run() error {
-	if err := dropPrivileges(); err != nil {
+	if err := program.DropPrivileges(); err != nil {
 		return fmt.Errorf("drop privileges: %w", err)
 	}
-	conn := os.NewFile(connFD, "vipd")
-	if conn == nil {
-		return fmt.Errorf("no socket at file descriptor %d: vipd-kubernetes is started by vipd run", connFD)
-	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(connFD, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
-		return fmt.Errorf("file descriptor %d is not a socket: vipd-kubernetes is started by vipd run", connFD)
+	conn, err := program.Socket("vipd-kubernetes")
+	if err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()

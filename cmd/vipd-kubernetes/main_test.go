@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/program"
 	"github.com/vipd/vipd/source/kubernetes"
 	"github.com/vipd/vipd/source/process"
 )
@@ -27,7 +28,7 @@ const dropEnv = "VIPD_KUBERNETES_TEST_DROP"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(dropEnv) != "" {
-		if err := dropPrivileges(); err != nil {
+		if err := program.DropPrivileges(); err != nil {
 			os.Stdout.WriteString("error: " + err.Error() + "\n")
 			os.Exit(1)
 		}
@@ -90,7 +91,7 @@ func cgo() bool {
 	return false
 }
 
-// TestDropPrivileges runs dropPrivileges in a child (the test binary):
+// TestDropPrivileges runs program.DropPrivileges in a child (the test binary):
 // without cgo, every thread of it, and a program it runs, has no
 // capability and no_new_privs; with cgo, it refuses, saying so.
 func TestDropPrivileges(t *testing.T) {

@@ -21,7 +21,7 @@ func FuzzWire(f *testing.F) {
 		NewConn(nil, &buf, 0).Write(m)
 		f.Add(buf.Bytes())
 	}
-	f.Add(frame(`{"type":"publish","publish":{"seq":1,"delta":true,"services":[{"name":"k8s/a"}],"changed":["k8s/a"]}}`))
+	f.Add(rawFrame(`{"type":"publish","publish":{"seq":1,"delta":true,"services":[{"name":"k8s/a"}],"changed":["k8s/a"]}}`))
 	base, _ := whole.Snapshot(nil, nil)
 	index := map[string]int{}
 	for i, vs := range base.Services {

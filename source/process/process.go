@@ -24,19 +24,15 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"os"
-	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/program"
 	"github.com/vipd/vipd/source"
 )
 
@@ -225,50 +221,18 @@ type read struct {
 
 // runChild starts the child and serves it until it dies or ctx ends.
 func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("socketpair: %w", err)
-	}
-	parentEnd, childEnd := os.NewFile(uintptr(fds[0]), "provider"), os.NewFile(uintptr(fds[1]), "provider-child")
-	conn, err := net.FileConn(parentEnd)
-	parentEnd.Close()
-	if err != nil {
-		childEnd.Close()
-		return fmt.Errorf("socket: %w", err)
-	}
-	defer conn.Close()
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		childEnd.Close()
 		return fmt.Errorf("pipe: %w", err)
 	}
-	cmd := exec.Command(s.opts.Program, s.opts.Args...)
-	cmd.Env = append(childEnviron(), s.opts.Env...)
-	cmd.Stdout, cmd.Stderr = outW, outW
-	cmd.ExtraFiles = []*os.File{childEnd}
-	// The child dies with the thread that started it, which stays
-	// alive until the child exits; its own process group keeps a
-	// terminal's Ctrl-C for the daemon, which stops it in order.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	started, exited := make(chan error, 1), make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread ends with this goroutine, after
-		// the child.
-		runtime.LockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		exited <- cmd.Wait()
-	}()
-	err = <-started
-	childEnd.Close()
+	child, err := program.Start(program.Options{Program: s.opts.Program, Args: s.opts.Args, Env: s.opts.Env, Output: outW})
 	outW.Close()
 	if err != nil {
 		outR.Close()
-		return fmt.Errorf("start: %w", err)
+		return err
 	}
+	conn, cmd := child.Conn, child.Cmd
+	defer conn.Close()
 	logged := make(chan struct{})
 	go func() {
 		defer close(logged)
@@ -288,12 +252,13 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 		cmd.Process.Signal(syscall.SIGTERM)
 		t := time.NewTimer(s.opts.StopGrace)
 		select {
-		case exitErr = <-exited:
+		case <-child.Exited():
 			t.Stop()
 		case <-t.C:
 			cmd.Process.Kill()
-			exitErr = <-exited
+			<-child.Exited()
 		}
+		exitErr = child.Err()
 		<-logged
 	}
 	defer stop()
@@ -479,15 +444,6 @@ func (s *Source) runChild(ctx context.Context, sink source.Sink) (err error) {
 			}
 		}
 	}
-}
-
-// childEnviron returns the daemon's environment but systemd's
-// notification and watchdog variables, which are the daemon's alone.
-func childEnviron() []string {
-	return slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		name, _, _ := strings.Cut(kv, "=")
-		return name == "NOTIFY_SOCKET" || name == "WATCHDOG_USEC" || name == "WATCHDOG_PID"
-	})
 }
 
 // checkNames refuses a snapshot with a service, health or change whose

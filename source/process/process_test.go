@@ -126,13 +126,13 @@ func fakeChild(mode, dir string) int {
 	case "oversized":
 		return raw(binaryLen(DefaultMaxFrame + 1))
 	case "garbage":
-		return raw(frame("{nonsense"))
+		return raw(rawFrame("{nonsense"))
 	case "unknown":
-		return raw(frame(`{"type":"bogus"}`))
+		return raw(rawFrame(`{"type":"bogus"}`))
 	case "fromparent":
-		return raw(frame(`{"type":"options","options":{}}`))
+		return raw(rawFrame(`{"type":"options","options":{}}`))
 	case "badpong":
-		return raw(frame(`{"type":"pong","pong":{"seq":99}}`))
+		return raw(rawFrame(`{"type":"pong","pong":{"seq":99}}`))
 	case "badhello":
 		NewConn(conn, conn, 0).Write(&Message{Type: TypeHello, Hello: &Hello{Version: 99, Schema: Schema()}})
 		time.Sleep(time.Minute)

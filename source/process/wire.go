@@ -2,8 +2,6 @@ package process
 
 import (
 	"bytes"
-	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -16,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/config"
+	"github.com/vipd/vipd/frame"
 	"github.com/vipd/vipd/lb"
 	"github.com/vipd/vipd/monitor/check"
 	"github.com/vipd/vipd/source"
@@ -518,10 +517,9 @@ func Schema() string {
 }
 
 // ErrFrameTooBig is the error of a frame longer than the bound.
-var ErrFrameTooBig = errors.New("frame too big")
+var ErrFrameTooBig = frame.ErrTooBig
 
-// Conn reads and writes frames: a 4-byte big-endian length, then that
-// many bytes of a Message's JSON.
+// Conn reads and writes frames (package frame) of Messages.
 type Conn struct {
 	r        io.Reader
 	w        io.Writer
@@ -539,17 +537,8 @@ func NewConn(r io.Reader, w io.Writer, maxFrame int) *Conn {
 
 // Write sends m.
 func (c *Conn) Write(m *Message) error {
-	data, err := json.Marshal(m)
-	if err != nil {
-		return fmt.Errorf("encode %s: %w", m.Type, err)
-	}
-	if len(data) > c.maxFrame {
-		return fmt.Errorf("%s message of %d bytes: %w (the bound is %d)", m.Type, len(data), ErrFrameTooBig, c.maxFrame)
-	}
-	buf := make([]byte, 4, 4+len(data))
-	binary.BigEndian.PutUint32(buf, uint32(len(data)))
-	if _, err := c.w.Write(append(buf, data...)); err != nil {
-		return fmt.Errorf("send %s: %w", m.Type, err)
+	if err := frame.Write(c.w, m, c.maxFrame); err != nil {
+		return fmt.Errorf("%s message: %w", m.Type, err)
 	}
 	return nil
 }
@@ -558,41 +547,14 @@ func (c *Conn) Write(m *Message) error {
 // reading it, JSON with unknown fields, and unknown types; io.EOF says
 // the peer closed between frames.
 func (c *Conn) Read() (*Message, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
-		return nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if uint64(n) > uint64(c.maxFrame) {
-		return nil, fmt.Errorf("a frame of %d bytes: %w (the bound is %d)", n, ErrFrameTooBig, c.maxFrame)
-	}
-	// The buffer grows with what arrives, not with what the header
-	// says.
-	var data bytes.Buffer
-	if _, err := io.CopyN(&data, c.r, int64(n)); err != nil {
-		return nil, fmt.Errorf("read a frame of %d bytes: %w", n, noEOF(err))
-	}
-	d := json.NewDecoder(&data)
-	d.DisallowUnknownFields()
 	m := &Message{}
-	if err := d.Decode(m); err != nil {
-		return nil, fmt.Errorf("decode a frame: %w", err)
-	}
-	if d.More() {
-		return nil, errors.New("decode a frame: data after the message")
+	if err := frame.Read(c.r, m, c.maxFrame); err != nil {
+		return nil, err
 	}
 	if err := m.check(); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// noEOF turns an EOF inside a frame into io.ErrUnexpectedEOF.
-func noEOF(err error) error {
-	if errors.Is(err, io.EOF) {
-		return io.ErrUnexpectedEOF
-	}
-	return err
 }
 
 // check refuses a message of an unknown type, or without its body.

@@ -182,8 +182,8 @@ func TestRefusedChecks(t *testing.T) {
 	}
 }
 
-// frame returns data as a frame.
-func frame(data string) []byte {
+// rawFrame returns data as a frame.
+func rawFrame(data string) []byte {
 	return append(binary.BigEndian.AppendUint32(nil, uint32(len(data))), data...)
 }
 
@@ -197,13 +197,13 @@ func TestConnRefuses(t *testing.T) {
 		want string
 	}{
 		{"too big", binary.BigEndian.AppendUint32(nil, 1025), "a frame of 1025 bytes: frame too big (the bound is 1024)"},
-		{"garbage", frame("{nonsense"), "decode a frame"},
-		{"not json", frame("\x00\x01\x02"), "decode a frame"},
-		{"unknown type", frame(`{"type":"bogus"}`), `unknown message type "bogus"`},
-		{"unknown field", frame(`{"type":"report","report":{},"extra":1}`), `unknown field "extra"`},
-		{"no body", frame(`{"type":"publish"}`), "a publish message without its body"},
-		{"trailing", frame(`{"type":"report","report":{}} {}`), "data after the message"},
-		{"cut short", frame(`{"type":"report","report":{}}`)[:10], "unexpected EOF"},
+		{"garbage", rawFrame("{nonsense"), "decode a frame"},
+		{"not json", rawFrame("\x00\x01\x02"), "decode a frame"},
+		{"unknown type", rawFrame(`{"type":"bogus"}`), `unknown message type "bogus"`},
+		{"unknown field", rawFrame(`{"type":"report","report":{},"extra":1}`), `unknown field "extra"`},
+		{"no body", rawFrame(`{"type":"publish"}`), "a publish message without its body"},
+		{"trailing", rawFrame(`{"type":"report","report":{}} {}`), "data after the message"},
+		{"cut short", rawFrame(`{"type":"report","report":{}}`)[:10], "unexpected EOF"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewConn(bytes.NewReader(tt.in), nil, 1024)
@@ -221,7 +221,7 @@ func TestConnRefuses(t *testing.T) {
 	if !errors.Is(err, ErrFrameTooBig) || buf.Len() != 0 {
 		t.Errorf("Write of a big frame = %v, wrote %d bytes", err, buf.Len())
 	}
-	if m, err := NewConn(bytes.NewReader(frame(`{"type":"report","report":{"error":"x"}}`)), nil, 0).Read(); err != nil || m.Report.err().Error() != "x" {
+	if m, err := NewConn(bytes.NewReader(rawFrame(`{"type":"report","report":{"error":"x"}}`)), nil, 0).Read(); err != nil || m.Report.err().Error() != "x" {
 		t.Errorf("a good frame: %+v, %v", m, err)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package program
 
 import (
 	"errors"
@@ -12,13 +12,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dropPrivileges drops every capability of every thread of the process:
-// the bounding set, the ambient set, the effective, permitted and
-// inheritable sets, and sets no_new_privs, so that nothing it executes
-// regains any. The process keeps its uid (0, for a root-only
-// kubeconfig). It needs a binary built without cgo (CGO_ENABLED=0):
-// with cgo, Go cannot change the capabilities of every thread.
-func dropPrivileges() error {
+// DropPrivileges drops every capability but keep from every thread of
+// the process: the bounding set, the ambient set, the effective,
+// permitted and inheritable sets (keep stays in the bounding, permitted
+// and effective sets), and sets no_new_privs, so that nothing it
+// executes gains any. The process keeps its uid (0, for a root-only
+// kubeconfig). It needs a binary built without cgo (CGO_ENABLED=0): with
+// cgo, Go cannot change the capabilities of every thread.
+func DropPrivileges(keep ...int) error {
 	all := func(what string, trap, a1, a2, a3 uintptr) error {
 		if _, _, e := syscall.AllThreadsSyscall(trap, a1, a2, a3); e != 0 {
 			if e == syscall.ENOTSUP {
@@ -35,7 +36,17 @@ func dropPrivileges() error {
 	if err != nil {
 		return err
 	}
+	var kept uint64
+	for _, c := range keep {
+		if c < 0 || c > last {
+			return fmt.Errorf("capability %d is not one the kernel knows (the last is %d)", c, last)
+		}
+		kept |= 1 << c
+	}
 	for c := 0; c <= last; c++ {
+		if kept&(1<<c) != 0 {
+			continue
+		}
 		if err := all(fmt.Sprintf("drop capability %d from the bounding set", c), unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); err != nil {
 			return err
 		}
@@ -44,8 +55,18 @@ func dropPrivileges() error {
 		!errors.Is(err, syscall.EINVAL) {
 		return err
 	}
+	// A capability kept stays only if the process has it: capset
+	// cannot add one.
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var had [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &had[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
 	var data [2]unix.CapUserData
+	for i := range data {
+		data[i].Permitted = uint32(kept>>(32*i)) & had[i].Permitted
+		data[i].Effective = data[i].Permitted
+	}
 	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
 		return fmt.Errorf("capset: %w", e)
 	}
