@@ -32,12 +32,14 @@ export CGO_ENABLED := 0
 
 all: build
 
-## build: vipd, and vipd-kubernetes, the Kubernetes provider vipd runs
-## beside itself when [kubernetes] is enabled (without cgo: it drops the
-## capabilities of every thread).
+## build: vipd; vipd-kubernetes, the Kubernetes provider vipd runs beside
+## itself when [kubernetes] is enabled; and vipd-bgp, the BGP speaker it
+## runs when [bgp] is (without cgo: they drop the capabilities of every
+## thread).
 build:
 	$(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/vipd ./cmd/vipd
 	$(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/vipd-kubernetes ./cmd/vipd-kubernetes
+	$(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/vipd-bgp ./cmd/vipd-bgp
 
 ## test: the whole suite; CI runs exactly this (.ci/run).
 test: lint unit fuzz e2e vm-selftest systemd-test
@@ -59,13 +61,14 @@ unit: deps k8s-rig
 
 ## fuzz: short, bounded runs of the parsers' fuzz targets (the config
 ## file, vipd import's keepalived.conf and ipvsadm -Sn readers, and the
-## wire from the Kubernetes provider).
+## wires from the Kubernetes provider and the BGP speaker).
 fuzz:
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $$((100000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./config
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzKeepalived$$' -fuzztime $$((100000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./migrate
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzIpvsadm$$' -fuzztime $$((40000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./migrate
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzMetalLB$$' -fuzztime $$((20000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./migrate
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzWire$$' -fuzztime $$((100000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./source/process
+	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $$((50000 * $(FUZZN)))x -fuzzminimizetime $(FUZZMIN) ./ha/bgpproc
 
 ## e2e: the end-to-end suite in a qemu guest with Debian's kernel.
 e2e: deps
@@ -117,12 +120,13 @@ PREFIX  ?= /usr
 DESTDIR ?=
 NFPM    ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 
-## install: the binaries (vipd-kubernetes beside vipd, where vipd looks for
-## it), the systemd unit, module and sysctl drop-ins, and
+## install: the binaries (vipd-kubernetes and vipd-bgp beside vipd, where
+## vipd looks for them), the systemd unit, module and sysctl drop-ins, and
 ## an example configuration (an existing one is kept).
 install: build
 	install -D -m 0755 $(BIN)/vipd $(DESTDIR)$(PREFIX)/sbin/vipd
 	install -D -m 0755 $(BIN)/vipd-kubernetes $(DESTDIR)$(PREFIX)/sbin/vipd-kubernetes
+	install -D -m 0755 $(BIN)/vipd-bgp $(DESTDIR)$(PREFIX)/sbin/vipd-bgp
 	install -D -m 0644 systemd/vipd.service $(DESTDIR)/lib/systemd/system/vipd.service
 	install -D -m 0644 systemd/modules-load.conf $(DESTDIR)$(PREFIX)/lib/modules-load.d/vipd.conf
 	install -D -m 0644 systemd/sysctl.conf $(DESTDIR)$(PREFIX)/lib/sysctl.d/60-vipd.conf

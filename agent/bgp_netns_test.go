@@ -17,6 +17,7 @@ import (
 
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/ha/bgp"
+	"github.com/vipd/vipd/ha/bgpproc"
 	"github.com/vipd/vipd/kernel/link"
 	"github.com/vipd/vipd/lb/lbtest/nstest"
 )
@@ -36,8 +37,8 @@ func (s speakerAnnouncer) Set(routes map[netip.Prefix]config.BGPAttrs) error {
 // speakerOptions maps the [bgp] section as cmd/vipd's bgpOptions does,
 // for the keys this file's tests use.
 func speakerOptions(b config.BGP) bgp.Options {
-	o := bgp.Options{ASN: b.ASN, RouterID: b.RouterID, ListenPort: b.ListenPort, WithdrawWait: b.WithdrawWait,
-		ConnectRetry: time.Second, Logger: slog.New(slog.DiscardHandler)}
+	o := bgp.Options{Options: bgpproc.Options{ASN: b.ASN, RouterID: b.RouterID, ListenPort: b.ListenPort, WithdrawWait: b.WithdrawWait,
+		ConnectRetry: time.Second}, Logger: slog.New(slog.DiscardHandler)}
 	for _, p := range b.Peers {
 		o.Peers = append(o.Peers, bgp.PeerOptions{Address: p.Address, ASN: p.ASN, Port: p.Port, HoldTime: p.HoldTime,
 			Keepalive: p.Keepalive, MaxPrefixes: p.MaxPrefixes})

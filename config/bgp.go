@@ -44,6 +44,10 @@ type BGP struct {
 	// missing, the node withdraws every route at once, and announces
 	// them again when all are up.
 	TrackInterfaces []string
+	// Program is the path of the speaker program the daemon runs the
+	// sessions in; "" means vipd-bgp in the directory of the vipd
+	// executable.
+	Program string
 	// Sloppy lets IPVS take a packet in the middle of a connection it
 	// does not know as a new connection (see lb.Spec.Sloppy), so that a
 	// node the routers move a flow to keeps the connection.
@@ -186,6 +190,7 @@ type rawBGP struct {
 	WithdrawWait         *duration              `toml:"withdraw_wait"`
 	Sloppy               *bool                  `toml:"sloppy"`
 	TrackInterfaces      []string               `toml:"track_interfaces"`
+	Program              *string                `toml:"program"`
 }
 
 type rawBGPPeer struct {
@@ -216,7 +221,7 @@ type rawBGPAttrs struct {
 func (b *rawBGP) set() bool {
 	return b.ASN != nil || b.RouterID != nil || b.ListenPort != nil || b.Peer != nil || b.Communities != nil ||
 		b.LargeCommunities != nil || b.LocalPref != nil || b.MED != nil || b.Service != nil || b.GracefulShutdown != nil ||
-		b.GracefulShutdownWait != nil || b.WithdrawWait != nil || b.Sloppy != nil || b.TrackInterfaces != nil
+		b.GracefulShutdownWait != nil || b.WithdrawWait != nil || b.Sloppy != nil || b.TrackInterfaces != nil || b.Program != nil
 }
 
 // wellKnownCommunities are the RFC 1997 and RFC 8326 communities that
@@ -256,6 +261,12 @@ func (v *validator) bgp(b *rawBGP, cfg *Config) {
 		v.errorf("bgp.router_id", ctx, "router_id %q is not a non-zero IPv4 address", *b.RouterID)
 	} else {
 		out.RouterID = a
+	}
+	if b.Program != nil {
+		out.Program = *b.Program
+		if out.Program == "" || out.Program[0] != '/' {
+			v.errorf("bgp.program", ctx, "program %q must be an absolute path (or left out for vipd-bgp beside vipd)", out.Program)
+		}
 	}
 	if b.ListenPort != nil {
 		if *b.ListenPort < 0 || *b.ListenPort > 65535 {

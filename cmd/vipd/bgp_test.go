@@ -9,6 +9,7 @@ import (
 	"github.com/vipd/vipd/config"
 	"github.com/vipd/vipd/ha/bfd"
 	"github.com/vipd/vipd/ha/bgp"
+	"github.com/vipd/vipd/ha/bgpproc"
 	"github.com/vipd/vipd/monitor/status"
 )
 
@@ -33,7 +34,7 @@ func TestBGPOptions(t *testing.T) {
 			Password: "x", Multihop: 2, HoldTime: 9 * time.Second, Keepalive: 3 * time.Second, Passive: true, MaxPrefixes: 5,
 			BFD: true, BFDInterval: 100 * time.Millisecond, BFDMultiplier: 4}}}
 	o := bgpOptions(c)
-	if o.Logger != nil || o.OnPeer != nil || o.ConnectRetry != 0 || o.MaxPrefixesHold != 0 || o.BFDPort != 0 {
+	if o.ConnectRetry != 0 || o.MaxPrefixesHold != 0 || o.BFDPort != 0 {
 		t.Errorf("options the configuration does not hold are set: %+v", o)
 	}
 	if len(o.Peers) != 1 {
@@ -54,7 +55,7 @@ func TestBGPOptions(t *testing.T) {
 	a := config.BGPAttrs{Communities: []uint32{1}, LargeCommunities: []config.LargeCommunity{{Global: 1, Local1: 2, Local2: 3}}, LocalPref: 5, MED: 6, HasLocalPref: true, HasMED: true}
 	got := bgpAttrs(a)
 	nonZero(t, "Attrs", got)
-	if !got.Equal(bgp.Attrs{Communities: []uint32{1}, LargeCommunities: []bgp.LargeCommunity{{Global: 1, Local1: 2, Local2: 3}}, LocalPref: 5, MED: 6, HasLocalPref: true, HasMED: true}) {
+	if !got.Equal(bgpproc.Attrs{Communities: []uint32{1}, LargeCommunities: []bgpproc.LargeCommunity{{Global: 1, Local1: 2, Local2: 3}}, LocalPref: 5, MED: 6, HasLocalPref: true, HasMED: true}) {
 		t.Errorf("attrs %+v from %+v", got, a)
 	}
 	if bgp.DefaultMaxPrefixes != config.DefaultBGPMaxPrefixes {

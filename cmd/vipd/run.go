@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -53,7 +54,7 @@ and status, and sends watchdog keep-alives from its main loop.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return runDaemon(ctx, daemonOptions{Path: path, Logger: log, Notifier: systemd.FromEnv()})
+			return runDaemon(ctx, daemonOptions{Path: path, Logger: log, LogFormat: logFormat, Notifier: systemd.FromEnv()})
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "/etc/vipd/vipd.toml", "configuration file")
@@ -80,9 +81,12 @@ func newLogger(w interface{ Write([]byte) (int, error) }, level, format string) 
 // daemonOptions wire the daemon: what runDaemon gives the agent, and the
 // limits of the servers it starts for it.
 type daemonOptions struct {
-	Path     string
-	Logger   *slog.Logger
-	Notifier *systemd.Notifier
+	Path   string
+	Logger *slog.Logger
+	// LogFormat is the log's format ("text" or "json"; "" is text),
+	// which the programs vipd runs log in too.
+	LogFormat string
+	Notifier  *systemd.Notifier
 	// OpenKernel opens the kernel adapters; nil means the real kernel.
 	// Tests pass a fake.
 	OpenKernel func(*config.Config, *slog.Logger) (lb.Kernel, func(), error)
@@ -111,7 +115,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		KernelLock: opts.KernelLock, StartRetry: opts.StartRetry, Version: versionString(),
 		OpenElector: openElector(log), LinkUp: link.Up, OpenSources: openSources, ConnTracker: conntrack.Tracker{},
 		WatchLinks:    func(ctx context.Context) <-chan struct{} { return link.Watch(ctx, log) },
-		OpenAnnouncer: openAnnouncer(log)}
+		OpenAnnouncer: openAnnouncer(log, cmp.Or(opts.LogFormat, "text"))}
 	if opts.Notifier != nil {
 		aopts.Notifier = opts.Notifier
 	}

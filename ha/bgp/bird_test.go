@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/ha/bfd"
+	"github.com/vipd/vipd/ha/bgpproc"
 	"github.com/vipd/vipd/lb/lbtest/nstest"
 )
 
@@ -223,7 +224,7 @@ func testBGP(peers ...PeerOptions) Options {
 	for i := range peers {
 		peers[i].Port, peers[i].HoldTime, peers[i].Keepalive = 179, 9*time.Second, 3*time.Second
 	}
-	return Options{ASN: 65001, RouterID: vipd4, Peers: peers, WithdrawWait: time.Second}
+	return Options{Options: bgpproc.Options{ASN: 65001, RouterID: vipd4, Peers: peers, WithdrawWait: time.Second}}
 }
 
 // withRun returns o, the session's options, with run's logger, callback
@@ -235,7 +236,7 @@ func withRun(o, run Options) Options {
 
 func startSpeaker(t *testing.T, o Options, onPeer func(Peer)) *Speaker {
 	t.Helper()
-	sp, err := Start(context.Background(), withRun(o, Options{ConnectRetry: time.Second, OnPeer: onPeer, Logger: testLogger(t)}))
+	sp, err := Start(context.Background(), withRun(o, Options{Options: bgpproc.Options{ConnectRetry: time.Second}, OnPeer: onPeer, Logger: testLogger(t)}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +429,7 @@ func TestBirdBFD(t *testing.T) {
 	cfg := testBGP(PeerOptions{Address: bird4, ASN: 65000, BFD: true, BFDInterval: 200 * time.Millisecond, BFDMultiplier: 3},
 		PeerOptions{Address: bird6, ASN: 65000, BFD: true, BFDInterval: 200 * time.Millisecond, BFDMultiplier: 3})
 	log, logs := captureLogger(t)
-	sp, err := Start(context.Background(), withRun(cfg, Options{ConnectRetry: time.Second, Logger: log, OnPeer: func(p Peer) {
+	sp, err := Start(context.Background(), withRun(cfg, Options{Options: bgpproc.Options{ConnectRetry: time.Second}, Logger: log, OnPeer: func(p Peer) {
 		if p.Address == bird4 {
 			mu.Lock()
 			bfdStates = append(bfdStates, p.BFD)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
+
+	"github.com/vipd/vipd/ha/bgpproc"
 )
 
 // floodPrefix is the i-th of a flood of /24s from 16.0.0.0 on.
@@ -72,7 +74,7 @@ func TestBirdFlood(t *testing.T) {
 	base := heapInuse()
 	stopHeap := heapWatch(base)
 	log, logs := captureLogger(t)
-	sp, err := Start(context.Background(), withRun(cfg, Options{ConnectRetry: time.Second, Logger: log}))
+	sp, err := Start(context.Background(), withRun(cfg, Options{Options: bgpproc.Options{ConnectRetry: time.Second}, Logger: log}))
 	if err != nil {
 		t.Fatal(err)
 	}

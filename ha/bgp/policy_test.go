@@ -15,6 +15,7 @@ import (
 
 	api "github.com/osrg/gobgp/v3/api"
 
+	"github.com/vipd/vipd/ha/bgpproc"
 	"github.com/vipd/vipd/lb/lbtest/nstest"
 )
 
@@ -185,7 +186,7 @@ func TestBirdMaxPrefixes(t *testing.T) {
 	ups := 0
 	log, logs := captureLogger(t)
 	const hold = 4 * time.Second
-	sp, err := Start(context.Background(), withRun(cfg, Options{ConnectRetry: time.Second, Logger: log, MaxPrefixesHold: hold,
+	sp, err := Start(context.Background(), withRun(cfg, Options{Options: bgpproc.Options{ConnectRetry: time.Second, MaxPrefixesHold: hold}, Logger: log,
 		OnPeer: func(p Peer) {
 			if p.Address == routerA && p.Established() {
 				mu.Lock()

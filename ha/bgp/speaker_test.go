@@ -9,13 +9,14 @@ import (
 	api "github.com/osrg/gobgp/v3/api"
 
 	"github.com/vipd/vipd/ha/bfd"
+	"github.com/vipd/vipd/ha/bgpproc"
 )
 
 // TestPolicies: a speaker rejects, on import and on export, every route
 // but the host routes it originates, whatever its peers: GoBGP's global
 // policy assignments say so. (TestBirdTwoRouters proves it on the wire.)
 func TestPolicies(t *testing.T) {
-	sp, err := Start(context.Background(), Options{ASN: 65001, RouterID: netip.MustParseAddr("192.0.2.1")})
+	sp, err := Start(context.Background(), Options{Options: bgpproc.Options{ASN: 65001, RouterID: netip.MustParseAddr("192.0.2.1")}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,14 +59,22 @@ var rules = []rule{
 	{Room: "kernel/...", May: []string{"lb"}},
 	// High availability stands alone: the agent maps its options.
 	{Room: "ha/vrrp", May: nil},
-	{Room: "ha/bgp", May: []string{"ha/bfd"}},
+	{Room: "ha/bgp", May: []string{"ha/bfd", "ha/bgpproc"}},
+	// The daemon's side of the BGP speaker in a program of its own, its
+	// wire and the program's loop: no GoBGP (see
+	// TestDaemonLinksNoKubernetesClientNorBGP).
+	{Room: "ha/bgpproc", May: []string{"ha/bfd", "frame", "program"}, Never: []string{"github.com/osrg/gobgp/...", "google.golang.org/grpc/..."}},
 	{Room: "ha/bfd", May: nil},
 	// Sources turn the world into services.
 	{Room: "source", May: []string{"config", "lb"}},
 	{Room: "source/kubernetes/...", May: []string{"config", "lb", "source", "monitor/check"}},
 	// The daemon's side of a source in a program of its own, and its
-	// wire: no Kubernetes client (see TestDaemonLinksNoKubernetesClient).
-	{Room: "source/process", May: []string{"config", "lb", "source", "monitor/check"}, Never: []string{"k8s.io/client-go/...", "k8s.io/api/..."}},
+	// wire: no Kubernetes client (see TestDaemonLinksNoKubernetesClientNorBGP).
+	{Room: "source/process", May: []string{"config", "lb", "source", "monitor/check", "frame", "program"}, Never: []string{"k8s.io/client-go/...", "k8s.io/api/..."}},
+	// What the daemon and the programs it runs share: the frames of
+	// their wire, and starting a program and its privileges.
+	{Room: "frame", May: nil},
+	{Room: "program", May: nil},
 	{Room: "migrate", May: []string{"config", "lb"}},
 	{Room: "systemd", May: nil},
 	// The agent wires the rooms together; main wires the agent.
@@ -190,11 +198,16 @@ func TestViolations(t *testing.T) {
 // daemonNever lists what vipd's daemon (cmd/vipd) may not link, directly
 // or not: the Kubernetes client, whose package initialisers cost every
 // vipd its memory, runs in vipd-kubernetes (see source/process).
-var daemonNever = []string{"k8s.io/client-go/...", "k8s.io/api/...", module + "/source/kubernetes/..."}
+//
+// Nor GoBGP, gRPC and what they link: the BGP speaker, which parses what
+// peers send, runs in vipd-bgp (see ha/bgpproc).
+var daemonNever = []string{"k8s.io/client-go/...", "k8s.io/api/...", module + "/source/kubernetes/...",
+	"github.com/osrg/gobgp/...", "google.golang.org/grpc/...", module + "/ha/bgp"}
 
-// TestDaemonLinksNoKubernetesClient lists every package cmd/vipd links
-// and refuses those of daemonNever; cmd/vipd-kubernetes links them.
-func TestDaemonLinksNoKubernetesClient(t *testing.T) {
+// TestDaemonLinksNoKubernetesClientNorBGP lists every package cmd/vipd
+// links and refuses those of daemonNever; cmd/vipd-kubernetes and
+// cmd/vipd-bgp link them.
+func TestDaemonLinksNoKubernetesClientNorBGP(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("the go tool is needed to list the dependencies: %v", err)
@@ -222,5 +235,9 @@ func TestDaemonLinksNoKubernetesClient(t *testing.T) {
 	if bad := never(deps("cmd/vipd-kubernetes")); !slices.Contains(bad, "k8s.io/client-go/kubernetes") ||
 		!slices.Contains(bad, module+"/source/kubernetes") {
 		t.Errorf("cmd/vipd-kubernetes: the check found %v, not client-go and source/kubernetes", bad)
+	}
+	if bad := never(deps("cmd/vipd-bgp")); !slices.Contains(bad, "github.com/osrg/gobgp/v3/pkg/server") ||
+		!slices.Contains(bad, module+"/ha/bgp") {
+		t.Errorf("cmd/vipd-bgp: the check found %v, not GoBGP's server and ha/bgp", bad)
 	}
 }

@@ -7,6 +7,7 @@
 # 2. builds, all static (CGO_ENABLED=0), into a payload directory:
 #      vipd                ./cmd/vipd, when it exists       -> /payload/vipd
 #      vipd-kubernetes     ./cmd/vipd-kubernetes            -> /payload/vipd-kubernetes
+#      vipd-bgp            ./cmd/vipd-bgp                   -> /payload/vipd-bgp
 #      bin/rignode         test backend/client tool          -> /payload/bin/rignode
 #      tests/NN-NAME/*.test  `go test -c` of each package in $VIPD_GUEST_PKGS,
 #                          then `go test -c -tags e2e ./test/e2e`, each with
@@ -61,7 +62,9 @@ if compgen -G "cmd/vipd/*.go" >/dev/null; then
 	go build -trimpath -ldflags='-s -w' -o "$payload/vipd" ./cmd/vipd
 	# The Kubernetes provider, beside vipd where it looks for it.
 	go build -trimpath -ldflags='-s -w' -o "$payload/vipd-kubernetes" ./cmd/vipd-kubernetes
-	log "built vipd and vipd-kubernetes"
+	# The BGP speaker, beside vipd where it looks for it.
+	go build -trimpath -tags grpcnotrace -ldflags='-s -w' -o "$payload/vipd-bgp" ./cmd/vipd-bgp
+	log "built vipd, vipd-kubernetes and vipd-bgp"
 fi
 go build -ldflags='-s -w' -o "$payload/bin/rignode" ./test/e2e/cmd/rignode
 
