@@ -1,8 +1,12 @@
 package main
 
 import (
+	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +14,7 @@ import (
 	"github.com/vipd/vipd/ha/bfd"
 	"github.com/vipd/vipd/ha/bgp"
 	"github.com/vipd/vipd/ha/bgpproc"
+	"github.com/vipd/vipd/lb/lbtest"
 	"github.com/vipd/vipd/monitor/status"
 )
 
@@ -89,5 +94,45 @@ func TestBFDStatus(t *testing.T) {
 	}
 	if got := agentPeer(bgp.Peer{State: "established"}).BFD; got != nil {
 		t.Errorf("bfd status %+v for a peer without BFD", got)
+	}
+}
+
+// TestBGPProgramMissing: a [bgp] section whose speaker program is not
+// there fails the start, naming the key.
+func TestBGPProgramMissing(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "vipd.toml")
+	cfg := fmt.Sprintf(`[daemon]
+control_socket = %q
+state_dir = %q
+metrics_listen = ""
+
+[bgp]
+asn = 65001
+router_id = "192.0.2.1"
+program = "/nonexistent/vipd-bgp"
+
+[[bgp.peer]]
+address = "192.0.2.254"
+asn = 65000
+`, filepath.Join(dir, "vipd.sock"), filepath.Join(dir, "state")) + twoServices
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k := lbtest.New()
+	in := launch(t, "vipd", k, launchOptions{path: path})
+	// The speaker starts after the kernel is opened, before the first
+	// pass: the start fails with nothing programmed.
+	ready, err := in.wait()
+	if ready || err == nil {
+		t.Fatalf("ready=%v err=%v, want a failed start\nlog:\n%s", ready, err, in.log)
+	}
+	for _, w := range []string{"bgp: the speaker program /nonexistent/vipd-bgp ([bgp] program)", "no such file or directory"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("the error lacks %q: %v", w, err)
+		}
+	}
+	if got := k.Dump(); got != lbtest.New().Dump() {
+		t.Errorf("the failed start programmed the kernel:\n%s", got)
 	}
 }
