@@ -244,6 +244,9 @@ func TestClientRestarts(t *testing.T) {
 	if err := c.Set(map[netip.Prefix]Attrs{netip.MustParsePrefix("198.51.100.1/32"): {}, netip.MustParsePrefix("198.51.100.2/32"): {}, netip.MustParsePrefix("198.51.100.3/32"): {}}); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, "the established event", func() (bool, string) {
+		return slices.Contains(ev.states(), "established"), fmt.Sprint(ev.states())
+	})
 	c.mu.Lock()
 	first := c.ch
 	c.mu.Unlock()

@@ -219,13 +219,23 @@ func (ch *child) call(ctx context.Context, m *message, timeout time.Duration) (*
 		defer t.Stop()
 		expired = t.C
 	}
-	select {
-	case rep := <-r:
+	answer := func(rep *message) (*message, error) {
 		if rep.Error != "" {
 			return nil, fmt.Errorf("%s: %s", m.Op, rep.Error)
 		}
 		return rep, nil
+	}
+	select {
+	case rep := <-r:
+		return answer(rep)
 	case <-ch.gone:
+		// The reader may have passed the answer on before it saw the
+		// end (a program that answered Stop and exited).
+		select {
+		case rep := <-r:
+			return answer(rep)
+		default:
+		}
 		return nil, fmt.Errorf("%s: %w", m.Op, ch.err)
 	case <-expired:
 		// A program that does not answer in time is taken for hung:
@@ -235,6 +245,22 @@ func (ch *child) call(ctx context.Context, m *message, timeout time.Duration) (*
 	case <-ctx.Done():
 		return nil, fmt.Errorf("%s: %w", m.Op, ctx.Err())
 	}
+}
+
+// wait waits for the program to exit, which it does once it answered a
+// stop or its socket ended, and kills it after stopGrace or when ctx
+// ends.
+func (ch *child) wait(ctx context.Context) {
+	t := time.NewTimer(stopGrace)
+	defer t.Stop()
+	select {
+	case <-ch.Exited():
+		return
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	ch.Cmd.Process.Kill()
+	<-ch.Exited()
 }
 
 // kill ends the program and waits for it.
@@ -250,14 +276,13 @@ func (c *Client) supervise(ch *child) {
 	defer close(c.done)
 	wait := c.opts.Restart
 	for {
-		select {
-		case <-ch.gone:
-		case <-ch.Exited():
-		}
-		// The program is going: the socket or the process ended.
-		ch.Conn.Close()
-		<-ch.Exited()
+		// The program's socket ends when it exits (it holds the only
+		// other end), after what it sent: the reader sees everything
+		// first. A program whose socket ended otherwise (a frame
+		// refused) is killed.
 		<-ch.gone
+		ch.Conn.Close()
+		ch.wait(context.Background())
 		c.mu.Lock()
 		c.ch = nil
 		stopping := c.stopping
@@ -380,16 +405,7 @@ func (c *Client) Stop(ctx context.Context) error {
 	var err error
 	if ch != nil {
 		_, err = ch.call(ctx, &message{Op: opStop}, 0)
-		ch.Conn.Close()
-		t := time.NewTimer(stopGrace)
-		select {
-		case <-ch.Exited():
-		case <-ctx.Done():
-			ch.Cmd.Process.Kill()
-		case <-t.C:
-			ch.Cmd.Process.Kill()
-		}
-		t.Stop()
+		ch.wait(ctx)
 	}
 	<-c.done
 	return err
