@@ -15,16 +15,21 @@ import (
 )
 
 // childEnv makes the test binary a program: "drop" drops every
-// privilege but CAP_NET_BIND_SERVICE and prints its threads' status;
-// "echo" echoes what comes on its socket.
+// privilege, "drop-bind" every one but CAP_NET_BIND_SERVICE, and both
+// print their threads' status and that of a program they run; "echo"
+// echoes what comes on its socket.
 const childEnv = "VIPD_PROGRAM_TEST_CHILD"
 
 func TestMain(m *testing.M) {
-	switch os.Getenv(childEnv) {
+	switch mode := os.Getenv(childEnv); mode {
 	case "":
 		os.Exit(m.Run())
-	case "drop":
-		if err := DropPrivileges(unix.CAP_NET_BIND_SERVICE); err != nil {
+	case "drop", "drop-bind":
+		var keep []int
+		if mode == "drop-bind" {
+			keep = append(keep, unix.CAP_NET_BIND_SERVICE)
+		}
+		if err := DropPrivileges(keep...); err != nil {
 			fmt.Println("error:", err)
 			os.Exit(1)
 		}
@@ -33,6 +38,14 @@ func TestMain(m *testing.M) {
 			b, _ := os.ReadFile(f)
 			os.Stdout.Write(b)
 		}
+		// What a program it runs holds.
+		out, err := exec.Command("/bin/cat", "/proc/self/status").Output()
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Print("---- exec\n")
+		os.Stdout.Write(out)
 	case "echo":
 		conn, err := Socket("echo")
 		if err != nil {
@@ -44,46 +57,63 @@ func TestMain(m *testing.M) {
 	os.Exit(0)
 }
 
-// TestDropPrivilegesKeeps: every thread keeps CAP_NET_BIND_SERVICE alone
+// TestDropPrivileges: every thread holds the capabilities kept alone
 // (bounding, permitted, effective), no inheritable or ambient one, and
-// no_new_privs.
-func TestDropPrivilegesKeeps(t *testing.T) {
+// no_new_privs; a program it runs gains none; a binary built with cgo
+// is refused, saying so.
+func TestDropPrivileges(t *testing.T) {
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
 			t.Fatal("needs root")
 		}
 		t.Skip("needs root")
 	}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), childEnv+"=drop")
-	out, err := cmd.Output()
-	if withCgo() {
-		// make test builds without cgo; a go test with it sees the
-		// refusal.
-		if err == nil || !strings.Contains(string(out), "built with cgo (build it with CGO_ENABLED=0)") {
-			t.Errorf("with cgo: %v, %s", err, out)
-		}
-		return
-	}
-	if err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	want := map[string]string{"CapInh": "0000000000000000", "CapPrm": "0000000000000400", "CapEff": "0000000000000400",
-		"CapBnd": "0000000000000400", "CapAmb": "0000000000000000", "NoNewPrivs": "1"}
-	seen := map[string]int{}
-	for line := range strings.Lines(string(out)) {
-		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if w, ok := want[k]; ok {
-			seen[k]++
-			if v = strings.TrimSpace(v); v != w {
-				t.Errorf("%s: %s, want %s", k, v, w)
+	for _, tt := range []struct{ mode, caps string }{
+		{"drop", "0000000000000000"},
+		{"drop-bind", "0000000000000400"},
+	} {
+		t.Run(tt.mode, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0])
+			cmd.Env = append(os.Environ(), childEnv+"="+tt.mode)
+			out, err := cmd.Output()
+			if withCgo() {
+				// make test builds without cgo; a go test with it sees
+				// the refusal.
+				if err == nil || !strings.Contains(string(out), "built with cgo (build it with CGO_ENABLED=0)") {
+					t.Errorf("with cgo: %v, %s", err, out)
+				}
+				return
 			}
-		}
-	}
-	for k := range want {
-		if seen[k] < 2 {
-			t.Errorf("%s seen in %d threads' status, want at least 2", k, seen[k])
-		}
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			threads, child, ok := strings.Cut(string(out), "---- exec\n")
+			if !ok {
+				t.Fatalf("no status of the program it ran:\n%s", out)
+			}
+			want := map[string]string{"CapInh": "0000000000000000", "CapPrm": tt.caps, "CapEff": tt.caps,
+				"CapBnd": tt.caps, "CapAmb": "0000000000000000", "NoNewPrivs": "1"}
+			for _, part := range []struct {
+				name, status string
+				least        int
+			}{{"threads", threads, 2}, {"the program it ran", child, 1}} {
+				seen := map[string]int{}
+				for line := range strings.Lines(part.status) {
+					k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+					if w, ok := want[k]; ok {
+						seen[k]++
+						if v = strings.TrimSpace(v); v != w {
+							t.Errorf("%s: %s %s, want %s", part.name, k, v, w)
+						}
+					}
+				}
+				for k := range want {
+					if seen[k] < part.least {
+						t.Errorf("%s: %s seen %d times, want at least %d", part.name, k, seen[k], part.least)
+					}
+				}
+			}
+		})
 	}
 }
 

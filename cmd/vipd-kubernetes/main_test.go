@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,37 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/config"
-	"github.com/vipd/vipd/program"
 	"github.com/vipd/vipd/source/kubernetes"
 	"github.com/vipd/vipd/source/process"
 )
-
-// dropEnv makes the test binary a child that drops its privileges and
-// prints its threads' status.
-const dropEnv = "VIPD_KUBERNETES_TEST_DROP"
-
-func TestMain(m *testing.M) {
-	if os.Getenv(dropEnv) != "" {
-		if err := program.DropPrivileges(); err != nil {
-			os.Stdout.WriteString("error: " + err.Error() + "\n")
-			os.Exit(1)
-		}
-		tasks, _ := filepath.Glob("/proc/self/task/*/status")
-		for _, f := range tasks {
-			b, _ := os.ReadFile(f)
-			os.Stdout.Write(b)
-		}
-		// A child of a process without privileges has none either.
-		out, err := exec.Command("/bin/cat", "/proc/self/status").Output()
-		if err != nil {
-			os.Stdout.WriteString("error: " + err.Error() + "\n")
-			os.Exit(1)
-		}
-		os.Stdout.Write(out)
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
 
 // unprivileged checks the Cap* and NoNewPrivs lines of status (one or
 // more /proc/PID/status texts), which must be there.
@@ -75,49 +46,6 @@ func unprivileged(t *testing.T, status string) {
 			t.Errorf("no %s in:\n%s", k, status)
 		}
 	}
-}
-
-// cgo reports whether the test binary is built with cgo.
-func cgo() bool {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return true
-	}
-	for _, s := range info.Settings {
-		if s.Key == "CGO_ENABLED" {
-			return s.Value == "1"
-		}
-	}
-	return false
-}
-
-// TestDropPrivileges runs program.DropPrivileges in a child (the test binary):
-// without cgo, every thread of it, and a program it runs, has no
-// capability and no_new_privs; with cgo, it refuses, saying so.
-func TestDropPrivileges(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root")
-		}
-		t.Skip("needs root")
-	}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), dropEnv+"=1")
-	out, err := cmd.Output()
-	t.Logf("cgo: %v", cgo())
-	if cgo() {
-		if err == nil || !strings.Contains(string(out), "built with cgo (build it with CGO_ENABLED=0)") {
-			t.Errorf("with cgo: %v, %s", err, out)
-		}
-		return
-	}
-	if err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	if n := strings.Count(string(out), "CapEff"); n < 3 {
-		t.Errorf("the status of %d threads and the program it ran, want at least 2 and 1", n)
-	}
-	unprivileged(t, string(out))
 }
 
 // TestProgramUnprivileged builds vipd-kubernetes as make does (without
