@@ -393,3 +393,35 @@ func TestClientHungProgram(t *testing.T) {
 		return strings.Contains(s, "taken for hung") && strings.Contains(s, "started again"), s
 	})
 }
+
+// TestSetWhileRestarting: routes set while the program is down fail to
+// reach it then, and the program announces them when it is back.
+func TestSetWhileRestarting(t *testing.T) {
+	c, _, ev, err := startAfter(t, "ok", 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(map[netip.Prefix]Attrs{netip.MustParsePrefix("198.51.100.1/32"): {}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the established event", func() (bool, string) {
+		return slices.Contains(ev.states(), "established"), fmt.Sprint(ev.states())
+	})
+	c.mu.Lock()
+	first := c.ch
+	c.mu.Unlock()
+	first.Cmd.Process.Kill()
+	waitFor(t, "the program gone", func() (bool, string) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.ch == nil, "still running"
+	})
+	two := map[netip.Prefix]Attrs{netip.MustParsePrefix("198.51.100.1/32"): {}, netip.MustParsePrefix("198.51.100.2/32"): {}}
+	if err := c.Set(two); err == nil || !strings.Contains(err.Error(), "restarting") {
+		t.Errorf("Set while restarting: %v", err)
+	}
+	waitFor(t, "the new program with the 2 routes set while it was down", func() (bool, string) {
+		up, ps, n := routesOf(c)
+		return up && n == 2, ps
+	})
+}

@@ -73,6 +73,9 @@ type Client struct {
 	// them.
 	routes  map[netip.Prefix]Attrs
 	retired bool
+	// gen counts the Sets and Retires, so that a restart sees one that
+	// came while it started the program.
+	gen uint64
 	// peers are the sessions' last known state.
 	peers map[netip.Addr]Peer
 	// stopping says Stop began: the program is not started again.
@@ -98,7 +101,7 @@ func Start(ctx context.Context, opts ClientOptions) (*Client, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	c := &Client{opts: opts, log: opts.Logger, peers: map[netip.Addr]Peer{}, stopc: make(chan struct{}), done: make(chan struct{})}
-	ch, err := c.start(ctx)
+	ch, _, err := c.start(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -122,29 +125,30 @@ type child struct {
 }
 
 // start starts the program, sends the options and the routes to
-// announce, and waits for the program's answer.
-func (c *Client) start(ctx context.Context) (*child, error) {
+// announce, and waits for the program's answers; gen is the generation
+// of the routes it sent.
+func (c *Client) start(ctx context.Context) (ch *child, gen uint64, err error) {
 	pc, err := program.Start(program.Options{Program: c.opts.Program, Args: c.opts.Args, Env: c.opts.Env, Output: os.Stderr})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", c.opts.Program, err)
+		return nil, 0, fmt.Errorf("%s: %w", c.opts.Program, err)
 	}
-	ch := &child{Child: pc, gone: make(chan struct{}), pending: map[uint64]chan *message{}}
+	ch = &child{Child: pc, gone: make(chan struct{}), pending: map[uint64]chan *message{}}
 	go c.readLoop(ch)
 	opts := c.opts.Options
 	if _, err := ch.call(ctx, &message{Op: opStart, Version: Version, Start: &opts}, c.opts.RequestTimeout); err != nil {
 		ch.kill()
-		return nil, fmt.Errorf("%s: %w", c.opts.Program, err)
+		return nil, 0, fmt.Errorf("%s: %w", c.opts.Program, err)
 	}
 	c.mu.Lock()
-	routes, retired := c.routes, c.retired
+	routes, retired, gen := c.routes, c.retired, c.gen
 	c.mu.Unlock()
 	if routes != nil && !retired {
 		if _, err := ch.call(ctx, setMessage(routes), c.opts.RequestTimeout); err != nil {
 			ch.kill()
-			return nil, fmt.Errorf("%s: announce the routes again: %w", c.opts.Program, err)
+			return nil, 0, fmt.Errorf("%s: announce the routes again: %w", c.opts.Program, err)
 		}
 	}
-	return ch, nil
+	return ch, gen, nil
 }
 
 // readLoop reads the program's messages until the socket ends: replies
@@ -312,7 +316,7 @@ func (c *Client) supervise(ch *child) {
 				t.Stop()
 				return
 			}
-			next, err := c.start(context.Background())
+			next, sent, err := c.start(context.Background())
 			if err == nil {
 				c.mu.Lock()
 				if c.stopping {
@@ -321,8 +325,20 @@ func (c *Client) supervise(ch *child) {
 					return
 				}
 				c.ch = next
+				gen, routes, retired := c.gen, c.routes, c.retired
 				c.mu.Unlock()
 				c.log.Info("the BGP speaker program started again", "program", c.opts.Program)
+				if gen != sent {
+					// A Set or Retire came while the program started,
+					// and failed: this one is its.
+					m := setMessage(routes)
+					if retired {
+						m = &message{Op: opRetire}
+					}
+					if _, err := next.call(context.Background(), m, c.opts.RequestTimeout); err != nil {
+						c.log.Error("the BGP speaker program did not take the routes set while it started", "err", err)
+					}
+				}
 				ch, wait = next, c.opts.Restart
 				break
 			}
@@ -367,6 +383,7 @@ func setMessage(routes map[netip.Prefix]Attrs) *message {
 func (c *Client) Set(routes map[netip.Prefix]Attrs) error {
 	c.mu.Lock()
 	c.routes, c.retired = maps.Clone(routes), false
+	c.gen++
 	if c.routes == nil {
 		c.routes = map[netip.Prefix]Attrs{}
 	}
@@ -383,6 +400,7 @@ func (c *Client) Set(routes map[netip.Prefix]Attrs) error {
 func (c *Client) Retire(ctx context.Context) error {
 	c.mu.Lock()
 	c.retired = true
+	c.gen++
 	c.mu.Unlock()
 	ch, err := c.running()
 	if err != nil {
