@@ -185,6 +185,31 @@ func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 	t.Fatalf("%s: not after 10 s (last: %s)", what, last)
 }
 
+// waitEstablished waits for the fake peer's established event.
+func waitEstablished(t *testing.T, ev *events) {
+	t.Helper()
+	waitFor(t, "the established event", func() (bool, string) {
+		return slices.Contains(ev.states(), "established"), fmt.Sprint(ev.states())
+	})
+}
+
+// kill kills the running program, as a crash would, and returns it.
+func kill(c *Client) *child {
+	c.mu.Lock()
+	ch := c.ch
+	c.mu.Unlock()
+	ch.Cmd.Process.Kill()
+	return ch
+}
+
+// killEstablished waits for the fake peer's session, then kills the
+// program that reported it.
+func killEstablished(t *testing.T, c *Client, ev *events) *child {
+	t.Helper()
+	waitEstablished(t, ev)
+	return kill(c)
+}
+
 // routesOf is how many routes the fake peer says it gets.
 func routesOf(c *Client) (bool, string, int) {
 	ps := c.Peers()
@@ -202,9 +227,7 @@ func TestClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the established event", func() (bool, string) {
-		return slices.Contains(ev.states(), "established"), fmt.Sprint(ev.states())
-	})
+	waitEstablished(t, ev)
 	routes := map[netip.Prefix]Attrs{
 		netip.MustParsePrefix("198.51.100.1/32"): {Communities: []uint32{65000<<16 | 1}},
 		netip.MustParsePrefix("2001:db8::1/128"): {LargeCommunities: []LargeCommunity{{Global: 1, Local1: 2, Local2: 3}}},
@@ -244,13 +267,7 @@ func TestClientRestarts(t *testing.T) {
 	if err := c.Set(map[netip.Prefix]Attrs{netip.MustParsePrefix("198.51.100.1/32"): {}, netip.MustParsePrefix("198.51.100.2/32"): {}, netip.MustParsePrefix("198.51.100.3/32"): {}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the established event", func() (bool, string) {
-		return slices.Contains(ev.states(), "established"), fmt.Sprint(ev.states())
-	})
-	c.mu.Lock()
-	first := c.ch
-	c.mu.Unlock()
-	first.Cmd.Process.Kill()
+	first := killEstablished(t, c, ev)
 	waitFor(t, "the session reported idle", func() (bool, string) {
 		return slices.Contains(ev.states(), "idle"), fmt.Sprint(ev.states())
 	})
@@ -350,10 +367,7 @@ func TestStopWhileRestarting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.mu.Lock()
-	first := c.ch
-	c.mu.Unlock()
-	first.Cmd.Process.Kill()
+	kill(c)
 	waitFor(t, "the program gone", func() (bool, string) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -377,9 +391,7 @@ func TestClientHungProgram(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the established event", func() (bool, string) {
-		return slices.Contains(ev.states(), "established"), fmt.Sprint(ev.states())
-	})
+	waitEstablished(t, ev)
 	t0 := time.Now()
 	ps := c.Peers()
 	if d := time.Since(t0); d > 3*time.Second {
@@ -404,13 +416,7 @@ func TestSetWhileRestarting(t *testing.T) {
 	if err := c.Set(map[netip.Prefix]Attrs{netip.MustParsePrefix("198.51.100.1/32"): {}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the established event", func() (bool, string) {
-		return slices.Contains(ev.states(), "established"), fmt.Sprint(ev.states())
-	})
-	c.mu.Lock()
-	first := c.ch
-	c.mu.Unlock()
-	first.Cmd.Process.Kill()
+	killEstablished(t, c, ev)
 	waitFor(t, "the program gone", func() (bool, string) {
 		c.mu.Lock()
 		defer c.mu.Unlock()

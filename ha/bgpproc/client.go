@@ -78,9 +78,8 @@ type Client struct {
 	gen uint64
 	// peers are the sessions' last known state.
 	peers map[netip.Addr]Peer
-	// stopping says Stop began: the program is not started again.
-	stopping bool
-	// stopc is closed when Stop begins; done when the supervisor ends.
+	// stopc is closed when Stop begins (the program is not started
+	// again); done when the supervisor ends.
 	stopc, done chan struct{}
 }
 
@@ -267,6 +266,17 @@ func (ch *child) wait(ctx context.Context) {
 	<-ch.Exited()
 }
 
+// stopped reports whether Stop began; c.mu is held, which orders it
+// with the closing of stopc.
+func (c *Client) stopped() bool {
+	select {
+	case <-c.stopc:
+		return true
+	default:
+		return false
+	}
+}
+
 // kill ends the program and waits for it.
 func (ch *child) kill() {
 	ch.Conn.Close()
@@ -289,7 +299,7 @@ func (c *Client) supervise(ch *child) {
 		ch.wait(context.Background())
 		c.mu.Lock()
 		c.ch = nil
-		stopping := c.stopping
+		stopping := c.stopped()
 		var idle []Peer
 		for a, p := range c.peers {
 			if p.State != "idle" {
@@ -319,7 +329,7 @@ func (c *Client) supervise(ch *child) {
 			next, sent, err := c.start(context.Background())
 			if err == nil {
 				c.mu.Lock()
-				if c.stopping {
+				if c.stopped() {
 					c.mu.Unlock()
 					next.kill()
 					return
@@ -361,7 +371,7 @@ func (c *Client) running() (*child, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ch == nil {
-		if c.stopping {
+		if c.stopped() {
 			return nil, errors.New("bgp: the speaker is stopped")
 		}
 		return nil, errors.New("bgp: the speaker program is restarting")
@@ -414,10 +424,9 @@ func (c *Client) Retire(ctx context.Context) error {
 // the program. When ctx ends first, the program is killed.
 func (c *Client) Stop(ctx context.Context) error {
 	c.mu.Lock()
-	if !c.stopping {
+	if !c.stopped() {
 		close(c.stopc)
 	}
-	c.stopping = true
 	ch := c.ch
 	c.mu.Unlock()
 	var err error
