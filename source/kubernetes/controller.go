@@ -26,7 +26,7 @@ import (
 func (c *controller) waitSynced(ctx context.Context, synced []cache.InformerSynced) bool {
 	poll := time.NewTicker(50 * time.Millisecond)
 	defer poll.Stop()
-	probe := time.NewTicker(probeEvery)
+	probe := time.NewTicker(probeLostEvery)
 	defer probe.Stop()
 	var lost error
 	for {
@@ -39,7 +39,10 @@ func (c *controller) waitSynced(ctx context.Context, synced []cache.InformerSync
 		case <-poll.C:
 		case err := <-c.watchErr:
 			c.lose(fmt.Errorf("kubernetes: watch: %w", err), &lost)
-		case <-probe.C:
+		case now := <-probe.C:
+			if !c.probeDue(now, lost) {
+				continue
+			}
 			if err := c.probe(ctx); err != nil && ctx.Err() == nil {
 				c.lose(err, &lost)
 			}
@@ -47,14 +50,25 @@ func (c *controller) waitSynced(ctx context.Context, synced []cache.InformerSync
 	}
 }
 
-// probe asks the API server whether it is ready. A client without a REST
+// probeDue reports whether a probe is due at now: every probeEvery, and
+// every tick while the server is out of reach or the gate holds requests.
+func (c *controller) probeDue(now time.Time, lost error) bool {
+	if lost != nil || c.gate != nil && c.gate.isShut() {
+		return true
+	}
+	return now.Sub(c.probed) >= probeEvery
+}
+
+// probe asks the API server whether it is ready, past the gate, whose
+// requests go again once the server answers. A client without a REST
 // client (client-go's fake) cannot be asked.
 func (c *controller) probe(ctx context.Context) error {
+	c.probed = time.Now()
 	rc := c.cs.Discovery().RESTClient()
 	if rc == nil {
 		return nil
 	}
-	pctx, cancel := context.WithTimeout(ctx, probeEvery)
+	pctx, cancel := context.WithTimeout(passGate(ctx), probeEvery)
 	defer cancel()
 	if err := rc.Get().AbsPath("/readyz").Do(pctx).Error(); err != nil {
 		return fmt.Errorf("kubernetes: API server %s: %w", c.host, err)
@@ -64,8 +78,13 @@ func (c *controller) probe(ctx context.Context) error {
 
 // controller is the running source.
 type controller struct {
-	s        *Source
-	cs       clientset.Interface
+	s  *Source
+	cs clientset.Interface
+	// gate holds cs's requests while the API server is unavailable; nil
+	// for an injected client.
+	gate *gate
+	// probed is when the last probe began.
+	probed   time.Time
 	host     string
 	sink     source.Sink
 	alloc    *Allocator
@@ -237,8 +256,13 @@ func sliceService(obj any) ([]string, error) {
 
 // probeEvery is how often the source asks the API server whether it is
 // ready: client-go's watches retry a refused connection silently, so a
-// stopped API server shows only here.
-const probeEvery = 3 * time.Second
+// stopped API server shows only here. While the server is out of reach,
+// it asks every probeLostEvery, so that the requests the gate holds go
+// soon after the server is back.
+const (
+	probeEvery     = 3 * time.Second
+	probeLostEvery = 500 * time.Millisecond
+)
 
 // leading reports whether this instance holds the Lease (or elects no
 // leader).
@@ -251,7 +275,7 @@ func (c *controller) loop(ctx context.Context, elected <-chan context.Context) e
 	const retry = 2 * time.Second
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	probe := time.NewTicker(probeEvery)
+	probe := time.NewTicker(probeLostEvery)
 	defer probe.Stop()
 	c.sink.Report(nil)
 	c.status = newStatusWriter(c.writeStatus)
@@ -303,7 +327,10 @@ func (c *controller) loop(ctx context.Context, elected <-chan context.Context) e
 		case err := <-c.watchErr:
 			c.lose(fmt.Errorf("kubernetes: watch: %w", err), &lost)
 			continue
-		case <-probe.C:
+		case now := <-probe.C:
+			if !c.probeDue(now, lost) {
+				continue
+			}
 			err := c.probe(ctx)
 			if ctx.Err() != nil {
 				return nil

@@ -325,6 +325,7 @@ func (s *Source) restConfig() (*rest.Config, error) {
 func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	var cfg *rest.Config
 	var cs, events clientset.Interface
+	var g *gate
 	if s.client != nil {
 		cfg, cs, events = &rest.Config{Host: "(client)"}, s.client, s.client
 	} else {
@@ -338,7 +339,12 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 		if s.wrap != nil {
 			cfg.Wrap(s.wrap)
 		}
-		if cs, err = clientset.NewForConfig(cfg); err != nil {
+		// The informers', the probe's and the status writes' client is
+		// behind the gate; the events' and the election's are not.
+		g = newGate()
+		gcfg := rest.CopyConfig(cfg)
+		gcfg.Wrap(g.wrap)
+		if cs, err = clientset.NewForConfig(gcfg); err != nil {
 			return fmt.Errorf("kubernetes: %w", err)
 		}
 		// Events have a client, and so a rate limiter, of their own.
@@ -370,7 +376,7 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vipd"})
 
 	c := &controller{
-		s: s, cs: cs, host: cfg.Host, sink: sink, alloc: alloc, recorder: recorder,
+		s: s, cs: cs, gate: g, host: cfg.Host, sink: sink, alloc: alloc, recorder: recorder,
 		services: svcInf.Lister(), slices: sliceInf.Lister(), nodes: nodeInf.Lister(),
 		dirty:    make(chan struct{}, 1),
 		watchErr: make(chan error, 1),

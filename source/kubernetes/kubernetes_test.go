@@ -226,8 +226,14 @@ func (e *env) runWith(t *testing.T, opts kubernetes.Options, sink *fakeSink, set
 // waitSnap waits until the sink's last snapshot dumps as want.
 func waitSnap(t *testing.T, sink *fakeSink, want string) {
 	t.Helper()
+	waitSnapWithin(t, sink, want, timeout)
+}
+
+// waitSnapWithin waits up to d until the sink's last snapshot is want.
+func waitSnapWithin(t *testing.T, sink *fakeSink, want string, d time.Duration) {
+	t.Helper()
 	want = strings.TrimSpace(want)
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(d)
 	for {
 		got, _ := sink.last()
 		if got == want {
@@ -936,6 +942,15 @@ func (e *env) testAPILoss(t *testing.T) {
 	if got, m := sink.last(); m != n || got != strings.TrimSpace(want) {
 		t.Fatalf("after the API came back: %d snapshots (was %d), last:\n%s", m, n, got)
 	}
+	// A change made as soon as the server is back reaches the sink at
+	// once: the informers' requests waited at the gate during the outage
+	// instead of backing off.
+	back := time.Now()
+	e.create(t, lbService(ns, "b", port("", corev1.ProtocolTCP, 80)))
+	want += "\n" + fmt.Sprintf(`k8s/%s/b/80/tcp tcp 192.0.2.89:80 ->`, ns)
+	waitSnapWithin(t, sink, want, backWithin)
+	t.Logf("a Service created after the API server's return was published in %v", time.Since(back).Round(time.Millisecond))
+	e.waitStatus(t, ns, "b", "192.0.2.89")
 
 	// A source that starts while the API server is gone says so, and
 	// publishes nothing until its caches are in sync.
@@ -946,12 +961,21 @@ func (e *env) testAPILoss(t *testing.T) {
 	if got, m := sink2.last(); m != 0 {
 		t.Fatalf("published before the caches were in sync:\n%s", got)
 	}
+	// Long enough for client-go's back-off to grow past backWithin: without
+	// the gate the source published 3-6.4 s after the server's return.
+	time.Sleep(12 * time.Second)
 	if err := e.srv.StartAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	waitSnap(t, sink2, want)
+	back = time.Now()
+	waitSnapWithin(t, sink2, want, backWithin)
+	t.Logf("a source started without the API server published in %v after its return", time.Since(back).Round(time.Millisecond))
 	waitReport(t, sink2, func(err error) bool { return err == nil })
 }
+
+// backWithin bounds the time from the API server's return (ready) to the
+// source's being in step again.
+const backWithin = 3 * time.Second
 
 // waitReport waits until the sink's last report satisfies ok.
 func waitReport(t *testing.T, sink *fakeSink, ok func(error) bool) {

@@ -1,0 +1,142 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestGate drives the gate with a real listener: an answer that says the
+// server is unavailable, or none at all, shuts it; a shut gate holds
+// requests (they never reach the server) until the probe, which passes it,
+// gets any other answer.
+func TestGate(t *testing.T) {
+	var code atomic.Int32
+	code.Store(http.StatusOK)
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(int(code.Load()))
+	}))
+	defer srv.Close()
+	url := srv.URL
+	g := newGate()
+	c := &http.Client{Transport: g.wrap(http.DefaultTransport)}
+	get := func(ctx context.Context) (int, error) {
+		req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	// held checks that a request waits at the gate and never reaches the
+	// server.
+	held := func(what string) {
+		t.Helper()
+		before := hits.Load()
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if _, err := get(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s: a request went through a shut gate: %v", what, err)
+		}
+		if n := hits.Load(); n != before {
+			t.Errorf("%s: the server saw %d requests through a shut gate", what, n-before)
+		}
+	}
+
+	if got, err := get(context.Background()); err != nil || got != http.StatusOK || g.isShut() {
+		t.Fatalf("open gate: %d %v shut=%v", got, err, g.isShut())
+	}
+	for _, unavail := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusBadGateway, http.StatusGatewayTimeout} {
+		code.Store(int32(unavail))
+		if got, err := get(context.Background()); err != nil || got != unavail {
+			t.Fatalf("%d: %d %v", unavail, got, err)
+		}
+		if !g.isShut() {
+			t.Fatalf("%d did not shut the gate", unavail)
+		}
+		held(http.StatusText(unavail))
+		// The probe passes; while the server still says so, the gate
+		// stays shut.
+		if _, err := get(passGate(context.Background())); err != nil || !g.isShut() {
+			t.Fatalf("%d: the probe: %v shut=%v", unavail, err, g.isShut())
+		}
+		// A request waiting at the gate goes when the probe finds the
+		// server back.
+		code.Store(http.StatusOK)
+		waiting := make(chan error, 1)
+		go func() {
+			got, err := get(context.Background())
+			if err == nil && got != http.StatusOK {
+				err = errors.New(http.StatusText(got))
+			}
+			waiting <- err
+		}()
+		select {
+		case err := <-waiting:
+			t.Fatalf("%d: a request went before the probe: %v", unavail, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if _, err := get(passGate(context.Background())); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-waiting:
+			if err != nil {
+				t.Fatalf("%d: the held request: %v", unavail, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d: the held request did not go after the probe", unavail)
+		}
+	}
+
+	// Answers about the request, not the server, leave the gate open.
+	for _, other := range []int{http.StatusForbidden, http.StatusNotFound, http.StatusInternalServerError, http.StatusConflict} {
+		code.Store(int32(other))
+		if _, err := get(context.Background()); err != nil || g.isShut() {
+			t.Fatalf("%d: %v shut=%v", other, err, g.isShut())
+		}
+	}
+	// A probe answered with such a status (a probe the server forbids)
+	// still opens the gate: the server is there.
+	code.Store(http.StatusServiceUnavailable)
+	get(context.Background())
+	code.Store(http.StatusForbidden)
+	if _, err := get(passGate(context.Background())); err != nil || g.isShut() {
+		t.Fatalf("a forbidden probe: %v shut=%v", err, g.isShut())
+	}
+
+	// A request its caller ends says nothing of the server.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := get(ctx); !errors.Is(err, context.Canceled) || g.isShut() {
+		t.Fatalf("a cancelled request: %v shut=%v", err, g.isShut())
+	}
+
+	// No answer at all: the server is gone.
+	srv.Close()
+	if _, err := get(context.Background()); err == nil || !g.isShut() {
+		t.Fatalf("no server: %v shut=%v", err, g.isShut())
+	}
+	if _, err := get(passGate(context.Background())); err == nil || !g.isShut() {
+		t.Fatalf("a probe of no server: %v shut=%v", err, g.isShut())
+	}
+	// A server that answers again (the gate knows no address): the probe
+	// opens the gate.
+	code.Store(http.StatusOK)
+	back := httptest.NewServer(srv.Config.Handler)
+	defer back.Close()
+	url = back.URL
+	if _, err := get(passGate(context.Background())); err != nil || g.isShut() {
+		t.Fatalf("a probe of the server back: %v shut=%v", err, g.isShut())
+	}
+}
