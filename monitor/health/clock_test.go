@@ -1,6 +1,7 @@
 package health
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -136,4 +137,35 @@ func TestSystemClockTimer(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("timer did not fire")
 	}
+}
+
+// TestChanSleeper checks the sleeper of other clocks the same way, on a
+// fake clock.
+func TestChanSleeper(t *testing.T) {
+	c := newFakeClock()
+	s := newSleeper(c)
+	defer s.close()
+	ctx := context.Background()
+	done := make(chan struct{})
+	until := c.Now().Add(time.Second)
+	go func() {
+		s.sleep(ctx, until)
+		close(done)
+	}()
+	select {
+	case <-done:
+		t.Fatal("the sleep ended before the clock moved")
+	case <-time.After(30 * time.Millisecond):
+	}
+	c.Advance(time.Second)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sleep did not end when the clock reached its end")
+	}
+	s.wake()
+	s.sleep(ctx, time.Time{}) // ended by the wake before it
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	s.sleep(cctx, time.Time{}) // ended by ctx
 }

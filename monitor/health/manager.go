@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -136,8 +137,10 @@ type Manager struct {
 	jobs  chan *check // due checks, handed to idle workers
 	// slots holds a token for each probe running, MaxInFlight at most.
 	slots chan struct{}
-	wake  chan struct{}
-	evs   chan struct{}
+	// sleeper is where Run's scheduler waits between rounds; nil when
+	// Run is not running.
+	sleeper atomic.Pointer[sleeperRef]
+	evs     chan struct{}
 
 	updateMu sync.Mutex // serializes Update
 
@@ -258,7 +261,6 @@ func NewManager(opts Options) *Manager {
 		clock:     opts.Clock,
 		jobs:      make(chan *check),
 		slots:     make(chan struct{}, opts.MaxInFlight),
-		wake:      make(chan struct{}, 1),
 		evs:       make(chan struct{}, 1),
 		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		checks:    map[checkKey]*check{},
@@ -703,11 +705,13 @@ func (m *Manager) transition(r ref, b *backend, now time.Time) {
 
 // poke wakes the scheduler to look at the queue again.
 func (m *Manager) poke() {
-	select {
-	case m.wake <- struct{}{}:
-	default:
+	if s := m.sleeper.Load(); s != nil {
+		s.wake()
 	}
 }
+
+// sleeperRef holds a sleeper for an atomic.Pointer.
+type sleeperRef struct{ sleeper }
 
 // Run probes the checks until ctx ends, then waits for the probes in
 // flight and returns nil. It may be called again after it returns.
@@ -746,8 +750,14 @@ func (m *Manager) Run(ctx context.Context) error {
 		p.drive()
 	}
 
-	timer := m.clock.NewTimer()
-	defer timer.Stop()
+	sl := newSleeper(m.clock)
+	m.sleeper.Store(&sleeperRef{sl})
+	defer func() {
+		m.sleeper.Store(nil)
+		sl.close()
+	}()
+	// The sleeper wakes when ctx ends.
+	defer context.AfterFunc(ctx, m.poke)()
 	for {
 		p.tend()
 		due, next, now, slack := m.popDue()
@@ -774,21 +784,14 @@ func (m *Manager) Run(ctx context.Context) error {
 				next = at
 			}
 		}
-		switch {
-		case next.IsZero():
-			timer.Stop()
-		case slack > 0 && next.Before(now.Add(slack)):
+		if slack > 0 && !next.IsZero() && next.Before(now.Add(slack)) {
 			// Not again within the slack: the probes due by then
 			// start together.
-			timer.Reset(now.Add(slack))
-		default:
-			timer.Reset(next)
+			next = now.Add(slack)
 		}
-		select {
-		case <-ctx.Done():
+		sl.sleep(ctx, next)
+		if ctx.Err() != nil {
 			return nil
-		case <-timer.C():
-		case <-m.wake:
 		}
 	}
 }

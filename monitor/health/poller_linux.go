@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,6 +44,11 @@ import (
 // again only as a new probe's.
 type poller struct {
 	epfd int
+	// timer is a timerfd in the epoll instance that expires when the
+	// loop is to wake on its own: a runtime deadline on file would wake
+	// it twice (the runtime waits in whole milliseconds, rounded down,
+	// then for the rest) and the runtime's monitor thread with it.
+	timer int
 	// file is epfd in the runtime's network poller, whose read
 	// deadline is the loop's wake-up time.
 	file   *os.File
@@ -140,15 +146,28 @@ func newPoller() (*poller, error) {
 		unix.Close(epfd)
 		return nil, fmt.Errorf("create epoll instance: %w", err)
 	}
+	tfd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("create timer: %w", os.NewSyscallError("timerfd_create", err))
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(tfd)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, tfd, &ev); err != nil {
+		unix.Close(tfd)
+		unix.Close(epfd)
+		return nil, fmt.Errorf("watch timer: %w", err)
+	}
 	// Non-blocking, the descriptor joins the runtime's poller.
 	file := os.NewFile(uintptr(epfd), "epoll")
 	raw, err := file.SyscallConn()
 	if err != nil {
 		file.Close()
+		unix.Close(tfd)
 		return nil, fmt.Errorf("create epoll instance: %w", err)
 	}
 	p := &poller{
 		epfd:   epfd,
+		timer:  tfd,
 		file:   file,
 		raw:    raw,
 		t0:     time.Now(),
@@ -207,7 +226,7 @@ func (p *poller) add(op *pollOp, events uint32) error {
 		return nil
 	}
 	ev := unix.EpollEvent{Events: events, Fd: int32(op.fd), Pad: int32(op.gen)}
-	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, op.fd, &ev); err != nil {
+	if err := rawEpollCtl(p.epfd, unix.EPOLL_CTL_ADD, op.fd, &ev); err != nil {
 		p.mu.Lock()
 		delete(p.ops, int32(op.fd))
 		p.remove(op)
@@ -237,11 +256,8 @@ func (p *poller) finish(op *pollOp, err error) {
 // setWake makes the loop wake at p.sleep. Called with mu held, so that
 // the last wake-up time set is the one for the whole heap.
 func (p *poller) setWake() {
-	t := time.Time{}
-	if p.sleep != math.MaxInt64 {
-		t = p.t0.Add(time.Duration(p.sleep))
-	}
-	_ = p.file.SetReadDeadline(t) // fails only once closed
+	// Fails only once closed.
+	_ = armTimerfd(p.timer, time.Duration(p.sleep-p.now()), p.sleep == math.MaxInt64)
 }
 
 // setSlack makes d (none if not positive) the slack of p's deadlines (p
@@ -268,6 +284,7 @@ func (p *poller) close() {
 	p.mu.Unlock()
 	<-p.exited
 	p.file.Close()
+	unix.Close(p.timer)
 }
 
 // readyOp is a probe with the events epoll_wait reported for it.
@@ -291,11 +308,16 @@ func (p *poller) loop() {
 	var n int
 	var werr error
 	wait := func(uintptr) bool {
-		n, werr = unix.EpollWait(p.epfd, events, 0)
+		n, werr = rawEpollWait(p.epfd, events)
 		return n != 0 || (werr != nil && werr != unix.EINTR)
 	}
 	for {
 		err := p.raw.Read(wait)
+		if err == nil && werr == nil {
+			// The timer, if it expired, is read so that it stops
+			// waking the loop; plan arms it again.
+			n = p.dropTimer(events[:n])
+		}
 		p.mu.Lock()
 		collect := len(p.sockOps) > 0 && !p.driven.Load()
 		p.mu.Unlock()
@@ -306,12 +328,6 @@ func (p *poller) loop() {
 		}
 		switch {
 		case err == nil && werr == nil:
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			// A deadline already past returns before polling: poll,
-			// so that a run of timeouts does not hold events back.
-			if n, werr = unix.EpollWait(p.epfd, events, 0); werr != nil {
-				n = 0
-			}
 		default:
 			// Only a bad descriptor or buffer fails epoll_wait, not
 			// something waiting fixes: end everything rather than
@@ -372,11 +388,25 @@ func (p *poller) loop() {
 	}
 }
 
+// dropTimer takes the timer's event, if any, out of events, reading the
+// timer, and returns how many events are left.
+func (p *poller) dropTimer(events []unix.EpollEvent) int {
+	for i, ev := range events {
+		if ev.Fd == int32(p.timer) {
+			var buf [8]byte
+			_, _, _ = unix.RawSyscall(unix.SYS_READ, uintptr(p.timer), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+			events[i] = events[len(events)-1]
+			return len(events) - 1
+		}
+	}
+	return len(events)
+}
+
 // closeOrKeep closes the socket of op, which has ended, or hands it to
 // op's handler if it asked to keep it.
 func (p *poller) closeOrKeep(op *pollOp, closing bool) {
 	if op.keep && !closing {
-		if k, ok := op.handler.(pollKeeper); ok && unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, op.fd, nil) == nil {
+		if k, ok := op.handler.(pollKeeper); ok && rawEpollCtl(p.epfd, unix.EPOLL_CTL_DEL, op.fd, nil) == nil {
 			k.kept(op.fd)
 			return
 		}

@@ -107,3 +107,21 @@ func rawPeek(fd int, b []byte) (int, error) {
 	}
 	return int(n), nil
 }
+
+// rawEpollWait polls epoll instance epfd for events, without waiting.
+func rawEpollWait(epfd int, events []unix.EpollEvent) (int, error) {
+	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(unsafe.SliceData(events))), uintptr(len(events)), 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// rawEpollCtl is epoll_ctl(2).
+func rawEpollCtl(epfd, op, fd int, ev *unix.EpollEvent) error {
+	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(epfd), uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(ev)), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
