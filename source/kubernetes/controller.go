@@ -51,16 +51,13 @@ func (c *controller) waitSynced(ctx context.Context, synced []cache.InformerSync
 }
 
 // probeDue reports whether a probe is due at now: every probeEvery, and
-// every tick while the server is out of reach or the gate holds requests.
+// every tick while the server is out of reach.
 func (c *controller) probeDue(now time.Time, lost error) bool {
-	if lost != nil || c.gate != nil && c.gate.isShut() {
-		return true
-	}
-	return now.Sub(c.probed) >= probeEvery
+	return lost != nil || now.Sub(c.probed) >= probeEvery
 }
 
-// probe asks the API server whether it is ready, past the gate, whose
-// requests go again once the server answers. A client without a REST
+// probe asks the API server whether it is ready, past the gate (whose
+// requests go again once the server answers). A client without a REST
 // client (client-go's fake) cannot be asked.
 func (c *controller) probe(ctx context.Context) error {
 	c.probed = time.Now()
@@ -80,9 +77,6 @@ func (c *controller) probe(ctx context.Context) error {
 type controller struct {
 	s  *Source
 	cs clientset.Interface
-	// gate holds cs's requests while the API server is unavailable; nil
-	// for an injected client.
-	gate *gate
 	// probed is when the last probe began.
 	probed   time.Time
 	host     string
@@ -257,8 +251,8 @@ func sliceService(obj any) ([]string, error) {
 // probeEvery is how often the source asks the API server whether it is
 // ready: client-go's watches retry a refused connection silently, so a
 // stopped API server shows only here. While the server is out of reach,
-// it asks every probeLostEvery, so that the requests the gate holds go
-// soon after the server is back.
+// it asks every probeLostEvery, so that the source says soon that it is
+// back.
 const (
 	probeEvery     = 3 * time.Second
 	probeLostEvery = 500 * time.Millisecond

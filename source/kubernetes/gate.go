@@ -4,11 +4,13 @@ import (
 	"context"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // A gate holds the source's requests to the API server while the server is
-// known to be unavailable, and lets them go as soon as a request (the
-// source's readiness probe, which passes the gate) finds it answering again.
+// known to be unavailable, and lets them go as soon as a request that passes
+// the gate finds it answering again: the gate's own probe, every
+// gateProbeEvery while it is shut, or the source's.
 //
 // Without it, each of client-go's informers retries a failed list or watch
 // after a back-off that doubles up to 30 s (60 s with its jitter), so that
@@ -17,10 +19,22 @@ import (
 // instead of failing, so an informer fails once per outage and goes on the
 // moment the server answers.
 type gate struct {
+	// ctx bounds the gate's probing, and probe asks the server whether
+	// it answers, passing the gate (its answer moves the gate); probe is
+	// nil until start.
+	ctx   context.Context
+	probe func(context.Context)
+
 	mu sync.Mutex
 	// open is closed while requests may go.
 	open chan struct{}
+	// probing says that the gate's probing goroutine runs.
+	probing bool
 }
+
+// gateProbeEvery is how often a shut gate asks the server whether it
+// answers again.
+const gateProbeEvery = 500 * time.Millisecond
 
 func newGate() *gate {
 	g := &gate{open: make(chan struct{})}
@@ -28,7 +42,14 @@ func newGate() *gate {
 	return g
 }
 
-// shut holds the requests that come until the next release.
+// start makes a shut gate probe the server with probe until it opens or
+// ctx ends. Called once, before the first request.
+func (g *gate) start(ctx context.Context, probe func(context.Context)) {
+	g.ctx, g.probe = ctx, probe
+}
+
+// shut holds the requests that come until the next release, and starts
+// probing.
 func (g *gate) shut() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -36,6 +57,39 @@ func (g *gate) shut() {
 	case <-g.open:
 		g.open = make(chan struct{})
 	default:
+	}
+	if g.probe != nil && !g.probing {
+		g.probing = true
+		go g.probeUntilOpen(g.open)
+	}
+}
+
+// probeUntilOpen probes the server every gateProbeEvery until open is
+// closed or the gate's context ends.
+func (g *gate) probeUntilOpen(open <-chan struct{}) {
+	defer func() {
+		g.mu.Lock()
+		g.probing = false
+		shut := g.isShutLocked()
+		g.mu.Unlock()
+		// Shut again between the release and this end: probe again.
+		if shut && g.ctx.Err() == nil {
+			g.shut()
+		}
+	}()
+	t := time.NewTicker(gateProbeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-open:
+			return
+		case <-g.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(passGate(g.ctx), gateProbeEvery)
+		g.probe(ctx)
+		cancel()
 	}
 }
 
@@ -59,8 +113,14 @@ func (g *gate) opened() <-chan struct{} {
 
 // isShut reports whether requests are held.
 func (g *gate) isShut() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.isShutLocked()
+}
+
+func (g *gate) isShutLocked() bool {
 	select {
-	case <-g.opened():
+	case <-g.open:
 		return false
 	default:
 		return true
@@ -76,8 +136,10 @@ func passGate(ctx context.Context) context.Context {
 }
 
 // wrap returns next behind the gate. Each answer moves the gate: one that
-// says the server is unavailable (no answer at all, 429, 502, 503, 504)
-// shuts it, any other opens it.
+// says the server is unavailable (no answer at all, 502, 503, 504) shuts
+// it, any other opens it. A 429 opens it: the server throttles one flow
+// (client-go waits as it says and retries), which is no reason to hold the
+// others.
 func (g *gate) wrap(next http.RoundTripper) http.RoundTripper {
 	return &gatedTransport{g: g, next: next}
 }
@@ -116,11 +178,11 @@ func (t *gatedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 func (t *gatedTransport) WrappedRoundTripper() http.RoundTripper { return t.next }
 
 // unavailable reports whether an HTTP status says that the server cannot
-// serve now (starting, stopping, overloaded, or behind a proxy that cannot
-// reach it), rather than anything about the request.
+// serve now (starting, stopping, or behind a proxy that cannot reach it),
+// rather than anything about the request.
 func unavailable(code int) bool {
 	switch code {
-	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	}
 	return false

@@ -56,7 +56,7 @@ func TestGate(t *testing.T) {
 	if got, err := get(context.Background()); err != nil || got != http.StatusOK || g.isShut() {
 		t.Fatalf("open gate: %d %v shut=%v", got, err, g.isShut())
 	}
-	for _, unavail := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusBadGateway, http.StatusGatewayTimeout} {
+	for _, unavail := range []int{http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusGatewayTimeout} {
 		code.Store(int32(unavail))
 		if got, err := get(context.Background()); err != nil || got != unavail {
 			t.Fatalf("%d: %d %v", unavail, got, err)
@@ -99,8 +99,9 @@ func TestGate(t *testing.T) {
 		}
 	}
 
-	// Answers about the request, not the server, leave the gate open.
-	for _, other := range []int{http.StatusForbidden, http.StatusNotFound, http.StatusInternalServerError, http.StatusConflict} {
+	// Answers about the request, not the server, leave the gate open; so
+	// does throttling, which client-go waits out for that request alone.
+	for _, other := range []int{http.StatusForbidden, http.StatusNotFound, http.StatusInternalServerError, http.StatusConflict, http.StatusTooManyRequests} {
 		code.Store(int32(other))
 		if _, err := get(context.Background()); err != nil || g.isShut() {
 			t.Fatalf("%d: %v shut=%v", other, err, g.isShut())
@@ -138,5 +139,82 @@ func TestGate(t *testing.T) {
 	url = back.URL
 	if _, err := get(passGate(context.Background())); err != nil || g.isShut() {
 		t.Fatalf("a probe of the server back: %v shut=%v", err, g.isShut())
+	}
+}
+
+// TestGateProbes checks that a shut gate opens by itself: its own probe
+// finds the server answering, with nothing else passing the gate (the
+// source's loop may itself be waiting at it), and that it stays shut while
+// the server says it is unavailable.
+func TestGateProbes(t *testing.T) {
+	var code atomic.Int32
+	code.Store(http.StatusServiceUnavailable)
+	var probes atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			probes.Add(1)
+		}
+		w.WriteHeader(int(code.Load()))
+	}))
+	defer srv.Close()
+	g := newGate()
+	c := &http.Client{Transport: g.wrap(http.DefaultTransport)}
+	get := func(ctx context.Context, path string) (int, error) {
+		req, err := http.NewRequestWithContext(ctx, "GET", srv.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g.start(ctx, func(ctx context.Context) { get(ctx, "/readyz") })
+
+	if got, err := get(ctx, "/"); err != nil || got != http.StatusServiceUnavailable || !g.isShut() {
+		t.Fatalf("503: %d %v shut=%v", got, err, g.isShut())
+	}
+	waiting := make(chan error, 1)
+	go func() {
+		got, err := get(ctx, "/")
+		if err == nil && got != http.StatusOK {
+			err = errors.New(http.StatusText(got))
+		}
+		waiting <- err
+	}()
+	// Probes that find the server unavailable leave the gate shut.
+	deadline := time.Now().Add(10 * time.Second)
+	for probes.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the shut gate probed %d times in 10 s", probes.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case err := <-waiting:
+		t.Fatalf("a request went while the server said 503: %v", err)
+	default:
+	}
+	code.Store(http.StatusOK)
+	select {
+	case err := <-waiting:
+		if err != nil {
+			t.Fatalf("the held request: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gate did not open by itself after the server came back")
+	}
+	if g.isShut() {
+		t.Fatal("the gate is shut after the server came back")
+	}
+	// Open, the gate stops probing.
+	n := probes.Load()
+	time.Sleep(3 * gateProbeEvery)
+	if m := probes.Load(); m != n {
+		t.Errorf("an open gate probed %d times", m-n)
 	}
 }

@@ -358,6 +358,10 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if g != nil {
+		rc := cs.Discovery().RESTClient()
+		g.start(ctx, func(ctx context.Context) { _ = rc.Get().AbsPath("/readyz").Do(ctx).Error() })
+	}
 
 	ns := metav1.NamespaceAll
 	if len(s.opts.Namespaces) == 1 {
@@ -376,7 +380,7 @@ func (s *Source) Run(ctx context.Context, sink source.Sink) error {
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vipd"})
 
 	c := &controller{
-		s: s, cs: cs, gate: g, host: cfg.Host, sink: sink, alloc: alloc, recorder: recorder,
+		s: s, cs: cs, host: cfg.Host, sink: sink, alloc: alloc, recorder: recorder,
 		services: svcInf.Lister(), slices: sliceInf.Lister(), nodes: nodeInf.Lister(),
 		dirty:    make(chan struct{}, 1),
 		watchErr: make(chan error, 1),
