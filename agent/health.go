@@ -123,7 +123,7 @@ func (a *Agent) targets(cfg *config.Config) []health.Target {
 		}
 		for _, b := range vs.Backends {
 			if spec, ok := h.Checks[b.Addr]; ok {
-				out = append(out, health.Target{Service: vs.Name, Backend: b.Addr, Spec: spec})
+				out = append(out, health.Target{Service: vs.Name, Backend: b.Addr, Spec: *spec})
 			}
 		}
 	}

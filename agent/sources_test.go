@@ -233,9 +233,9 @@ func TestSourceHealth(t *testing.T) {
 	r := newRig(t, services(1, 1), src)
 	svc := vs("k8s/checked", "192.0.2.80", "10.1.0.1", "10.1.0.2")
 	_, err = src.sink(t).Publish(context.Background(), source.Snapshot{Services: []lb.VirtualService{svc},
-		Health: map[string]config.ServiceHealth{"k8s/checked": {Checks: map[netip.AddrPort]health.Spec{
-			netip.MustParseAddrPort("10.1.0.1:80"): check(openPort),
-			netip.MustParseAddrPort("10.1.0.2:80"): check(closedPort),
+		Health: map[string]config.ServiceHealth{"k8s/checked": {Checks: map[netip.AddrPort]*health.Spec{
+			netip.MustParseAddrPort("10.1.0.1:80"): new(check(openPort)),
+			netip.MustParseAddrPort("10.1.0.2:80"): new(check(closedPort)),
 		}}}})
 	if err != nil {
 		t.Fatal(err)

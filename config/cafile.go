@@ -47,7 +47,9 @@ func (c *Config) resolveCAFiles(d Delta) error {
 		if !ok {
 			continue
 		}
-		var checks map[netip.AddrPort]check.Spec
+		var checks map[netip.AddrPort]*check.Spec
+		// The backends that share a check share its copy with the CA.
+		withCA := map[*check.Spec]*check.Spec{}
 		for j := range vs.Backends {
 			addr := vs.Backends[j].Addr
 			spec, ok := h.Checks[addr]
@@ -72,8 +74,13 @@ func (c *Config) resolveCAFiles(d Delta) error {
 			if checks == nil {
 				checks = maps.Clone(h.Checks)
 			}
-			spec.HTTP.CA = b
-			checks[addr] = spec
+			s := withCA[spec]
+			if s == nil {
+				s = new(*spec)
+				s.HTTP.CA = b
+				withCA[spec] = s
+			}
+			checks[addr] = s
 		}
 		if checks != nil {
 			if !copied {

@@ -84,7 +84,7 @@ func TestCAFile(t *testing.T) {
 	if err := os.Remove(ca); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := health.NewProber(spec, netip.MustParseAddrPort("10.0.0.1:443")); err != nil {
+	if _, err := health.NewProber(*spec, netip.MustParseAddrPort("10.0.0.1:443")); err != nil {
 		t.Errorf("NewProber after the file was removed: %v", err)
 	}
 }

@@ -17,8 +17,9 @@ type ServiceHealth struct {
 	// Policy says what failures do to the service.
 	Policy check.Policy
 	// Checks holds the check of each checked backend. A backend without
-	// one is always up.
-	Checks map[netip.AddrPort]check.Spec
+	// one is always up. Backends with the same check share it: a Spec is
+	// replaced, never changed in place.
+	Checks map[netip.AddrPort]*check.Spec
 }
 
 // Targets returns the health-check targets of every service, for
@@ -35,7 +36,8 @@ func (c *Config) Targets() []check.Target {
 			continue
 		}
 		for _, b := range vs.Backends {
-			if spec, ok := h.Checks[b.Addr]; ok {
+			if p, ok := h.Checks[b.Addr]; ok {
+				spec := *p
 				if spec.Kind == check.KindExec {
 					spec.Exec.User = c.execUser
 				}
@@ -239,7 +241,7 @@ func unjoin(err error) []error {
 func (v *validator) serviceHealth(i int, r *rawService, vs *lb.VirtualService) (ServiceHealth, bool) {
 	path := "service." + strconv.Itoa(i)
 	ctx := "service " + strconv.Quote(vs.Name)
-	h := ServiceHealth{Checks: map[netip.AddrPort]check.Spec{}}
+	h := ServiceHealth{Checks: map[netip.AddrPort]*check.Spec{}}
 	if r.OnFailure != "" {
 		a, err := check.ParseAction(r.OnFailure)
 		if err != nil {
@@ -290,7 +292,7 @@ func (v *validator) serviceHealth(i int, r *rawService, vs *lb.VirtualService) (
 			spec = s
 		}
 		if spec != nil {
-			h.Checks[addr] = *spec
+			h.Checks[addr] = spec
 		}
 	}
 	if (h.Policy.Quorum > 0 || h.Policy.Sorry.Addr.IsValid()) && len(h.Checks) == 0 {
@@ -453,7 +455,7 @@ func (c *Config) checkUserError(err error) *Error {
 			vs := &c.Spec.Services[i]
 			h := c.Health[vs.Name]
 			for j, b := range vs.Backends {
-				if h.Checks[b.Addr].Kind != check.KindExec {
+				if s := h.Checks[b.Addr]; s == nil || s.Kind != check.KindExec {
 					continue
 				}
 				pos := (&validator{file: p.file, src: p.src}).positions()

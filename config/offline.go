@@ -57,7 +57,11 @@ func (c *Config) offlineUnchecked() []string {
 			execN++
 		}
 		for _, b := range vs.Backends {
-			f := h.Checks[b.Addr].HTTP.CAFile
+			s := h.Checks[b.Addr]
+			if s == nil {
+				continue
+			}
+			f := s.HTTP.CAFile
 			if f == "" || caFiles[f] {
 				continue
 			}

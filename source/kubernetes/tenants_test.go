@@ -27,7 +27,7 @@ func (f *fakeSink) lastHealth() map[string][]checkdesc.Spec {
 	}
 	for name, h := range f.snaps[len(f.snaps)-1].Health {
 		for _, s := range h.Checks {
-			out[name] = append(out[name], s)
+			out[name] = append(out[name], *s)
 		}
 	}
 	return out

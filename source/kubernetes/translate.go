@@ -99,9 +99,9 @@ func (c *controller) servicesOf(svc *corev1.Service, held []netip.Addr, st setti
 	}
 	hs := make(map[string]config.ServiceHealth, len(vss))
 	for _, vs := range vss {
-		h := config.ServiceHealth{Policy: policy, Checks: make(map[netip.AddrPort]checkdesc.Spec, len(vs.Backends))}
+		h := config.ServiceHealth{Policy: policy, Checks: make(map[netip.AddrPort]*checkdesc.Spec, len(vs.Backends))}
 		for _, b := range vs.Backends {
-			h.Checks[b.Addr] = *check
+			h.Checks[b.Addr] = check
 		}
 		hs[vs.Name] = h
 	}

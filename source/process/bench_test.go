@@ -24,11 +24,11 @@ func bigSnapshot(services, nodes int) source.Snapshot {
 		vip := netip.AddrFrom4([4]byte{192, 0, byte(2 + i/250), byte(1 + i%250)})
 		vs := lb.VirtualService{Name: fmt.Sprintf("k8s/ns%d/svc%d/http/tcp", i%20, i), VIP: vip, Announce: true,
 			Service: lb.Service{Key: lb.ServiceKey{Family: lb.IPv4, Proto: lb.TCP, Addr: vip, Port: 80}, Scheduler: "wrr"}}
-		h := config.ServiceHealth{Policy: check.Policy{Action: check.Remove, Quorum: 1}, Checks: map[netip.AddrPort]check.Spec{}}
+		h := config.ServiceHealth{Policy: check.Policy{Action: check.Remove, Quorum: 1}, Checks: map[netip.AddrPort]*check.Spec{}}
 		for n := range nodes {
 			addr := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(n / 250), byte(1 + n%250)}), uint16(30000+i%2000))
 			vs.Backends = append(vs.Backends, lb.Destination{Addr: addr, Weight: 1, Forward: lb.Masq})
-			h.Checks[addr] = check.Spec{Kind: check.KindHTTP, Port: 10256, Initial: check.Up, Interval: 2 * time.Second,
+			h.Checks[addr] = &check.Spec{Kind: check.KindHTTP, Port: 10256, Initial: check.Up, Interval: 2 * time.Second,
 				HTTP: check.HTTPOptions{Path: "/healthz", Status: []check.StatusRange{{Lo: 200, Hi: 200}}}}
 		}
 		snap.Services = append(snap.Services, vs)

@@ -385,7 +385,7 @@ func PublishOf(seq uint64, snap source.Snapshot, counts []PoolCount, delta bool)
 			w.Checks = make(map[netip.AddrPort]int, len(h.Checks))
 		}
 		for addr, s := range h.Checks {
-			ws, err := specOf(s)
+			ws, err := specOf(*s)
 			if err != nil {
 				return nil, fmt.Errorf("service %q, backend %s: %w", name, addr, err)
 			}
@@ -433,7 +433,7 @@ func (p *Publish) Snapshot(base *source.Snapshot, index map[string]int) (source.
 	for name, w := range p.Health {
 		h := config.ServiceHealth{Policy: w.Policy}
 		if w.Checks != nil {
-			h.Checks = make(map[netip.AddrPort]check.Spec, len(w.Checks))
+			h.Checks = make(map[netip.AddrPort]*check.Spec, len(w.Checks))
 		}
 		specs := make([]check.Spec, len(w.Specs))
 		for i, ws := range w.Specs {
@@ -446,7 +446,8 @@ func (p *Publish) Snapshot(base *source.Snapshot, index map[string]int) (source.
 			if i < 0 || i >= len(specs) {
 				return source.Snapshot{}, fmt.Errorf("service %q, backend %s: check %d of %d", name, addr, i, len(specs))
 			}
-			h.Checks[addr] = specs[i]
+			// The backends of one spec share it.
+			h.Checks[addr] = &specs[i]
 		}
 		snap.Health[name] = h
 	}

@@ -123,10 +123,10 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	for name, w := range got.Health {
 		back := config.ServiceHealth{Policy: w.Policy}
 		if w.Checks != nil {
-			back.Checks = map[netip.AddrPort]check.Spec{}
+			back.Checks = map[netip.AddrPort]*check.Spec{}
 		}
 		for a, i := range w.Checks {
-			back.Checks[a] = w.Specs[i].spec()
+			back.Checks[a] = new(w.Specs[i].spec())
 		}
 		if !reflect.DeepEqual(back, snap.Health[name]) {
 			t.Errorf("health %q:\n got %+v\nwant %+v", name, back, snap.Health[name])
@@ -150,7 +150,7 @@ func TestSnapshotValid(t *testing.T) {
 			Allow:    []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
 			Backends: []lb.Destination{{Addr: addr, Weight: 1, Forward: lb.Masq}}}},
 		Health: map[string]config.ServiceHealth{"k8s/default/web/80/tcp": {Policy: check.Policy{Action: check.Remove, Quorum: 1},
-			Checks: map[netip.AddrPort]check.Spec{addr: spec}}},
+			Checks: map[netip.AddrPort]*check.Spec{addr: &spec}}},
 	}
 	p, err := PublishOf(1, snap, nil, false)
 	if err != nil {
@@ -175,7 +175,7 @@ func TestRefusedChecks(t *testing.T) {
 		"exec":   {Kind: check.KindExec, Exec: check.ExecOptions{Command: "/bin/true"}},
 		"cafile": {Kind: check.KindHTTPS, HTTP: check.HTTPOptions{CAFile: "/etc/shadow"}},
 	} {
-		snap := source.Snapshot{Health: map[string]config.ServiceHealth{"s": {Checks: map[netip.AddrPort]check.Spec{netip.MustParseAddrPort("10.0.0.1:80"): spec}}}}
+		snap := source.Snapshot{Health: map[string]config.ServiceHealth{"s": {Checks: map[netip.AddrPort]*check.Spec{netip.MustParseAddrPort("10.0.0.1:80"): &spec}}}}
 		if _, err := PublishOf(1, snap, nil, false); err == nil || !strings.Contains(err.Error(), "do not cross the wire") && !strings.Contains(err.Error(), "does not cross the wire") {
 			t.Errorf("%s: %v", name, err)
 		}
