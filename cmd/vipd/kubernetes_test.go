@@ -277,7 +277,7 @@ addresses = ["192.0.2.208/30"]
 	if err := api.StartAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	for {
 		up, line := sourceState()
 		if up == 1 && strings.Contains(line, "in step") && !strings.Contains(line, "out of step") {

@@ -66,6 +66,8 @@ type poller struct {
 	sleep   int64
 	gen     uint32
 	closing bool
+	// closed says that close began.
+	closed bool
 	// driven says that the Manager's rounds tend the ops without a
 	// socket (see tend), and the loop leaves them alone but when it
 	// closes.
@@ -278,7 +280,13 @@ func (p *poller) flush() { flushSYNs() }
 func (p *poller) close() {
 	flushSYNs()
 	p.mu.Lock()
-	p.closing = true
+	if p.closed {
+		// Closed already: its descriptors' numbers may be others' now.
+		p.mu.Unlock()
+		<-p.exited
+		return
+	}
+	p.closed, p.closing = true, true
 	p.sleep = 0
 	p.setWake()
 	p.mu.Unlock()

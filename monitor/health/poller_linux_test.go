@@ -532,3 +532,33 @@ func TestPollerSlack(t *testing.T) {
 		}
 	}
 }
+
+// TestPollerCloseTwice: a second close touches no descriptor, though the
+// numbers of the poller's are others' by then.
+func TestPollerCloseTwice(t *testing.T) {
+	p, err := newPoller()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.close()
+	// The lowest free numbers: the poller's, just closed.
+	var files []*os.File
+	for range 2 {
+		f, err := os.Open("/dev/null")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		files = append(files, f)
+	}
+	p.close()
+	for _, f := range files {
+		if _, err := f.Stat(); err != nil {
+			t.Errorf("a file opened after the poller's close is closed by its second close: %v", err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			t.Errorf("descriptor %d: %v", f.Fd(), err)
+		}
+	}
+}
