@@ -155,6 +155,10 @@ func (t *gatedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		select {
 		case <-t.g.opened():
 		case <-ctx.Done():
+			// A RoundTripper closes the body, even when it fails.
+			if req.Body != nil {
+				req.Body.Close()
+			}
 			return nil, ctx.Err()
 		}
 	}

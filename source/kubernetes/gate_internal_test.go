@@ -3,8 +3,10 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -116,6 +118,25 @@ func TestGate(t *testing.T) {
 		t.Fatalf("a forbidden probe: %v shut=%v", err, g.isShut())
 	}
 
+	// A request with a body that a shut gate holds until its caller gives
+	// up: its body is closed, as a RoundTripper's contract says.
+	code.Store(http.StatusServiceUnavailable)
+	get(context.Background())
+	body := &closeRecorder{Reader: strings.NewReader("{}")}
+	bctx, bcancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	req, err := http.NewRequestWithContext(bctx, "PUT", url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.wrap(http.DefaultTransport).RoundTrip(req); !errors.Is(err, context.DeadlineExceeded) || !body.closed.Load() {
+		t.Errorf("a held request with a body: %v, body closed %v", err, body.closed.Load())
+	}
+	bcancel()
+	code.Store(http.StatusOK)
+	if _, err := get(passGate(context.Background())); err != nil || g.isShut() {
+		t.Fatalf("the probe: %v shut=%v", err, g.isShut())
+	}
+
 	// A request its caller ends says nothing of the server.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -217,4 +238,15 @@ func TestGateProbes(t *testing.T) {
 	if m := probes.Load(); m != n {
 		t.Errorf("an open gate probed %d times", m-n)
 	}
+}
+
+// closeRecorder is a request body that records its close.
+type closeRecorder struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (c *closeRecorder) Close() error {
+	c.closed.Store(true)
+	return nil
 }
