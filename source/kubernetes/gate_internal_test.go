@@ -27,19 +27,8 @@ func TestGate(t *testing.T) {
 	defer srv.Close()
 	url := srv.URL
 	g := newGate()
-	c := &http.Client{Transport: g.wrap(http.DefaultTransport)}
-	get := func(ctx context.Context) (int, error) {
-		req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := c.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode, nil
-	}
+	do := gatedGet(t, g)
+	get := func(ctx context.Context) (int, error) { return do(ctx, url) }
 	// held checks that a request waits at the gate and never reaches the
 	// server.
 	held := func(what string) {
@@ -179,19 +168,8 @@ func TestGateProbes(t *testing.T) {
 	}))
 	defer srv.Close()
 	g := newGate()
-	c := &http.Client{Transport: g.wrap(http.DefaultTransport)}
-	get := func(ctx context.Context, path string) (int, error) {
-		req, err := http.NewRequestWithContext(ctx, "GET", srv.URL+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := c.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode, nil
-	}
+	do := gatedGet(t, g)
+	get := func(ctx context.Context, path string) (int, error) { return do(ctx, srv.URL+path) }
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	g.start(ctx, func(ctx context.Context) { get(ctx, "/readyz") })
@@ -249,4 +227,22 @@ type closeRecorder struct {
 func (c *closeRecorder) Close() error {
 	c.closed.Store(true)
 	return nil
+}
+
+// gatedGet returns a function that GETs a URL through g and returns the
+// answer's status.
+func gatedGet(t *testing.T, g *gate) func(ctx context.Context, url string) (int, error) {
+	c := &http.Client{Transport: g.wrap(http.DefaultTransport)}
+	return func(ctx context.Context, url string) (int, error) {
+		req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
 }
