@@ -221,19 +221,22 @@ func (a *Announcer) vipLocked(addr netip.Addr) *vip {
 
 // AnnounceAll announces each of addrs as Announce does, with one lookup
 // of each uplink for them all and their first announcements sent back to
-// back, in the order of addrs: a node that takes several addresses over
-// (a VIP and the floating address its backends answer) puts them all on
-// the wire within microseconds of one another, so that no connection
-// opens through the node in between with half of its way there. It
-// returns an error naming each address it could not announce on every
-// uplink.
+// back: the first packet of each address on each uplink, in the order of
+// addrs, and only then the second (the gratuitous ARP reply). A node
+// that takes several addresses over (a VIP and the floating address its
+// backends answer) so puts them all on the wire within as few packets of
+// one another as it can, so that few connections open through the node
+// with half of their way there. It returns an error naming each address
+// it could not announce on every uplink.
 func (a *Announcer) AnnounceAll(addrs []netip.Addr) error {
 	type job struct {
 		v     *vip
 		fresh []string
+		sent  []string
+		errs  []error
 	}
 	var errs []error
-	jobs := make([]job, 0, len(addrs))
+	jobs := make([]*job, 0, len(addrs))
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
@@ -248,15 +251,29 @@ func (a *Announcer) AnnounceAll(addrs []netip.Addr) error {
 		addr = addr.Unmap()
 		v := a.vipLocked(addr)
 		fresh, err := a.prepare(v)
+		j := &job{v: v, fresh: fresh}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("announce %s: %w", addr, err))
+			j.errs = append(j.errs, err)
 		}
-		jobs = append(jobs, job{v, fresh})
+		jobs = append(jobs, j)
 	}
 	a.looked = nil
 	a.mu.Unlock()
+	if a.opts.Count > 0 {
+		for _, j := range jobs {
+			j.sent, j.errs = a.sendOn(j.v, j.fresh, false, j.errs)
+		}
+		for _, j := range jobs {
+			j.sent, j.errs = a.sendOn(j.v, j.sent, true, j.errs)
+		}
+	} else {
+		for _, j := range jobs {
+			j.sent = j.fresh
+		}
+	}
 	for _, j := range jobs {
-		if err := a.startBurst(j.v, j.fresh); err != nil {
+		a.started(j.v, j.sent)
+		if err := errors.Join(j.errs...); err != nil {
 			errs = append(errs, fmt.Errorf("announce %s: %w", j.v.addr, err))
 		}
 	}
@@ -489,19 +506,28 @@ func (a *Announcer) startBurst(v *vip, names []string) error {
 	if a.opts.Count > 0 {
 		sent, err = a.announceOn(v, names)
 	}
+	a.started(v, sent)
+	return err
+}
+
+// started records that the first announcement of v went out on the
+// uplinks sent and starts the rest of its burst there.
+func (a *Announcer) started(v *vip, sent []string) {
+	if len(sent) == 0 {
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed || a.vips[v.addr] != v {
-		return nil // withdrawn meanwhile
+		return // withdrawn meanwhile
 	}
 	for _, n := range sent {
 		v.on[n] = true
 	}
-	if a.opts.Count > 1 && len(sent) > 0 {
+	if a.opts.Count > 1 {
 		a.wg.Add(1)
 		go a.burst(v, sent)
 	}
-	return err
 }
 
 // burst sends the announcements of v after the first on the uplinks
@@ -574,15 +600,24 @@ func (a *Announcer) forget(v *vip, names, sent []string) {
 }
 
 // announceOn sends one announcement of v on each uplink in names and
-// returns those it went out on, with an error naming the others.
+// returns the uplinks it went out on, with an error naming the others.
 func (a *Announcer) announceOn(v *vip, names []string) ([]string, error) {
+	sent, errs := a.sendOn(v, names, false, nil)
+	sent, errs = a.sendOn(v, sent, true, errs)
+	return sent, errors.Join(errs...)
+}
+
+// sendOn sends the first packet of an announcement of v (second false)
+// or the second (second true) on each uplink in names. It returns the
+// uplinks it went out on, and errs with an error for each of the others
+// appended.
+func (a *Announcer) sendOn(v *vip, names []string, second bool, errs []error) ([]string, []error) {
 	fam := lb.FamilyOf(v.addr)
 	var sent []string
-	var errs []error
 	for _, name := range names {
 		select {
 		case <-v.stop:
-			return sent, nil // withdrawn: send no more
+			return sent, errs // withdrawn: send no more
 		default:
 		}
 		a.mu.RLock()
@@ -592,7 +627,7 @@ func (a *Announcer) announceOn(v *vip, names []string) ([]string, error) {
 		if l == nil {
 			err = errors.New("not open")
 		} else {
-			err = a.announceLink(l, v.addr)
+			err = a.announcePacket(l, v.addr, second)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("uplink %s: %w", name, err))
@@ -600,36 +635,39 @@ func (a *Announcer) announceOn(v *vip, names []string) ([]string, error) {
 		}
 		sent = append(sent, name)
 	}
-	return sent, errors.Join(errs...)
+	return sent, errs
 }
 
 // allNodes is the IPv6 all-nodes multicast address.
 var allNodes = netip.MustParseAddr("ff02::1")
 
-// announceLink sends one announcement of addr on l. For IPv4 it is a
-// gratuitous ARP request (target hardware address zero, as RFC 5227 and
-// Linux send them) and a gratuitous ARP reply (target hardware address
+// announcePacket sends one packet of an announcement of addr on l: the
+// first, or with second the second. For IPv4 the first is a gratuitous
+// ARP request (target hardware address zero, as RFC 5227 and Linux send
+// them) and the second a gratuitous ARP reply (target hardware address
 // the sender's, which Linux requires of a gratuitous reply), both
-// broadcast. For IPv6 it is an unsolicited neighbour advertisement with
-// the override flag, to all nodes.
-func (a *Announcer) announceLink(l *link, addr netip.Addr) error {
+// broadcast. For IPv6 the first is an unsolicited neighbour
+// advertisement with the override flag, to all nodes, and there is no
+// second.
+func (a *Announcer) announcePacket(l *link, addr netip.Addr, second bool) error {
 	mac := l.ifi.HardwareAddr
 	if l.fam == lb.IPv4 {
-		zero := make(net.HardwareAddr, len(mac))
-		for _, p := range []struct {
-			op     arp.Operation
-			target net.HardwareAddr
-		}{{arp.OperationRequest, zero}, {arp.OperationReply, mac}} {
-			pkt, err := arp.NewPacket(p.op, mac, addr, p.target, addr)
-			if err != nil {
-				return fmt.Errorf("build gratuitous arp for %s: %w", addr, err)
-			}
-			if err := l.arp.WriteTo(pkt, ethernet.Broadcast); err != nil {
-				a.errs.Add(1)
-				return fmt.Errorf("send gratuitous arp %s for %s: %w", p.op, addr, err)
-			}
-			a.announcements.Add(1)
+		op, target := arp.OperationRequest, make(net.HardwareAddr, len(mac))
+		if second {
+			op, target = arp.OperationReply, mac
 		}
+		pkt, err := arp.NewPacket(op, mac, addr, target, addr)
+		if err != nil {
+			return fmt.Errorf("build gratuitous arp for %s: %w", addr, err)
+		}
+		if err := l.arp.WriteTo(pkt, ethernet.Broadcast); err != nil {
+			a.errs.Add(1)
+			return fmt.Errorf("send gratuitous arp %s for %s: %w", op, addr, err)
+		}
+		a.announcements.Add(1)
+		return nil
+	}
+	if second {
 		return nil
 	}
 	na := &ndp.NeighborAdvertisement{

@@ -23,10 +23,34 @@ type fakeLinks struct {
 	opened int
 	// lookups counts the calls of Interface.
 	lookups int
+	// wire is every packet sent on any uplink, in the order sent.
+	wire *wireLog
+}
+
+// wireLog records the packets sent on every uplink of a fakeLinks, one
+// line each ("eth0 request 198.51.100.10"), in the order sent.
+type wireLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (w *wireLog) add(line string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lines = append(w.lines, line)
+}
+
+// take returns the lines so far and forgets them.
+func (w *wireLog) take() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	l := w.lines
+	w.lines = nil
+	return l
 }
 
 func newFakeLinks(names ...string) *fakeLinks {
-	f := &fakeLinks{ifaces: map[string]*net.Interface{}, arps: map[string]*fakeARP{}, ndps: map[string]*fakeNDP{}}
+	f := &fakeLinks{ifaces: map[string]*net.Interface{}, arps: map[string]*fakeARP{}, ndps: map[string]*fakeNDP{}, wire: &wireLog{}}
 	for _, n := range names {
 		f.add(n)
 	}
@@ -78,7 +102,7 @@ func (f *fakeLinks) ListenARP(ifi *net.Interface) (Conn, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.opened++
-	c := &fakeARP{in: make(chan inARP, 16), fail: make(chan error, 1), closed: make(chan struct{})}
+	c := &fakeARP{name: ifi.Name, wire: f.wire, in: make(chan inARP, 16), fail: make(chan error, 1), closed: make(chan struct{})}
 	f.arps[ifi.Name] = c
 	return c, nil
 }
@@ -87,7 +111,7 @@ func (f *fakeLinks) ListenNDP(ifi *net.Interface) (NDPConn, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.opened++
-	c := &fakeNDP{in: make(chan inNDP, 16), closed: make(chan struct{}), groups: map[netip.Addr]bool{}}
+	c := &fakeNDP{name: ifi.Name, wire: f.wire, in: make(chan inNDP, 16), closed: make(chan struct{}), groups: map[netip.Addr]bool{}}
 	f.ndps[ifi.Name] = c
 	return c, nil
 }
@@ -127,6 +151,8 @@ type sentARP struct {
 }
 
 type fakeARP struct {
+	name   string
+	wire   *wireLog
 	in     chan inARP
 	fail   chan error
 	closed chan struct{}
@@ -156,6 +182,11 @@ func (c *fakeARP) WriteTo(p *arp.Packet, dst net.HardwareAddr) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sent = append(c.sent, sentARP{p, dst, time.Now()})
+	op := "reply"
+	if p.Operation == arp.OperationRequest {
+		op = "request"
+	}
+	c.wire.add(fmt.Sprintf("%s %s %s", c.name, op, p.SenderIP))
 	return nil
 }
 
@@ -199,6 +230,8 @@ type sentNDP struct {
 }
 
 type fakeNDP struct {
+	name   string
+	wire   *wireLog
 	in     chan inNDP
 	closed chan struct{}
 	once   sync.Once
@@ -221,6 +254,9 @@ func (c *fakeNDP) WriteTo(m ndp.Message, dst netip.Addr) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sent = append(c.sent, sentNDP{m, dst})
+	if na, ok := m.(*ndp.NeighborAdvertisement); ok {
+		c.wire.add(fmt.Sprintf("%s advertisement %s", c.name, na.TargetAddress))
+	}
 	return nil
 }
 
