@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -473,6 +472,11 @@ type loadOptions struct {
 	// 0 when the socket got none: to look for the connection in the
 	// kernels' tables while they still hold it.
 	OnShortFail func(port int, err error)
+	// OnShortSlow, when set, is called with the local port, the send
+	// time and the duration of each short request that succeeded after
+	// SlowAfter or more (a lost SYN costs the client 1 s).
+	OnShortSlow func(port int, sent time.Time, took time.Duration)
+	SlowAfter   time.Duration
 }
 
 func startLoadWith(t *testing.T, tp *Topo, o loadOptions) *load {
@@ -609,6 +613,9 @@ func (l *load) shortLoop(ns netns.NsHandle, addr string, every time.Duration) {
 		if err != nil && l.opts.OnShortFail != nil {
 			l.opts.OnShortFail(port, err)
 		}
+		if took := time.Since(sent); err == nil && l.opts.OnShortSlow != nil && took >= l.opts.SlowAfter {
+			l.opts.OnShortSlow(port, sent, took)
+		}
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if err != nil {
@@ -636,14 +643,6 @@ func (l *load) loop(every time.Duration, f func() bool) {
 			}
 		}
 	}
-}
-
-// failedPorts returns the local ports of the short requests that failed
-// (0 for one whose socket got none).
-func (l *load) failedPorts() []int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.shortPorts)
 }
 
 // end stops the load and waits for its clients.
