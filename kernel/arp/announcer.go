@@ -272,7 +272,9 @@ func (a *Announcer) AnnounceAll(addrs []netip.Addr) error {
 		}
 	}
 	for _, j := range jobs {
-		a.started(j.v, j.sent)
+		if !a.started(j.v, j.sent) {
+			continue // withdrawn meanwhile
+		}
 		if err := errors.Join(j.errs...); err != nil {
 			errs = append(errs, fmt.Errorf("announce %s: %w", j.v.addr, err))
 		}
@@ -506,28 +508,29 @@ func (a *Announcer) startBurst(v *vip, names []string) error {
 	if a.opts.Count > 0 {
 		sent, err = a.announceOn(v, names)
 	}
-	a.started(v, sent)
+	if !a.started(v, sent) {
+		return nil // withdrawn meanwhile
+	}
 	return err
 }
 
 // started records that the first announcement of v went out on the
-// uplinks sent and starts the rest of its burst there.
-func (a *Announcer) started(v *vip, sent []string) {
-	if len(sent) == 0 {
-		return
-	}
+// uplinks sent and starts the rest of its burst there. It reports false
+// when v was withdrawn meanwhile (or the announcer closed).
+func (a *Announcer) started(v *vip, sent []string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed || a.vips[v.addr] != v {
-		return // withdrawn meanwhile
+		return false
 	}
 	for _, n := range sent {
 		v.on[n] = true
 	}
-	if a.opts.Count > 1 {
+	if a.opts.Count > 1 && len(sent) > 0 {
 		a.wg.Add(1)
 		go a.burst(v, sent)
 	}
+	return true
 }
 
 // burst sends the announcements of v after the first on the uplinks
@@ -613,6 +616,9 @@ func (a *Announcer) announceOn(v *vip, names []string) ([]string, error) {
 // appended.
 func (a *Announcer) sendOn(v *vip, names []string, second bool, errs []error) ([]string, []error) {
 	fam := lb.FamilyOf(v.addr)
+	if second && fam == lb.IPv6 {
+		return names, errs // an advertisement is one packet
+	}
 	var sent []string
 	for _, name := range names {
 		select {
