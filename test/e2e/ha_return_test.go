@@ -177,8 +177,10 @@ func haLogWindow(d *daemon, from, to time.Time) []string {
 const (
 	// inFlight is how long before a cut a request counts as the
 	// takeover's: a request in the emulated guest takes a few
-	// milliseconds, and its connection is synchronized once
-	// established.
+	// milliseconds, and the message that synchronizes its connection
+	// leaves with the next connection's (agent/ha.go syncMaxLen), which
+	// the load opens 25 ms later on average (two workers, one request
+	// every 50 ms each).
 	inFlight = 100 * time.Millisecond
 	// served is how long the master serves after each return. A
 	// client's SYN that reaches the backup as the addresses move back
@@ -207,8 +209,11 @@ func (p *pair) returns(n int, serving time.Duration) returnsResult {
 	// fails, to find where a lost request's packets went.
 	trace := startHandshakeTrace(t)
 	var diagMu sync.Mutex
+	var dumping sync.WaitGroup
 	onFail := func(port int, err error) {
+		dumping.Add(1)
 		go func() {
+			defer dumping.Done()
 			dump := p.connTables(port)
 			diagMu.Lock()
 			defer diagMu.Unlock()
@@ -283,6 +288,7 @@ func (p *pair) returns(n int, serving time.Duration) returnsResult {
 		time.Sleep(served)
 	}
 	l.end()
+	dumping.Wait()
 	diagMu.Lock()
 	// The load has ended: its records hold still.
 	for i, port := range l.shortPorts {
@@ -351,7 +357,7 @@ func (p *pair) returns(n int, serving time.Duration) returnsResult {
 // those seconds, while the backend's answers go to the master, which
 // does not know it and drops them.
 func unsynchronized(port int, sent time.Time, err string, viaBackup map[int][]time.Time, returned []time.Time) bool {
-	if !strings.Contains(err, ": read tcp ") {
+	if !strings.Contains(err, ": read tcp ") || !strings.HasSuffix(err, "i/o timeout") {
 		return false
 	}
 	var opened time.Time
@@ -415,6 +421,12 @@ func TestHAReturns(t *testing.T) {
 			if r.FailedBack != 0 {
 				t.Errorf("%s: %d requests failed as the master came back over %d returns (per cycle %v): %q", p.o, r.FailedBack, r.Done, r.PerCycle, r.Errors)
 			}
+			// The synchronization's limit at a return (see
+			// unsynchronized) cost one request in 480 NAT and SNAT
+			// returns; more than 2 in 20 is synchronization failing.
+			if r.Unsynced > 2 {
+				t.Errorf("%s: %d requests failed at returns, each the last connection through the backup before its return, in %d returns: more than the synchronization's limit explains", p.o, r.Unsynced, r.Done)
+			}
 			if r.Broken != 0 || r.Short == 0 || r.Long == 0 {
 				t.Errorf("%s: %d broken long-lived connections (%d short, %d long-lived requests): %q", p.o, r.Broken, r.Short, r.Long, r.Broken1)
 			}
@@ -464,6 +476,7 @@ func TestUnsynchronized(t *testing.T) {
 	}{
 		{"last through the backup, read timeout", 55745, "21:15:06.640000", read, true},
 		{"a dial timeout", 55745, "21:15:06.640000", "dial tcp 10.0.3.100:80: i/o timeout", false},
+		{"a reset", 55745, "21:15:06.640000", "21:15:06.700 port 55745: read tcp 10.0.3.2:55745->10.0.3.100:80: read: connection reset by peer", false},
 		{"through the master", 40000, "21:15:07.099000", read, false},
 		{"another through the backup after it", 40001, "21:15:07.999000", read, false},
 		{"the last of two", 40002, "21:15:08.019000", read, true},

@@ -553,7 +553,11 @@ func (l *load) shortLoop(ns netns.NsHandle, addr string, every time.Duration) {
 	runtime.LockOSThread()
 	if err := netns.Set(ns); err != nil {
 		l.mu.Lock()
+		// Counted as a failed request, its records in step with the
+		// others'.
 		l.shortErr = append(l.shortErr, "enter the client namespace: "+err.Error())
+		l.shortFailed = append(l.shortFailed, time.Now())
+		l.shortPorts = append(l.shortPorts, 0)
 		l.mu.Unlock()
 		return
 	}
