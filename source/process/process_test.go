@@ -264,6 +264,19 @@ func (r *running) publish() source.Snapshot {
 	return source.Snapshot{}
 }
 
+// logged waits for the log to hold want: the child's log comes on its
+// standard error, apart from its messages, and the daemon logs a
+// failure after it reports it.
+func (r *running) logged(want string) bool {
+	r.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(r.log.String(), want); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
 // report waits for a report that contains want ("" for nil).
 func (r *running) report(want string) error {
 	r.t.Helper()
@@ -381,7 +394,7 @@ func TestReloadPools(t *testing.T) {
 	syscall.Kill(n, syscall.SIGKILL)
 	r.report("signal: killed")
 	r.publish()
-	if !strings.Contains(r.log.String(), `msg="fake provider started" pools=second start=2`) {
+	if !r.logged(`msg="fake provider started" pools=second start=2`) {
 		t.Errorf("the second child did not start with the pools the first took:\n%s", r.log.String())
 	}
 }
@@ -417,7 +430,7 @@ func TestCrashRestarts(t *testing.T) {
 	if n := r.starts(); n < 3 {
 		t.Errorf("started %d times", n)
 	}
-	if !strings.Contains(r.log.String(), "restarting in 50ms") {
+	if !r.logged("restarting in 50ms") {
 		t.Errorf("the backoff did not grow to its bound:\n%s", r.log.String())
 	}
 }
