@@ -422,7 +422,7 @@ func TestHAReturns(t *testing.T) {
 				t.Errorf("%s: %d requests failed as the master came back over %d returns (per cycle %v): %q", p.o, r.FailedBack, r.Done, r.PerCycle, r.Errors)
 			}
 			// The synchronization's limit at a return (see
-			// unsynchronized) cost one request in 480 NAT and SNAT
+			// unsynchronized) cost one request in 640 NAT and SNAT
 			// returns; more than 2 in 20 is synchronization failing.
 			if r.Unsynced > 2 {
 				t.Errorf("%s: %d requests failed at returns, each the last connection through the backup before its return, in %d returns: more than the synchronization's limit explains", p.o, r.Unsynced, r.Done)
