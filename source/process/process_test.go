@@ -378,12 +378,8 @@ func TestReloadPools(t *testing.T) {
 	if err := r.s.ReloadPools(pools("refused")); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(r.log.String(), `msg="the new pools are not applied" err="pool \"refused\": no"`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the refusal is not logged:\n%s", r.log.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !r.logged(`msg="the new pools are not applied" err="pool \"refused\": no"`) {
+		t.Fatalf("the refusal is not logged:\n%s", r.log.String())
 	}
 	// A new child gets "second": kill this one.
 	pid, err := os.ReadFile(filepath.Join(r.dir, "pid"))
@@ -477,12 +473,8 @@ func TestFatal(t *testing.T) {
 // is killed after the grace, and waited for, when the context ends.
 func TestStopKills(t *testing.T) {
 	r := start(t, "hang", nil)
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(r.log.String(), "the provider process started") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the child did not start:\n%s", r.log.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !r.logged("the provider process started") {
+		t.Fatalf("the child did not start:\n%s", r.log.String())
 	}
 	b, err := os.ReadFile(filepath.Join(r.dir, "pid"))
 	if err != nil {
